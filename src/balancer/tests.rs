@@ -1,0 +1,90 @@
+//! The pick path against a live registry, on paused time.
+
+use super::*;
+use crate::registry::{InstanceSpec, RegistryConfig};
+
+fn spec(id: &str, version: &str) -> InstanceSpec {
+    InstanceSpec {
+        id: id.into(),
+        service: "svc".into(),
+        host: "127.0.0.1".into(),
+        port: 80,
+        version: version.into(),
+        ..Default::default()
+    }
+}
+
+async fn balancer_with(specs: Vec<InstanceSpec>) -> (Balancer, crate::registry::Lease) {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    let outcome = lease.announce(specs).await.unwrap();
+    assert!(outcome.refused.is_empty(), "{outcome:?}");
+    registry.subscribe("svc").await.unwrap();
+    (Balancer::new(registry, StateBackend::default()), lease)
+}
+
+fn query<'a>(rule: &'a str, version: &'a str) -> PickQuery<'a> {
+    PickQuery { service: "svc", rule, version, ..Default::default() }
+}
+
+async fn ids(balancer: &Balancer, q: PickQuery<'_>, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(balancer.pick(q).await.unwrap().instance.id.to_string());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_rule_means_round_robin_and_shares_its_rotation() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    assert_eq!(ids(&balancer, query("", ""), 2).await, ["a", "b"]);
+    assert_eq!(ids(&balancer, query("round_robin", ""), 2).await, ["c", "a"]);
+    let picked = balancer.pick(query("", "")).await.unwrap();
+    assert_eq!((picked.ticket, &*picked.rule), (4, "round_robin"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeat_and_its_default_share_one_rotation() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", "")]).await;
+    assert_eq!(ids(&balancer, query("repeat", ""), 2).await, ["a", "a"]);
+    assert_eq!(ids(&balancer, query("repeat(n=3)", ""), 3).await, ["a", "b", "b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn version_isolation_with_fallback() {
+    let (balancer, _lease) =
+        balancer_with(vec![spec("p1", ""), spec("p2", ""), spec("z", "zlt"), spec("b", "bob")]).await;
+    assert_eq!(ids(&balancer, query("", ""), 4).await, ["p1", "p2", "p1", "p2"]);
+    assert_eq!(ids(&balancer, query("", "zlt"), 2).await, ["z", "z"]);
+    let picked = balancer.pick(query("", "nobody")).await.unwrap();
+    assert!(["p1", "p2"].contains(&&*picked.instance.id));
+    assert_eq!(
+        picked.fallback.as_deref(),
+        Some("no instance with version \"nobody\"; picked from instances with no version")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn exclude_skips_tried_instances_and_can_exhaust() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", "")]).await;
+    let exclude = vec!["a".to_owned()];
+    let q = PickQuery { exclude: &exclude, ..query("", "") };
+    assert_eq!(ids(&balancer, q, 3).await, ["b", "b", "b"]);
+    let exclude = vec!["a".to_owned(), "b".to_owned()];
+    let err = balancer.pick(PickQuery { exclude: &exclude, ..query("", "") }).await.unwrap_err();
+    assert_eq!(err, PickError::Unavailable("service \"svc\" has no UP instance without a version that is not excluded".into()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_distinguish_bad_input_unknown_and_unavailable() {
+    let (balancer, _lease) = balancer_with(vec![spec("v", "v1")]).await;
+    assert!(matches!(balancer.pick(PickQuery { service: "", ..Default::default() }).await, Err(PickError::Invalid(_))));
+    assert!(matches!(balancer.pick(query("zigzag", "")).await, Err(PickError::Rule(_))));
+    let unknown = balancer.pick(PickQuery { service: "other", ..Default::default() }).await;
+    assert_eq!(unknown, Err(PickError::UnknownService("other".into())));
+    assert!(matches!(balancer.pick(query("", "")).await, Err(PickError::Unavailable(_))));
+    let long_key = "k".repeat(MAX_KEY_LEN + 1);
+    let err = balancer.pick(PickQuery { key: &long_key, ..query("", "v1") }).await.unwrap_err();
+    assert_eq!(err.to_string(), "key is 1025 bytes long; the limit is 1024");
+}

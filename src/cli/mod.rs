@@ -1,0 +1,132 @@
+//! The `rota` command line: a server (`serve`), client commands against a running server
+//! (`pick`, `register`, `ls`, `watch`) and a self-contained `demo`.
+
+mod demo;
+mod pick;
+mod register;
+mod serve;
+mod show;
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::{ClientError, RotaClient};
+use crate::server::ServeError;
+
+#[derive(Debug, Parser)]
+#[command(name = "rota", version, about = "A central load-balancing decision service")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the rota server.
+    Serve(serve::ServeArgs),
+    /// Pick instances of a service.
+    Pick(pick::PickArgs),
+    /// Register one instance and keep it registered until Ctrl-C, then withdraw it.
+    Register(register::RegisterArgs),
+    /// List services, or the instances of one service.
+    Ls(LsArgs),
+    /// Print a service's instances, then every change to them.
+    Watch(WatchArgs),
+    /// Start an embedded server with three providers and show the rules at work.
+    Demo,
+}
+
+/// Where the client commands find rota.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Address of the rota server.
+    #[arg(long, env = "ROTA_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub server: String,
+}
+
+impl ServerArgs {
+    async fn connect(&self) -> Result<RotaClient, CliError> {
+        Ok(RotaClient::connect(&self.server).await?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// List this service's instances instead of all services.
+    pub service: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    pub service: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Pick(args) => pick::run(args).await,
+        Command::Register(args) => register::run(args).await,
+        Command::Ls(args) => show::ls(args).await,
+        Command::Watch(args) => show::watch(args).await,
+        Command::Demo => demo::run().await,
+    }
+}
+
+/// Logs go to stderr (stdout carries results); `RUST_LOG` overrides the default level.
+pub fn init_tracing(cli: &Cli) {
+    let default = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Parses `15s`, `500ms`, `1m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e}); try 15s or 500ms"))?;
+    if duration.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(duration)
+}
+
+/// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

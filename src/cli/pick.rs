@@ -1,0 +1,61 @@
+//! `rota pick`.
+
+use clap::Args;
+
+use super::{CliError, ServerArgs};
+use crate::client::PickOptions;
+use crate::pb;
+
+#[derive(Debug, Args)]
+pub struct PickArgs {
+    pub service: String,
+    /// Rule, with optional parameters: round_robin, random, repeat(n=5).
+    #[arg(long, default_value = "")]
+    pub rule: String,
+    /// Version isolation: pick instances of this version.
+    #[arg(long, default_value = "")]
+    pub version: String,
+    /// Affinity key for hashing rules.
+    #[arg(long, default_value = "")]
+    pub key: String,
+    /// Instance ids not to pick (repeatable).
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// How many picks to make.
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: u32,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+pub async fn run(args: PickArgs) -> Result<(), CliError> {
+    let mut client = args.server.connect().await?;
+    let options = PickOptions {
+        rule: args.rule,
+        version: args.version,
+        key: args.key,
+        zone: String::new(),
+        exclude: args.exclude,
+    };
+    for _ in 0..args.count {
+        let picked = client.pick(&args.service, options.clone()).await?;
+        println!("{}", describe(&picked));
+    }
+    Ok(())
+}
+
+/// `ticket  id  host:port  rule  [version]  [fallback]` on one line.
+pub fn describe(picked: &pb::PickResponse) -> String {
+    let instance = picked.instance.clone().unwrap_or_default();
+    let mut line = format!(
+        "{:>6}  {:<20} {}:{}  {}",
+        picked.ticket, instance.id, instance.host, instance.port, picked.rule
+    );
+    if !instance.version.is_empty() {
+        line.push_str(&format!("  version={}", instance.version));
+    }
+    if !picked.fallback.is_empty() {
+        line.push_str(&format!("  fallback: {}", picked.fallback));
+    }
+    line
+}

@@ -1,0 +1,57 @@
+//! `rota ls` and `rota watch`.
+
+use super::{CliError, LsArgs, WatchArgs};
+use crate::pb::{self, watch_event::Event};
+
+pub async fn ls(args: LsArgs) -> Result<(), CliError> {
+    let mut client = args.server.connect().await?;
+    match args.service {
+        None => {
+            println!("{:<32} {:>9} {:>5} {:>7}", "SERVICE", "INSTANCES", "UP", "EPOCH");
+            for service in client.list_services().await? {
+                println!("{:<32} {:>9} {:>5} {:>7}", service.name, service.instances, service.up, service.epoch);
+            }
+        }
+        Some(service) => {
+            let listing = client.list_instances(&service).await?;
+            println!("{:<24} {:<24} {:<10} {:<10} {:<8} {:>6}", "ID", "ADDRESS", "VERSION", "ZONE", "STATUS", "WEIGHT");
+            for instance in &listing.instances {
+                println!("{}", instance_row(instance));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn watch(args: WatchArgs) -> Result<(), CliError> {
+    let mut client = args.server.connect().await?;
+    let mut events = client.watch(&args.service).await?;
+    while let Some(event) = events.message().await.map_err(crate::client::ClientError::from)? {
+        match event.event {
+            Some(Event::Snapshot(list)) => {
+                println!("epoch {}: {} instances", event.epoch, list.instances.len());
+                for instance in &list.instances {
+                    println!("  {}", instance_row(instance));
+                }
+            }
+            Some(Event::Added(instance)) => println!("epoch {}: + {}", event.epoch, instance_row(&instance)),
+            Some(Event::Updated(instance)) => println!("epoch {}: ~ {}", event.epoch, instance_row(&instance)),
+            Some(Event::Removed(removed)) => println!("epoch {}: - {}", event.epoch, removed.id),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+fn instance_row(instance: &pb::Instance) -> String {
+    let status = pb::InstanceStatus::try_from(instance.status).map_or("?", |s| s.as_str_name());
+    format!(
+        "{:<24} {:<24} {:<10} {:<10} {:<8} {:>6}",
+        instance.id,
+        format!("{}:{}", instance.host, instance.port),
+        if instance.version.is_empty() { "-" } else { &instance.version },
+        if instance.zone.is_empty() { "-" } else { &instance.zone },
+        status,
+        instance.weight.unwrap_or(crate::registry::DEFAULT_WEIGHT),
+    )
+}

@@ -1,0 +1,160 @@
+//! A Rust client for rota: picks, listings, watches and registrations.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), rota::client::ClientError> {
+//! use rota::client::{PickOptions, RotaClient};
+//! let mut client = RotaClient::connect("http://127.0.0.1:50051").await?;
+//! let picked = client.pick("orders", PickOptions::rule("repeat(n=3)")).await?;
+//! println!("{:?}", picked.instance);
+//! # Ok(()) }
+//! ```
+
+mod registration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::pb;
+use crate::pb::balancer_client::BalancerClient;
+use crate::pb::registry_client::RegistryClient;
+
+pub use registration::Registration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid server address {0:?}")]
+    Address(String),
+    #[error("cannot connect to rota: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Status(#[from] tonic::Status),
+    #[error("registration refused: {0}")]
+    Refused(String),
+    #[error("the server closed the registration stream: {0}")]
+    Closed(String),
+}
+
+impl ClientError {
+    /// The gRPC status code, when the server answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status(status) => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+/// `NOT_FOUND` rather than tonic's "Some requested entity was not found".
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Everything in a pick request but the service.
+#[derive(Debug, Clone, Default)]
+pub struct PickOptions {
+    pub rule: String,
+    pub version: String,
+    pub key: String,
+    pub zone: String,
+    pub exclude: Vec<String>,
+}
+
+impl PickOptions {
+    pub fn rule(rule: impl Into<String>) -> Self {
+        Self { rule: rule.into(), ..Default::default() }
+    }
+
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    pub fn exclude(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.exclude = ids.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn request(&self, service: &str) -> pb::PickRequest {
+        pb::PickRequest {
+            service: service.to_owned(),
+            rule: self.rule.clone(),
+            version: self.version.clone(),
+            key: self.key.clone(),
+            zone: self.zone.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+/// One connection to a rota server. Cloning shares the connection.
+#[derive(Debug, Clone)]
+pub struct RotaClient {
+    balancer: BalancerClient<Channel>,
+    registry: RegistryClient<Channel>,
+}
+
+impl RotaClient {
+    /// Connects to `http://HOST:PORT` (a bare `HOST:PORT` is accepted too).
+    pub async fn connect(address: &str) -> Result<Self, ClientError> {
+        let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
+        let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
+        Ok(Self::from_channel(endpoint.connect().await?))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Self { balancer: BalancerClient::new(channel.clone()), registry: RegistryClient::new(channel) }
+    }
+
+    pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<pb::PickResponse, ClientError> {
+        Ok(self.balancer.pick(options.request(service)).await?.into_inner())
+    }
+
+    /// Raw access to the `Balancer` stub (for `PickStream`).
+    pub fn balancer(&mut self) -> &mut BalancerClient<Channel> {
+        &mut self.balancer
+    }
+
+    pub async fn list_services(&mut self) -> Result<Vec<pb::ServiceSummary>, ClientError> {
+        Ok(self.registry.list_services(pb::ListServicesRequest {}).await?.into_inner().services)
+    }
+
+    pub async fn list_instances(&mut self, service: &str) -> Result<pb::ListInstancesResponse, ClientError> {
+        let request = pb::ListInstancesRequest { service: service.to_owned() };
+        Ok(self.registry.list_instances(request).await?.into_inner())
+    }
+
+    /// A snapshot of the service, then its changes.
+    pub async fn watch(&mut self, service: &str) -> Result<tonic::Streaming<pb::WatchEvent>, ClientError> {
+        let request = pb::WatchRequest { service: service.to_owned() };
+        Ok(self.registry.watch(request).await?.into_inner())
+    }
+
+    /// Opens a registration stream and announces `instances`. The instances stay registered
+    /// while the returned [`Registration`] lives (it sends heartbeats in the background).
+    pub async fn register(&mut self, instances: Vec<pb::Instance>) -> Result<Registration, ClientError> {
+        Registration::open(&mut self.registry, instances).await
+    }
+}

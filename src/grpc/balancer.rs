@@ -1,0 +1,71 @@
+//! `rota.v1.Balancer`: unary and streamed picks.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{convert, status};
+use crate::balancer::{Balancer, PickQuery};
+use crate::pb;
+
+pub struct BalancerService {
+    balancer: Arc<Balancer>,
+}
+
+impl BalancerService {
+    pub fn new(balancer: Arc<Balancer>) -> Self {
+        Self { balancer }
+    }
+}
+
+async fn pick(balancer: &Balancer, request: &pb::PickRequest) -> Result<pb::PickResponse, crate::balancer::PickError> {
+    let query = PickQuery {
+        service: &request.service,
+        rule: &request.rule,
+        version: &request.version,
+        key: &request.key,
+        zone: &request.zone,
+        exclude: &request.exclude,
+    };
+    balancer.pick(query).await.map(convert::picked)
+}
+
+type PickStream = Pin<Box<dyn Stream<Item = Result<pb::PickResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl pb::balancer_server::Balancer for BalancerService {
+    async fn pick(&self, request: Request<pb::PickRequest>) -> Result<Response<pb::PickResponse>, Status> {
+        let response = pick(&self.balancer, request.get_ref()).await?;
+        Ok(Response::new(response))
+    }
+
+    type PickStreamStream = PickStream;
+
+    /// Answers each request in order. A failed pick is reported in its response's `error` and
+    /// the stream goes on; only a broken stream ends it.
+    async fn pick_stream(
+        &self,
+        request: Request<Streaming<pb::PickRequest>>,
+    ) -> Result<Response<Self::PickStreamStream>, Status> {
+        let balancer = self.balancer.clone();
+        let responses = request.into_inner().then(move |request| {
+            let balancer = balancer.clone();
+            async move {
+                let request = request?;
+                Ok(match pick(&balancer, &request).await {
+                    Ok(response) => response,
+                    Err(error) => pb::PickResponse {
+                        error: Some(pb::PickError {
+                            code: status::pick_error_code(&error) as i32,
+                            message: error.to_string(),
+                        }),
+                        ..Default::default()
+                    },
+                })
+            }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+}

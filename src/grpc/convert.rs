@@ -1,0 +1,82 @@
+//! Protobuf ⇄ domain conversions. Nothing here validates: that is the registry's job, and
+//! values that cannot be represented (an unknown enum number) are passed on for it to refuse.
+
+use crate::balancer::Picked;
+use crate::pb;
+use crate::registry::{Instance, InstanceRef, InstanceSpec, InstanceUpdate, RequestedStatus, Status};
+
+pub fn instance_spec(instance: pb::Instance) -> InstanceSpec {
+    InstanceSpec {
+        id: instance.id,
+        service: instance.service,
+        host: instance.host,
+        port: instance.port,
+        version: instance.version,
+        zone: instance.zone,
+        weight: instance.weight,
+        metadata: instance.metadata.into_iter().collect(),
+        status: requested_status(instance.status),
+    }
+}
+
+pub fn requested_status(value: i32) -> RequestedStatus {
+    match pb::InstanceStatus::try_from(value) {
+        Ok(pb::InstanceStatus::Unspecified) => RequestedStatus::Unset,
+        Ok(pb::InstanceStatus::Up) => RequestedStatus::Known(Status::Up),
+        Ok(pb::InstanceStatus::Draining) => RequestedStatus::Known(Status::Draining),
+        Ok(pb::InstanceStatus::Down) => RequestedStatus::Known(Status::Down),
+        Err(_) => RequestedStatus::Unknown(value),
+    }
+}
+
+pub fn status(status: Status) -> pb::InstanceStatus {
+    match status {
+        Status::Up => pb::InstanceStatus::Up,
+        Status::Draining => pb::InstanceStatus::Draining,
+        Status::Down => pb::InstanceStatus::Down,
+    }
+}
+
+pub fn instance(instance: &Instance) -> pb::Instance {
+    pb::Instance {
+        id: instance.id.to_string(),
+        service: instance.service.to_string(),
+        host: instance.host.clone(),
+        port: u32::from(instance.port),
+        version: instance.version.to_string(),
+        zone: instance.zone.to_string(),
+        weight: Some(instance.weight),
+        metadata: instance.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        status: status(instance.status).into(),
+    }
+}
+
+pub fn instance_ref(reference: pb::InstanceRef) -> InstanceRef {
+    InstanceRef { service: reference.service, id: reference.id }
+}
+
+pub fn pb_instance_ref(reference: InstanceRef) -> pb::InstanceRef {
+    pb::InstanceRef { service: reference.service, id: reference.id }
+}
+
+pub fn instance_update(update: pb::Update) -> InstanceUpdate {
+    let target = update.instance.unwrap_or_default();
+    InstanceUpdate {
+        service: target.service,
+        id: target.id,
+        weight: update.weight,
+        status: requested_status(update.status),
+        metadata: update.metadata.map(|m| m.entries.into_iter().collect()),
+    }
+}
+
+pub fn picked(picked: Picked) -> pb::PickResponse {
+    pb::PickResponse {
+        instance: Some(instance(&picked.instance)),
+        ticket: picked.ticket,
+        rule: picked.rule.to_string(),
+        fallback: picked.fallback.unwrap_or_default(),
+        epoch: picked.epoch,
+        error: None,
+    }
+}

@@ -1,0 +1,14 @@
+//! The gRPC edge: the only module that knows tonic.
+//!
+//! [`convert`] turns protobuf messages into domain values and back, [`status`] maps every domain
+//! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer` and
+//! `rota.v1.Registry` on top of [`crate::balancer`] and [`crate::registry`].
+
+mod balancer;
+pub mod convert;
+mod register;
+mod registry;
+pub mod status;
+
+pub use balancer::BalancerService;
+pub use registry::RegistryService;

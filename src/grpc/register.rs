@@ -1,0 +1,109 @@
+//! The server side of one `Register` stream.
+//!
+//! The stream holds a [`Lease`](crate::registry::Lease) for its whole life. Each Announce,
+//! Update and Withdraw is applied and acknowledged in order; every message, heartbeats included,
+//! keeps the lease alive. When the stream ends — a clean close, a reset, or the consumer of the
+//! responses going away — the lease is dropped and its instances leave the registry at once.
+//! When the registry expires a silent lease, the provider is sent `Closing` and the stream ends.
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+use tracing::debug;
+
+use super::{convert, status};
+use crate::pb::{self, register_request::Msg};
+use crate::registry::{InvalidField, Lease, Outcome, Refused, Registry};
+
+/// Responses buffered for a slow reader before the stream stops reading requests.
+const RESPONSE_BUFFER: usize = 16;
+
+pub fn serve(registry: &Registry, inbound: Streaming<pb::RegisterRequest>) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
+    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
+    let lease = registry.open_lease();
+    tokio::spawn(run(lease, inbound, tx));
+    ReceiverStream::new(rx)
+}
+
+async fn run(
+    mut lease: Lease,
+    mut inbound: Streaming<pb::RegisterRequest>,
+    tx: mpsc::Sender<Result<pb::RegisterResponse, Status>>,
+) {
+    let expiry = lease.take_expiry();
+    tokio::pin!(expiry);
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            () = &mut expiry => {
+                let reason = format!(
+                    "no message within the heartbeat timeout of {} ms; instances removed, reconnect and announce again",
+                    lease.heartbeat_timeout().as_millis()
+                );
+                let closing = pb::register_response::Msg::Closing(pb::Closing { reason });
+                let _ = tx.send(Ok(pb::RegisterResponse { msg: Some(closing) })).await;
+                break;
+            }
+            message = inbound.message() => match message {
+                Ok(Some(request)) => {
+                    let Some(outcome) = handle(&lease, request).await else { continue };
+                    seq += 1;
+                    let ack = ack(&lease, seq, outcome);
+                    if tx.send(Ok(ack)).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    debug!(lease = lease.id(), %error, "registration stream broken");
+                    break;
+                }
+            },
+            () = tx.closed() => break,
+        }
+    }
+    // Dropping the lease here removes its instances.
+}
+
+/// Applies one message; `None` for heartbeats, which are not acknowledged.
+async fn handle(lease: &Lease, request: pb::RegisterRequest) -> Option<Outcome> {
+    let applied = match request.msg {
+        Some(Msg::Heartbeat(_)) => {
+            lease.touch();
+            return None;
+        }
+        Some(Msg::Announce(announce)) => {
+            lease.announce(announce.instances.into_iter().map(convert::instance_spec).collect()).await
+        }
+        Some(Msg::Update(update)) => lease.update(convert::instance_update(update)).await,
+        Some(Msg::Withdraw(withdraw)) => {
+            lease.withdraw(withdraw.instances.into_iter().map(convert::instance_ref).collect()).await
+        }
+        None => {
+            lease.touch();
+            let problem = InvalidField::new("msg", "is empty; set one of announce, heartbeat, update or withdraw");
+            return Some(Outcome { accepted: Vec::new(), refused: vec![(Default::default(), problem.into())] });
+        }
+    };
+    Some(applied.unwrap_or_else(|_| Outcome { accepted: Vec::new(), refused: vec![(Default::default(), Refused::ShuttingDown)] }))
+}
+
+fn ack(lease: &Lease, seq: u64, outcome: Outcome) -> pb::RegisterResponse {
+    let refused = outcome
+        .refused
+        .into_iter()
+        .map(|(instance, why)| pb::Refusal {
+            instance: Some(convert::pb_instance_ref(instance)),
+            code: status::refusal_code(&why) as i32,
+            message: why.to_string(),
+        })
+        .collect();
+    let ack = pb::Ack {
+        lease_id: lease.id(),
+        seq,
+        accepted: outcome.accepted.into_iter().map(convert::pb_instance_ref).collect(),
+        refused,
+        heartbeat_timeout_ms: lease.heartbeat_timeout().as_millis() as u64,
+    };
+    pb::RegisterResponse { msg: Some(pb::register_response::Msg::Ack(ack)) }
+}

@@ -1,0 +1,124 @@
+//! `rota.v1.Registry`: registration streams, listings and watches.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{convert, register};
+use crate::pb::{self, watch_event::Event};
+use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
+
+pub struct RegistryService {
+    registry: Registry,
+}
+
+impl RegistryService {
+    pub fn new(registry: Registry) -> Self {
+        Self { registry }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn checked_service(name: &str) -> Result<(), Status> {
+    validate_service_name("service", name).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl pb::registry_server::Registry for RegistryService {
+    type RegisterStream = ReceiverStream<Result<pb::RegisterResponse, Status>>;
+
+    async fn register(
+        &self,
+        request: Request<Streaming<pb::RegisterRequest>>,
+    ) -> Result<Response<Self::RegisterStream>, Status> {
+        Ok(Response::new(register::serve(&self.registry, request.into_inner())))
+    }
+
+    async fn list_services(
+        &self,
+        _request: Request<pb::ListServicesRequest>,
+    ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        let catalog = self.registry.catalog();
+        let mut services: Vec<pb::ServiceSummary> = catalog
+            .services
+            .values()
+            .map(|s| pb::ServiceSummary {
+                name: s.name.to_string(),
+                instances: s.instances.len() as u32,
+                up: s.up_count() as u32,
+                epoch: s.epoch,
+            })
+            .collect();
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::new(pb::ListServicesResponse { services }))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<pb::ListInstancesRequest>,
+    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        let name = &request.get_ref().service;
+        checked_service(name)?;
+        let snapshot = self
+            .registry
+            .service(name)
+            .ok_or_else(|| Status::not_found(format!("service {name:?} has never been registered")))?;
+        let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
+        Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
+    }
+
+    type WatchStream = BoxStream<pb::WatchEvent>;
+
+    /// A service that has not been registered yet can be watched: the first event is then an
+    /// empty snapshot at epoch 0, and instances arrive as they register.
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let name = request.into_inner().service;
+        checked_service(&name)?;
+        let mut snapshots = self.registry.subscribe(&name).await?;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
+            let first = pb::WatchEvent {
+                event: Some(Event::Snapshot(pb::InstanceList {
+                    instances: last.instances.iter().map(|i| convert::instance(i)).collect(),
+                })),
+                epoch: last.epoch,
+            };
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    changed = snapshots.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let current = snapshots.borrow_and_update().clone();
+                        for change in diff(&last.instances, &current.instances) {
+                            let event = match change {
+                                Change::Added(i) => Event::Added(convert::instance(&i)),
+                                Change::Updated(i) => Event::Updated(convert::instance(&i)),
+                                Change::Removed(i) => Event::Removed(pb::InstanceRef {
+                                    service: i.service.to_string(),
+                                    id: i.id.to_string(),
+                                }),
+                            };
+                            let event = pb::WatchEvent { event: Some(event), epoch: current.epoch };
+                            if tx.send(Ok(event)).await.is_err() {
+                                return;
+                            }
+                        }
+                        last = current;
+                    }
+                    () = tx.closed() => break,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

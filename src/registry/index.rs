@@ -1,0 +1,341 @@
+//! The registry task: the one owner of the mutable instance index.
+//!
+//! Registration streams never touch the index; they send [`Command`]s over a channel. The task
+//! applies every queued command, then publishes a fresh [`ServiceSnapshot`] for each service
+//! those commands changed, all at once in one new [`Catalog`]. One writer means no
+//! read-modify-swap races between streams, and draining the queue before publishing batches a
+//! burst of registrations into one snapshot per service.
+//!
+//! The task also expires leases: every message on a stream pushes its lease's deadline forward
+//! by the heartbeat timeout, and a lease whose deadline passes loses its instances.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::error::Refused;
+use super::instance::Instance;
+use super::lease::{InstanceRef, Outcome, ValidUpdate};
+use super::snapshot::{Catalog, ServiceSnapshot};
+use super::RegistryConfig;
+
+pub(crate) type LeaseId = u64;
+
+/// Most commands applied before a snapshot is published, so a flood of registrations cannot
+/// hold back publication indefinitely.
+const MAX_BATCH: usize = 1024;
+
+pub(crate) enum Command {
+    Open { lease: LeaseId, expired: oneshot::Sender<()> },
+    Announce { lease: LeaseId, instances: Vec<Instance>, reply: oneshot::Sender<Outcome> },
+    Update { lease: LeaseId, update: ValidUpdate, reply: oneshot::Sender<Outcome> },
+    Withdraw { lease: LeaseId, refs: Vec<InstanceRef>, reply: oneshot::Sender<Outcome> },
+    Touch { lease: LeaseId },
+    Close { lease: LeaseId },
+    Subscribe { service: Arc<str>, reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>> },
+}
+
+struct Owned {
+    lease: LeaseId,
+    instance: Arc<Instance>,
+}
+
+#[derive(Default)]
+struct ServiceEntry {
+    instances: BTreeMap<Arc<str>, Owned>,
+    epoch: u64,
+}
+
+struct LeaseEntry {
+    deadline: Instant,
+    owned: HashSet<(Arc<str>, Arc<str>)>,
+    expired: Option<oneshot::Sender<()>>,
+}
+
+pub(crate) struct Index {
+    config: RegistryConfig,
+    services: HashMap<Arc<str>, ServiceEntry>,
+    leases: HashMap<LeaseId, LeaseEntry>,
+    deadlines: BTreeSet<(Instant, LeaseId)>,
+    watchers: HashMap<Arc<str>, watch::Sender<Arc<ServiceSnapshot>>>,
+    dirty: HashSet<Arc<str>>,
+    catalog: Arc<ArcSwap<Catalog>>,
+    published: Catalog,
+}
+
+impl Index {
+    pub(crate) fn new(config: RegistryConfig, catalog: Arc<ArcSwap<Catalog>>) -> Self {
+        Self {
+            config,
+            services: HashMap::new(),
+            leases: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            watchers: HashMap::new(),
+            dirty: HashSet::new(),
+            catalog,
+            published: Catalog::default(),
+        }
+    }
+
+    /// Runs until every sender (the registry handle and all leases) is gone.
+    pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            let next_deadline = self.deadlines.first().map(|(deadline, _)| *deadline);
+            tokio::select! {
+                command = rx.recv() => {
+                    let Some(command) = command else { break };
+                    self.apply(command);
+                    for _ in 1..MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(command) => self.apply(command),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                () = sleep_until(next_deadline) => self.expire_due(Instant::now()),
+            }
+            self.publish();
+        }
+        debug!("registry task stopped");
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Open { lease, expired } => {
+                let deadline = Instant::now() + self.config.heartbeat_timeout;
+                self.deadlines.insert((deadline, lease));
+                let entry = LeaseEntry { deadline, owned: HashSet::new(), expired: Some(expired) };
+                self.leases.insert(lease, entry);
+            }
+            Command::Announce { lease, instances, reply } => {
+                self.touch(lease);
+                let _ = reply.send(self.announce(lease, instances));
+            }
+            Command::Update { lease, update, reply } => {
+                self.touch(lease);
+                let _ = reply.send(self.update(lease, update));
+            }
+            Command::Withdraw { lease, refs, reply } => {
+                self.touch(lease);
+                let _ = reply.send(self.withdraw(lease, refs));
+            }
+            Command::Touch { lease } => self.touch(lease),
+            Command::Close { lease } => self.close(lease, "stream closed"),
+            Command::Subscribe { service, reply } => {
+                // Publish first so the subscriber starts from a state that includes every
+                // command sent before it subscribed.
+                self.publish();
+                let _ = reply.send(self.subscribe(service));
+            }
+        }
+    }
+
+    fn touch(&mut self, lease: LeaseId) {
+        let Some(entry) = self.leases.get_mut(&lease) else { return };
+        self.deadlines.remove(&(entry.deadline, lease));
+        entry.deadline = Instant::now() + self.config.heartbeat_timeout;
+        self.deadlines.insert((entry.deadline, lease));
+    }
+
+    fn announce(&mut self, lease: LeaseId, instances: Vec<Instance>) -> Outcome {
+        let mut outcome = Outcome::default();
+        let Some(entry) = self.leases.get(&lease) else {
+            outcome.refuse_all(instances.iter().map(InstanceRef::of), Refused::ShuttingDown);
+            return outcome;
+        };
+        // The stream limit counts distinct instances after this message, so re-announcing
+        // owned instances never trips it.
+        let new_keys: HashSet<(Arc<str>, Arc<str>)> = instances
+            .iter()
+            .map(|i| (i.service.clone(), i.id.clone()))
+            .filter(|key| !entry.owned.contains(key))
+            .collect();
+        let count = entry.owned.len() + new_keys.len();
+        if count > self.config.max_instances_per_stream {
+            let limit = self.config.max_instances_per_stream;
+            outcome.refuse_all(instances.iter().map(InstanceRef::of), Refused::TooManyInstances { count, limit });
+            return outcome;
+        }
+        for instance in instances {
+            let key = (instance.service.clone(), instance.id.clone());
+            let service = self.services.entry(instance.service.clone()).or_default();
+            if let Some(owner) = service.instances.get(&instance.id) {
+                if owner.lease != lease {
+                    outcome.refuse(
+                        InstanceRef::of(&instance),
+                        Refused::OwnedElsewhere { service: key.0, id: key.1 },
+                    );
+                    continue;
+                }
+            }
+            info!(service = %instance.service, id = %instance.id, lease, "registered");
+            outcome.accepted.push(InstanceRef::of(&instance));
+            self.dirty.insert(key.0.clone());
+            service.instances.insert(key.1.clone(), Owned { lease, instance: Arc::new(instance) });
+            if let Some(entry) = self.leases.get_mut(&lease) {
+                entry.owned.insert(key);
+            }
+        }
+        outcome
+    }
+
+    fn update(&mut self, lease: LeaseId, update: ValidUpdate) -> Outcome {
+        let mut outcome = Outcome::default();
+        let target = InstanceRef { service: update.service.clone(), id: update.id.clone() };
+        let owned = self
+            .services
+            .get_mut(update.service.as_str())
+            .and_then(|service| service.instances.get_mut(update.id.as_str()))
+            .filter(|owned| owned.lease == lease);
+        let Some(owned) = owned else {
+            let refusal = Refused::NotOwned { service: update.service.into(), id: update.id.into() };
+            outcome.refuse(target, refusal);
+            return outcome;
+        };
+        let mut instance = Instance::clone(&owned.instance);
+        if let Some(weight) = update.weight {
+            instance.weight = weight;
+        }
+        if let Some(status) = update.status {
+            instance.status = status;
+        }
+        if let Some(metadata) = update.metadata {
+            instance.metadata = metadata;
+        }
+        if instance != *owned.instance {
+            info!(service = %instance.service, id = %instance.id, status = instance.status.as_str(), "updated");
+            self.dirty.insert(instance.service.clone());
+            owned.instance = Arc::new(instance);
+        }
+        outcome.accepted.push(target);
+        outcome
+    }
+
+    fn withdraw(&mut self, lease: LeaseId, refs: Vec<InstanceRef>) -> Outcome {
+        let mut outcome = Outcome::default();
+        let Some(entry) = self.leases.get_mut(&lease) else { return outcome };
+        let targets: Vec<(Arc<str>, Arc<str>)> = if refs.is_empty() {
+            entry.owned.iter().cloned().collect()
+        } else {
+            let mut targets = Vec::new();
+            for r in refs {
+                match entry.owned.iter().find(|(s, i)| **s == *r.service && **i == *r.id) {
+                    Some(key) => targets.push(key.clone()),
+                    None => {
+                        let refusal =
+                            Refused::NotOwned { service: r.service.as_str().into(), id: r.id.as_str().into() };
+                        outcome.refuse(r, refusal);
+                    }
+                }
+            }
+            targets
+        };
+        for key in targets {
+            self.remove(lease, &key, "withdrawn");
+            outcome.accepted.push(InstanceRef { service: key.0.to_string(), id: key.1.to_string() });
+        }
+        outcome
+    }
+
+    fn remove(&mut self, lease: LeaseId, key: &(Arc<str>, Arc<str>), why: &'static str) {
+        if let Some(entry) = self.leases.get_mut(&lease) {
+            entry.owned.remove(key);
+        }
+        self.remove_from_service(lease, key, why);
+    }
+
+    /// Removes the instance from its service if `lease` still owns it.
+    fn remove_from_service(&mut self, lease: LeaseId, key: &(Arc<str>, Arc<str>), why: &'static str) {
+        let Some(service) = self.services.get_mut(&key.0) else { return };
+        if service.instances.get(&key.1).is_some_and(|owned| owned.lease == lease) {
+            service.instances.remove(&key.1);
+            self.dirty.insert(key.0.clone());
+            info!(service = %key.0, id = %key.1, lease, why, "deregistered");
+        }
+    }
+
+    fn close(&mut self, lease: LeaseId, why: &'static str) {
+        let Some(entry) = self.leases.remove(&lease) else { return };
+        self.deadlines.remove(&(entry.deadline, lease));
+        for key in &entry.owned {
+            self.remove_from_service(lease, key, why);
+        }
+        if why == EXPIRED {
+            if let Some(expired) = entry.expired {
+                let _ = expired.send(());
+            }
+        }
+    }
+
+    fn expire_due(&mut self, now: Instant) {
+        while let Some(&(deadline, lease)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            info!(lease, "lease expired: no message within the heartbeat timeout");
+            self.close(lease, EXPIRED);
+        }
+    }
+
+    fn subscribe(&mut self, service: Arc<str>) -> watch::Receiver<Arc<ServiceSnapshot>> {
+        if let Some(sender) = self.watchers.get(&service) {
+            return sender.subscribe();
+        }
+        let current = self.published.get(&service).cloned().unwrap_or_else(|| {
+            Arc::new(ServiceSnapshot::build(service.clone(), 0, Vec::new()))
+        });
+        let (sender, receiver) = watch::channel(current);
+        self.watchers.insert(service, sender);
+        receiver
+    }
+
+    fn publish(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        for name in self.dirty.drain() {
+            let Some(entry) = self.services.get_mut(&name) else { continue };
+            entry.epoch += 1;
+            let instances = entry.instances.values().map(|owned| owned.instance.clone()).collect();
+            let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
+            if let Some(watcher) = self.watchers.get(&name) {
+                watcher.send_replace(snapshot.clone());
+            }
+            self.published.services.insert(name, snapshot);
+        }
+        self.catalog.store(Arc::new(self.published.clone()));
+        // Forget watchers nobody listens to any more.
+        self.watchers.retain(|_, sender| sender.receiver_count() > 0);
+    }
+}
+
+const EXPIRED: &str = "heartbeat timeout";
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Outcome {
+    fn refuse(&mut self, instance: InstanceRef, why: Refused) {
+        self.refused.push((instance, why));
+    }
+
+    fn refuse_all(&mut self, instances: impl Iterator<Item = InstanceRef>, why: Refused) {
+        for instance in instances {
+            self.refuse(instance, why.clone());
+        }
+    }
+}
+
+impl InstanceRef {
+    fn of(instance: &Instance) -> Self {
+        Self { service: instance.service.to_string(), id: instance.id.to_string() }
+    }
+}

@@ -1,0 +1,277 @@
+//! The registry's view of one instance, and the validation that turns a provider's announcement
+//! into one.
+//!
+//! Validation happens once, when an instance is announced or updated; everything downstream
+//! (snapshots, rules, the gRPC edge) can rely on the invariants below.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::error::InvalidField;
+
+/// Longest service name, in bytes (the length of a DNS name).
+pub const MAX_NAME_LEN: usize = 253;
+/// Most metadata entries one instance may carry.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+/// Longest metadata key, in bytes.
+pub const MAX_METADATA_KEY_LEN: usize = 128;
+/// Longest metadata value, in bytes.
+pub const MAX_METADATA_VALUE_LEN: usize = 512;
+/// Weight of an instance that announced none.
+pub const DEFAULT_WEIGHT: u32 = 100;
+
+/// Whether an instance takes new picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Up,
+    /// Registered, finishing in-flight work, receiving no new picks.
+    Draining,
+    /// Registered but not eligible.
+    Down,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Up => "UP",
+            Status::Draining => "DRAINING",
+            Status::Down => "DOWN",
+        }
+    }
+}
+
+/// A validated, registered instance. Immutable once published: an update replaces the `Arc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub id: Arc<str>,
+    pub service: Arc<str>,
+    pub host: String,
+    pub port: u16,
+    /// Empty when the instance has no version.
+    pub version: Arc<str>,
+    pub zone: Arc<str>,
+    pub weight: u32,
+    pub metadata: BTreeMap<String, String>,
+    pub status: Status,
+}
+
+impl Instance {
+    pub fn is_up(&self) -> bool {
+        self.status == Status::Up
+    }
+}
+
+/// An instance as a provider described it, before validation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceSpec {
+    pub id: String,
+    pub service: String,
+    pub host: String,
+    pub port: u32,
+    pub version: String,
+    pub zone: String,
+    pub weight: Option<u32>,
+    pub metadata: BTreeMap<String, String>,
+    pub status: RequestedStatus,
+}
+
+/// The status a provider asked for, as sent; an unknown wire value is kept for the error message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RequestedStatus {
+    /// Not given: an announced instance is UP, an update keeps the current status.
+    #[default]
+    Unset,
+    Known(Status),
+    Unknown(i32),
+}
+
+impl RequestedStatus {
+    /// The status to apply, if any.
+    pub fn validate(self, field: &str) -> Result<Option<Status>, InvalidField> {
+        match self {
+            RequestedStatus::Unset => Ok(None),
+            RequestedStatus::Known(status) => Ok(Some(status)),
+            RequestedStatus::Unknown(value) => {
+                Err(InvalidField::new(field, format!("is {value}; expected UP, DRAINING or DOWN")))
+            }
+        }
+    }
+}
+
+impl InstanceSpec {
+    /// Checks every field against the registry's limits. `field` prefixes error messages, e.g.
+    /// `announce.instances[2]`, so the provider learns exactly which value was refused.
+    pub fn validate(self, field: &str) -> Result<Instance, InvalidField> {
+        validate_service_name(&format!("{field}.service"), &self.service)?;
+        if self.host.is_empty() {
+            return Err(InvalidField::new(format!("{field}.host"), "must not be empty"));
+        }
+        validate_token(&format!("{field}.host"), &self.host)?;
+        let port = match u16::try_from(self.port) {
+            Ok(port) if port != 0 => port,
+            _ => {
+                return Err(InvalidField::new(
+                    format!("{field}.port"),
+                    format!("must be between 1 and 65535, got {}", self.port),
+                ));
+            }
+        };
+        let id = if self.id.is_empty() { format!("{}:{}", self.host, port) } else { self.id };
+        validate_token(&format!("{field}.id"), &id)?;
+        if !self.version.is_empty() {
+            validate_token(&format!("{field}.version"), &self.version)?;
+        }
+        if !self.zone.is_empty() {
+            validate_token(&format!("{field}.zone"), &self.zone)?;
+        }
+        validate_metadata(&format!("{field}.metadata"), &self.metadata)?;
+        let status = self.status.validate(&format!("{field}.status"))?.unwrap_or(Status::Up);
+        Ok(Instance {
+            id: id.into(),
+            service: self.service.into(),
+            host: self.host,
+            port,
+            version: self.version.into(),
+            zone: self.zone.into(),
+            weight: self.weight.unwrap_or(DEFAULT_WEIGHT),
+            metadata: self.metadata,
+            status,
+        })
+    }
+}
+
+/// A service name: 1..=253 bytes of `[A-Za-z0-9._:-]`.
+pub fn validate_service_name(field: &str, name: &str) -> Result<(), InvalidField> {
+    if name.is_empty() {
+        return Err(InvalidField::new(field, "must not be empty"));
+    }
+    validate_token(field, name)
+}
+
+/// Ids, hosts, versions and zones follow the same alphabet and length limit as service names,
+/// so they can appear in counter keys, metric labels and Redis keys without escaping.
+fn validate_token(field: &str, value: &str) -> Result<(), InvalidField> {
+    if value.len() > MAX_NAME_LEN {
+        return Err(InvalidField::new(
+            field,
+            format!("is {} bytes long; the limit is {MAX_NAME_LEN}", value.len()),
+        ));
+    }
+    if let Some(bad) = value.chars().find(|c| !is_name_char(*c)) {
+        return Err(InvalidField::new(
+            field,
+            format!("contains {bad:?}; only [A-Za-z0-9._:-] are allowed"),
+        ));
+    }
+    Ok(())
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+}
+
+/// At most 64 entries, keys 1..=128 bytes, values at most 512 bytes.
+pub fn validate_metadata(field: &str, metadata: &BTreeMap<String, String>) -> Result<(), InvalidField> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(InvalidField::new(
+            field,
+            format!("has {} entries; the limit is {MAX_METADATA_ENTRIES}", metadata.len()),
+        ));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() {
+            return Err(InvalidField::new(field, "has an empty key"));
+        }
+        if key.len() > MAX_METADATA_KEY_LEN {
+            return Err(InvalidField::new(
+                format!("{field}[{}]", truncate(key)),
+                format!("key is {} bytes long; the limit is {MAX_METADATA_KEY_LEN}", key.len()),
+            ));
+        }
+        if value.len() > MAX_METADATA_VALUE_LEN {
+            return Err(InvalidField::new(
+                format!("{field}[{key}]"),
+                format!("value is {} bytes long; the limit is {MAX_METADATA_VALUE_LEN}", value.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Keeps error messages short when echoing an over-long key.
+fn truncate(s: &str) -> String {
+    let end = s.char_indices().nth(32).map_or(s.len(), |(i, _)| i);
+    if end < s.len() { format!("{}…", &s[..end]) } else { s.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> InstanceSpec {
+        InstanceSpec {
+            service: "orders".into(),
+            host: "10.0.0.1".into(),
+            port: 8080,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn id_defaults_to_host_port_and_status_to_up() {
+        let instance = spec().validate("i").unwrap();
+        assert_eq!(&*instance.id, "10.0.0.1:8080");
+        assert_eq!(instance.status, Status::Up);
+        assert_eq!(instance.weight, DEFAULT_WEIGHT);
+    }
+
+    #[test]
+    fn explicit_weight_zero_is_kept() {
+        let instance = InstanceSpec { weight: Some(0), ..spec() }.validate("i").unwrap();
+        assert_eq!(instance.weight, 0);
+    }
+
+    #[test]
+    fn each_limit_names_its_field() {
+        let cases: Vec<(InstanceSpec, &str)> = vec![
+            (InstanceSpec { service: String::new(), ..spec() }, "i.service"),
+            (InstanceSpec { service: "a".repeat(254), ..spec() }, "i.service"),
+            (InstanceSpec { service: "bad name".into(), ..spec() }, "i.service"),
+            (InstanceSpec { host: String::new(), ..spec() }, "i.host"),
+            (InstanceSpec { port: 0, ..spec() }, "i.port"),
+            (InstanceSpec { port: 65536, ..spec() }, "i.port"),
+            (InstanceSpec { version: "v/1".into(), ..spec() }, "i.version"),
+            (InstanceSpec { status: RequestedStatus::Unknown(9), ..spec() }, "i.status"),
+            (
+                InstanceSpec {
+                    metadata: (0..65).map(|i| (format!("k{i}"), String::new())).collect(),
+                    ..spec()
+                },
+                "i.metadata",
+            ),
+            (
+                InstanceSpec { metadata: [("k".repeat(129), String::new())].into(), ..spec() },
+                "i.metadata[kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk…]",
+            ),
+            (
+                InstanceSpec { metadata: [("k".into(), "v".repeat(513))].into(), ..spec() },
+                "i.metadata[k]",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = spec.clone().validate("i").expect_err(&format!("{spec:?} should be refused"));
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    #[test]
+    fn limits_are_inclusive() {
+        let ok = InstanceSpec {
+            service: "a".repeat(253),
+            port: 65535,
+            metadata: (0..64).map(|i| (format!("{i:0>128}"), "v".repeat(512))).collect(),
+            ..spec()
+        };
+        assert!(ok.validate("i").is_ok());
+    }
+}

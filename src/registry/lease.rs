@@ -1,0 +1,184 @@
+//! A registration stream's handle on the registry.
+//!
+//! A [`Lease`] owns the instances its stream announced. Every message sent through it counts as
+//! a heartbeat; dropping it (the stream ended, cleanly or not) removes its instances at once.
+//! Input is validated here, in the stream's own task, so the single registry task only applies
+//! changes that are already known to be well-formed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::{InvalidField, Refused, RegistryClosed};
+use super::index::{Command, LeaseId};
+use super::instance::{InstanceSpec, RequestedStatus, Status, validate_metadata, validate_service_name};
+
+/// Names one instance of one service, as the provider sent it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceRef {
+    pub service: String,
+    pub id: String,
+}
+
+/// A change to one owned instance; `None` keeps the current value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceUpdate {
+    pub service: String,
+    pub id: String,
+    pub weight: Option<u32>,
+    pub status: RequestedStatus,
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// An update after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ValidUpdate {
+    pub service: String,
+    pub id: String,
+    pub weight: Option<u32>,
+    pub status: Option<Status>,
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// What happened to each instance a message named. A refused instance is left untouched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub accepted: Vec<InstanceRef>,
+    pub refused: Vec<(InstanceRef, Refused)>,
+}
+
+pub struct Lease {
+    id: LeaseId,
+    tx: mpsc::UnboundedSender<Command>,
+    expired: Option<oneshot::Receiver<()>>,
+    heartbeat_timeout: Duration,
+    max_instances: usize,
+}
+
+impl Lease {
+    pub(crate) fn open(
+        id: LeaseId,
+        tx: mpsc::UnboundedSender<Command>,
+        heartbeat_timeout: Duration,
+        max_instances: usize,
+    ) -> Self {
+        let (expired_tx, expired) = oneshot::channel();
+        // If the registry has stopped, `expired` resolves at once and the stream ends.
+        let _ = tx.send(Command::Open { lease: id, expired: expired_tx });
+        Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn heartbeat_timeout(&self) -> Duration {
+        self.heartbeat_timeout
+    }
+
+    /// Adds (or, for ids this lease owns, replaces) instances.
+    pub async fn announce(&self, specs: Vec<InstanceSpec>) -> Result<Outcome, RegistryClosed> {
+        let mut outcome = Outcome::default();
+        if specs.is_empty() {
+            let problem = InvalidField::new("announce.instances", "must name at least one instance");
+            outcome.refused.push((InstanceRef::default(), problem.into()));
+            self.touch();
+            return Ok(outcome);
+        }
+        if specs.len() > self.max_instances {
+            let why = Refused::TooManyInstances { count: specs.len(), limit: self.max_instances };
+            outcome.refused = specs.iter().map(|s| (raw_ref(s), why.clone())).collect();
+            self.touch();
+            return Ok(outcome);
+        }
+        let mut valid = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.into_iter().enumerate() {
+            let reference = raw_ref(&spec);
+            match spec.validate(&format!("announce.instances[{i}]")) {
+                Ok(instance) => valid.push(instance),
+                Err(problem) => outcome.refused.push((reference, problem.into())),
+            }
+        }
+        if valid.is_empty() {
+            self.touch();
+            return Ok(outcome);
+        }
+        let applied = self.call(|reply| Command::Announce { lease: self.id, instances: valid, reply }).await?;
+        outcome.accepted = applied.accepted;
+        outcome.refused.extend(applied.refused);
+        Ok(outcome)
+    }
+
+    pub async fn update(&self, update: InstanceUpdate) -> Result<Outcome, RegistryClosed> {
+        let target = InstanceRef { service: update.service.clone(), id: update.id.clone() };
+        let update = match validate_update(update) {
+            Ok(update) => update,
+            Err(problem) => {
+                self.touch();
+                return Ok(Outcome { accepted: Vec::new(), refused: vec![(target, problem.into())] });
+            }
+        };
+        self.call(|reply| Command::Update { lease: self.id, update, reply }).await
+    }
+
+    /// Removes the named instances, or every instance of this lease when `refs` is empty.
+    pub async fn withdraw(&self, refs: Vec<InstanceRef>) -> Result<Outcome, RegistryClosed> {
+        self.call(|reply| Command::Withdraw { lease: self.id, refs, reply }).await
+    }
+
+    /// Records that the stream is alive.
+    pub fn touch(&self) {
+        let _ = self.tx.send(Command::Touch { lease: self.id });
+    }
+
+    /// A future that resolves when the registry expires this lease (no message within the
+    /// heartbeat timeout) or stops. Taken once; later calls return a future that never resolves.
+    pub fn take_expiry(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        let expired = self.expired.take();
+        async move {
+            match expired {
+                Some(expired) => {
+                    let _ = expired.await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        command: impl FnOnce(oneshot::Sender<Outcome>) -> Command,
+    ) -> Result<Outcome, RegistryClosed> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(command(reply)).map_err(|_| RegistryClosed)?;
+        answer.await.map_err(|_| RegistryClosed)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Close { lease: self.id });
+    }
+}
+
+fn validate_update(update: InstanceUpdate) -> Result<ValidUpdate, InvalidField> {
+    validate_service_name("update.instance.service", &update.service)?;
+    if update.id.is_empty() {
+        return Err(InvalidField::new("update.instance.id", "must not be empty"));
+    }
+    if let Some(metadata) = &update.metadata {
+        validate_metadata("update.metadata", metadata)?;
+    }
+    let status = update.status.validate("update.status")?;
+    Ok(ValidUpdate { service: update.service, id: update.id, weight: update.weight, status, metadata: update.metadata })
+}
+
+fn raw_ref(spec: &InstanceSpec) -> InstanceRef {
+    let id = if spec.id.is_empty() && !spec.host.is_empty() {
+        format!("{}:{}", spec.host, spec.port)
+    } else {
+        spec.id.clone()
+    };
+    InstanceRef { service: spec.service.clone(), id }
+}

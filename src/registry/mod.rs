@@ -1,0 +1,107 @@
+//! The live instance table.
+//!
+//! Providers hold a [`Lease`] for as long as their registration stream is open; the instances
+//! they announce belong to that lease and disappear with it. One task ([`index`]) owns the
+//! mutable index and publishes an immutable [`Catalog`] of per-service [`ServiceSnapshot`]s
+//! behind an `ArcSwap`, so a pick is one atomic load and a hash lookup, with no lock shared with
+//! writers (the reader/writer split of linkerd's destination controller).
+
+mod error;
+mod index;
+mod instance;
+mod lease;
+mod snapshot;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use error::{InvalidField, Refused, RegistryClosed};
+pub use instance::{
+    DEFAULT_WEIGHT, Instance, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
+    MAX_NAME_LEN, RequestedStatus, Status, validate_service_name,
+};
+pub use lease::{InstanceRef, InstanceUpdate, Lease, Outcome};
+pub use snapshot::{Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
+
+use index::{Command, Index};
+
+/// Default time a registration stream may stay silent before its instances are dropped.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default limit on the instances one registration stream may hold.
+pub const DEFAULT_MAX_INSTANCES_PER_STREAM: usize = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistryConfig {
+    pub heartbeat_timeout: Duration,
+    pub max_instances_per_stream: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            max_instances_per_stream: DEFAULT_MAX_INSTANCES_PER_STREAM,
+        }
+    }
+}
+
+/// A cheap, cloneable handle on the registry: read snapshots, open leases, subscribe to changes.
+#[derive(Clone)]
+pub struct Registry {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tx: mpsc::UnboundedSender<Command>,
+    catalog: Arc<ArcSwap<Catalog>>,
+    next_lease: AtomicU64,
+    config: RegistryConfig,
+}
+
+impl Registry {
+    /// Starts the registry task on the current tokio runtime.
+    pub fn spawn(config: RegistryConfig) -> Self {
+        let catalog = Arc::new(ArcSwap::from_pointee(Catalog::default()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Index::new(config, catalog.clone()).run(rx));
+        Self { shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config }) }
+    }
+
+    /// The current catalog: lock-free, and consistent across services.
+    pub fn catalog(&self) -> Guard<Arc<Catalog>> {
+        self.shared.catalog.load()
+    }
+
+    /// The current snapshot of one service, if it has ever been registered.
+    pub fn service(&self, name: &str) -> Option<Arc<ServiceSnapshot>> {
+        self.catalog().get(name).cloned()
+    }
+
+    pub fn config(&self) -> RegistryConfig {
+        self.shared.config
+    }
+
+    /// Opens a lease for one registration stream.
+    pub fn open_lease(&self) -> Lease {
+        let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
+        Lease::open(id, self.shared.tx.clone(), self.shared.config.heartbeat_timeout, self.shared.config.max_instances_per_stream)
+    }
+
+    /// Follows one service's snapshots. The receiver starts at the current snapshot (an empty
+    /// one at epoch 0 if the service has never been registered) and sees every later one.
+    pub async fn subscribe(&self, service: &str) -> Result<watch::Receiver<Arc<ServiceSnapshot>>, RegistryClosed> {
+        let (reply, answer) = oneshot::channel();
+        self.shared.tx.send(Command::Subscribe { service: service.into(), reply }).map_err(|_| RegistryClosed)?;
+        answer.await.map_err(|_| RegistryClosed)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) use snapshot::tests as snapshot_tests;

@@ -1,0 +1,199 @@
+//! Immutable views of the registry that picks read without locks.
+//!
+//! The registry task builds one [`ServiceSnapshot`] per service whenever that service changes
+//! and publishes all of them together as a [`Catalog`] behind an `ArcSwap`. Everything a pick
+//! needs is precomputed here, once per change rather than once per pick: the instances sorted by
+//! id (so every replica and every run agrees on positions) and the UP instances grouped by
+//! version for version isolation.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::instance::Instance;
+
+/// Every service the registry has seen, by name.
+#[derive(Debug, Default, Clone)]
+pub struct Catalog {
+    pub services: HashMap<Arc<str>, Arc<ServiceSnapshot>>,
+}
+
+impl Catalog {
+    pub fn get(&self, service: &str) -> Option<&Arc<ServiceSnapshot>> {
+        self.services.get(service)
+    }
+}
+
+/// An ordered list of eligible instances with a stable label. Rule state (rotation counters) is
+/// keyed by the label, not by the members, so a rotation survives instances coming and going.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subset {
+    pub label: Arc<str>,
+    pub members: Arc<[Arc<Instance>]>,
+}
+
+impl Subset {
+    fn new(label: impl Into<Arc<str>>, members: Vec<Arc<Instance>>) -> Self {
+        Self { label: label.into(), members: members.into() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+}
+
+/// Label of the subset of UP instances that have no version.
+pub const UNVERSIONED_LABEL: &str = "version=";
+
+/// One service's instances at one moment.
+#[derive(Debug, Clone)]
+pub struct ServiceSnapshot {
+    pub name: Arc<str>,
+    /// Increases with every published change of this service.
+    pub epoch: u64,
+    /// All registered instances, whatever their status, sorted by id.
+    pub instances: Vec<Arc<Instance>>,
+    /// UP instances with no version, sorted by id.
+    pub unversioned: Subset,
+    /// UP instances per non-empty version, each sorted by id.
+    pub versions: HashMap<Arc<str>, Subset>,
+}
+
+impl ServiceSnapshot {
+    /// Builds a snapshot; `instances` may come in any order.
+    pub fn build(name: Arc<str>, epoch: u64, mut instances: Vec<Arc<Instance>>) -> Self {
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut unversioned = Vec::new();
+        let mut by_version: HashMap<Arc<str>, Vec<Arc<Instance>>> = HashMap::new();
+        for instance in instances.iter().filter(|i| i.is_up()) {
+            if instance.version.is_empty() {
+                unversioned.push(instance.clone());
+            } else {
+                by_version.entry(instance.version.clone()).or_default().push(instance.clone());
+            }
+        }
+        let versions = by_version
+            .into_iter()
+            .map(|(version, members)| {
+                let label = format!("version={version}");
+                (version, Subset::new(label, members))
+            })
+            .collect();
+        Self {
+            name,
+            epoch,
+            instances,
+            unversioned: Subset::new(UNVERSIONED_LABEL, unversioned),
+            versions,
+        }
+    }
+
+    pub fn up_count(&self) -> usize {
+        self.instances.iter().filter(|i| i.is_up()).count()
+    }
+}
+
+/// One difference between two snapshots of a service, in the vocabulary of service discovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Added(Arc<Instance>),
+    Updated(Arc<Instance>),
+    Removed(Arc<Instance>),
+}
+
+/// The changes that turn `old` into `new`, in id order. Both lists must be sorted by id, as
+/// [`ServiceSnapshot::instances`] is.
+pub fn diff(old: &[Arc<Instance>], new: &[Arc<Instance>]) -> Vec<Change> {
+    let mut changes = Vec::new();
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(a), None) => {
+                changes.push(Change::Removed((*a).clone()));
+                o.next();
+            }
+            (None, Some(b)) => {
+                changes.push(Change::Added((*b).clone()));
+                n.next();
+            }
+            (Some(a), Some(b)) => match a.id.cmp(&b.id) {
+                std::cmp::Ordering::Less => {
+                    changes.push(Change::Removed((*a).clone()));
+                    o.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changes.push(Change::Added((*b).clone()));
+                    n.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if a != b {
+                        changes.push(Change::Updated((*b).clone()));
+                    }
+                    o.next();
+                    n.next();
+                }
+            },
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::registry::instance::{InstanceSpec, RequestedStatus, Status};
+
+    pub(crate) fn instance(id: &str, version: &str, status: Status) -> Arc<Instance> {
+        let spec = InstanceSpec {
+            id: id.into(),
+            service: "svc".into(),
+            host: "127.0.0.1".into(),
+            port: 1000,
+            version: version.into(),
+            status: RequestedStatus::Known(status),
+            ..Default::default()
+        };
+        Arc::new(spec.validate("test").unwrap())
+    }
+
+    fn ids(subset: &Subset) -> Vec<&str> {
+        subset.members.iter().map(|i| &*i.id).collect()
+    }
+
+    #[test]
+    fn build_sorts_by_id_and_groups_up_instances_by_version() {
+        let snapshot = ServiceSnapshot::build(
+            "svc".into(),
+            1,
+            vec![
+                instance("c", "", Status::Up),
+                instance("a", "", Status::Up),
+                instance("d", "zlt", Status::Up),
+                instance("b", "", Status::Draining),
+                instance("e", "zlt", Status::Down),
+            ],
+        );
+        let all: Vec<&str> = snapshot.instances.iter().map(|i| &*i.id).collect();
+        assert_eq!(all, ["a", "b", "c", "d", "e"]);
+        assert_eq!(ids(&snapshot.unversioned), ["a", "c"]);
+        assert_eq!(ids(&snapshot.versions["zlt"]), ["d"]);
+        assert_eq!(&*snapshot.versions["zlt"].label, "version=zlt");
+        assert_eq!(snapshot.up_count(), 3);
+    }
+
+    #[test]
+    fn diff_reports_adds_updates_and_removes() {
+        let old = vec![instance("a", "", Status::Up), instance("b", "", Status::Up), instance("c", "", Status::Up)];
+        let new = vec![instance("b", "", Status::Draining), instance("c", "", Status::Up), instance("d", "", Status::Up)];
+        let changes = diff(&old, &new);
+        assert_eq!(
+            changes,
+            vec![
+                Change::Removed(old[0].clone()),
+                Change::Updated(new[0].clone()),
+                Change::Added(new[2].clone()),
+            ]
+        );
+        assert!(diff(&new, &new).is_empty());
+    }
+}

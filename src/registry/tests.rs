@@ -1,0 +1,176 @@
+//! Registry behaviour through its public handle, on paused time.
+
+use std::time::Duration;
+
+use super::*;
+
+fn spec(service: &str, host: &str, port: u32) -> InstanceSpec {
+    InstanceSpec { service: service.into(), host: host.into(), port, ..Default::default() }
+}
+
+/// Waits until the registry task has applied everything sent so far.
+async fn settle(registry: &Registry) {
+    // A subscribe round trip is queued behind every earlier command.
+    registry.subscribe("settle").await.unwrap();
+}
+
+fn ids(registry: &Registry, service: &str) -> Vec<String> {
+    registry
+        .service(service)
+        .map(|s| s.instances.iter().map(|i| i.id.to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn silent_lease_expires_after_heartbeat_timeout() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let mut lease = registry.open_lease();
+    let expiry = lease.take_expiry();
+    let outcome = lease.announce(vec![spec("orders", "10.0.0.1", 80)]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 1);
+
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["10.0.0.1:80"]);
+
+    tokio::time::timeout(Duration::from_secs(2), expiry).await.expect("lease should expire at 15 s");
+    settle(&registry).await;
+    assert!(ids(&registry, "orders").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeats_keep_a_lease_alive() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let mut lease = registry.open_lease();
+    let expiry = lease.take_expiry();
+    lease.announce(vec![spec("orders", "10.0.0.1", 80)]).await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        lease.touch();
+    }
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["10.0.0.1:80"]);
+    // 100 s have passed; one more silent timeout ends it.
+    tokio::time::timeout(Duration::from_secs(16), expiry).await.expect("expires once silent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_lease_removes_its_instances_at_once() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    lease.announce(vec![spec("orders", "a", 1), spec("orders", "b", 1)]).await.unwrap();
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["a:1", "b:1"]);
+    drop(lease);
+    settle(&registry).await;
+    assert!(ids(&registry, "orders").is_empty());
+    // The service stays known, so picks can tell "no instances now" from "never seen".
+    assert!(registry.service("orders").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_lease_cannot_take_over_an_owned_id() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let first = registry.open_lease();
+    let second = registry.open_lease();
+    first.announce(vec![InstanceSpec { version: "v1".into(), ..spec("orders", "a", 1) }]).await.unwrap();
+    let outcome = second
+        .announce(vec![InstanceSpec { version: "v2".into(), ..spec("orders", "a", 1) }, spec("orders", "b", 1)])
+        .await
+        .unwrap();
+    assert_eq!(outcome.accepted, [InstanceRef { service: "orders".into(), id: "b:1".into() }]);
+    assert!(matches!(outcome.refused[0].1, Refused::OwnedElsewhere { .. }));
+    settle(&registry).await;
+    let snapshot = registry.service("orders").unwrap();
+    assert_eq!(&*snapshot.instances[0].version, "v1", "the owner's instance is unchanged");
+
+    // Nor withdraw or update it.
+    let a = InstanceRef { service: "orders".into(), id: "a:1".into() };
+    let outcome = second.withdraw(vec![a.clone()]).await.unwrap();
+    assert!(matches!(outcome.refused[0].1, Refused::NotOwned { .. }));
+    let update = InstanceUpdate { service: "orders".into(), id: "a:1".into(), weight: Some(7), ..Default::default() };
+    let outcome = second.update(update).await.unwrap();
+    assert!(matches!(outcome.refused[0].1, Refused::NotOwned { .. }));
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["a:1", "b:1"]);
+    assert_eq!(registry.service("orders").unwrap().instances[0].weight, DEFAULT_WEIGHT);
+
+    // Once the owner leaves, the id is free.
+    drop(first);
+    let outcome = second.announce(vec![spec("orders", "a", 1)]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn update_and_withdraw_change_only_what_they_name() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    lease.announce(vec![spec("orders", "a", 1), spec("orders", "b", 1)]).await.unwrap();
+    let update = InstanceUpdate {
+        service: "orders".into(),
+        id: "a:1".into(),
+        status: RequestedStatus::Known(Status::Draining),
+        ..Default::default()
+    };
+    assert_eq!(lease.update(update).await.unwrap().accepted.len(), 1);
+    settle(&registry).await;
+    let snapshot = registry.service("orders").unwrap();
+    assert_eq!(snapshot.instances[0].status, Status::Draining);
+    assert_eq!(snapshot.unversioned.members.len(), 1, "a draining instance is not eligible");
+
+    let outcome = lease.withdraw(vec![InstanceRef { service: "orders".into(), id: "b:1".into() }]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 1);
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["a:1"]);
+    lease.withdraw(Vec::new()).await.unwrap();
+    settle(&registry).await;
+    assert!(ids(&registry, "orders").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_instances_are_refused_and_change_nothing() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    let outcome = lease.announce(vec![spec("orders", "a", 1), spec("orders", "", 1), spec("orders", "c", 0)]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 1);
+    let fields: Vec<String> = outcome
+        .refused
+        .iter()
+        .map(|(_, why)| match why {
+            Refused::Invalid(field) => field.field.clone(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(fields, ["announce.instances[1].host", "announce.instances[2].port"]);
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "orders"), ["a:1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_per_stream_limit_refuses_the_whole_message() {
+    let config = RegistryConfig { max_instances_per_stream: 3, ..Default::default() };
+    let registry = Registry::spawn(config);
+    let lease = registry.open_lease();
+    lease.announce(vec![spec("s", "a", 1), spec("s", "b", 1)]).await.unwrap();
+    let outcome = lease.announce(vec![spec("s", "c", 1), spec("s", "d", 1)]).await.unwrap();
+    assert!(outcome.accepted.is_empty());
+    assert!(matches!(outcome.refused[0].1, Refused::TooManyInstances { count: 4, limit: 3 }));
+    // Re-announcing owned instances does not count twice.
+    let outcome = lease.announce(vec![spec("s", "a", 1), spec("s", "b", 1), spec("s", "c", 1)]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 3);
+    settle(&registry).await;
+    assert_eq!(ids(&registry, "s"), ["a:1", "b:1", "c:1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn subscribers_see_every_published_snapshot() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let mut rx = registry.subscribe("orders").await.unwrap();
+    assert_eq!(rx.borrow_and_update().epoch, 0);
+    let lease = registry.open_lease();
+    lease.announce(vec![spec("orders", "a", 1)]).await.unwrap();
+    rx.changed().await.unwrap();
+    let snapshot = rx.borrow_and_update().clone();
+    assert_eq!(snapshot.epoch, 1);
+    assert_eq!(snapshot.instances.len(), 1);
+}

@@ -1,0 +1,70 @@
+//! `repeat(n=N)`: each instance N times in a row, then the next.
+//!
+//! The Ribbon-era rule "call each instance 3 times, then switch" kept its count per consumer,
+//! so with several consumers no instance ever got its N in a row. From the shared ticket,
+//! `t → (t / N) mod n_instances` makes the sequence exact for all consumers together.
+
+use super::{Draw, Select};
+
+/// Default run length.
+pub const DEFAULT_N: u32 = 3;
+/// Largest accepted run length.
+pub const MAX_N: u32 = 1_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Repeat {
+    /// Picks per instance before moving on; 1..=[`MAX_N`].
+    pub n: u32,
+}
+
+impl Default for Repeat {
+    fn default() -> Self {
+        Self { n: DEFAULT_N }
+    }
+}
+
+impl Select for Repeat {
+    fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<usize> {
+        let len = draw.candidates.len() as u64;
+        let n = u64::from(self.n.max(1));
+        (len > 0).then(|| ((draw.ticket / n) % len) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rules::testing::instances;
+
+    fn sequence(rule: Repeat, len: usize, picks: u64) -> String {
+        let candidates = instances(len);
+        let mut rng = fastrand::Rng::with_seed(1);
+        (0..picks)
+            .map(|ticket| {
+                let index = rule.select(&Draw { candidates: &candidates, ticket, key: "" }, &mut rng).unwrap();
+                char::from(b'A' + index as u8)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn three_in_a_row_then_switch() {
+        assert_eq!(sequence(Repeat::default(), 3, 12), "AAABBBCCCAAA");
+        assert_eq!(sequence(Repeat { n: 5 }, 2, 12), "AAAAABBBBBAA");
+        assert_eq!(sequence(Repeat { n: 1 }, 3, 4), "ABCA");
+    }
+
+    proptest! {
+        #[test]
+        fn runs_are_exactly_n_long(n in 1u32..10, len in 1usize..8) {
+            let seq = sequence(Repeat { n }, len, u64::from(n) * len as u64 * 2);
+            let bytes = seq.as_bytes();
+            for (i, chunk) in bytes.chunks(n as usize).enumerate() {
+                prop_assert!(chunk.iter().all(|&c| c == chunk[0]));
+                prop_assert_eq!(chunk[0], b'A' + (i % len) as u8);
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Assembles rota — registry, state, balancer, gRPC services, health and reflection — and serves
+//! it on one socket until told to stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::info;
+
+use crate::balancer::Balancer;
+use crate::grpc::{BalancerService, RegistryService};
+use crate::pb;
+use crate::registry::{Registry, RegistryConfig};
+use crate::state::StateBackend;
+
+/// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+
+/// HTTP/2 keepalive: a peer that stops answering pings is disconnected, which ends its
+/// registration stream and removes its instances even before the heartbeat timeout.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub registry: RegistryConfig,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().expect("the default listen address is valid"),
+            registry: RegistryConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A running server.
+pub struct Server {
+    local_addr: SocketAddr,
+    balancer: Arc<Balancer>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Server {
+    /// Binds `config.listen` (port 0 picks a free port) and starts serving in the background.
+    pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
+        let listener =
+            TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+
+        let registry = Registry::spawn(config.registry);
+        let balancer = Arc::new(Balancer::new(registry.clone(), StateBackend::default()));
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<pb::balancer_server::BalancerServer<BalancerService>>().await;
+        health.set_serving::<pb::registry_server::RegistryServer<RegistryService>>().await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+
+        let router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone())))
+            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry)));
+
+        let (stop, stopped) = oneshot::channel::<()>();
+        let incoming = TcpListenerStream::new(listener);
+        let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        }));
+        info!(addr = %local_addr, backend = balancer.state().name(), "serving");
+        Ok(Self { local_addr, balancer, stop: Some(stop), task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The server's balancer, for embedding rota in-process.
+    pub fn balancer(&self) -> &Arc<Balancer> {
+        &self.balancer
+    }
+
+    /// `http://ADDR`, ready for a client to connect to.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.local_addr)
+    }
+
+    /// Runs until the server stops on its own (an error) or `shutdown` resolves.
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        tokio::select! {
+            result = &mut self.task => return flatten(result),
+            () = shutdown => {}
+        }
+        self.stop().await
+    }
+
+    /// Stops accepting calls and aborts open streams.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Long-lived streams (registrations, watches) would hold a graceful shutdown open;
+        // bound the wait, then end them.
+        match tokio::time::timeout(Duration::from_secs(5), &mut self.task).await {
+            Ok(result) => flatten(result),
+            Err(_) => {
+                self.task.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+fn flatten(result: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>) -> Result<(), ServeError> {
+    match result {
+        Ok(result) => result.map_err(ServeError::from),
+        // The task is only aborted by `stop`, and panics are not expected; report either as done.
+        Err(_) => Ok(()),
+    }
+}

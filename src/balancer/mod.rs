@@ -7,6 +7,7 @@
 //! falls back.
 
 mod error;
+mod report;
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use crate::rules::{Draw, RuleCache, Select, isolate, without_excluded};
 use crate::state::{CounterKey, StateBackend};
 
 pub use error::PickError;
+pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 
 /// Rule used when a request names none.
 pub const DEFAULT_RULE: &str = "round_robin";
@@ -52,11 +54,12 @@ pub struct Balancer {
     registry: Registry,
     state: StateBackend,
     rules: RuleCache,
+    reports: ReportCounters,
 }
 
 impl Balancer {
     pub fn new(registry: Registry, state: StateBackend) -> Self {
-        Self { registry, state, rules: RuleCache::new() }
+        Self { registry, state, rules: RuleCache::new(), reports: ReportCounters::default() }
     }
 
     pub fn registry(&self) -> &Registry {
@@ -65,6 +68,33 @@ impl Balancer {
 
     pub fn state(&self) -> &StateBackend {
         &self.state
+    }
+
+    pub fn reports(&self) -> &ReportCounters {
+        &self.reports
+    }
+
+    /// Records call outcomes. The whole report is refused if any outcome is malformed.
+    pub fn report(&self, outcomes: &[CallOutcome]) -> Result<ReportSummary, PickError> {
+        report::validate(outcomes)?;
+        let catalog = self.registry.catalog();
+        let mut summary = ReportSummary::default();
+        for outcome in outcomes {
+            let known = catalog
+                .get(&outcome.service)
+                .is_some_and(|s| s.instances.iter().any(|i| *i.id == *outcome.instance_id));
+            match (known, outcome.result) {
+                (true, Some(result)) => {
+                    self.reports.record(result);
+                    summary.accepted += 1;
+                }
+                _ => {
+                    self.reports.ignored.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    summary.ignored += 1;
+                }
+            }
+        }
+        Ok(summary)
     }
 
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {

@@ -132,6 +132,11 @@ impl RotaClient {
         Ok(self.balancer.pick(options.request(service)).await?.into_inner())
     }
 
+    /// Reports call outcomes; returns how many were recorded and how many ignored.
+    pub async fn report(&mut self, outcomes: Vec<pb::CallOutcome>) -> Result<pb::ReportResponse, ClientError> {
+        Ok(self.balancer.report(pb::ReportRequest { outcomes }).await?.into_inner())
+    }
+
     /// Raw access to the `Balancer` stub (for `PickStream`).
     pub fn balancer(&mut self) -> &mut BalancerClient<Channel> {
         &mut self.balancer

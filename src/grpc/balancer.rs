@@ -41,6 +41,12 @@ impl pb::balancer_server::Balancer for BalancerService {
         Ok(Response::new(response))
     }
 
+    async fn report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let outcomes: Vec<_> = request.into_inner().outcomes.into_iter().map(convert::call_outcome).collect();
+        let summary = self.balancer.report(&outcomes)?;
+        Ok(Response::new(pb::ReportResponse { accepted: summary.accepted, ignored: summary.ignored }))
+    }
+
     type PickStreamStream = PickStream;
 
     /// Answers each request in order. A failed pick is reported in its response's `error` and

@@ -1,7 +1,9 @@
 //! Protobuf ⇄ domain conversions. Nothing here validates: that is the registry's job, and
 //! values that cannot be represented (an unknown enum number) are passed on for it to refuse.
 
-use crate::balancer::Picked;
+use std::time::Duration;
+
+use crate::balancer::{CallOutcome, CallResult, Picked};
 use crate::pb;
 use crate::registry::{Instance, InstanceRef, InstanceSpec, InstanceUpdate, RequestedStatus, Status};
 
@@ -78,5 +80,21 @@ pub fn picked(picked: Picked) -> pb::PickResponse {
         fallback: picked.fallback.unwrap_or_default(),
         epoch: picked.epoch,
         error: None,
+    }
+}
+
+pub fn call_outcome(outcome: pb::CallOutcome) -> CallOutcome {
+    let result = match pb::CallResult::try_from(outcome.result) {
+        Ok(pb::CallResult::Ok) => Some(CallResult::Ok),
+        Ok(pb::CallResult::ConnectFailure) => Some(CallResult::ConnectFailure),
+        Ok(pb::CallResult::Error) => Some(CallResult::Error),
+        Ok(pb::CallResult::Unspecified) | Err(_) => None,
+    };
+    CallOutcome {
+        service: outcome.service,
+        instance_id: outcome.instance_id,
+        ticket: outcome.ticket,
+        latency: Duration::from_micros(outcome.latency_us),
+        result,
     }
 }

@@ -6,6 +6,9 @@
 //! read-modify-swap races between streams, and draining the queue before publishing batches a
 //! burst of registrations into one snapshot per service.
 //!
+//! Acknowledgements are sent only after the snapshot carrying their change is published: once a
+//! provider holds its ack, every pick sees the change.
+//!
 //! The task also expires leases: every message on a stream pushes its lease's deadline forward
 //! by the heartbeat timeout, and a lease whose deadline passes loses its instances.
 
@@ -65,6 +68,9 @@ pub(crate) struct Index {
     dirty: HashSet<Arc<str>>,
     catalog: Arc<ArcSwap<Catalog>>,
     published: Catalog,
+    /// Acknowledgements held back until the changes they report are published, so a provider
+    /// that has its ack can rely on every later pick seeing the change.
+    replies: Vec<(oneshot::Sender<Outcome>, Outcome)>,
 }
 
 impl Index {
@@ -78,6 +84,7 @@ impl Index {
             dirty: HashSet::new(),
             catalog,
             published: Catalog::default(),
+            replies: Vec::new(),
         }
     }
 
@@ -113,15 +120,18 @@ impl Index {
             }
             Command::Announce { lease, instances, reply } => {
                 self.touch(lease);
-                let _ = reply.send(self.announce(lease, instances));
+                let outcome = self.announce(lease, instances);
+                self.replies.push((reply, outcome));
             }
             Command::Update { lease, update, reply } => {
                 self.touch(lease);
-                let _ = reply.send(self.update(lease, update));
+                let outcome = self.update(lease, update);
+                self.replies.push((reply, outcome));
             }
             Command::Withdraw { lease, refs, reply } => {
                 self.touch(lease);
-                let _ = reply.send(self.withdraw(lease, refs));
+                let outcome = self.withdraw(lease, refs);
+                self.replies.push((reply, outcome));
             }
             Command::Touch { lease } => self.touch(lease),
             Command::Close { lease } => self.close(lease, "stream closed"),
@@ -294,6 +304,13 @@ impl Index {
     }
 
     fn publish(&mut self) {
+        self.publish_snapshots();
+        for (reply, outcome) in self.replies.drain(..) {
+            let _ = reply.send(outcome);
+        }
+    }
+
+    fn publish_snapshots(&mut self) {
         if self.dirty.is_empty() {
             return;
         }

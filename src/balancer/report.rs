@@ -1,0 +1,80 @@
+//! Call outcomes reported by consumers.
+//!
+//! An outcome is checked against the current snapshot: one that names a service or instance
+//! rota does not know (it left, or never was) is ignored and counted, since consumers report
+//! after the fact and registrations move on meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::registry::{InvalidField, validate_service_name};
+
+/// Most outcomes one report may carry.
+pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    Ok,
+    ConnectFailure,
+    Error,
+}
+
+/// One call's outcome, as a consumer reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallOutcome {
+    pub service: String,
+    pub instance_id: String,
+    pub ticket: u64,
+    pub latency: Duration,
+    /// `None` when the consumer sent a result rota does not know.
+    pub result: Option<CallResult>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReportSummary {
+    pub accepted: u32,
+    pub ignored: u32,
+}
+
+/// Running totals of reported outcomes.
+#[derive(Debug, Default)]
+pub struct ReportCounters {
+    pub ok: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub errors: AtomicU64,
+    pub ignored: AtomicU64,
+}
+
+impl ReportCounters {
+    pub(super) fn record(&self, result: CallResult) {
+        let counter = match result {
+            CallResult::Ok => &self.ok,
+            CallResult::ConnectFailure => &self.connect_failures,
+            CallResult::Error => &self.errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Checks a whole report before any of it is recorded, so a bad report changes nothing.
+pub(super) fn validate(outcomes: &[CallOutcome]) -> Result<(), InvalidField> {
+    if outcomes.len() > MAX_OUTCOMES_PER_REPORT {
+        return Err(InvalidField::new(
+            "outcomes",
+            format!("has {} entries; the limit is {MAX_OUTCOMES_PER_REPORT}", outcomes.len()),
+        ));
+    }
+    for (i, outcome) in outcomes.iter().enumerate() {
+        validate_service_name(&format!("outcomes[{i}].service"), &outcome.service)?;
+        if outcome.instance_id.is_empty() {
+            return Err(InvalidField::new(format!("outcomes[{i}].instance_id"), "must not be empty"));
+        }
+        if outcome.result.is_none() {
+            return Err(InvalidField::new(
+                format!("outcomes[{i}].result"),
+                "must be CALL_RESULT_OK, CALL_RESULT_CONNECT_FAILURE or CALL_RESULT_ERROR",
+            ));
+        }
+    }
+    Ok(())
+}

@@ -61,8 +61,9 @@ pub struct Server {
 impl Server {
     /// Binds `config.listen` (port 0 picks a free port) and starts serving in the background.
     pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
-        let listener =
-            TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServeError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
 
         let registry = Registry::spawn(config.registry);

@@ -117,11 +117,15 @@ impl Balancer {
         let ticket = self.state.next_ticket(&key).await?;
         let mut rng = fastrand::Rng::new();
         let draw = Draw { candidates: &candidates, ticket, key: query.key };
-        let index = rule.rule.select(&draw, &mut rng).ok_or_else(|| PickError::Unavailable(unavailable_reason(&query)))?;
-        let instance = candidates.get(index).cloned().ok_or_else(|| PickError::Unavailable("the rule chose no instance".into()))?;
-        let fallback = isolated.fell_back.then(|| {
-            format!("no instance with version {:?}; picked from instances with no version", query.version)
-        });
+        let index =
+            rule.rule.select(&draw, &mut rng).ok_or_else(|| PickError::Unavailable(unavailable_reason(&query)))?;
+        let instance = candidates
+            .get(index)
+            .cloned()
+            .ok_or_else(|| PickError::Unavailable("the rule chose no instance".into()))?;
+        let fallback = isolated
+            .fell_back
+            .then(|| format!("no instance with version {:?}; picked from instances with no version", query.version));
         Ok(Picked { instance, ticket, rule: rule.canonical.clone(), fallback, epoch: snapshot.epoch })
     }
 }
@@ -151,10 +155,7 @@ fn unavailable_reason(query: &PickQuery<'_>) -> String {
     let mut reason = if query.version.is_empty() {
         format!("service {:?} has no UP instance without a version", query.service)
     } else {
-        format!(
-            "service {:?} has no UP instance with version {:?} nor without a version",
-            query.service, query.version
-        )
+        format!("service {:?} has no UP instance with version {:?} nor without a version", query.service, query.version)
     };
     if !query.exclude.is_empty() {
         reason.push_str(" that is not excluded");

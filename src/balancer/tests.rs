@@ -73,7 +73,10 @@ async fn exclude_skips_tried_instances_and_can_exhaust() {
     assert_eq!(ids(&balancer, q, 3).await, ["b", "b", "b"]);
     let exclude = vec!["a".to_owned(), "b".to_owned()];
     let err = balancer.pick(PickQuery { exclude: &exclude, ..query("", "") }).await.unwrap_err();
-    assert_eq!(err, PickError::Unavailable("service \"svc\" has no UP instance without a version that is not excluded".into()));
+    assert_eq!(
+        err,
+        PickError::Unavailable("service \"svc\" has no UP instance without a version that is not excluded".into())
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -15,7 +15,8 @@ pub async fn run() -> Result<(), CliError> {
     println!("rota demo: embedded server on {}", server.local_addr());
 
     // Each provider holds its own registration stream, as separate processes would.
-    let providers = [("orders-a", 9001, ""), ("orders-b", 9002, ""), ("orders-c", 9003, ""), ("orders-zlt", 9100, "zlt")];
+    let providers =
+        [("orders-a", 9001, ""), ("orders-b", 9002, ""), ("orders-c", 9003, ""), ("orders-zlt", 9100, "zlt")];
     let mut registrations: Vec<Registration> = Vec::new();
     for (id, port, version) in providers {
         let mut client = RotaClient::connect(&server.endpoint()).await?;

@@ -47,10 +47,8 @@ pub async fn run(args: PickArgs) -> Result<(), CliError> {
 /// `ticket  id  host:port  rule  [version]  [fallback]` on one line.
 pub fn describe(picked: &pb::PickResponse) -> String {
     let instance = picked.instance.clone().unwrap_or_default();
-    let mut line = format!(
-        "{:>6}  {:<20} {}:{}  {}",
-        picked.ticket, instance.id, instance.host, instance.port, picked.rule
-    );
+    let mut line =
+        format!("{:>6}  {:<20} {}:{}  {}", picked.ticket, instance.id, instance.host, instance.port, picked.rule);
     if !instance.version.is_empty() {
         line.push_str(&format!("  version={}", instance.version));
     }

@@ -28,9 +28,7 @@ pub struct RegisterArgs {
 }
 
 fn parse_meta(text: &str) -> Result<(String, String), String> {
-    text.split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+    text.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
 
 /// Splits `HOST:PORT`, including `[::1]:80`.
@@ -62,7 +60,12 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
     let registration = client.register(vec![instance]).await?;
     registration.require_all_accepted()?;
     for accepted in &registration.ack().accepted {
-        println!("registered {} in {} (lease {}); Ctrl-C to withdraw", accepted.id, accepted.service, registration.ack().lease_id);
+        println!(
+            "registered {} in {} (lease {}); Ctrl-C to withdraw",
+            accepted.id,
+            accepted.service,
+            registration.ack().lease_id
+        );
     }
     shutdown_signal().await;
     registration.close().await?;

@@ -8,8 +8,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::ClientError;
-use crate::pb::{self, register_request::Msg, register_response};
 use crate::pb::registry_client::RegistryClient;
+use crate::pb::{self, register_request::Msg, register_response};
 
 /// Heartbeats go out at this fraction of the server's timeout, so two may be lost in a row.
 const HEARTBEATS_PER_TIMEOUT: u32 = 3;

@@ -18,7 +18,10 @@ use crate::registry::{InvalidField, Lease, Outcome, Refused, Registry};
 /// Responses buffered for a slow reader before the stream stops reading requests.
 const RESPONSE_BUFFER: usize = 16;
 
-pub fn serve(registry: &Registry, inbound: Streaming<pb::RegisterRequest>) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
+pub fn serve(
+    registry: &Registry,
+    inbound: Streaming<pb::RegisterRequest>,
+) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let lease = registry.open_lease();
     tokio::spawn(run(lease, inbound, tx));
@@ -85,7 +88,10 @@ async fn handle(lease: &Lease, request: pb::RegisterRequest) -> Option<Outcome> 
             return Some(Outcome { accepted: Vec::new(), refused: vec![(Default::default(), problem.into())] });
         }
     };
-    Some(applied.unwrap_or_else(|_| Outcome { accepted: Vec::new(), refused: vec![(Default::default(), Refused::ShuttingDown)] }))
+    Some(applied.unwrap_or_else(|_| Outcome {
+        accepted: Vec::new(),
+        refused: vec![(Default::default(), Refused::ShuttingDown)],
+    }))
 }
 
 fn ack(lease: &Lease, seq: u64, outcome: Outcome) -> pb::RegisterResponse {

@@ -20,11 +20,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use super::RegistryConfig;
 use super::error::Refused;
 use super::instance::Instance;
 use super::lease::{InstanceRef, Outcome, ValidUpdate};
 use super::snapshot::{Catalog, ServiceSnapshot};
-use super::RegistryConfig;
 
 pub(crate) type LeaseId = u64;
 
@@ -173,14 +173,11 @@ impl Index {
         for instance in instances {
             let key = (instance.service.clone(), instance.id.clone());
             let service = self.services.entry(instance.service.clone()).or_default();
-            if let Some(owner) = service.instances.get(&instance.id) {
-                if owner.lease != lease {
-                    outcome.refuse(
-                        InstanceRef::of(&instance),
-                        Refused::OwnedElsewhere { service: key.0, id: key.1 },
-                    );
-                    continue;
-                }
+            if let Some(owner) = service.instances.get(&instance.id)
+                && owner.lease != lease
+            {
+                outcome.refuse(InstanceRef::of(&instance), Refused::OwnedElsewhere { service: key.0, id: key.1 });
+                continue;
             }
             info!(service = %instance.service, id = %instance.id, lease, "registered");
             outcome.accepted.push(InstanceRef::of(&instance));
@@ -274,10 +271,10 @@ impl Index {
         for key in &entry.owned {
             self.remove_from_service(lease, key, why);
         }
-        if why == EXPIRED {
-            if let Some(expired) = entry.expired {
-                let _ = expired.send(());
-            }
+        if why == EXPIRED
+            && let Some(expired) = entry.expired
+        {
+            let _ = expired.send(());
         }
     }
 
@@ -295,9 +292,11 @@ impl Index {
         if let Some(sender) = self.watchers.get(&service) {
             return sender.subscribe();
         }
-        let current = self.published.get(&service).cloned().unwrap_or_else(|| {
-            Arc::new(ServiceSnapshot::build(service.clone(), 0, Vec::new()))
-        });
+        let current = self
+            .published
+            .get(&service)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(ServiceSnapshot::build(service.clone(), 0, Vec::new())));
         let (sender, receiver) = watch::channel(current);
         self.watchers.insert(service, sender);
         receiver

@@ -152,16 +152,10 @@ pub fn validate_service_name(field: &str, name: &str) -> Result<(), InvalidField
 /// so they can appear in counter keys, metric labels and Redis keys without escaping.
 fn validate_token(field: &str, value: &str) -> Result<(), InvalidField> {
     if value.len() > MAX_NAME_LEN {
-        return Err(InvalidField::new(
-            field,
-            format!("is {} bytes long; the limit is {MAX_NAME_LEN}", value.len()),
-        ));
+        return Err(InvalidField::new(field, format!("is {} bytes long; the limit is {MAX_NAME_LEN}", value.len())));
     }
     if let Some(bad) = value.chars().find(|c| !is_name_char(*c)) {
-        return Err(InvalidField::new(
-            field,
-            format!("contains {bad:?}; only [A-Za-z0-9._:-] are allowed"),
-        ));
+        return Err(InvalidField::new(field, format!("contains {bad:?}; only [A-Za-z0-9._:-] are allowed")));
     }
     Ok(())
 }
@@ -209,12 +203,7 @@ mod tests {
     use super::*;
 
     fn spec() -> InstanceSpec {
-        InstanceSpec {
-            service: "orders".into(),
-            host: "10.0.0.1".into(),
-            port: 8080,
-            ..Default::default()
-        }
+        InstanceSpec { service: "orders".into(), host: "10.0.0.1".into(), port: 8080, ..Default::default() }
     }
 
     #[test]
@@ -243,20 +232,14 @@ mod tests {
             (InstanceSpec { version: "v/1".into(), ..spec() }, "i.version"),
             (InstanceSpec { status: RequestedStatus::Unknown(9), ..spec() }, "i.status"),
             (
-                InstanceSpec {
-                    metadata: (0..65).map(|i| (format!("k{i}"), String::new())).collect(),
-                    ..spec()
-                },
+                InstanceSpec { metadata: (0..65).map(|i| (format!("k{i}"), String::new())).collect(), ..spec() },
                 "i.metadata",
             ),
             (
                 InstanceSpec { metadata: [("k".repeat(129), String::new())].into(), ..spec() },
                 "i.metadata[kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk…]",
             ),
-            (
-                InstanceSpec { metadata: [("k".into(), "v".repeat(513))].into(), ..spec() },
-                "i.metadata[k]",
-            ),
+            (InstanceSpec { metadata: [("k".into(), "v".repeat(513))].into(), ..spec() }, "i.metadata[k]"),
         ];
         for (spec, field) in cases {
             let err = spec.clone().validate("i").expect_err(&format!("{spec:?} should be refused"));

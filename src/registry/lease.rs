@@ -146,10 +146,7 @@ impl Lease {
         }
     }
 
-    async fn call(
-        &self,
-        command: impl FnOnce(oneshot::Sender<Outcome>) -> Command,
-    ) -> Result<Outcome, RegistryClosed> {
+    async fn call(&self, command: impl FnOnce(oneshot::Sender<Outcome>) -> Command) -> Result<Outcome, RegistryClosed> {
         let (reply, answer) = oneshot::channel();
         self.tx.send(command(reply)).map_err(|_| RegistryClosed)?;
         answer.await.map_err(|_| RegistryClosed)

@@ -88,7 +88,12 @@ impl Registry {
     /// Opens a lease for one registration stream.
     pub fn open_lease(&self) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
-        Lease::open(id, self.shared.tx.clone(), self.shared.config.heartbeat_timeout, self.shared.config.max_instances_per_stream)
+        Lease::open(
+            id,
+            self.shared.tx.clone(),
+            self.shared.config.heartbeat_timeout,
+            self.shared.config.max_instances_per_stream,
+        )
     }
 
     /// Follows one service's snapshots. The receiver starts at the current snapshot (an empty

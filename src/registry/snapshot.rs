@@ -78,13 +78,7 @@ impl ServiceSnapshot {
                 (version, Subset::new(label, members))
             })
             .collect();
-        Self {
-            name,
-            epoch,
-            instances,
-            unversioned: Subset::new(UNVERSIONED_LABEL, unversioned),
-            versions,
-        }
+        Self { name, epoch, instances, unversioned: Subset::new(UNVERSIONED_LABEL, unversioned), versions }
     }
 
     pub fn up_count(&self) -> usize {
@@ -184,15 +178,12 @@ pub(crate) mod tests {
     #[test]
     fn diff_reports_adds_updates_and_removes() {
         let old = vec![instance("a", "", Status::Up), instance("b", "", Status::Up), instance("c", "", Status::Up)];
-        let new = vec![instance("b", "", Status::Draining), instance("c", "", Status::Up), instance("d", "", Status::Up)];
+        let new =
+            vec![instance("b", "", Status::Draining), instance("c", "", Status::Up), instance("d", "", Status::Up)];
         let changes = diff(&old, &new);
         assert_eq!(
             changes,
-            vec![
-                Change::Removed(old[0].clone()),
-                Change::Updated(new[0].clone()),
-                Change::Added(new[2].clone()),
-            ]
+            vec![Change::Removed(old[0].clone()), Change::Updated(new[0].clone()), Change::Added(new[2].clone()),]
         );
         assert!(diff(&new, &new).is_empty());
     }

@@ -15,10 +15,7 @@ async fn settle(registry: &Registry) {
 }
 
 fn ids(registry: &Registry, service: &str) -> Vec<String> {
-    registry
-        .service(service)
-        .map(|s| s.instances.iter().map(|i| i.id.to_string()).collect())
-        .unwrap_or_default()
+    registry.service(service).map(|s| s.instances.iter().map(|i| i.id.to_string()).collect()).unwrap_or_default()
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,7 +128,8 @@ async fn update_and_withdraw_change_only_what_they_name() {
 async fn invalid_instances_are_refused_and_change_nothing() {
     let registry = Registry::spawn(RegistryConfig::default());
     let lease = registry.open_lease();
-    let outcome = lease.announce(vec![spec("orders", "a", 1), spec("orders", "", 1), spec("orders", "c", 0)]).await.unwrap();
+    let outcome =
+        lease.announce(vec![spec("orders", "a", 1), spec("orders", "", 1), spec("orders", "c", 0)]).await.unwrap();
     assert_eq!(outcome.accepted.len(), 1);
     let fields: Vec<String> = outcome
         .refused

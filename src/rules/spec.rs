@@ -67,7 +67,9 @@ pub fn parse(text: &str) -> Result<ParsedRule, RuleError> {
             let mut repeat = Repeat::default();
             for (key, value) in params {
                 match key {
-                    "n" => repeat.n = parse_u32("repeat", "n", value, 1, MAX_N, "must be an integer from 1 to 1000000")?,
+                    "n" => {
+                        repeat.n = parse_u32("repeat", "n", value, 1, MAX_N, "must be an integer from 1 to 1000000")?
+                    }
                     other => return Err(unknown_param("repeat", other, "n")),
                 }
             }
@@ -125,11 +127,12 @@ fn parse_u32(
     max: u32,
     problem: &'static str,
 ) -> Result<u32, RuleError> {
-    value
-        .parse::<u32>()
-        .ok()
-        .filter(|v| (min..=max).contains(v))
-        .ok_or_else(|| RuleError::BadParam { rule, param, problem, value: value.to_owned() })
+    value.parse::<u32>().ok().filter(|v| (min..=max).contains(v)).ok_or_else(|| RuleError::BadParam {
+        rule,
+        param,
+        problem,
+        value: value.to_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -168,9 +171,6 @@ mod tests {
         for (text, message) in cases {
             assert_eq!(parse(text).unwrap_err().to_string(), message, "{text}");
         }
-        assert_eq!(
-            parse(&"x".repeat(257)).unwrap_err().to_string(),
-            "rule is 257 bytes long; the limit is 256"
-        );
+        assert_eq!(parse(&"x".repeat(257)).unwrap_err().to_string(), "rule is 257 bytes long; the limit is 256");
     }
 }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs every test of the repository: the Rust crate (unit, property and integration tests
+# against a live server) and each client's suite against a live `rota serve` built here.
+#
+#   ./scripts/test.sh            everything
+#   ./scripts/test.sh rust       only the Rust crate
+#   ./scripts/test.sh python go  only those clients (after building the server)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+clients=()
+run_rust=1
+if [ "$#" -gt 0 ]; then
+  run_rust=0
+  for arg in "$@"; do
+    if [ "$arg" = rust ]; then run_rust=1; else clients+=("$arg"); fi
+  done
+else
+  while IFS= read -r client; do clients+=("$client"); done < <(
+    for dir in clients/*/; do [ -x "$dir/test.sh" ] && basename "$dir"; done
+  )
+fi
+
+declare -A took
+step() {
+  local name="$1"; shift
+  local start=$SECONDS
+  echo "==> $name"
+  "$@"
+  took[$name]=$((SECONDS - start))
+}
+
+step build cargo build --locked --bin rota
+export ROTA_BIN="$root/target/debug/rota"
+
+if [ "$run_rust" = 1 ]; then
+  step rust cargo test --locked
+fi
+for client in "${clients[@]}"; do
+  step "$client" "clients/$client/test.sh"
+done
+
+echo "==> all suites passed"
+for name in "${!took[@]}"; do printf '    %-12s %4ss\n' "$name" "${took[$name]}"; done

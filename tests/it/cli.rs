@@ -1,0 +1,135 @@
+//! The `rota` binary as a user runs it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rota");
+
+struct Serving {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve() -> Serving {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rota serve starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}"));
+    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+    Serving { child, endpoint: format!("http://{addr}") }
+}
+
+fn rota(server: &Serving, args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env("ROTA_SERVER", &server.endpoint).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn register_pick_ls_and_withdraw_on_ctrl_c() {
+    let server = serve();
+    let mut register = Command::new(BIN)
+        .args(["register", "cli-svc", "127.0.0.1:7001", "--version", "zlt", "--meta", "team=pay"])
+        .env("ROTA_SERVER", &server.endpoint)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(register.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("registered 127.0.0.1:7001 in cli-svc"), "{line}");
+
+    let picked = rota(&server, &["pick", "cli-svc", "--version", "zlt", "-n", "2"]);
+    assert!(picked.status.success(), "{}", text(&picked.stderr));
+    let out = text(&picked.stdout);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(out.lines().all(|l| l.contains("127.0.0.1:7001") && l.contains("version=zlt")), "{out}");
+
+    let listed = rota(&server, &["ls", "cli-svc"]);
+    let out = text(&listed.stdout);
+    assert!(out.contains("127.0.0.1:7001") && out.contains("zlt") && out.contains("UP"), "{out}");
+
+    // Ctrl-C withdraws: the instance is gone and the service answers UNAVAILABLE.
+    let interrupted = Command::new("kill").args(["-INT", &register.id().to_string()]).status().unwrap();
+    assert!(interrupted.success());
+    let status = register.wait().unwrap();
+    assert!(status.success(), "register exits 0 after withdrawing");
+    let unavailable = rota(&server, &["pick", "cli-svc", "--version", "zlt"]);
+    assert!(!unavailable.status.success());
+    assert!(text(&unavailable.stderr).starts_with("rota: UNAVAILABLE: "), "{}", text(&unavailable.stderr));
+}
+
+#[test]
+fn errors_are_one_clear_line_and_a_failing_exit() {
+    let server = serve();
+    let output = rota(&server, &["pick", "never-seen"]);
+    assert!(!output.status.success());
+    assert_eq!(text(&output.stderr), "rota: NOT_FOUND: service \"never-seen\" has never been registered\n");
+
+    let output = rota(&server, &["pick", "never-seen", "--rule", "zigzag"]);
+    assert_eq!(
+        text(&output.stderr),
+        "rota: INVALID_ARGUMENT: rule \"zigzag\" is unknown; known rules: round_robin, random, repeat\n"
+    );
+
+    let output = rota(&server, &["register", "svc", "no-port-here"]);
+    assert_eq!(text(&output.stderr), "rota: \"no-port-here\" is not HOST:PORT\n");
+
+    let output = rota(&server, &["register", "svc", "127.0.0.1:0"]);
+    assert_eq!(
+        text(&output.stderr),
+        "rota: registration refused: announce.instances[0].port must be between 1 and 65535, got 0\n"
+    );
+}
+
+#[test]
+fn unreachable_server_is_reported_not_hung() {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let output =
+        Command::new(BIN).args(["ls"]).env("ROTA_SERVER", format!("http://127.0.0.1:{port}")).output().unwrap();
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).starts_with("rota: cannot connect to rota"), "{}", text(&output.stderr));
+}
+
+#[test]
+fn invalid_serve_flags_exit_before_binding() {
+    let output =
+        Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--heartbeat-timeout", "0s"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(text(&output.stdout).is_empty(), "nothing was bound");
+    assert!(text(&output.stderr).contains("--heartbeat-timeout"), "{}", text(&output.stderr));
+}
+
+#[test]
+fn demo_shows_shared_rotations() {
+    let output = Command::new(BIN).arg("demo").output().unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 12, "{out}");
+    let column = |c: usize| rows.iter().map(|r| r[c].trim_start_matches("orders-")).collect::<Vec<_>>().join("");
+    assert_eq!(column(2), "abcabcabcabc");
+    assert_eq!(column(3), "aaabbbcccaaa");
+    assert_eq!(column(4), "zltzltzltzltzltzltzltzltzltzltzltzlt");
+    assert!(out.contains("no instance with version \"nobody\""), "{out}");
+}

@@ -1,0 +1,9 @@
+//! Integration tests: the real server on 127.0.0.1:0, driven through real gRPC clients.
+
+mod cli;
+mod companions;
+mod conformance;
+mod errors;
+mod harness;
+mod registration;
+mod rotation;

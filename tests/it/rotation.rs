@@ -1,0 +1,147 @@
+//! Shared rotations across consumers on separate connections.
+
+use std::collections::HashMap;
+
+use rota::client::PickOptions;
+
+use crate::harness::{TestServer, instance, picked_id, versioned, wait_until_removed};
+
+#[tokio::test]
+async fn four_concurrent_consumers_share_one_round_robin() {
+    let server = TestServer::start().await;
+    let _provider = server.register(vec![instance("rr", "a", 1), instance("rr", "b", 2), instance("rr", "c", 3)]).await;
+    const PER_CONSUMER: usize = 30; // 4 × 30 = 120 = 3 × 40
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..PER_CONSUMER {
+                let picked = client.pick("rr", PickOptions::rule("round_robin")).await.expect("pick");
+                ids.push((picked.ticket, picked_id(&picked)));
+            }
+            ids
+        }));
+    }
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut tickets = Vec::new();
+    for task in tasks {
+        for (ticket, id) in task.await.unwrap() {
+            *counts.entry(id).or_default() += 1;
+            tickets.push(ticket);
+        }
+    }
+    assert_eq!(counts, HashMap::from([("a".into(), 40), ("b".into(), 40), ("c".into(), 40)]));
+    tickets.sort_unstable();
+    assert_eq!(tickets, (0..120).collect::<Vec<u64>>(), "every ticket drawn exactly once");
+}
+
+async fn alternating(server: &TestServer, service: &str, rule: &str, picks: usize) -> String {
+    let mut consumers = [server.client().await, server.client().await];
+    let mut sequence = String::new();
+    for i in 0..picks {
+        let picked = consumers[i % 2].pick(service, PickOptions::rule(rule)).await.expect("pick");
+        sequence.push_str(&picked_id(&picked));
+    }
+    sequence
+}
+
+#[tokio::test]
+async fn repeat_is_exact_across_alternating_consumers() {
+    let server = TestServer::start().await;
+    let _provider =
+        server.register(vec![instance("rep", "A", 1), instance("rep", "B", 2), instance("rep", "C", 3)]).await;
+    assert_eq!(alternating(&server, "rep", "repeat(n=3)", 12).await, "AAABBBCCCAAA");
+    assert_eq!(alternating(&server, "rep", "repeat(n=5)", 17).await, "AAAAABBBBBCCCCCAA");
+    // `repeat` with no parameter is repeat(n=3) and continues its rotation at ticket 12.
+    assert_eq!(alternating(&server, "rep", "repeat", 6).await, "BBBCCC");
+}
+
+#[tokio::test]
+async fn a_stream_closing_mid_rotation_fails_no_pick_and_is_never_picked_again() {
+    let server = TestServer::start().await;
+    let _a = server.register(vec![instance("mid", "a", 1)]).await;
+    let b = server.register(vec![instance("mid", "b", 2)]).await;
+    let _c = server.register(vec![instance("mid", "c", 3)]).await;
+    let mut watch = server.client().await.watch("mid").await.unwrap();
+
+    // Consumers keep picking while b's stream goes away: none of their picks may fail.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut consumers = Vec::new();
+    for _ in 0..2 {
+        let mut client = server.client().await;
+        let stop = stop_rx.clone();
+        consumers.push(tokio::spawn(async move {
+            let mut picks = 0usize;
+            while !*stop.borrow() || picks < 10 {
+                client.pick("mid", PickOptions::default()).await.expect("no pick fails while an instance leaves");
+                picks += 1;
+            }
+            picks
+        }));
+    }
+    drop(b); // the stream ends without a Withdraw, as when a provider process dies
+    wait_until_removed(&mut watch, "b").await;
+    stop_tx.send(true).unwrap();
+    for consumer in consumers {
+        assert!(consumer.await.unwrap() >= 10);
+    }
+
+    let mut client = server.client().await;
+    for _ in 0..30 {
+        let picked = client.pick("mid", PickOptions::default()).await.unwrap();
+        assert_ne!(picked_id(&picked), "b");
+    }
+}
+
+#[tokio::test]
+async fn version_isolation_keeps_developer_instances_private() {
+    let server = TestServer::start().await;
+    let _provider = server
+        .register(vec![
+            instance("iso", "plain-1", 1),
+            instance("iso", "plain-2", 2),
+            versioned("iso", "zlt-1", 3, "zlt"),
+            versioned("iso", "bob-1", 4, "bob"),
+        ])
+        .await;
+    let mut client = server.client().await;
+    for _ in 0..6 {
+        let picked = client.pick("iso", PickOptions::default()).await.unwrap();
+        assert!(["plain-1", "plain-2"].contains(&picked_id(&picked).as_str()));
+        assert_eq!(picked.fallback, "");
+    }
+    for _ in 0..3 {
+        let picked = client.pick("iso", PickOptions::default().version("zlt")).await.unwrap();
+        assert_eq!((picked_id(&picked).as_str(), picked.fallback.as_str()), ("zlt-1", ""));
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let picked = client.pick("iso", PickOptions::default().version("nobody")).await.unwrap();
+        assert_eq!(picked.fallback, "no instance with version \"nobody\"; picked from instances with no version");
+        seen.push(picked_id(&picked));
+    }
+    seen.sort();
+    assert_eq!(seen, ["plain-1", "plain-1", "plain-2", "plain-2"]);
+}
+
+#[tokio::test]
+async fn pick_stream_answers_in_order_and_survives_a_bad_request() {
+    use tokio_stream::StreamExt;
+    let server = TestServer::start().await;
+    let _provider = server.register(vec![instance("ps", "a", 1), instance("ps", "b", 2)]).await;
+    let mut client = server.client().await;
+    let good = PickOptions::rule("round_robin").request("ps");
+    let bad = PickOptions::rule("zigzag").request("ps");
+    let requests = vec![good.clone(), good.clone(), bad, good.clone(), good];
+    let mut responses = client.balancer().pick_stream(tokio_stream::iter(requests)).await.unwrap().into_inner();
+    let mut answers = Vec::new();
+    while let Some(response) = responses.next().await {
+        let response = response.unwrap();
+        answers.push(match response.error {
+            Some(error) => format!("error {}", error.code),
+            None => format!("{}#{}", picked_id(&response), response.ticket),
+        });
+    }
+    assert_eq!(answers, ["a#0", "b#1", "error 3", "a#2", "b#3"]);
+}

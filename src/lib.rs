@@ -8,10 +8,14 @@
 //!
 //! - [`registry`] — the live instance table: one task owns the index, streams send it changes
 //!   through [`registry::Lease`]s, and it publishes immutable per-service snapshots.
-//! - [`rules`] — filters (version isolation, exclude) and selectors (`round_robin`, `random`,
-//!   `repeat`), one file each, as pure functions over a snapshot and a ticket.
-//! - [`state`] — rule state shared by all consumers (rotation counters), behind a backend enum.
-//! - [`balancer`] — the pick path that ties the three together.
+//! - [`rules`] — filters (version isolation, exclude) and selectors (round robin, repeat,
+//!   weighted, response time, least request, consistent hash, ...), one file each, as pure
+//!   functions over a snapshot subset, a ticket and a read-only view of instance load.
+//! - [`state`] — rule state shared by all consumers: rotation counters, sticky assignments,
+//!   per-instance call statistics and circuit breakers.
+//! - [`policy`] — per-service policies (default rule, isolation fallback, gray release,
+//!   breaker settings) from the config file and the `Policies` RPCs, swapped atomically.
+//! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
@@ -24,6 +28,7 @@ pub mod balancer;
 pub mod cli;
 pub mod client;
 pub mod grpc;
+pub mod policy;
 pub mod registry;
 pub mod rules;
 pub mod server;

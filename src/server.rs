@@ -2,6 +2,7 @@
 //! it on one socket until told to stop.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,10 +13,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use crate::balancer::Balancer;
-use crate::grpc::{BalancerService, RegistryService};
+use crate::grpc::{BalancerService, PoliciesService, RegistryService};
 use crate::pb;
+use crate::policy::{Policies, PolicySet, file::ConfigError};
 use crate::registry::{Registry, RegistryConfig};
-use crate::state::StateBackend;
+use crate::state::{StateBackend, StatsConfig};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -25,10 +27,16 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often statistics of departed instances and expired sticky assignments are dropped.
+const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub registry: RegistryConfig,
+    pub stats: StatsConfig,
+    /// Policy file (TOML), loaded before binding and reloaded on change or SIGHUP.
+    pub policy_file: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -36,12 +44,16 @@ impl Default for ServeConfig {
         Self {
             listen: DEFAULT_LISTEN.parse().expect("the default listen address is valid"),
             registry: RegistryConfig::default(),
+            stats: StatsConfig::default(),
+            policy_file: None,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("cannot build the reflection service: {0}")]
@@ -56,22 +68,52 @@ pub struct Server {
     balancer: Arc<Balancer>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        for task in &self.background {
+            task.abort();
+        }
+    }
+}
+
+async fn housekeeping(balancer: Arc<Balancer>) {
+    let mut ticker = tokio::time::interval(HOUSEKEEPING_INTERVAL);
+    loop {
+        ticker.tick().await;
+        balancer.housekeeping();
+    }
 }
 
 impl Server {
     /// Binds `config.listen` (port 0 picks a free port) and starts serving in the background.
     pub async fn start(config: ServeConfig) -> Result<Self, ServeError> {
+        // Configuration is validated completely before any port is bound.
+        let policy_set = match &config.policy_file {
+            Some(path) => crate::policy::file::load(path)?,
+            None => PolicySet::default(),
+        };
+        let policies = Arc::new(Policies::new(policy_set));
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
 
         let registry = Registry::spawn(config.registry);
-        let balancer = Arc::new(Balancer::new(registry.clone(), StateBackend::default()));
+        let balancer =
+            Arc::new(Balancer::new(registry.clone(), StateBackend::default(), policies.clone(), config.stats));
+        let mut background = Vec::new();
+        if let Some(path) = &config.policy_file {
+            background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));
+        }
+        background.push(tokio::spawn(housekeeping(balancer.clone())));
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<pb::balancer_server::BalancerServer<BalancerService>>().await;
         health.set_serving::<pb::registry_server::RegistryServer<RegistryService>>().await;
+        health.set_serving::<pb::policies_server::PoliciesServer<PoliciesService>>().await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -89,7 +131,8 @@ impl Server {
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone())))
-            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry)));
+            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry)))
+            .add_service(pb::policies_server::PoliciesServer::new(PoliciesService::new(policies)));
 
         let (stop, stopped) = oneshot::channel::<()>();
         let incoming = TcpListenerStream::new(listener);
@@ -97,7 +140,7 @@ impl Server {
             let _ = stopped.await;
         }));
         info!(addr = %local_addr, backend = balancer.state().name(), "serving");
-        Ok(Self { local_addr, balancer, stop: Some(stop), task })
+        Ok(Self { local_addr, balancer, stop: Some(stop), task, background })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -125,6 +168,9 @@ impl Server {
 
     /// Stops accepting calls and aborts open streams.
     pub async fn stop(mut self) -> Result<(), ServeError> {
+        for task in &self.background {
+            task.abort();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

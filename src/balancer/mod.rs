@@ -1,25 +1,30 @@
-//! The pick path: snapshot → filters → ticket → selector.
+//! The pick path: policy → snapshot → filters → ticket → selector.
 //!
-//! A pick reads one immutable [`ServiceSnapshot`](crate::registry::ServiceSnapshot), narrows it
-//! with version isolation and `exclude`, draws a ticket from the shared rotation of
-//! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is shared
-//! with the registry writer, and nothing is allocated unless the request excludes instances or
-//! falls back.
+//! A pick loads the policy set and one immutable
+//! [`ServiceSnapshot`](crate::registry::ServiceSnapshot), narrows the instances with version
+//! isolation (and gray release) and `exclude`, draws a ticket from the shared rotation of
+//! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is
+//! shared with the registry writer. `retry` and `sticky` wrap that single selection (see
+//! [`select`]). Every successful pick counts as in flight for its instance until a consumer
+//! reports the call's outcome ([`Balancer::report`]).
 
 mod error;
 mod report;
+mod select;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::registry::{Instance, Registry, validate_service_name};
-use crate::rules::{Draw, RuleCache, Select, isolate, without_excluded};
-use crate::state::{CounterKey, StateBackend};
+use tokio::time::Instant;
+
+use crate::policy::{Policies, Policy};
+use crate::registry::{Instance, InvalidField, MAX_NAME_LEN, Registry, ServiceSnapshot, validate_service_name};
+use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
+use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
 pub use error::PickError;
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
-
-/// Rule used when a request names none.
-pub const DEFAULT_RULE: &str = "round_robin";
+pub use select::ServiceLoad;
 
 /// Longest accepted `key`, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -53,13 +58,27 @@ pub struct Picked {
 pub struct Balancer {
     registry: Registry,
     state: StateBackend,
+    stats: Stats,
+    policies: Arc<Policies>,
     rules: RuleCache,
     reports: ReportCounters,
 }
 
 impl Balancer {
-    pub fn new(registry: Registry, state: StateBackend) -> Self {
-        Self { registry, state, rules: RuleCache::new(), reports: ReportCounters::default() }
+    pub fn new(registry: Registry, state: StateBackend, policies: Arc<Policies>, stats: StatsConfig) -> Self {
+        Self {
+            registry,
+            state,
+            stats: Stats::new(stats),
+            policies,
+            rules: RuleCache::new(),
+            reports: ReportCounters::default(),
+        }
+    }
+
+    /// A balancer with default policies and statistics settings.
+    pub fn with_defaults(registry: Registry) -> Self {
+        Self::new(registry, StateBackend::default(), Arc::default(), StatsConfig::default())
     }
 
     pub fn registry(&self) -> &Registry {
@@ -70,68 +89,101 @@ impl Balancer {
         &self.state
     }
 
+    pub fn policies(&self) -> &Arc<Policies> {
+        &self.policies
+    }
+
     pub fn reports(&self) -> &ReportCounters {
         &self.reports
     }
 
-    /// Records call outcomes. The whole report is refused if any outcome is malformed.
-    pub fn report(&self, outcomes: &[CallOutcome]) -> Result<ReportSummary, PickError> {
-        report::validate(outcomes)?;
-        let catalog = self.registry.catalog();
-        let mut summary = ReportSummary::default();
-        for outcome in outcomes {
-            let known = catalog
-                .get(&outcome.service)
-                .is_some_and(|s| s.instances.iter().any(|i| *i.id == *outcome.instance_id));
-            match (known, outcome.result) {
-                (true, Some(result)) => {
-                    self.reports.record(result);
-                    summary.accepted += 1;
-                }
-                _ => {
-                    self.reports.ignored.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    summary.ignored += 1;
-                }
-            }
-        }
-        Ok(summary)
+    /// What rota knows about one instance's calls.
+    pub fn instance_stats(&self, service: &str, id: &str) -> InstanceReport {
+        self.stats.report(service, id)
     }
 
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
         validate_service_name("service", query.service)?;
         check_request_limits(&query)?;
-        let rule = self.rules.get(if query.rule.is_empty() { DEFAULT_RULE } else { query.rule })?;
+        let policies = self.policies.load();
+        let policy = policies.for_service(query.service);
+        let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
+        if rule.rule.needs_key() && query.key.is_empty() {
+            return Err(RuleError::MissingKey { rule: rule.canonical.clone() }.into());
+        }
         let catalog = self.registry.catalog();
         let snapshot = catalog.get(query.service).ok_or_else(|| PickError::UnknownService(query.service.into()))?;
-
-        let isolated = isolate(snapshot, query.version);
-        let candidates = without_excluded(&isolated.subset.members, query.exclude);
-        if candidates.is_empty() {
-            return Err(PickError::Unavailable(unavailable_reason(&query)));
-        }
-        let key = CounterKey {
-            service: snapshot.name.clone(),
-            rule: rule.canonical.clone(),
-            subset: isolated.subset.label.clone(),
+        let selection = match &rule.rule {
+            Rule::Retry { inner, budget } => {
+                self.pick_with_retry(snapshot, &rule, inner.as_ref(), *budget, policy, &query).await?
+            }
+            selector => self.select_once(snapshot, &rule, selector, policy, &query, query.exclude).await?,
         };
-        let ticket = self.state.next_ticket(&key).await?;
-        let mut rng = fastrand::Rng::new();
-        let draw = Draw { candidates: &candidates, ticket, key: query.key };
-        let index =
-            rule.rule.select(&draw, &mut rng).ok_or_else(|| PickError::Unavailable(unavailable_reason(&query)))?;
-        let instance = candidates
-            .get(index)
-            .cloned()
-            .ok_or_else(|| PickError::Unavailable("the rule chose no instance".into()))?;
-        let fallback = isolated
-            .fell_back
-            .then(|| format!("no instance with version {:?}; picked from instances with no version", query.version));
-        Ok(Picked { instance, ticket, rule: rule.canonical.clone(), fallback, epoch: snapshot.epoch })
+        self.stats.on_pick(&snapshot.name, &selection.instance.id);
+        Ok(Picked {
+            instance: selection.instance,
+            ticket: selection.ticket,
+            rule: rule.canonical.clone(),
+            fallback: selection.fallback,
+            epoch: snapshot.epoch,
+        })
+    }
+
+    /// `retry`: re-pick with the inner rule while it chooses a tripped instance; when nothing
+    /// is available, wait — for a breaker to close or the instances to change, never spinning —
+    /// until the budget runs out.
+    async fn pick_with_retry(
+        &self,
+        first: &Arc<ServiceSnapshot>,
+        rule: &ParsedRule,
+        inner: &Rule,
+        budget: Duration,
+        policy: &Policy,
+        query: &PickQuery<'_>,
+    ) -> Result<select::Selection, PickError> {
+        let deadline = Instant::now() + budget;
+        let mut changes = self.registry.changes();
+        let mut snapshot = first.clone();
+        loop {
+            changes.borrow_and_update();
+            let mut skipped: Vec<String> = query.exclude.to_vec();
+            let last_error = loop {
+                match self.select_once(&snapshot, rule, inner, policy, query, &skipped).await {
+                    Ok(selection) if !self.stats.load(query.service, &selection.instance.id).tripped => {
+                        return Ok(selection);
+                    }
+                    // Each skip removes one more instance, so this ends.
+                    Ok(selection) => skipped.push(selection.instance.id.to_string()),
+                    Err(PickError::Unavailable(reason)) => break reason,
+                    Err(other) => return Err(other),
+                }
+            };
+            if Instant::now() >= deadline {
+                return Err(PickError::Unavailable(format!(
+                    "retry gave up after {} ms: {last_error}",
+                    budget.as_millis()
+                )));
+            }
+            let wake = self.stats.next_breaker_reset(query.service).map_or(deadline, |reset| reset.min(deadline));
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                _ = changes.changed() => {}
+            }
+            if let Some(latest) = self.registry.service(query.service) {
+                snapshot = latest;
+            }
+        }
+    }
+
+    /// Periodic upkeep: forget statistics of instances that left, drop expired assignments.
+    pub fn housekeeping(&self) {
+        let catalog = self.registry.catalog();
+        self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id)));
+        self.state.housekeeping();
     }
 }
 
 fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {
-    use crate::registry::{InvalidField, MAX_NAME_LEN};
     let too_long = |field: &str, len: usize, limit: usize| {
         PickError::Invalid(InvalidField::new(field, format!("is {len} bytes long; the limit is {limit}")))
     };
@@ -149,18 +201,6 @@ fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {
         return Err(PickError::Invalid(InvalidField::new("exclude", problem)));
     }
     Ok(())
-}
-
-fn unavailable_reason(query: &PickQuery<'_>) -> String {
-    let mut reason = if query.version.is_empty() {
-        format!("service {:?} has no UP instance without a version", query.service)
-    } else {
-        format!("service {:?} has no UP instance with version {:?} nor without a version", query.service, query.version)
-    };
-    if !query.exclude.is_empty() {
-        reason.push_str(" that is not excluded");
-    }
-    reason
 }
 
 #[cfg(test)]

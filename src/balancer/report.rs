@@ -7,7 +7,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::{Balancer, PickError};
 use crate::registry::{InvalidField, validate_service_name};
+use crate::state::Outcome;
 
 /// Most outcomes one report may carry.
 pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;
@@ -53,6 +55,38 @@ impl ReportCounters {
             CallResult::Error => &self.errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Balancer {
+    /// Records call outcomes in the fleet-wide statistics. The whole report is refused if any
+    /// outcome is malformed; outcomes for unknown services or instances are ignored and counted.
+    pub fn report(&self, outcomes: &[CallOutcome]) -> Result<ReportSummary, PickError> {
+        validate(outcomes)?;
+        let catalog = self.registry.catalog();
+        let policies = self.policies.load();
+        let mut summary = ReportSummary::default();
+        for outcome in outcomes {
+            let snapshot = catalog.get(&outcome.service);
+            let instance = snapshot.and_then(|s| s.instances.iter().find(|i| *i.id == *outcome.instance_id));
+            match (instance, outcome.result) {
+                (Some(instance), Some(result)) => {
+                    let breaker = &policies.for_service(&outcome.service).breaker;
+                    let stats_outcome = match result {
+                        CallResult::Ok => Outcome::Success,
+                        CallResult::ConnectFailure | CallResult::Error => Outcome::Failure,
+                    };
+                    self.stats.on_outcome(&instance.service, &instance.id, stats_outcome, outcome.latency, breaker);
+                    self.reports.record(result);
+                    summary.accepted += 1;
+                }
+                _ => {
+                    self.reports.ignored.fetch_add(1, Ordering::Relaxed);
+                    summary.ignored += 1;
+                }
+            }
+        }
+        Ok(summary)
     }
 }
 

@@ -20,7 +20,7 @@ async fn balancer_with(specs: Vec<InstanceSpec>) -> (Balancer, crate::registry::
     let outcome = lease.announce(specs).await.unwrap();
     assert!(outcome.refused.is_empty(), "{outcome:?}");
     registry.subscribe("svc").await.unwrap();
-    (Balancer::new(registry, StateBackend::default()), lease)
+    (Balancer::with_defaults(registry), lease)
 }
 
 fn query<'a>(rule: &'a str, version: &'a str) -> PickQuery<'a> {

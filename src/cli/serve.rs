@@ -12,6 +12,9 @@ use crate::server::{DEFAULT_LISTEN, ServeConfig, Server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Config file (TOML) with per-service policies; reloaded when it changes or on SIGHUP.
+    #[arg(long, env = "ROTA_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// gRPC listen address; port 0 picks a free port. The bound address is printed first.
     #[arg(long, env = "ROTA_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -33,6 +36,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             heartbeat_timeout: args.heartbeat_timeout,
             max_instances_per_stream: args.max_instances_per_stream,
         },
+        policy_file: args.config,
+        ..Default::default()
     };
     let server = Server::start(config).await?;
     // The first line of output is the bound address, for scripts and test harnesses.

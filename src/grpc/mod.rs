@@ -2,13 +2,15 @@
 //!
 //! [`convert`] turns protobuf messages into domain values and back, [`status`] maps every domain
 //! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer` and
-//! `rota.v1.Registry` on top of [`crate::balancer`] and [`crate::registry`].
+//! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and [`crate::registry`].
 
 mod balancer;
 pub mod convert;
+mod policies;
 mod register;
 mod registry;
 pub mod status;
 
 pub use balancer::BalancerService;
+pub use policies::PoliciesService;
 pub use registry::RegistryService;

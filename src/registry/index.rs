@@ -71,10 +71,12 @@ pub(crate) struct Index {
     /// Acknowledgements held back until the changes they report are published, so a provider
     /// that has its ack can rely on every later pick seeing the change.
     replies: Vec<(oneshot::Sender<Outcome>, Outcome)>,
+    /// Bumped after every publication, for waiters that re-pick when instances change.
+    generation: watch::Sender<u64>,
 }
 
 impl Index {
-    pub(crate) fn new(config: RegistryConfig, catalog: Arc<ArcSwap<Catalog>>) -> Self {
+    pub(crate) fn new(config: RegistryConfig, catalog: Arc<ArcSwap<Catalog>>, generation: watch::Sender<u64>) -> Self {
         Self {
             config,
             services: HashMap::new(),
@@ -85,6 +87,7 @@ impl Index {
             catalog,
             published: Catalog::default(),
             replies: Vec::new(),
+            generation,
         }
     }
 
@@ -324,6 +327,7 @@ impl Index {
             self.published.services.insert(name, snapshot);
         }
         self.catalog.store(Arc::new(self.published.clone()));
+        self.generation.send_modify(|generation| *generation += 1);
         // Forget watchers nobody listens to any more.
         self.watchers.retain(|_, sender| sender.receiver_count() > 0);
     }

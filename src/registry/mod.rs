@@ -25,7 +25,7 @@ pub use instance::{
     MAX_NAME_LEN, RequestedStatus, Status, validate_service_name,
 };
 pub use lease::{InstanceRef, InstanceUpdate, Lease, Outcome};
-pub use snapshot::{Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
+pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
 
 use index::{Command, Index};
 
@@ -60,6 +60,7 @@ struct Shared {
     catalog: Arc<ArcSwap<Catalog>>,
     next_lease: AtomicU64,
     config: RegistryConfig,
+    generation: watch::Receiver<u64>,
 }
 
 impl Registry {
@@ -67,8 +68,9 @@ impl Registry {
     pub fn spawn(config: RegistryConfig) -> Self {
         let catalog = Arc::new(ArcSwap::from_pointee(Catalog::default()));
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(Index::new(config, catalog.clone()).run(rx));
-        Self { shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config }) }
+        let (generation_tx, generation) = watch::channel(0);
+        tokio::spawn(Index::new(config, catalog.clone(), generation_tx).run(rx));
+        Self { shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config, generation }) }
     }
 
     /// The current catalog: lock-free, and consistent across services.
@@ -79,6 +81,11 @@ impl Registry {
     /// The current snapshot of one service, if it has ever been registered.
     pub fn service(&self, name: &str) -> Option<Arc<ServiceSnapshot>> {
         self.catalog().get(name).cloned()
+    }
+
+    /// Changes whenever a new catalog is published.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.generation.clone()
     }
 
     pub fn config(&self) -> RegistryConfig {

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::instance::Instance;
+use crate::rules::SubsetTables;
 
 /// Every service the registry has seen, by name.
 #[derive(Debug, Default, Clone)]
@@ -25,15 +26,31 @@ impl Catalog {
 
 /// An ordered list of eligible instances with a stable label. Rule state (rotation counters) is
 /// keyed by the label, not by the members, so a rotation survives instances coming and going.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Tables that rules derive from the members (weight schedules, Maglev tables) are built the
+/// first time a rule needs them and then shared by every pick on this snapshot.
+#[derive(Debug, Clone)]
 pub struct Subset {
     pub label: Arc<str>,
     pub members: Arc<[Arc<Instance>]>,
+    pub tables: Arc<SubsetTables>,
 }
 
+impl PartialEq for Subset {
+    fn eq(&self, other: &Self) -> bool {
+        self.label == other.label && self.members == other.members
+    }
+}
+
+impl Eq for Subset {}
+
 impl Subset {
-    fn new(label: impl Into<Arc<str>>, members: Vec<Arc<Instance>>) -> Self {
-        Self { label: label.into(), members: members.into() }
+    pub fn new(label: impl Into<Arc<str>>, members: Vec<Arc<Instance>>) -> Self {
+        Self { label: label.into(), members: members.into(), tables: Arc::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -43,6 +60,8 @@ impl Subset {
 
 /// Label of the subset of UP instances that have no version.
 pub const UNVERSIONED_LABEL: &str = "version=";
+/// Label of the subset of all UP instances.
+pub const ANY_LABEL: &str = "any";
 
 /// One service's instances at one moment.
 #[derive(Debug, Clone)]
@@ -56,12 +75,15 @@ pub struct ServiceSnapshot {
     pub unversioned: Subset,
     /// UP instances per non-empty version, each sorted by id.
     pub versions: HashMap<Arc<str>, Subset>,
+    /// Every UP instance, whatever its version (for the "any instance" isolation fallback).
+    pub up: Subset,
 }
 
 impl ServiceSnapshot {
     /// Builds a snapshot; `instances` may come in any order.
     pub fn build(name: Arc<str>, epoch: u64, mut instances: Vec<Arc<Instance>>) -> Self {
         instances.sort_by(|a, b| a.id.cmp(&b.id));
+        let up: Vec<Arc<Instance>> = instances.iter().filter(|i| i.is_up()).cloned().collect();
         let mut unversioned = Vec::new();
         let mut by_version: HashMap<Arc<str>, Vec<Arc<Instance>>> = HashMap::new();
         for instance in instances.iter().filter(|i| i.is_up()) {
@@ -78,11 +100,18 @@ impl ServiceSnapshot {
                 (version, Subset::new(label, members))
             })
             .collect();
-        Self { name, epoch, instances, unversioned: Subset::new(UNVERSIONED_LABEL, unversioned), versions }
+        Self {
+            name,
+            epoch,
+            instances,
+            unversioned: Subset::new(UNVERSIONED_LABEL, unversioned),
+            versions,
+            up: Subset::new(ANY_LABEL, up),
+        }
     }
 
     pub fn up_count(&self) -> usize {
-        self.instances.iter().filter(|i| i.is_up()).count()
+        self.up.len()
     }
 }
 

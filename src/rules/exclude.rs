@@ -1,31 +1,34 @@
 //! The `exclude` filter: drops instances a call has already tried, so a retry goes elsewhere.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
-use crate::registry::Instance;
+use crate::registry::Subset;
 
-/// `candidates` without the instances whose id is in `exclude`. Borrows when nothing is
-/// excluded, which is the common case, so the pick path does not allocate for it.
-pub fn without_excluded<'a>(candidates: &'a [Arc<Instance>], exclude: &[String]) -> Cow<'a, [Arc<Instance>]> {
-    if exclude.is_empty() || !candidates.iter().any(|i| exclude.iter().any(|e| **e == *i.id)) {
-        return Cow::Borrowed(candidates);
+/// `subset` without the instances whose id is in `exclude`. Borrows when nothing is excluded,
+/// the common case, so the pick path does not allocate for it. The result keeps the subset's
+/// label: a retry draws from the same rotation as the first attempt.
+pub fn without_excluded<'a>(subset: &'a Subset, exclude: &[String]) -> Cow<'a, Subset> {
+    let excluded = |id: &str| exclude.iter().any(|e| e == id);
+    if exclude.is_empty() || !subset.members.iter().any(|i| excluded(&i.id)) {
+        return Cow::Borrowed(subset);
     }
-    Cow::Owned(candidates.iter().filter(|i| !exclude.iter().any(|e| **e == *i.id)).cloned().collect())
+    let kept = subset.members.iter().filter(|i| !excluded(&i.id)).cloned().collect();
+    Cow::Owned(Subset::new(subset.label.clone(), kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::testing::instances;
+    use crate::rules::testing::{instances, subset};
 
     #[test]
     fn removes_only_named_ids_and_borrows_otherwise() {
-        let candidates = instances(3);
-        let kept = without_excluded(&candidates, &["i1".to_owned(), "zz".to_owned()]);
-        let ids: Vec<&str> = kept.iter().map(|i| &*i.id).collect();
-        assert_eq!(ids, ["i0", "i2"]);
+        let candidates = subset(instances(3));
+        let kept = without_excluded(&candidates, &["i01".to_owned(), "zz".to_owned()]);
+        let ids: Vec<&str> = kept.members.iter().map(|i| &*i.id).collect();
+        assert_eq!(ids, ["i00", "i02"]);
+        assert_eq!(kept.label, candidates.label);
         assert!(matches!(without_excluded(&candidates, &["zz".to_owned()]), Cow::Borrowed(_)));
-        assert!(without_excluded(&candidates, &["i0".into(), "i1".into(), "i2".into()]).is_empty());
+        assert!(without_excluded(&candidates, &["i00".into(), "i01".into(), "i02".into()]).is_empty());
     }
 }

@@ -4,7 +4,7 @@
 //! so with several consumers no instance ever got its N in a row. From the shared ticket,
 //! `t → (t / N) mod n_instances` makes the sequence exact for all consumers together.
 
-use super::{Draw, Select};
+use super::{Choice, Draw, Select};
 
 /// Default run length.
 pub const DEFAULT_N: u32 = 3;
@@ -24,10 +24,10 @@ impl Default for Repeat {
 }
 
 impl Select for Repeat {
-    fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<usize> {
+    fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         let len = draw.candidates.len() as u64;
         let n = u64::from(self.n.max(1));
-        (len > 0).then(|| ((draw.ticket / n) % len) as usize)
+        (len > 0).then(|| Choice::at(((draw.ticket / n) % len) as usize))
     }
 }
 
@@ -36,15 +36,14 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::rules::testing::instances;
+    use crate::rules::testing::{instances, subset};
 
     fn sequence(rule: Repeat, len: usize, picks: u64) -> String {
-        let candidates = instances(len);
+        let candidates = subset(instances(len));
         let mut rng = fastrand::Rng::with_seed(1);
         (0..picks)
             .map(|ticket| {
-                let index = rule.select(&Draw { candidates: &candidates, ticket, key: "" }, &mut rng).unwrap();
-                char::from(b'A' + index as u8)
+                char::from(b'A' + rule.select(&Draw::new(&candidates, ticket), &mut rng).unwrap().index as u8)
             })
             .collect()
     }
@@ -60,8 +59,7 @@ mod tests {
         #[test]
         fn runs_are_exactly_n_long(n in 1u32..10, len in 1usize..8) {
             let seq = sequence(Repeat { n }, len, u64::from(n) * len as u64 * 2);
-            let bytes = seq.as_bytes();
-            for (i, chunk) in bytes.chunks(n as usize).enumerate() {
+            for (i, chunk) in seq.as_bytes().chunks(n as usize).enumerate() {
                 prop_assert!(chunk.iter().all(|&c| c == chunk[0]));
                 prop_assert_eq!(chunk[0], b'A' + (i % len) as u8);
             }

@@ -7,27 +7,40 @@
 //! - none of those → UP instances with no version, and the pick says it fell back;
 //! - no version requested → only UP instances with no version.
 //!
-//! If that leaves nothing, the pick fails with "unavailable".
+//! If that leaves nothing, the service's policy decides: fail (`UNAVAILABLE`, the default), or
+//! pick from any UP instance as Ribbon's `super.choose` did, saying so.
 
 use crate::registry::{ServiceSnapshot, Subset};
+
+/// Which fallback, if any, isolation took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// The requested version had no UP instance; unversioned instances were used.
+    Unversioned,
+    /// Neither the version nor unversioned instances were available; any UP instance was used.
+    Any,
+}
 
 /// The subset a request may pick from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Isolated<'s> {
     pub subset: &'s Subset,
-    /// True when the requested version had no UP instance and the unversioned ones were used.
-    pub fell_back: bool,
+    pub fallback: Option<Fallback>,
 }
 
 /// Chooses the subset for `version` (empty = no version). Never allocates.
-pub fn isolate<'s>(snapshot: &'s ServiceSnapshot, version: &str) -> Isolated<'s> {
+pub fn isolate<'s>(snapshot: &'s ServiceSnapshot, version: &str, fall_back_to_any: bool) -> Isolated<'s> {
+    let mut isolated = Isolated { subset: &snapshot.unversioned, fallback: None };
     if !version.is_empty() {
-        if let Some(subset) = snapshot.versions.get(version).filter(|s| !s.is_empty()) {
-            return Isolated { subset, fell_back: false };
+        match snapshot.versions.get(version).filter(|s| !s.is_empty()) {
+            Some(subset) => return Isolated { subset, fallback: None },
+            None => isolated.fallback = Some(Fallback::Unversioned),
         }
-        return Isolated { subset: &snapshot.unversioned, fell_back: true };
     }
-    Isolated { subset: &snapshot.unversioned, fell_back: false }
+    if isolated.subset.is_empty() && fall_back_to_any && !snapshot.up.is_empty() {
+        return Isolated { subset: &snapshot.up, fallback: Some(Fallback::Any) };
+    }
+    isolated
 }
 
 #[cfg(test)]
@@ -57,13 +70,22 @@ mod tests {
     #[test]
     fn seed_scenario() {
         let snapshot = snapshot();
-        assert_eq!(ids(isolate(&snapshot, "")), ["plain-1", "plain-2"]);
-        assert!(!isolate(&snapshot, "").fell_back);
-        assert_eq!(ids(isolate(&snapshot, "zlt")), ["zlt-1"]);
-        assert!(!isolate(&snapshot, "zlt").fell_back);
-        assert_eq!(ids(isolate(&snapshot, "nobody")), ["plain-1", "plain-2"]);
-        assert!(isolate(&snapshot, "nobody").fell_back);
+        assert_eq!(ids(isolate(&snapshot, "", false)), ["plain-1", "plain-2"]);
+        assert_eq!(isolate(&snapshot, "", false).fallback, None);
+        assert_eq!(ids(isolate(&snapshot, "zlt", false)), ["zlt-1"]);
+        assert_eq!(isolate(&snapshot, "zlt", false).fallback, None);
+        assert_eq!(ids(isolate(&snapshot, "nobody", false)), ["plain-1", "plain-2"]);
+        assert_eq!(isolate(&snapshot, "nobody", false).fallback, Some(Fallback::Unversioned));
         // A version whose only instance drains counts as absent.
-        assert!(isolate(&snapshot, "gone").fell_back);
+        assert_eq!(isolate(&snapshot, "gone", false).fallback, Some(Fallback::Unversioned));
+    }
+
+    #[test]
+    fn any_instance_fallback_is_a_policy_choice() {
+        let snapshot = ServiceSnapshot::build("svc".into(), 1, vec![instance("zlt-1", "zlt", Status::Up)]);
+        assert!(isolate(&snapshot, "", false).subset.is_empty());
+        let any = isolate(&snapshot, "", true);
+        assert_eq!((ids(any), any.fallback), (vec!["zlt-1".to_owned()], Some(Fallback::Any)));
+        assert_eq!(isolate(&snapshot, "bob", true).fallback, Some(Fallback::Any));
     }
 }

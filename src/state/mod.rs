@@ -1,4 +1,5 @@
-//! Rule state that outlives snapshots and is shared by every consumer: rotation counters.
+//! Rule state that outlives snapshots and is shared by every consumer: rotation counters,
+//! sticky assignments and per-instance call statistics.
 //!
 //! Counters are keyed by (service, rule, subset) — never by the snapshot — so a registration
 //! change does not restart a rotation. The [`StateBackend`] enum is the seam where a shared
@@ -6,10 +7,13 @@
 //! [`MemoryState`]; an enum rather than a trait object keeps the pick path free of boxed futures.
 
 mod memory;
+mod stats;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-pub use memory::MemoryState;
+pub use memory::{MAX_STICKY_ENTRIES, MemoryState};
+pub use stats::{BreakerConfig, InstanceReport, Load, Outcome, Stats, StatsConfig};
 
 /// Identifies one shared rotation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -19,6 +23,14 @@ pub struct CounterKey {
     pub rule: Arc<str>,
     /// The eligible subset's label, e.g. `version=zlt`.
     pub subset: Arc<str>,
+}
+
+/// Identifies one sticky assignment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StickyKey {
+    pub service: Arc<str>,
+    pub subset: Arc<str>,
+    pub key: Box<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +56,30 @@ impl StateBackend {
     pub async fn next_ticket(&self, key: &CounterKey) -> Result<u64, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.next_ticket(key)),
+        }
+    }
+
+    /// The instance id remembered for `key`, if its assignment has not expired.
+    pub async fn sticky_get(&self, key: &StickyKey) -> Result<Option<Arc<str>>, StateError> {
+        match self {
+            StateBackend::Memory(memory) => Ok(memory.sticky_get(key)),
+        }
+    }
+
+    /// Remembers (or refreshes) `key → id` for `ttl`.
+    pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Result<(), StateError> {
+        match self {
+            StateBackend::Memory(memory) => {
+                memory.sticky_set(key, id, ttl);
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops expired entries.
+    pub fn housekeeping(&self) {
+        match self {
+            StateBackend::Memory(memory) => memory.prune_sticky(),
         }
     }
 

@@ -1,0 +1,147 @@
+//! One selection: gray release and version isolation, exclusion, a ticket, the rule (or a
+//! sticky lookup), and the fallback notes the response carries.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::{Balancer, PickError, PickQuery};
+use crate::policy::{IsolationFallback, Policy};
+use crate::registry::{Instance, ServiceSnapshot};
+use crate::rules::{Draw, Fallback, ParsedRule, Rule, Select, StatsView, isolate, without_excluded};
+use crate::state::{CounterKey, Load, Stats, StickyKey};
+
+/// The rotation gray-release tickets are drawn from.
+const GRAY_RULE: &str = "gray";
+
+pub(super) struct Selection {
+    pub instance: Arc<Instance>,
+    pub ticket: u64,
+    pub fallback: Option<String>,
+}
+
+/// One service's instance loads, as rules read them.
+pub struct ServiceLoad<'a> {
+    pub stats: &'a Stats,
+    pub service: &'a str,
+}
+
+impl StatsView for ServiceLoad<'_> {
+    fn load(&self, instance: &Instance) -> Load {
+        self.stats.load(self.service, &instance.id)
+    }
+}
+
+impl Balancer {
+    pub(super) async fn select_once(
+        &self,
+        snapshot: &ServiceSnapshot,
+        rule: &ParsedRule,
+        selector: &Rule,
+        policy: &Policy,
+        query: &PickQuery<'_>,
+        exclude: &[String],
+    ) -> Result<Selection, PickError> {
+        let version = self.requested_version(snapshot, policy, query).await?;
+        let isolated = isolate(snapshot, &version, policy.isolation_fallback == IsolationFallback::Any);
+        let mut fallback = isolated.fallback.map(|kind| isolation_note(kind, &version));
+        let candidates = without_excluded(isolated.subset, exclude);
+        if candidates.is_empty() {
+            return Err(PickError::Unavailable(unavailable_reason(query.service, &version, !exclude.is_empty())));
+        }
+        let counter = CounterKey {
+            service: snapshot.name.clone(),
+            rule: rule.canonical.clone(),
+            subset: candidates.label.clone(),
+        };
+        let ticket = self.state.next_ticket(&counter).await?;
+        let stats = ServiceLoad { stats: &self.stats, service: &snapshot.name };
+        let draw = Draw { candidates: &candidates, ticket, key: query.key, zone: query.zone, stats: &stats };
+        let mut rng = fastrand::Rng::new();
+
+        if let Rule::Sticky { ttl } = selector {
+            let key =
+                StickyKey { service: snapshot.name.clone(), subset: candidates.label.clone(), key: query.key.into() };
+            if let Some(id) = self.state.sticky_get(&key).await? {
+                let remembered = candidates.members.iter().find(|i| *i.id == *id);
+                if let Some(instance) = remembered.filter(|i| !stats.load(i).tripped) {
+                    // Still UP, not drained, not tripped: keep the assignment and refresh it.
+                    let instance = instance.clone();
+                    self.state.sticky_set(key, id, *ttl).await?;
+                    return Ok(Selection { instance, ticket, fallback });
+                }
+            }
+            let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
+            let instance = candidates.members[choice.index].clone();
+            self.state.sticky_set(key, instance.id.clone(), *ttl).await?;
+            add_note(&mut fallback, choice.fallback);
+            return Ok(Selection { instance, ticket, fallback });
+        }
+
+        let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
+        let instance = candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, &candidates))?;
+        add_note(&mut fallback, choice.fallback);
+        Ok(Selection { instance, ticket, fallback })
+    }
+
+    /// The request's version, or for a request without one under gray release, the version
+    /// the gray schedule assigns to the next gray ticket.
+    async fn requested_version<'q>(
+        &self,
+        snapshot: &ServiceSnapshot,
+        policy: &Policy,
+        query: &PickQuery<'q>,
+    ) -> Result<Cow<'q, str>, PickError> {
+        match (&policy.gray, query.version.is_empty()) {
+            (Some(gray), true) => {
+                let counter = CounterKey { service: snapshot.name.clone(), rule: GRAY_RULE.into(), subset: "".into() };
+                let ticket = self.state.next_ticket(&counter).await?;
+                Ok(Cow::Owned(gray.version_for(ticket).unwrap_or_default().to_owned()))
+            }
+            _ => Ok(Cow::Borrowed(query.version)),
+        }
+    }
+}
+
+fn isolation_note(kind: Fallback, version: &str) -> String {
+    match (kind, version.is_empty()) {
+        (Fallback::Unversioned, _) => {
+            format!("no instance with version {version:?}; picked from instances with no version")
+        }
+        (Fallback::Any, true) => "no instance without a version; picked from any instance".to_owned(),
+        (Fallback::Any, false) => {
+            format!("no instance with version {version:?} nor without a version; picked from any instance")
+        }
+    }
+}
+
+fn add_note(fallback: &mut Option<String>, note: Option<&'static str>) {
+    if let Some(note) = note {
+        match fallback {
+            Some(existing) => {
+                existing.push_str("; ");
+                existing.push_str(note);
+            }
+            None => *fallback = Some(note.to_owned()),
+        }
+    }
+}
+
+fn no_choice(rule: &ParsedRule, candidates: &crate::registry::Subset) -> PickError {
+    let why = match rule.rule {
+        Rule::Weighted(_) => "every eligible instance has weight 0",
+        _ => "the rule chose none of them",
+    };
+    PickError::Unavailable(format!("{} eligible instances but {}: {why}", candidates.len(), rule.canonical))
+}
+
+fn unavailable_reason(service: &str, version: &str, excluded: bool) -> String {
+    let mut reason = if version.is_empty() {
+        format!("service {service:?} has no UP instance without a version")
+    } else {
+        format!("service {service:?} has no UP instance with version {version:?} nor without a version")
+    };
+    if excluded {
+        reason.push_str(" that is not excluded");
+    }
+    reason
+}

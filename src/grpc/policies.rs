@@ -1,0 +1,100 @@
+//! `rota.v1.Policies`: read and replace per-service policies at runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use crate::pb;
+use crate::policy::{GraySpec, IsolationFallback, Policies, Policy, PolicySpec};
+use crate::registry::validate_service_name;
+
+pub struct PoliciesService {
+    policies: Arc<Policies>,
+}
+
+impl PoliciesService {
+    pub fn new(policies: Arc<Policies>) -> Self {
+        Self { policies }
+    }
+}
+
+fn to_pb(service: &str, policy: &Policy, is_default: bool) -> pb::Policy {
+    pb::Policy {
+        service: service.to_owned(),
+        rule: policy.rule.canonical.to_string(),
+        isolation_fallback: match policy.isolation_fallback {
+            IsolationFallback::Fail => pb::IsolationFallback::Fail,
+            IsolationFallback::Any => pb::IsolationFallback::Any,
+        }
+        .into(),
+        gray: policy.gray.as_ref().map(|gray| pb::GrayRelease {
+            unversioned: gray.unversioned,
+            versions: gray.versions.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }),
+        breaker: Some(pb::Breaker {
+            failure_threshold: policy.breaker.failure_threshold,
+            blackout_base_ms: policy.breaker.blackout_base.as_millis() as u64,
+            blackout_max_ms: policy.breaker.blackout_max.as_millis() as u64,
+        }),
+        is_default,
+    }
+}
+
+fn spec(policy: &pb::Policy) -> Result<PolicySpec, Status> {
+    let isolation_fallback = match pb::IsolationFallback::try_from(policy.isolation_fallback) {
+        Ok(pb::IsolationFallback::Unspecified) => None,
+        Ok(pb::IsolationFallback::Fail) => Some(IsolationFallback::Fail),
+        Ok(pb::IsolationFallback::Any) => Some(IsolationFallback::Any),
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "policy.isolation_fallback is {}; expected ISOLATION_FALLBACK_FAIL or ISOLATION_FALLBACK_ANY",
+                policy.isolation_fallback
+            )));
+        }
+    };
+    let breaker = policy.breaker.unwrap_or_default();
+    let nonzero_ms = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+    Ok(PolicySpec {
+        rule: Some(policy.rule.clone()).filter(|r| !r.is_empty()),
+        isolation_fallback,
+        gray: policy.gray.as_ref().map(|g| GraySpec {
+            unversioned: g.unversioned,
+            versions: g.versions.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }),
+        failure_threshold: Some(breaker.failure_threshold).filter(|t| *t > 0),
+        blackout_base: nonzero_ms(breaker.blackout_base_ms),
+        blackout_max: nonzero_ms(breaker.blackout_max_ms),
+    })
+}
+
+#[tonic::async_trait]
+impl pb::policies_server::Policies for PoliciesService {
+    async fn get_policy(&self, request: Request<pb::GetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
+        let service = &request.get_ref().service;
+        validate_service_name("service", service).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let set = self.policies.load();
+        let own = set.services.get(service.as_str());
+        let policy = own.unwrap_or(&set.defaults);
+        Ok(Response::new(to_pb(service, policy, own.is_none())))
+    }
+
+    async fn set_policy(&self, request: Request<pb::SetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
+        let policy = request.into_inner().policy.ok_or_else(|| Status::invalid_argument("policy must be set"))?;
+        let spec = spec(&policy)?;
+        let stored =
+            self.policies.set_service(&policy.service, spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tracing::info!(service = %policy.service, rule = %stored.rule.canonical, "policy set");
+        Ok(Response::new(to_pb(&policy.service, &stored, false)))
+    }
+
+    async fn list_policies(
+        &self,
+        _request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        let set = self.policies.load();
+        let mut services: Vec<pb::Policy> = set.services.iter().map(|(name, p)| to_pb(name, p, false)).collect();
+        services.sort_by(|a, b| a.service.cmp(&b.service));
+        Ok(Response::new(pb::ListPoliciesResponse { defaults: Some(to_pb("", &set.defaults, true)), services }))
+    }
+}

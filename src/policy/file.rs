@@ -1,0 +1,212 @@
+//! The policy part of the config file, and its reloading.
+//!
+//! ```toml
+//! [defaults]                       # every service, unless it says otherwise
+//! rule = "round_robin"
+//! isolation_fallback = "fail"      # or "any"
+//!
+//! [services.orders]
+//! rule = "repeat(n=3)"
+//! breaker = { failure_threshold = 3, blackout_base = "10s", blackout_max = "30s" }
+//! gray = { unversioned = 90, versions = { v2 = 10 } }
+//! ```
+//!
+//! The file is read completely and validated before anything is applied. Unknown keys are
+//! errors (a typo must not silently do nothing). While rota runs, the file is re-read when it
+//! changes (checked every [`POLL_INTERVAL`]) or on SIGHUP; a file that does not validate is
+//! reported and the policies in force stay.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+use tracing::{error, info};
+
+use super::{GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
+
+/// How often the file's modification time is checked.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    defaults: PolicyToml,
+    #[serde(default)]
+    services: BTreeMap<String, PolicyToml>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyToml {
+    rule: Option<String>,
+    isolation_fallback: Option<FallbackToml>,
+    gray: Option<GrayToml>,
+    breaker: Option<BreakerToml>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FallbackToml {
+    Fail,
+    Any,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrayToml {
+    #[serde(default)]
+    unversioned: u32,
+    #[serde(default)]
+    versions: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BreakerToml {
+    failure_threshold: Option<u32>,
+    blackout_base: Option<String>,
+    blackout_max: Option<String>,
+}
+
+impl PolicyToml {
+    fn spec(&self, field: &str) -> Result<PolicySpec, String> {
+        let duration = |name: &str, value: &Option<String>| -> Result<Option<Duration>, String> {
+            value
+                .as_deref()
+                .map(|text| {
+                    humantime::parse_duration(text)
+                        .map_err(|e| format!("{field}.breaker.{name}: {text:?} is not a duration ({e})"))
+                })
+                .transpose()
+        };
+        let breaker = self.breaker.as_ref();
+        Ok(PolicySpec {
+            rule: self.rule.clone(),
+            isolation_fallback: self.isolation_fallback.map(|f| match f {
+                FallbackToml::Fail => IsolationFallback::Fail,
+                FallbackToml::Any => IsolationFallback::Any,
+            }),
+            gray: self.gray.as_ref().map(|g| GraySpec { unversioned: g.unversioned, versions: g.versions.clone() }),
+            failure_threshold: breaker.and_then(|b| b.failure_threshold),
+            blackout_base: duration("blackout_base", &breaker.and_then(|b| b.blackout_base.clone()))?,
+            blackout_max: duration("blackout_max", &breaker.and_then(|b| b.blackout_max.clone()))?,
+        })
+    }
+}
+
+/// Parses and validates policy TOML.
+pub fn parse(text: &str) -> Result<PolicySet, String> {
+    let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
+    let defaults = file.defaults.spec("defaults")?;
+    let mut services = BTreeMap::new();
+    for (name, policy) in &file.services {
+        services.insert(name.clone(), policy.spec(&format!("services.{name}"))?);
+    }
+    PolicySet::build(&defaults, &services).map_err(|e| e.to_string())
+}
+
+/// Reads and validates a policy file.
+pub fn load(path: &Path) -> Result<PolicySet, ConfigError> {
+    let error = |message: String| ConfigError { path: path.display().to_string(), message };
+    let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
+    parse(&text).map_err(error)
+}
+
+/// Re-reads `path` when it changes or on SIGHUP, replacing the policies only when the new file
+/// validates.
+pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last_seen = modified(&path);
+        let mut ticker = tokio::time::interval(POLL_INTERVAL);
+        #[cfg(unix)]
+        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        loop {
+            #[cfg(unix)]
+            let hangup = async {
+                match hangups.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hangup = std::future::pending::<Option<()>>();
+            let forced = tokio::select! {
+                _ = ticker.tick() => false,
+                _ = hangup => true,
+            };
+            let now_seen = modified(&path);
+            if !forced && now_seen == last_seen {
+                continue;
+            }
+            last_seen = now_seen;
+            match load(&path) {
+                Ok(set) => {
+                    policies.replace(set);
+                    info!(path = %path.display(), "policies reloaded");
+                }
+                Err(e) => error!(error = %e, "policy file refused; the policies in force stay"),
+            }
+        }
+    })
+}
+
+fn modified(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file() {
+        let set = parse(
+            r#"
+            [defaults]
+            rule = "random"
+            [services.orders]
+            rule = "repeat(n=3)"
+            isolation_fallback = "any"
+            breaker = { failure_threshold = 5, blackout_base = "2s", blackout_max = "8s" }
+            gray = { unversioned = 90, versions = { v2 = 10 } }
+            "#,
+        )
+        .unwrap();
+        let orders = set.for_service("orders");
+        assert_eq!(&*orders.rule.canonical, "repeat(n=3)");
+        assert_eq!(orders.isolation_fallback, IsolationFallback::Any);
+        assert_eq!(orders.breaker.blackout(6), Duration::from_secs(4));
+        assert_eq!(orders.gray.as_ref().unwrap().version_for(0), None);
+        assert_eq!(&*set.for_service("payments").rule.canonical, "random");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("[services.orders]\nrul = \"random\"", "unknown field `rul`"),
+            ("[services.orders]\nrule = \"zigzag\"", "services.orders.rule is invalid: rule \"zigzag\" is unknown"),
+            ("[services.orders]\nisolation_fallback = \"maybe\"", "unknown variant `maybe`"),
+            (
+                "[services.orders.breaker]\nblackout_base = \"soon\"",
+                "services.orders.breaker.blackout_base: \"soon\" is not a duration",
+            ),
+            ("[services.\"a b\"]\nrule = \"random\"", "services.a b contains ' '"),
+        ];
+        for (text, expected) in cases {
+            let error = parse(text).unwrap_err();
+            assert!(error.contains(expected), "{text:?}: {error}");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Per-service policies: which rule a service uses when a request names none, what version
+//! isolation does when nothing is left, gray-release version weights, and breaker settings.
+//!
+//! Policies come from the config file (`[defaults]` and `[services.NAME]`, see [`file`]) and
+//! can be read and replaced at runtime. The whole set is one immutable [`PolicySet`] behind an
+//! `ArcSwap`: a pick loads it once, so it sees the old policy or the new one, never a mix.
+//! Every policy is validated completely before it is stored; a bad one is refused and the old
+//! one stays.
+
+pub mod file;
+mod gray;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::registry::{InvalidField, validate_service_name};
+use crate::rules::{self, ParsedRule};
+use crate::state::BreakerConfig;
+
+pub use gray::GrayRelease;
+
+/// What version isolation does when neither the requested version nor unversioned instances
+/// are available.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IsolationFallback {
+    /// `UNAVAILABLE`.
+    #[default]
+    Fail,
+    /// Pick from any UP instance (Ribbon's `super.choose`), and say so.
+    Any,
+}
+
+/// A complete, validated policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Rule for requests that name none.
+    pub rule: Arc<ParsedRule>,
+    pub isolation_fallback: IsolationFallback,
+    pub gray: Option<GrayRelease>,
+    pub breaker: BreakerConfig,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            rule: Arc::new(rules::parse("round_robin").expect("round_robin parses")),
+            isolation_fallback: IsolationFallback::Fail,
+            gray: None,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// A policy as written by an operator: every field optional, unset fields inherit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicySpec {
+    pub rule: Option<String>,
+    pub isolation_fallback: Option<IsolationFallback>,
+    pub gray: Option<GraySpec>,
+    pub failure_threshold: Option<u32>,
+    pub blackout_base: Option<Duration>,
+    pub blackout_max: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraySpec {
+    pub unversioned: u32,
+    pub versions: BTreeMap<String, u32>,
+}
+
+impl PolicySpec {
+    /// Validates every field and fills the unset ones from `base`. `field` prefixes errors.
+    pub fn resolve(&self, base: &Policy, field: &str) -> Result<Policy, InvalidField> {
+        let rule = match &self.rule {
+            None => base.rule.clone(),
+            Some(text) if text.trim().is_empty() => base.rule.clone(),
+            Some(text) => Arc::new(
+                rules::parse(text)
+                    .map_err(|e| InvalidField::new(format!("{field}.rule"), format!("is invalid: {e}")))?,
+            ),
+        };
+        let gray = match &self.gray {
+            None => base.gray.clone(),
+            Some(spec) => GrayRelease::new(spec, &format!("{field}.gray"))?,
+        };
+        let breaker = BreakerConfig {
+            failure_threshold: self.failure_threshold.unwrap_or(base.breaker.failure_threshold),
+            blackout_base: self.blackout_base.unwrap_or(base.breaker.blackout_base),
+            blackout_max: self.blackout_max.unwrap_or(base.breaker.blackout_max),
+        };
+        if !(1..=1000).contains(&breaker.failure_threshold) {
+            let problem = format!("must be from 1 to 1000, got {}", breaker.failure_threshold);
+            return Err(InvalidField::new(format!("{field}.failure_threshold"), problem));
+        }
+        let hour = Duration::from_secs(3600);
+        if breaker.blackout_base.is_zero() || breaker.blackout_base > hour {
+            return Err(InvalidField::new(format!("{field}.blackout_base"), "must be from 1ms to 1h"));
+        }
+        if breaker.blackout_max < breaker.blackout_base || breaker.blackout_max > hour {
+            return Err(InvalidField::new(
+                format!("{field}.blackout_max"),
+                "must be at least blackout_base and at most 1h",
+            ));
+        }
+        Ok(Policy {
+            rule,
+            isolation_fallback: self.isolation_fallback.unwrap_or(base.isolation_fallback),
+            gray,
+            breaker,
+        })
+    }
+}
+
+/// Defaults plus per-service policies, swapped as a whole.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    pub defaults: Arc<Policy>,
+    pub services: HashMap<String, Arc<Policy>>,
+    /// The specs the services' policies were resolved from, to re-resolve them when the
+    /// defaults change and to show operators what they wrote.
+    pub specs: HashMap<String, PolicySpec>,
+}
+
+impl PolicySet {
+    pub fn for_service(&self, service: &str) -> &Arc<Policy> {
+        self.services.get(service).unwrap_or(&self.defaults)
+    }
+
+    /// Builds a set from the defaults' spec and the services' specs, validating everything.
+    pub fn build(defaults: &PolicySpec, services: &BTreeMap<String, PolicySpec>) -> Result<Self, InvalidField> {
+        let defaults = Arc::new(defaults.resolve(&Policy::default(), "defaults")?);
+        let mut set = PolicySet { defaults, services: HashMap::new(), specs: HashMap::new() };
+        for (name, spec) in services {
+            validate_service_name(&format!("services.{name}"), name)?;
+            let policy = spec.resolve(&set.defaults, &format!("services.{name}"))?;
+            set.services.insert(name.clone(), Arc::new(policy));
+            set.specs.insert(name.clone(), spec.clone());
+        }
+        Ok(set)
+    }
+}
+
+/// The live policy set.
+#[derive(Debug, Default)]
+pub struct Policies {
+    current: ArcSwap<PolicySet>,
+}
+
+impl Policies {
+    pub fn new(set: PolicySet) -> Self {
+        Self { current: ArcSwap::from_pointee(set) }
+    }
+
+    pub fn load(&self) -> arc_swap::Guard<Arc<PolicySet>> {
+        self.current.load()
+    }
+
+    /// Replaces the whole set (a config reload).
+    pub fn replace(&self, set: PolicySet) {
+        self.current.store(Arc::new(set));
+    }
+
+    /// Sets one service's policy from a spec resolved over the defaults; returns the result.
+    pub fn set_service(&self, service: &str, spec: PolicySpec) -> Result<Arc<Policy>, InvalidField> {
+        validate_service_name("service", service)?;
+        let mut result = None;
+        let mut error = None;
+        // rcu: concurrent setters each apply on top of the latest set, so none is lost.
+        self.current.rcu(|current| {
+            let mut next = PolicySet::clone(current);
+            match spec.resolve(&next.defaults, "policy") {
+                Ok(policy) => {
+                    let policy = Arc::new(policy);
+                    next.services.insert(service.to_owned(), policy.clone());
+                    next.specs.insert(service.to_owned(), spec.clone());
+                    result = Some(policy);
+                    error = None;
+                }
+                Err(e) => {
+                    error = Some(e);
+                    result = None;
+                }
+            }
+            next
+        });
+        match (result, error) {
+            (Some(policy), _) => Ok(policy),
+            (None, Some(e)) => Err(e),
+            (None, None) => unreachable!("rcu runs its closure at least once"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_fields_inherit_from_the_defaults() {
+        let defaults = PolicySpec { rule: Some("repeat(n=2)".into()), ..Default::default() };
+        let services = BTreeMap::from([(
+            "orders".to_owned(),
+            PolicySpec {
+                isolation_fallback: Some(IsolationFallback::Any),
+                failure_threshold: Some(5),
+                ..Default::default()
+            },
+        )]);
+        let set = PolicySet::build(&defaults, &services).unwrap();
+        let orders = set.for_service("orders");
+        assert_eq!(&*orders.rule.canonical, "repeat(n=2)");
+        assert_eq!(orders.isolation_fallback, IsolationFallback::Any);
+        assert_eq!(orders.breaker.failure_threshold, 5);
+        assert_eq!(set.for_service("other").isolation_fallback, IsolationFallback::Fail);
+    }
+
+    #[test]
+    fn bad_policies_name_the_field() {
+        let bad = |spec: PolicySpec| {
+            PolicySet::build(&PolicySpec::default(), &BTreeMap::from([("s".to_owned(), spec)])).unwrap_err().to_string()
+        };
+        assert!(
+            bad(PolicySpec { rule: Some("zigzag".into()), ..Default::default() })
+                .starts_with("services.s.rule is invalid: rule \"zigzag\" is unknown")
+        );
+        assert_eq!(
+            bad(PolicySpec { failure_threshold: Some(0), ..Default::default() }),
+            "services.s.failure_threshold must be from 1 to 1000, got 0"
+        );
+        assert_eq!(
+            bad(PolicySpec { blackout_max: Some(Duration::from_secs(1)), ..Default::default() }),
+            "services.s.blackout_max must be at least blackout_base and at most 1h"
+        );
+    }
+
+    #[test]
+    fn a_refused_set_keeps_the_old_policy() {
+        let policies = Policies::default();
+        let good = PolicySpec { rule: Some("random".into()), ..Default::default() };
+        policies.set_service("orders", good).unwrap();
+        let bad = PolicySpec { rule: Some("nope".into()), ..Default::default() };
+        assert!(policies.set_service("orders", bad).is_err());
+        assert_eq!(&*policies.load().for_service("orders").rule.canonical, "random");
+    }
+}

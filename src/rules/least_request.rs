@@ -1,0 +1,108 @@
+//! `least_request(choices=k)`: the power of k choices (Mitzenmacher; Envoy's and gRPC's least
+//! request). Draw k distinct instances at random and take the one with the fewest picks in
+//! flight; a tripped breaker counts as the heaviest load. With k = 2 this gets close to
+//! least-loaded without scanning every instance and without herding.
+
+use super::{Choice, Draw, Select};
+
+pub const DEFAULT_CHOICES: u32 = 2;
+pub const MAX_CHOICES: u32 = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeastRequest {
+    pub choices: u32,
+}
+
+impl Default for LeastRequest {
+    fn default() -> Self {
+        Self { choices: DEFAULT_CHOICES }
+    }
+}
+
+impl Select for LeastRequest {
+    fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
+        let members = draw.members();
+        let n = members.len();
+        if n == 0 {
+            return None;
+        }
+        let weight = |index: usize| {
+            let load = draw.stats.load(&members[index]);
+            (load.tripped, load.in_flight)
+        };
+        let k = (self.choices as usize).clamp(1, n);
+        let mut best = rng.usize(..n);
+        let mut best_load = weight(best);
+        if k == n {
+            // Every instance is a candidate: scan them all.
+            for index in 0..n {
+                if weight(index) < best_load {
+                    best = index;
+                    best_load = weight(index);
+                }
+            }
+            return Some(Choice::at(best));
+        }
+        // Draw k − 1 more distinct indices (k is small: retrying duplicates is cheap).
+        let mut drawn = [usize::MAX; MAX_CHOICES as usize];
+        drawn[0] = best;
+        let mut count = 1;
+        while count < k {
+            let candidate = rng.usize(..n);
+            if drawn[..count].contains(&candidate) {
+                continue;
+            }
+            drawn[count] = candidate;
+            count += 1;
+            let load = weight(candidate);
+            if load < best_load {
+                best = candidate;
+                best_load = load;
+            }
+        }
+        Some(Choice::at(best))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rules::testing::{FakeStats, instances, subset};
+    use crate::state::Load;
+
+    proptest! {
+        #[test]
+        fn never_picks_the_busier_of_its_two(loads in proptest::collection::vec(0u64..5, 2..10), seed in any::<u64>()) {
+            let mut stats = FakeStats::default();
+            for (i, load) in loads.iter().enumerate() {
+                stats = stats.with(&format!("i{i:02}"), Load { in_flight: *load, ..Default::default() });
+            }
+            let candidates = subset(instances(loads.len()));
+            let draw = Draw { stats: &stats, ..Draw::new(&candidates, 0) };
+            // Replay the same random draws to learn which two were compared.
+            let mut replay = fastrand::Rng::with_seed(seed);
+            let first = replay.usize(..loads.len());
+            let mut second = replay.usize(..loads.len());
+            while second == first {
+                second = replay.usize(..loads.len());
+            }
+            let picked = LeastRequest::default().select(&draw, &mut fastrand::Rng::with_seed(seed)).unwrap().index;
+            prop_assert!(picked == first || picked == second);
+            prop_assert_eq!(loads[picked], loads[first].min(loads[second]));
+        }
+    }
+
+    #[test]
+    fn tripped_instances_lose_every_comparison() {
+        let stats = FakeStats::default()
+            .with("i00", Load { tripped: true, ..Default::default() })
+            .with("i01", Load { in_flight: 50, ..Default::default() });
+        let candidates = subset(instances(2));
+        for seed in 0..20 {
+            let draw = Draw { stats: &stats, ..Draw::new(&candidates, 0) };
+            assert_eq!(LeastRequest::default().select(&draw, &mut fastrand::Rng::with_seed(seed)).unwrap().index, 1);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! `response_time`: Ribbon's `WeightedResponseTimeRule` weights over a recent window.
+//!
+//! Each instance's weight is `Σ avg − avgᵢ`: the slower an instance, the less traffic it gets.
+//! Ribbon computed `avg` as the lifetime mean response time of the consumer's own calls; here it
+//! is the fleet-wide EWMA (see `state::stats`), so a slow spell shows up in seconds and heals as
+//! quickly. Until any instance has a reported latency the rule is plain round robin; an instance
+//! without samples yet counts as average. Weights are sampled with the injected random source.
+
+use super::{Choice, Draw, RoundRobin, Select};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ResponseTime;
+
+impl Select for ResponseTime {
+    fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
+        let members = draw.members();
+        let (sum, known) = members
+            .iter()
+            .filter_map(|i| draw.stats.load(i).latency_ms)
+            .fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
+        if known == 0 {
+            return RoundRobin.select(draw, rng);
+        }
+        let mean = sum / known as f64;
+        let latency = |index: usize| draw.stats.load(&members[index]).latency_ms.unwrap_or(mean);
+        let total_latency: f64 = (0..members.len()).map(latency).sum();
+        let weight = |index: usize| (total_latency - latency(index)).max(0.0);
+        let total_weight: f64 = (0..members.len()).map(weight).sum();
+        if total_weight <= f64::EPSILON {
+            // One instance, or all weights zero: nothing to prefer.
+            return RoundRobin.select(draw, rng);
+        }
+        let mut target = rng.f64() * total_weight;
+        for index in 0..members.len() {
+            target -= weight(index);
+            if target < 0.0 {
+                return Some(Choice::at(index));
+            }
+        }
+        Some(Choice::at(members.len() - 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::testing::{FakeStats, instances, subset};
+    use crate::state::Load;
+
+    fn latency(ms: f64) -> Load {
+        Load { latency_ms: Some(ms), ..Default::default() }
+    }
+
+    #[test]
+    fn round_robin_until_stats_exist() {
+        let candidates = subset(instances(3));
+        let mut rng = fastrand::Rng::with_seed(3);
+        let picks: Vec<usize> =
+            (0..6).map(|t| ResponseTime.select(&Draw::new(&candidates, t), &mut rng).unwrap().index).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn shares_follow_ribbon_weights() {
+        // Latencies 10, 20, 70 ms: Σ = 100, weights 90, 80, 30 (of 200).
+        let stats =
+            FakeStats::default().with("i00", latency(10.0)).with("i01", latency(20.0)).with("i02", latency(70.0));
+        let candidates = subset(instances(3));
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut counts = [0u32; 3];
+        for ticket in 0..20_000 {
+            counts[ResponseTime
+                .select(&Draw { stats: &stats, ..Draw::new(&candidates, ticket) }, &mut rng)
+                .unwrap()
+                .index] += 1;
+        }
+        let share = |c: u32| f64::from(c) / 20_000.0;
+        assert!((share(counts[0]) - 0.45).abs() < 0.02, "{counts:?}");
+        assert!((share(counts[1]) - 0.40).abs() < 0.02, "{counts:?}");
+        assert!((share(counts[2]) - 0.15).abs() < 0.02, "{counts:?}");
+    }
+}

@@ -1,0 +1,407 @@
+//! Per-instance call statistics, shared by every consumer.
+//!
+//! Consumers report the outcome of each call ([`Stats::on_outcome`]); every pick counts as in
+//! flight for its instance until a report for that instance arrives or the in-flight timeout
+//! passes ([`Stats::on_pick`]). From these rota keeps, per instance:
+//!
+//! - the in-flight count, in one-second buckets so that picks nobody reports expire without a
+//!   per-pick record (a report retires the oldest outstanding pick; only the count matters);
+//! - a latency EWMA whose weight decays with time (time constant `latency_decay`), so it
+//!   follows the recent window rather than the lifetime mean Ribbon's `ServerStats` used;
+//! - success and failure counts over a sliding window;
+//! - successive failures and Ribbon's circuit breaker: tripped at `failure_threshold` successive
+//!   failures, blacked out for `blackout_base × 2^(failures − threshold)` capped at
+//!   `blackout_max` from the last failure, cleared by a success.
+//!
+//! One consumer's failures therefore protect every consumer.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+/// Ribbon's circuit-breaker parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    pub failure_threshold: u32,
+    pub blackout_base: Duration,
+    pub blackout_max: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self { failure_threshold: 3, blackout_base: Duration::from_secs(10), blackout_max: Duration::from_secs(30) }
+    }
+}
+
+impl BreakerConfig {
+    /// How long an instance with `failures` successive failures stays tripped.
+    pub fn blackout(&self, failures: u32) -> Duration {
+        if failures < self.failure_threshold {
+            return Duration::ZERO;
+        }
+        let doublings = (failures - self.failure_threshold).min(31);
+        self.blackout_base.saturating_mul(1 << doublings).min(self.blackout_max)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatsConfig {
+    /// A pick not reported within this time stops counting as in flight.
+    pub in_flight_timeout: Duration,
+    /// Time constant of the latency EWMA.
+    pub latency_decay: Duration,
+    /// Span of the success/failure counts.
+    pub count_window: Duration,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self {
+            in_flight_timeout: Duration::from_secs(30),
+            latency_decay: Duration::from_secs(10),
+            count_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What load-aware rules read about one instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    pub in_flight: u64,
+    /// Recent latency; `None` until the instance has a reported call.
+    pub latency_ms: Option<f64>,
+    pub tripped: bool,
+}
+
+/// Everything known about one instance, for operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InstanceReport {
+    pub load: Load,
+    pub successes: u64,
+    pub failures: u64,
+    pub successive_failures: u32,
+    /// Time left until the breaker closes again.
+    pub tripped_for: Option<Duration>,
+}
+
+/// A call result as the stats see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+}
+
+/// Every latency sample moves the EWMA by at least this fraction, so a burst of samples at
+/// one instant (no time elapsed) still counts.
+const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
+/// Buckets of the success/failure window.
+const COUNT_BUCKETS: u64 = 6;
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// (second since origin, picks still outstanding from that second), oldest first.
+    in_flight: VecDeque<(u64, u32)>,
+    in_flight_total: u64,
+    ewma_ms: Option<f64>,
+    last_sample: Option<Instant>,
+    /// (bucket index, successes, failures), oldest first.
+    counts: VecDeque<(u64, u64, u64)>,
+    successive_failures: u32,
+    tripped_until: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct InstanceStats {
+    inner: Mutex<Inner>,
+}
+
+impl InstanceStats {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the counters inconsistent in a way that
+        // matters more than losing them; keep serving.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+type ServiceStats = DashMap<Arc<str>, Arc<InstanceStats>>;
+
+#[derive(Debug)]
+pub struct Stats {
+    origin: Instant,
+    config: StatsConfig,
+    services: DashMap<Arc<str>, ServiceStats>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new(StatsConfig::default())
+    }
+}
+
+impl Stats {
+    pub fn new(config: StatsConfig) -> Self {
+        Self { origin: Instant::now(), config, services: DashMap::new() }
+    }
+
+    pub fn config(&self) -> StatsConfig {
+        self.config
+    }
+
+    fn entry(&self, service: &Arc<str>, id: &Arc<str>) -> Arc<InstanceStats> {
+        if let Some(instances) = self.services.get(&**service)
+            && let Some(stats) = instances.get(&**id)
+        {
+            return stats.clone();
+        }
+        self.services.entry(service.clone()).or_default().entry(id.clone()).or_default().clone()
+    }
+
+    fn find(&self, service: &str, id: &str) -> Option<Arc<InstanceStats>> {
+        self.services.get(service)?.get(id).map(|s| s.clone())
+    }
+
+    fn second(&self, now: Instant) -> u64 {
+        now.duration_since(self.origin).as_secs()
+    }
+
+    /// Counts a pick as in flight on its instance.
+    pub fn on_pick(&self, service: &Arc<str>, id: &Arc<str>) {
+        let now = Instant::now();
+        let second = self.second(now);
+        let stats = self.entry(service, id);
+        let mut inner = stats.lock();
+        self.expire_in_flight(&mut inner, second);
+        match inner.in_flight.back_mut() {
+            Some((s, count)) if *s == second => *count += 1,
+            _ => inner.in_flight.push_back((second, 1)),
+        }
+        inner.in_flight_total += 1;
+    }
+
+    /// Records one reported call (an instance never picked gets an entry now).
+    pub fn on_outcome(
+        &self,
+        service: &Arc<str>,
+        id: &Arc<str>,
+        outcome: Outcome,
+        latency: Duration,
+        breaker: &BreakerConfig,
+    ) {
+        let now = Instant::now();
+        let second = self.second(now);
+        let stats = self.entry(service, id);
+        let mut inner = stats.lock();
+        self.expire_in_flight(&mut inner, second);
+        // Retire the oldest outstanding pick.
+        let retired = inner.in_flight.front_mut().map(|(_, count)| {
+            *count -= 1;
+            *count == 0
+        });
+        if let Some(emptied) = retired {
+            inner.in_flight_total -= 1;
+            if emptied {
+                inner.in_flight.pop_front();
+            }
+        }
+        self.sample_latency(&mut inner, now, latency);
+        self.count(&mut inner, now, outcome);
+        match outcome {
+            Outcome::Success => {
+                inner.successive_failures = 0;
+                inner.tripped_until = None;
+            }
+            Outcome::Failure => {
+                inner.successive_failures = inner.successive_failures.saturating_add(1);
+                let blackout = breaker.blackout(inner.successive_failures);
+                if !blackout.is_zero() {
+                    inner.tripped_until = Some(now + blackout);
+                }
+            }
+        }
+    }
+
+    /// The load of one instance now.
+    pub fn load(&self, service: &str, id: &str) -> Load {
+        self.report(service, id).load
+    }
+
+    pub fn report(&self, service: &str, id: &str) -> InstanceReport {
+        let Some(stats) = self.find(service, id) else { return InstanceReport::default() };
+        let now = Instant::now();
+        let mut inner = stats.lock();
+        self.expire_in_flight(&mut inner, self.second(now));
+        let tripped_for = inner.tripped_until.filter(|until| *until > now).map(|until| until - now);
+        let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
+        let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
+        let (successes, failures) = live.fold((0, 0), |(s, f), (_, ok, fail)| (s + ok, f + fail));
+        InstanceReport {
+            load: Load { in_flight: inner.in_flight_total, latency_ms: inner.ewma_ms, tripped: tripped_for.is_some() },
+            successes,
+            failures,
+            successive_failures: inner.successive_failures,
+            tripped_for,
+        }
+    }
+
+    /// The earliest moment a currently tripped instance of `service` closes its breaker.
+    pub fn next_breaker_reset(&self, service: &str) -> Option<Instant> {
+        let now = Instant::now();
+        let instances = self.services.get(service)?;
+        instances.iter().filter_map(|s| s.lock().tripped_until.filter(|until| *until > now)).min()
+    }
+
+    /// Forgets instances for which `keep` returns false (they left the registry).
+    pub fn retain(&self, mut keep: impl FnMut(&str, &str) -> bool) {
+        self.services.retain(|service, instances| {
+            instances.retain(|id, _| keep(service, id));
+            !instances.is_empty()
+        });
+    }
+
+    fn expire_in_flight(&self, inner: &mut Inner, second: u64) {
+        let timeout = self.config.in_flight_timeout.as_secs().max(1);
+        while let Some(&(s, count)) = inner.in_flight.front() {
+            if second.saturating_sub(s) < timeout {
+                break;
+            }
+            inner.in_flight_total -= u64::from(count);
+            inner.in_flight.pop_front();
+        }
+    }
+
+    fn sample_latency(&self, inner: &mut Inner, now: Instant, latency: Duration) {
+        let sample = latency.as_secs_f64() * 1000.0;
+        inner.ewma_ms = Some(match (inner.ewma_ms, inner.last_sample) {
+            (Some(previous), Some(last)) => {
+                let elapsed = now.duration_since(last).as_secs_f64();
+                let decay = self.config.latency_decay.as_secs_f64().max(f64::EPSILON);
+                let weight = (1.0 - (-elapsed / decay).exp()).max(MIN_SAMPLE_WEIGHT);
+                previous + (sample - previous) * weight
+            }
+            _ => sample,
+        });
+        inner.last_sample = Some(now);
+    }
+
+    fn bucket(&self, now: Instant) -> u64 {
+        let width = (self.config.count_window.as_millis() as u64 / COUNT_BUCKETS).max(1);
+        now.duration_since(self.origin).as_millis() as u64 / width
+    }
+
+    fn count(&self, inner: &mut Inner, now: Instant, outcome: Outcome) {
+        let bucket = self.bucket(now);
+        while inner.counts.front().is_some_and(|(b, _, _)| bucket.saturating_sub(*b) >= COUNT_BUCKETS) {
+            inner.counts.pop_front();
+        }
+        if inner.counts.back().is_none_or(|(b, _, _)| *b != bucket) {
+            inner.counts.push_back((bucket, 0, 0));
+        }
+        if let Some((_, ok, fail)) = inner.counts.back_mut() {
+            match outcome {
+                Outcome::Success => *ok += 1,
+                Outcome::Failure => *fail += 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> (Arc<str>, Arc<str>) {
+        ("svc".into(), id.into())
+    }
+
+    #[test]
+    fn ribbon_blackout_doubles_from_the_threshold_and_caps() {
+        let breaker = BreakerConfig::default();
+        let secs: Vec<u64> = (0..7).map(|f| breaker.blackout(f).as_secs()).collect();
+        assert_eq!(secs, [0, 0, 0, 10, 20, 30, 30]);
+        assert_eq!(breaker.blackout(u32::MAX), Duration::from_secs(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn breaker_trips_after_three_failures_and_recovers() {
+        let stats = Stats::default();
+        let breaker = BreakerConfig::default();
+        let (service, id) = key("a");
+        for _ in 0..2 {
+            stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+        }
+        assert!(!stats.load("svc", "a").tripped);
+        stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+        assert!(stats.load("svc", "a").tripped);
+        assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(10)));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(stats.load("svc", "a").tripped);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!stats.load("svc", "a").tripped, "blackout over after 10 s");
+
+        // A fourth failure in a row: 20 s. A success clears everything.
+        stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+        assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(20)));
+        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(5), &breaker);
+        let report = stats.report("svc", "a");
+        assert_eq!((report.load.tripped, report.successive_failures), (false, 0));
+        assert_eq!((report.successes, report.failures), (1, 4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_counts_picks_until_reported_or_timed_out() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        for _ in 0..3 {
+            stats.on_pick(&service, &id);
+        }
+        assert_eq!(stats.load("svc", "a").in_flight, 3);
+        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(1), &BreakerConfig::default());
+        assert_eq!(stats.load("svc", "a").in_flight, 2);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        stats.on_pick(&service, &id);
+        assert_eq!(stats.load("svc", "a").in_flight, 3);
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(stats.load("svc", "a").in_flight, 1, "the first picks timed out after 30 s");
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(stats.load("svc", "a").in_flight, 0);
+        // A late report never drives the count below zero.
+        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(1), &BreakerConfig::default());
+        assert_eq!(stats.load("svc", "a").in_flight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_follows_the_recent_window() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        let breaker = BreakerConfig::default();
+        for _ in 0..10 {
+            stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(100), &breaker);
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!((stats.load("svc", "a").latency_ms.unwrap() - 100.0).abs() < 1e-9);
+        // The instance gets fast: within a few time constants the EWMA is near the new value.
+        for _ in 0..40 {
+            stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(10), &breaker);
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let latency = stats.load("svc", "a").latency_ms.unwrap();
+        assert!((10.0..12.0).contains(&latency), "{latency}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failure_counts_slide_out_of_the_window() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        let breaker = BreakerConfig { failure_threshold: 100, ..Default::default() };
+        stats.on_outcome(&service, &id, Outcome::Failure, Duration::ZERO, &breaker);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        stats.on_outcome(&service, &id, Outcome::Success, Duration::ZERO, &breaker);
+        assert_eq!(stats.report("svc", "a").failures, 1);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let report = stats.report("svc", "a");
+        assert_eq!((report.successes, report.failures), (1, 0));
+    }
+}

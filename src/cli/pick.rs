@@ -9,7 +9,7 @@ use crate::pb;
 #[derive(Debug, Args)]
 pub struct PickArgs {
     pub service: String,
-    /// Rule, with optional parameters: round_robin, random, repeat(n=5).
+    /// Rule, with optional parameters: round_robin, repeat(n=5), consistent_hash, sticky(ttl=10m), ...
     #[arg(long, default_value = "")]
     pub rule: String,
     /// Version isolation: pick instances of this version.
@@ -18,6 +18,9 @@ pub struct PickArgs {
     /// Affinity key for hashing rules.
     #[arg(long, default_value = "")]
     pub key: String,
+    /// The consumer's zone, for zone-aware rules.
+    #[arg(long, default_value = "")]
+    pub zone: String,
     /// Instance ids not to pick (repeatable).
     #[arg(long)]
     pub exclude: Vec<String>,
@@ -34,7 +37,7 @@ pub async fn run(args: PickArgs) -> Result<(), CliError> {
         rule: args.rule,
         version: args.version,
         key: args.key,
-        zone: String::new(),
+        zone: args.zone,
         exclude: args.exclude,
     };
     for _ in 0..args.count {

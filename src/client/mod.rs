@@ -15,6 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::pb;
 use crate::pb::balancer_client::BalancerClient;
+use crate::pb::policies_client::PoliciesClient;
 use crate::pb::registry_client::RegistryClient;
 
 pub use registration::Registration;
@@ -92,6 +93,11 @@ impl PickOptions {
         self
     }
 
+    pub fn zone(mut self, zone: impl Into<String>) -> Self {
+        self.zone = zone.into();
+        self
+    }
+
     pub fn exclude(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.exclude = ids.into_iter().map(Into::into).collect();
         self
@@ -114,6 +120,7 @@ impl PickOptions {
 pub struct RotaClient {
     balancer: BalancerClient<Channel>,
     registry: RegistryClient<Channel>,
+    policies: PoliciesClient<Channel>,
 }
 
 impl RotaClient {
@@ -125,7 +132,11 @@ impl RotaClient {
     }
 
     pub fn from_channel(channel: Channel) -> Self {
-        Self { balancer: BalancerClient::new(channel.clone()), registry: RegistryClient::new(channel) }
+        Self {
+            balancer: BalancerClient::new(channel.clone()),
+            registry: RegistryClient::new(channel.clone()),
+            policies: PoliciesClient::new(channel),
+        }
     }
 
     pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<pb::PickResponse, ClientError> {
@@ -135,6 +146,16 @@ impl RotaClient {
     /// Reports call outcomes; returns how many were recorded and how many ignored.
     pub async fn report(&mut self, outcomes: Vec<pb::CallOutcome>) -> Result<pb::ReportResponse, ClientError> {
         Ok(self.balancer.report(pb::ReportRequest { outcomes }).await?.into_inner())
+    }
+
+    pub async fn get_policy(&mut self, service: &str) -> Result<pb::Policy, ClientError> {
+        let request = pb::GetPolicyRequest { service: service.to_owned() };
+        Ok(self.policies.get_policy(request).await?.into_inner())
+    }
+
+    /// Replaces a service's policy; returns the policy now in force.
+    pub async fn set_policy(&mut self, policy: pb::Policy) -> Result<pb::Policy, ClientError> {
+        Ok(self.policies.set_policy(pb::SetPolicyRequest { policy: Some(policy) }).await?.into_inner())
     }
 
     /// Raw access to the `Balancer` stub (for `PickStream`).

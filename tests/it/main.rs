@@ -7,3 +7,4 @@ mod errors;
 mod harness;
 mod registration;
 mod rotation;
+mod rules;

@@ -1,0 +1,124 @@
+// A background watch of one service that keeps its instance list in an InstanceCache.
+
+import { status, type ClientReadableStream, type ServiceError, type StatusObject } from '@grpc/grpc-js';
+
+import { Backoff, type BackoffOptions } from './backoff.js';
+import { codeName } from './errors.js';
+import type { InstanceCache } from './fallback.js';
+import type { RegistryClient } from './generated/rota/v1/Registry.js';
+import type { WatchEvent__Output } from './generated/rota/v1/WatchEvent.js';
+import type { Logger } from './logger.js';
+import { watchEventFromMessage } from './types.js';
+
+/** Answers that another attempt would get again. */
+const GIVE_UP: ReadonlySet<status> = new Set([
+  status.INVALID_ARGUMENT,
+  status.UNIMPLEMENTED,
+  status.PERMISSION_DENIED,
+  status.UNAUTHENTICATED,
+]);
+
+/**
+ * Follows one service: a `Watch` stream whose snapshot and changes go into the cache. When the
+ * stream is lost it reconnects with backoff and keeps the last list meanwhile; the next
+ * snapshot replaces it.
+ */
+export class ServiceWatcher {
+  readonly service: string;
+  /** Settles once the first snapshot has arrived, or when the watcher is closed. */
+  readonly ready: Promise<void>;
+  readonly #registry: RegistryClient;
+  readonly #cache: InstanceCache;
+  readonly #logger: Logger;
+  readonly #backoff: Backoff;
+  #markReady!: () => void;
+  #call: ClientReadableStream<WatchEvent__Output> | undefined;
+  #retry: NodeJS.Timeout | undefined;
+  #closed = false;
+  #healthy = false;
+
+  constructor(service: string, registry: RegistryClient, cache: InstanceCache, logger: Logger, backoff?: BackoffOptions) {
+    this.service = service;
+    this.#registry = registry;
+    this.#cache = cache;
+    this.#logger = logger;
+    this.#backoff = new Backoff(backoff);
+    this.ready = new Promise((resolve) => {
+      this.#markReady = resolve;
+    });
+  }
+
+  start(): void {
+    if (this.#closed || this.#call !== undefined) {
+      return;
+    }
+    const call = this.#registry.Watch({ service: this.service });
+    this.#call = call;
+    call.on('data', (message: WatchEvent__Output) => {
+      if (this.#call === call) {
+        this.#apply(message);
+      }
+    });
+    // Errors also end in a 'status' event; this listener keeps them from being thrown.
+    call.on('error', (_error: ServiceError) => {});
+    call.on('status', (result: StatusObject) => {
+      if (this.#call !== call) {
+        return;
+      }
+      if (GIVE_UP.has(result.code)) {
+        this.#call = undefined;
+        this.#logger.warn(`rota: cannot watch "${this.service}" (${codeName(result.code)}: ${result.details}); not following it`);
+        this.#markReady();
+        return;
+      }
+      this.#lost(`${codeName(result.code)}: ${result.details}`);
+    });
+  }
+
+  close(): void {
+    this.#closed = true;
+    clearTimeout(this.#retry);
+    const call = this.#call;
+    this.#call = undefined;
+    call?.cancel();
+    this.#markReady();
+  }
+
+  #apply(message: WatchEvent__Output): void {
+    const event = watchEventFromMessage(message);
+    switch (event?.type) {
+      case 'snapshot':
+        this.#cache.replace(this.service, event.instances, event.epoch);
+        if (!this.#healthy && this.#backoff.attempt > 0) {
+          this.#logger.warn(`rota: watch of "${this.service}" restored (${event.instances.length} instances)`);
+        }
+        this.#healthy = true;
+        this.#backoff.reset();
+        this.#markReady();
+        break;
+      case 'added':
+      case 'updated':
+        this.#cache.upsert(event.instance, event.epoch);
+        break;
+      case 'removed':
+        this.#cache.remove(event.instance, event.epoch);
+        break;
+      case undefined:
+        break;
+    }
+  }
+
+  #lost(reason: string): void {
+    this.#call = undefined;
+    if (this.#closed) {
+      return;
+    }
+    if (this.#healthy) {
+      const kept = this.#cache.instances(this.service).length;
+      this.#logger.warn(`rota: watch of "${this.service}" lost (${reason}); keeping ${kept} cached instances`);
+    }
+    this.#healthy = false;
+    this.#retry = setTimeout(() => this.start(), this.#backoff.next());
+    this.#retry.unref();
+  }
+}

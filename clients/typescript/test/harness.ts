@@ -1,0 +1,180 @@
+// Test harness: starts `rota serve` processes on free loopback ports and waits on conditions.
+
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+import type { Logger } from '../src/index.js';
+
+function findPackageDir(): string {
+  for (let dir = dirname(fileURLToPath(import.meta.url)); ; dir = dirname(dir)) {
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'test.sh'))) {
+      return dir;
+    }
+    if (dirname(dir) === dir) {
+      throw new Error('cannot find the package folder');
+    }
+  }
+}
+
+export const packageDir = findPackageDir();
+export const repoRoot = join(packageDir, '..', '..');
+
+let binary: string | undefined;
+
+/** `$ROTA_BIN`, or else `target/debug/rota` after `cargo build --bin rota` in the repository. */
+export function rotaBinary(): string {
+  if (binary === undefined) {
+    const fromEnv = process.env['ROTA_BIN'];
+    if (fromEnv !== undefined && fromEnv !== '') {
+      binary = fromEnv;
+    } else {
+      execFileSync('cargo', ['build', '--bin', 'rota'], { cwd: repoRoot, stdio: ['ignore', 2, 2] });
+      binary = join(repoRoot, 'target', 'debug', 'rota');
+    }
+  }
+  return binary;
+}
+
+const STARTUP_TIMEOUT_MS = 30_000;
+const running = new Set<ChildProcess>();
+
+process.on('exit', () => {
+  for (const child of running) {
+    child.kill('SIGKILL');
+  }
+});
+
+/** One `rota serve` process. */
+export class RotaServer {
+  readonly port: number;
+  readonly target: string;
+  readonly #child: ChildProcess;
+  readonly #exited: Promise<void>;
+  readonly #log: { text: string };
+
+  private constructor(child: ChildProcess, port: number, exited: Promise<void>, log: { text: string }) {
+    this.#child = child;
+    this.port = port;
+    this.target = `127.0.0.1:${port}`;
+    this.#exited = exited;
+    this.#log = log;
+  }
+
+  /**
+   * Starts `rota serve --listen <listen> ...args` and reads the bound port from the first line
+   * of its output (`listening on 127.0.0.1:PORT`).
+   */
+  static async start(options: { listen?: string; args?: readonly string[] } = {}): Promise<RotaServer> {
+    const listen = options.listen ?? '127.0.0.1:0';
+    const child = spawn(rotaBinary(), ['serve', '--listen', listen, ...(options.args ?? [])], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    running.add(child);
+    const exited = new Promise<void>((resolve) => {
+      child.once('exit', () => {
+        running.delete(child);
+        resolve();
+      });
+    });
+    const log = { text: '' };
+    child.stderr?.setEncoding('utf8');
+    child.stderr?.on('data', (chunk: string) => {
+      log.text = (log.text + chunk).slice(-20_000);
+    });
+    const lines = createInterface({ input: child.stdout! });
+    try {
+      const first = await new Promise<string>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`rota serve printed nothing within ${STARTUP_TIMEOUT_MS} ms`)), STARTUP_TIMEOUT_MS);
+        lines.once('line', (line) => {
+          clearTimeout(timer);
+          resolve(line);
+        });
+        child.once('exit', (code, signal) => {
+          clearTimeout(timer);
+          reject(new Error(`rota serve exited (${code ?? signal}) before listening:\n${log.text}`));
+        });
+        child.once('error', (error) => {
+          clearTimeout(timer);
+          reject(error);
+        });
+      });
+      const match = /^listening on 127\.0\.0\.1:(\d+)$/.exec(first.trim());
+      if (match === null) {
+        throw new Error(`unexpected first line from rota serve: ${JSON.stringify(first)}`);
+      }
+      const server = new RotaServer(child, Number(match[1]), exited, log);
+      // Keep draining stdout so the process never blocks on a full pipe.
+      lines.on('line', () => {});
+      return server;
+    } catch (error) {
+      child.kill('SIGKILL');
+      await exited;
+      throw error;
+    }
+  }
+
+  /** The last lines the server logged (stderr), for failure messages. */
+  get log(): string {
+    return this.#log.text;
+  }
+
+  /** Kills the process with `signal` and waits for it to exit. */
+  async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<void> {
+    if (this.#child.exitCode === null && this.#child.signalCode === null) {
+      this.#child.kill(signal);
+    }
+    await this.#exited;
+  }
+
+  /** Stops the process (SIGTERM, then SIGKILL after 5 s). */
+  async stop(): Promise<void> {
+    const timer = setTimeout(() => this.#child.kill('SIGKILL'), 5_000);
+    await this.kill('SIGTERM');
+    clearTimeout(timer);
+  }
+}
+
+/** Polls `condition` every `intervalMs` until it holds; fails after `timeoutMs`. */
+export async function waitFor(
+  condition: () => boolean | Promise<boolean>,
+  { timeoutMs = 10_000, intervalMs = 20, what = 'condition' }: { timeoutMs?: number; intervalMs?: number; what?: string } = {},
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await condition()) {
+      return;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, intervalMs));
+  }
+}
+
+/** Resolves with the arguments of the next `event` of `emitter`; fails after `timeoutMs`. */
+export function nextEvent<T extends unknown[]>(
+  emitter: { once(event: string, listener: (...args: T) => void): unknown },
+  event: string,
+  timeoutMs: number,
+): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no ${event} event within ${timeoutMs} ms`)), timeoutMs);
+    emitter.once(event, (...args: T) => {
+      clearTimeout(timer);
+      resolve(args);
+    });
+  });
+}
+
+/** A logger that keeps what it is told. */
+export class CapturingLogger implements Logger {
+  readonly lines: string[] = [];
+  warn(message: string): void {
+    this.lines.push(message);
+  }
+}
+
+export const silentLogger: Logger = { warn() {} };

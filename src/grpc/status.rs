@@ -15,9 +15,25 @@ pub fn pick_error_code(error: &PickError) -> Code {
     }
 }
 
+/// Metadata key carrying a stable token for why rota refused a pick, so a client can tell rota's
+/// own `UNAVAILABLE` ("nothing eligible") from a transport failure ("rota unreachable").
+pub const ERROR_REASON_KEY: &str = "rota-error";
+
+pub fn pick_error_reason(error: &PickError) -> &'static str {
+    match error {
+        PickError::Invalid(_) => "invalid_argument",
+        PickError::Rule(_) => "invalid_rule",
+        PickError::UnknownService(_) => "unknown_service",
+        PickError::Unavailable(_) => "no_eligible_instance",
+        PickError::State(_) => "state_unavailable",
+    }
+}
+
 impl From<PickError> for Status {
     fn from(error: PickError) -> Self {
-        Status::new(pick_error_code(&error), error.to_string())
+        let mut status = Status::new(pick_error_code(&error), error.to_string());
+        status.metadata_mut().insert(ERROR_REASON_KEY, tonic::metadata::MetadataValue::from_static(pick_error_reason(&error)));
+        status
     }
 }
 

@@ -126,6 +126,8 @@ async fn bad_picks_get_precise_codes_and_leave_rotations_alone() {
         let error = client.pick(service, options).await.expect_err(message);
         let rota::client::ClientError::Status(status) = error else { panic!("{message}: not a status") };
         assert_eq!((status.code(), status.message()), (code, message));
+        let reason = status.metadata().get("rota-error").expect("rota marks its own refusals");
+        assert!(!reason.is_empty());
     }
     // None of the refused picks drew a ticket.
     let picked = client.pick("table", PickOptions::default()).await.unwrap();

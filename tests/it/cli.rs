@@ -133,3 +133,73 @@ fn demo_shows_shared_rotations() {
     assert_eq!(column(4), "zltzltzltzltzltzltzltzltzltzltzltzlt");
     assert!(out.contains("no instance with version \"nobody\""), "{out}");
 }
+
+fn serve_with_config(path: &std::path::Path) -> Serving {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rota serve starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
+    Serving { child, endpoint: format!("http://{addr}") }
+}
+
+fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("rota-it-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rota.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn an_invalid_config_file_stops_serve_before_binding() {
+    let path = temp_config("invalid", "[services.orders]\nrule = \"zigzag\"\n");
+    let output = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&path).output().unwrap();
+    assert!(!output.status.success());
+    assert!(text(&output.stdout).is_empty(), "nothing was bound");
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("rota.toml: services.orders.rule is invalid: rule \"zigzag\" is unknown"), "{stderr}");
+}
+
+#[test]
+fn the_config_file_sets_policies_and_reloads_on_sighup() {
+    let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
+    let server = serve_with_config(&path);
+    let register = Command::new(BIN)
+        .args(["register", "cfg", "127.0.0.1:7101", "--id", "a"])
+        .env("ROTA_SERVER", &server.endpoint)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut register = Serving { child: register, endpoint: String::new() };
+    let mut line = String::new();
+    BufReader::new(register.child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+    assert!(picked.contains("repeat(n=2)"), "{picked}");
+
+    // A bad edit is refused and the policy in force stays...
+    std::fs::write(&path, "[services.cfg]\nrule = \"nope\"\n").unwrap();
+    let hangup = |pid: u32| assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success());
+    hangup(server.child.id());
+    // ...then a good one applies: wait for it (bounded), the reload is asynchronous.
+    std::fs::write(&path, "[services.cfg]\nrule = \"random\"\n").unwrap();
+    hangup(server.child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+        if picked.contains("random") {
+            break;
+        }
+        assert!(picked.contains("repeat(n=2)"), "only the old or the new policy, never the bad one: {picked}");
+        assert!(std::time::Instant::now() < deadline, "the new policy never applied");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = register.child.kill();
+}

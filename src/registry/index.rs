@@ -55,7 +55,8 @@ struct ServiceEntry {
 
 struct LeaseEntry {
     deadline: Instant,
-    owned: HashSet<(Arc<str>, Arc<str>)>,
+    /// Ordered, so a withdraw-all acknowledges instances in a stable order.
+    owned: BTreeSet<(Arc<str>, Arc<str>)>,
     expired: Option<oneshot::Sender<()>>,
 }
 
@@ -118,7 +119,7 @@ impl Index {
             Command::Open { lease, expired } => {
                 let deadline = Instant::now() + self.config.heartbeat_timeout;
                 self.deadlines.insert((deadline, lease));
-                let entry = LeaseEntry { deadline, owned: HashSet::new(), expired: Some(expired) };
+                let entry = LeaseEntry { deadline, owned: BTreeSet::new(), expired: Some(expired) };
                 self.leases.insert(lease, entry);
             }
             Command::Announce { lease, instances, reply } => {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the Python client's whole test suite: unit tests, the conformance scenarios (sync and
+# asyncio clients) and the integration tests against live `rota serve` processes.
+#
+# Creates .venv here, installs the package in editable mode with its test extras from PyPI,
+# generates the protobuf/gRPC stubs into src/rota/_pb, then runs pytest (extra arguments are
+# passed on). The tests use $ROTA_BIN when set, else they run `cargo build --bin rota` in the
+# repository root.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+if [[ ! -x .venv/bin/python ]]; then
+    python3 -m venv .venv
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+.venv/bin/python -m pip install --quiet --editable ".[test]"
+.venv/bin/python scripts/generate_stubs.py
+exec .venv/bin/python -m pytest "$@"

@@ -19,6 +19,7 @@
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
+//! - [`loadgen`] — the load generator behind `rota bench`.
 //! - [`client`] — a Rust client for the same API, used by the CLI and the tests.
 //! - [`cli`] — the `rota` command (`serve`, `pick`, `register`, `ls`, `watch`, `demo`).
 //!
@@ -28,6 +29,7 @@ pub mod balancer;
 pub mod cli;
 pub mod client;
 pub mod grpc;
+pub mod loadgen;
 pub mod policy;
 pub mod registry;
 pub mod rules;

@@ -1,6 +1,7 @@
 //! The `rota` command line: a server (`serve`), client commands against a running server
 //! (`pick`, `register`, `ls`, `watch`) and a self-contained `demo`.
 
+mod bench;
 mod demo;
 mod pick;
 mod register;
@@ -35,6 +36,8 @@ pub enum Command {
     Watch(WatchArgs),
     /// Start an embedded server with three providers and show the rules at work.
     Demo,
+    /// Load a server (its own by default) and print throughput and latency per mode.
+    Bench(bench::BenchArgs),
 }
 
 /// Where the client commands find rota.
@@ -86,6 +89,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ls(args) => show::ls(args).await,
         Command::Watch(args) => show::watch(args).await,
         Command::Demo => demo::run().await,
+        Command::Bench(args) => bench::run(args).await,
     }
 }
 

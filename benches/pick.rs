@@ -1,0 +1,180 @@
+//! The pure pick path and its neighbours, measured with criterion:
+//!
+//! - `select/<rule>/<n>` — drawing a ticket from the in-memory counter and running the rule over
+//!   n instances (3, 100, 10,000), with real (empty) statistics;
+//! - `balancer/<rule>/<n>` — the whole in-process pick: policy, snapshot, isolation, ticket,
+//!   rule, in-flight accounting (no gRPC);
+//! - `publish/10000` — building a service snapshot of 10,000 instances;
+//! - `parse/cold` and `parse/cached` — a rule string parsed, or looked up in the cache.
+//!
+//! Before criterion runs, it prints the heap allocations per pick counted by a wrapping global
+//! allocator. Run: `cargo bench --bench pick`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use criterion::{BenchmarkId, Criterion, criterion_group};
+use futures_util::FutureExt;
+use rota::balancer::{Balancer, PickQuery, ServiceLoad};
+use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
+use rota::rules::{Draw, Select, parse};
+use rota::state::{CounterKey, MemoryState, Stats};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const SIZES: [usize; 3] = [3, 100, 10_000];
+const RULES: [&str; 8] = [
+    "round_robin",
+    "random",
+    "repeat",
+    "weighted",
+    "consistent_hash",
+    "least_request",
+    "best_available",
+    "availability_filtering",
+];
+
+fn instances(service: &str, n: usize) -> Vec<Arc<Instance>> {
+    (0..n)
+        .map(|i| {
+            let spec = InstanceSpec {
+                id: format!("10.{}.{}.{}:8080", i / 65536, (i / 256) % 256, i % 256),
+                service: service.into(),
+                host: "10.0.0.1".into(),
+                port: 8080,
+                weight: Some(1 + (i % 7) as u32 * 50),
+                ..Default::default()
+            };
+            Arc::new(spec.validate("bench").unwrap())
+        })
+        .collect()
+}
+
+fn keys() -> Vec<String> {
+    (0..1024).map(|k| format!("user-{k}")).collect()
+}
+
+fn select_benches(c: &mut Criterion) {
+    let mut group = c.benchmark_group("select");
+    let stats = Stats::default();
+    let state = MemoryState::default();
+    let keys = keys();
+    for n in SIZES {
+        let subset = Subset::new("version=", instances("svc", n));
+        for name in RULES {
+            let rule = parse(name).unwrap();
+            let counter = CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
+            let load = ServiceLoad { stats: &stats, service: "svc" };
+            let mut rng = fastrand::Rng::with_seed(7);
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                let mut k = 0usize;
+                b.iter(|| {
+                    let ticket = state.next_ticket(&counter);
+                    k = (k + 1) & 1023;
+                    let draw = Draw { candidates: &subset, ticket, key: &keys[k], zone: "", stats: &load };
+                    black_box(rule.rule.select(&draw, &mut rng))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// A registry holding `n` instances of `svc`, and a balancer over it.
+fn balancer(runtime: &tokio::runtime::Runtime, n: usize) -> (Balancer, Vec<rota::registry::Lease>) {
+    runtime.block_on(async {
+        let registry = Registry::spawn(RegistryConfig { max_instances_per_stream: 1000, ..Default::default() });
+        let mut leases = Vec::new();
+        let specs: Vec<InstanceSpec> =
+            instances("svc", n).iter().map(|i| InstanceSpec { id: i.id.to_string(), service: "svc".into(), host: i.host.clone(), port: 8080, weight: Some(i.weight), ..Default::default() }).collect();
+        for chunk in specs.chunks(1000) {
+            let lease = registry.open_lease();
+            lease.announce(chunk.to_vec()).await.unwrap();
+            leases.push(lease);
+        }
+        registry.subscribe("svc").await.unwrap();
+        (Balancer::with_defaults(registry), leases)
+    })
+}
+
+fn balancer_benches(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut group = c.benchmark_group("balancer");
+    let keys = keys();
+    for n in SIZES {
+        let (balancer, _leases) = balancer(&runtime, n);
+        let _guard = runtime.enter();
+        for name in ["round_robin", "weighted", "consistent_hash"] {
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                let mut k = 0usize;
+                b.iter(|| {
+                    k = (k + 1) & 1023;
+                    let query = PickQuery { service: "svc", rule: name, key: &keys[k], ..Default::default() };
+                    black_box(balancer.pick(query).now_or_never().expect("memory picks are ready at once").unwrap())
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn publish_benches(c: &mut Criterion) {
+    let all = instances("svc", 10_000);
+    c.bench_function("publish/10000", |b| {
+        b.iter(|| black_box(ServiceSnapshot::build("svc".into(), 1, all.clone())))
+    });
+}
+
+fn parse_benches(c: &mut Criterion) {
+    let cache = rota::rules::RuleCache::new();
+    cache.get("retry(rule=repeat(n=3), max_ms=200)").unwrap();
+    c.bench_function("parse/cold", |b| b.iter(|| black_box(parse(black_box("retry(rule=repeat(n=3), max_ms=200)")))));
+    c.bench_function("parse/cached", |b| {
+        b.iter(|| black_box(cache.get(black_box("retry(rule=repeat(n=3), max_ms=200)"))))
+    });
+}
+
+/// Heap allocations per pick, after a warm-up that builds lazy tables and counters.
+fn print_allocations() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (balancer, _leases) = balancer(&runtime, 10_000);
+    let _guard = runtime.enter();
+    let keys = keys();
+    println!("heap allocations per pick (Balancer::pick, 10,000 instances, after warm-up):");
+    for name in ["round_robin", "random", "repeat", "weighted", "consistent_hash"] {
+        let pick = |k: usize| {
+            let query = PickQuery { service: "svc", rule: name, key: &keys[k & 1023], ..Default::default() };
+            balancer.pick(query).now_or_never().unwrap().unwrap();
+        };
+        (0..2048).for_each(pick);
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        (0..10_000).for_each(pick);
+        let per_pick = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 10_000.0;
+        println!("  {name:<16} {per_pick:.3}");
+    }
+}
+
+criterion_group!(benches, select_benches, balancer_benches, publish_benches, parse_benches);
+
+fn main() {
+    print_allocations();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

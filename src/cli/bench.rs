@@ -1,0 +1,125 @@
+//! `rota bench`: the load generator against a rota server (its own, spawned, by default).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{CliError, parse_duration};
+use crate::client::{Registration, RotaClient};
+use crate::loadgen::{self, LoadConfig, Mode};
+use crate::pb;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Server to load; by default `rota bench` starts its own `rota serve` on a free port.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+    /// Concurrent callers, spread over the connections.
+    #[arg(long, default_value_t = 64)]
+    pub callers: usize,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Measuring window per mode.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Modes to run, in order: health, pick, stream, pipelined.
+    #[arg(long, value_delimiter = ',', default_value = "health,pick,stream,pipelined", value_parser = Mode::parse)]
+    pub modes: Vec<Mode>,
+    /// Requests in flight per caller in pipelined mode.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// Instances registered for the benchmark service.
+    #[arg(long, default_value_t = 3)]
+    pub instances: usize,
+    #[arg(long, default_value = "round_robin")]
+    pub rule: String,
+    #[arg(long, default_value = "bench")]
+    pub service: String,
+}
+
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_server() -> Result<(Spawned, String), CliError> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| CliError::Usage("no stdout from rota serve".into()))?;
+    let spawned = Spawned(child);
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first)?;
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .ok_or_else(|| CliError::Usage(format!("unexpected first line from rota serve: {first:?}")))?;
+    Ok((spawned, format!("http://{addr}")))
+}
+
+/// Registers `count` instances, at most 1000 per stream.
+async fn register(endpoint: &str, service: &str, count: usize) -> Result<Vec<Registration>, CliError> {
+    let mut registrations = Vec::new();
+    let instances: Vec<pb::Instance> = (0..count)
+        .map(|i| pb::Instance {
+            id: format!("bench-{i:05}"),
+            service: service.to_owned(),
+            host: "127.0.0.1".into(),
+            port: 10_000 + (i % 50_000) as u32,
+            ..Default::default()
+        })
+        .collect();
+    for chunk in instances.chunks(1000) {
+        let mut client = RotaClient::connect(endpoint).await?;
+        let registration = client.register(chunk.to_vec()).await?;
+        registration.require_all_accepted()?;
+        registrations.push(registration);
+    }
+    Ok(registrations)
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    let (_server, endpoint) = match &args.server {
+        Some(server) => (None, server.clone()),
+        None => {
+            let (spawned, endpoint) = spawn_server()?;
+            (Some(spawned), endpoint)
+        }
+    };
+    let _registrations = register(&endpoint, &args.service, args.instances).await?;
+    let config = LoadConfig {
+        endpoint: endpoint.clone(),
+        connections: args.connections,
+        callers: args.callers,
+        warmup: args.warmup,
+        duration: args.duration,
+        window: args.window,
+        request: pb::PickRequest { service: args.service.clone(), rule: args.rule.clone(), ..Default::default() },
+    };
+    let channels = loadgen::connect(&endpoint, args.connections).await.map_err(|e| CliError::Usage(e.to_string()))?;
+    eprintln!(
+        "rota bench: {} callers over {} connections, {} instances, rule {}, {:?} warm-up + {:?} per mode",
+        args.callers, args.connections, args.instances, args.rule, args.warmup, args.duration
+    );
+    let mut results = Vec::new();
+    for mode in &args.modes {
+        let result = loadgen::run(&config, &channels, *mode).await.map_err(|e| CliError::Usage(e.to_string()))?;
+        println!("{}", result.json());
+        results.push(result);
+    }
+    loadgen::print_table(&results);
+    Ok(())
+}

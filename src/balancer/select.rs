@@ -53,7 +53,7 @@ impl Balancer {
             rule: rule.canonical.clone(),
             subset: candidates.label.clone(),
         };
-        let ticket = self.state.next_ticket(&counter).await?;
+        let ticket = self.state.next_ticket_on(&candidates.tables.tickets, &counter).await?;
         let stats = ServiceLoad { stats: &self.stats, service: &snapshot.name };
         let draw = Draw { candidates: &candidates, ticket, key: query.key, zone: query.zone, stats: &stats };
         let mut rng = fastrand::Rng::new();

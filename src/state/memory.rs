@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
@@ -13,20 +14,64 @@ use super::{CounterKey, StickyKey};
 /// best-effort affinity, never a promise) until expired entries are pruned.
 pub const MAX_STICKY_ENTRIES: usize = 1_000_000;
 
+/// Rotations remembered per snapshot subset (one per rule used on it).
+const CACHED_ROTATIONS: usize = 16;
+
+/// Counter handles cached on a snapshot subset, so repeated picks on one snapshot reach their
+/// counter with one atomic load and a short scan: no hashing and no lock. The counters
+/// themselves live in [`MemoryState`] and outlive the snapshot.
+#[derive(Debug, Default)]
+pub struct TicketCache {
+    rotations: ArcSwap<Vec<(Arc<str>, Arc<AtomicU64>)>>,
+}
+
+impl TicketCache {
+    fn next(&self, rule: &Arc<str>) -> Option<u64> {
+        let rotations = self.rotations.load();
+        let (_, counter) = rotations.iter().find(|(r, _)| Arc::ptr_eq(r, rule) || **r == **rule)?;
+        Some(counter.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn remember(&self, rule: &Arc<str>, counter: &Arc<AtomicU64>) {
+        self.rotations.rcu(|current| {
+            let mut next = Vec::clone(current);
+            if next.len() < CACHED_ROTATIONS && !next.iter().any(|(r, _)| **r == **rule) {
+                next.push((rule.clone(), counter.clone()));
+            }
+            next
+        });
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct MemoryState {
-    counters: DashMap<CounterKey, AtomicU64>,
+    counters: DashMap<CounterKey, Arc<AtomicU64>>,
     sticky: DashMap<StickyKey, (Arc<str>, Instant)>,
 }
 
 impl MemoryState {
     pub fn next_ticket(&self, key: &CounterKey) -> u64 {
-        // The common case takes a shard read lock and one atomic increment; the write lock is
-        // only taken the first time a rotation is used.
-        if let Some(counter) = self.counters.get(key) {
-            return counter.fetch_add(1, Ordering::Relaxed);
+        self.counter(key).fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Like [`next_ticket`](Self::next_ticket), through a subset's cache when it has the
+    /// rotation (the common case: no lock at all).
+    pub fn next_ticket_cached(&self, cache: &TicketCache, key: &CounterKey) -> u64 {
+        if let Some(ticket) = cache.next(&key.rule) {
+            return ticket;
         }
-        self.counters.entry(key.clone()).or_default().fetch_add(1, Ordering::Relaxed)
+        let counter = self.counter(key);
+        cache.remember(&key.rule, &counter);
+        counter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn counter(&self, key: &CounterKey) -> Arc<AtomicU64> {
+        // A shard read lock in the common case; the write lock only the first time a rotation
+        // is used.
+        if let Some(counter) = self.counters.get(key) {
+            return counter.clone();
+        }
+        self.counters.entry(key.clone()).or_default().clone()
     }
 
     pub fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
@@ -83,6 +128,18 @@ mod tests {
             .collect();
         let all: HashSet<u64> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
         assert_eq!(all, (0..4000).collect());
+    }
+
+    #[test]
+    fn cached_and_uncached_draws_share_one_counter() {
+        let state = MemoryState::default();
+        let (old_snapshot, new_snapshot) = (TicketCache::default(), TicketCache::default());
+        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("rr")), 0);
+        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("rr")), 1);
+        assert_eq!(state.next_ticket(&key("rr")), 2);
+        // A new snapshot's subset starts with an empty cache but the same rotation.
+        assert_eq!(state.next_ticket_cached(&new_snapshot, &key("rr")), 3);
+        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("other")), 0);
     }
 
     #[tokio::test(start_paused = true)]

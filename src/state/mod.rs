@@ -12,7 +12,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use memory::{MAX_STICKY_ENTRIES, MemoryState};
+pub use memory::{MAX_STICKY_ENTRIES, MemoryState, TicketCache};
 pub use stats::{BreakerConfig, InstanceReport, Load, Outcome, Stats, StatsConfig};
 
 /// Identifies one shared rotation.
@@ -56,6 +56,14 @@ impl StateBackend {
     pub async fn next_ticket(&self, key: &CounterKey) -> Result<u64, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.next_ticket(key)),
+        }
+    }
+
+    /// [`next_ticket`](Self::next_ticket) for a pick on a snapshot subset, which may cache
+    /// the way to the counter.
+    pub async fn next_ticket_on(&self, cache: &TicketCache, key: &CounterKey) -> Result<u64, StateError> {
+        match self {
+            StateBackend::Memory(memory) => Ok(memory.next_ticket_cached(cache, key)),
         }
     }
 

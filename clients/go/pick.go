@@ -1,0 +1,155 @@
+package rota
+
+import (
+	"context"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/rota-lb/rota/clients/go/rotapb"
+)
+
+// Pick is the instance rota chose for one call.
+type Pick struct {
+	Instance Instance
+	// Ticket is the number drawn from the rotation shared by every consumer of the
+	// service; 0 for local fallback picks.
+	Ticket uint64
+	// Rule is the rule that ran, in canonical form, such as "repeat(n=3)".
+	Rule string
+	// Fallback is empty when the pick was served as asked; otherwise it says why another
+	// subset was used (for instance no instance of the requested version).
+	Fallback string
+	// Epoch is the generation of the instance list the pick was made from.
+	Epoch uint64
+	// LocalFallback is true when rota could not be reached and the pick was made by this
+	// client, round robin over the last instance list seen through Watch.
+	LocalFallback bool
+}
+
+// PickOption sets one field of a pick request.
+type PickOption func(*pickRequest)
+
+type pickRequest struct {
+	rule, version, key, zone string
+	exclude                  []string
+	versionSet               bool
+}
+
+// Rule selects the rule and its parameters, such as "round_robin" (the default), "random"
+// or "repeat(n=3)".
+func Rule(rule string) PickOption {
+	return func(r *pickRequest) { r.rule = rule }
+}
+
+// Version asks for instances of version v, falling back to instances with no version when
+// there are none. It overrides the version carried by the context (see WithVersion);
+// Version("") asks for instances with no version whatever the context says.
+func Version(v string) PickOption {
+	return func(r *pickRequest) { r.version, r.versionSet = v, true }
+}
+
+// Key is the affinity key of hashing rules; other rules ignore it.
+func Key(key string) PickOption {
+	return func(r *pickRequest) { r.key = key }
+}
+
+// Zone is the consumer's zone, for zone-aware rules; other rules ignore it.
+func Zone(zone string) PickOption {
+	return func(r *pickRequest) { r.zone = zone }
+}
+
+// Exclude names instance ids already tried by this call; they are never returned. Several
+// Exclude options add up.
+func Exclude(ids ...string) PickOption {
+	return func(r *pickRequest) { r.exclude = append(r.exclude, ids...) }
+}
+
+// Pick asks rota for one instance of service.
+//
+// Without a Version option the version comes from ctx (see WithVersion and the
+// interceptors in this package), so a version set at the edge follows the call chain.
+//
+// Failures are *Error values: codes.InvalidArgument for a bad service name or rule,
+// codes.NotFound for a service never registered, codes.Unavailable when nothing is
+// eligible or rota cannot be reached. When rota cannot be reached (a transport failure or
+// an expired deadline, as opposed to rota answering) and the service is followed (see
+// Follow), the pick is made locally from the last instance list seen, the result has
+// LocalFallback set, and a warning is logged.
+func (c *Client) Pick(ctx context.Context, service string, opts ...PickOption) (*Pick, error) {
+	var req pickRequest
+	for _, opt := range opts {
+		opt(&req)
+	}
+	if !req.versionSet {
+		req.version = VersionFrom(ctx)
+	}
+	answered := new(atomic.Bool)
+	resp, err := c.balancer.Pick(context.WithValue(ctx, answeredKey{}, answered), &rotapb.PickRequest{
+		Service: service,
+		Rule:    req.rule,
+		Version: req.version,
+		Key:     req.key,
+		Zone:    req.zone,
+		Exclude: req.exclude,
+	})
+	if err == nil {
+		return pickFromProto(resp), nil
+	}
+	if unreachable(err, answered.Load()) {
+		if p, ok := c.cache.pick(service, req.version, req.exclude); ok {
+			c.log.WarnContext(ctx, "rota unreachable; picked from the local cache",
+				"service", service, "instance", p.Instance.ID, "version", req.version, "error", err)
+			return p, nil
+		}
+	}
+	return nil, rpcError(err)
+}
+
+func pickFromProto(resp *rotapb.PickResponse) *Pick {
+	return &Pick{
+		Instance: instanceFromProto(resp.GetInstance()),
+		Ticket:   resp.GetTicket(),
+		Rule:     resp.GetRule(),
+		Fallback: resp.GetFallback(),
+		Epoch:    resp.GetEpoch(),
+	}
+}
+
+// unreachable tells a failure to reach rota from an answer of rota: only a call that got
+// no response headers from the server and failed with UNAVAILABLE or DEADLINE_EXCEEDED
+// (the transport's codes) counts. rota's own UNAVAILABLE ("nothing eligible") is an answer.
+func unreachable(err error, answered bool) bool {
+	if answered {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// answeredKey carries, in a call's context, the flag that answerTracker sets when the
+// server's response headers (or trailers-only response) arrive.
+type answeredKey struct{}
+
+// answerTracker is a gRPC stats handler recording whether the server answered a call.
+type answerTracker struct{}
+
+func (answerTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (answerTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s.(type) {
+	case *stats.InHeader, *stats.InTrailer:
+		if answered, ok := ctx.Value(answeredKey{}).(*atomic.Bool); ok {
+			answered.Store(true)
+		}
+	}
+}
+
+func (answerTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (answerTracker) HandleConn(context.Context, stats.ConnStats) {}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Checks the Go client: formatting, go vet, then every test (unit tests, the shared
+# conformance scenarios and the integration tests) with the race detector, against live
+# `rota serve` processes that the tests start themselves. The server binary is $ROTA_BIN,
+# or, when that is unset, built with cargo in the repository root.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+go version
+go mod download
+
+unformatted="$(gofmt -l .)"
+if [[ -n "$unformatted" ]]; then
+  echo "gofmt would change:" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+
+go vet ./...
+
+# The tests read the server binary from ROTA_BIN; build it here when unset, so that a cold
+# cargo build does not count against go test's timeout.
+if [[ -z "${ROTA_BIN:-}" ]]; then
+  root="$(cd ../.. && pwd)"
+  (cd "$root" && cargo build --bin rota)
+  export ROTA_BIN="$root/target/debug/rota"
+fi
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+go test ./... -count=1 -race -v -timeout 8m 2>&1 | tee "$log" || status=$?
+passed="$(grep -c -- '--- PASS' "$log" || true)"
+failed="$(grep -c -- '--- FAIL' "$log" || true)"
+echo "go: $passed passed, $failed failed"
+exit "$status"

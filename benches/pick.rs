@@ -163,7 +163,7 @@ fn print_allocations() {
             let query = PickQuery { service: "svc", rule: name, key: &keys[k & 1023], ..Default::default() };
             balancer.pick(query).now_or_never().unwrap().unwrap();
         };
-        (0..2048).for_each(pick);
+        (0..20_000).for_each(pick);
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         (0..10_000).for_each(pick);
         let per_pick = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 10_000.0;

@@ -1,0 +1,646 @@
+package io.rota.client;
+
+import java.lang.System.Logger.Level;
+import java.net.ConnectException;
+import java.net.NoRouteToHostException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.Callable;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+
+import com.google.common.util.concurrent.FutureCallback;
+import com.google.common.util.concurrent.Futures;
+import com.google.common.util.concurrent.ListenableFuture;
+import com.google.common.util.concurrent.MoreExecutors;
+
+import io.grpc.Channel;
+import io.grpc.ClientInterceptor;
+import io.grpc.ClientInterceptors;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.rota.v1.BalancerGrpc;
+import io.rota.v1.CallOutcome;
+import io.rota.v1.CallResult;
+import io.rota.v1.Instance;
+import io.rota.v1.ListInstancesRequest;
+import io.rota.v1.ListInstancesResponse;
+import io.rota.v1.ListServicesRequest;
+import io.rota.v1.PickRequest;
+import io.rota.v1.PickResponse;
+import io.rota.v1.RegistryGrpc;
+import io.rota.v1.ReportRequest;
+import io.rota.v1.ReportResponse;
+import io.rota.v1.ServiceSummary;
+
+/**
+ * A client of one rota server: picks, outcome reports, registrations and listings.
+ *
+ * <pre>{@code
+ * try (RotaClient rota = RotaClient.builder().target("127.0.0.1:50051").follow("orders").build()) {
+ *     Pick pick = rota.pick("orders", PickOptions.rule("round_robin"));
+ *     String body = rota.timed(pick, () -> http.get(pick.authority()));
+ * }
+ * }</pre>
+ *
+ * <p><b>Versions.</b> A pick with no explicit version asks for {@link RotaVersion#current()}.
+ *
+ * <p><b>Local fallback.</b> For each followed service ({@link Builder#follow}, {@link #follow})
+ * the client keeps the instance list last seen through {@code Watch}. When a pick fails because
+ * rota cannot be reached (a transport failure or an expired deadline, not an answer from the
+ * server), the client picks from that list by round robin over the UP instances, honouring
+ * version isolation, logs it, and returns a {@link Pick} with {@code localFallback() == true}.
+ *
+ * <p>Thread-safe; share one client. {@link #close()} withdraws open registrations, stops the
+ * watchers and shuts the channel down.
+ */
+public final class RotaClient implements AutoCloseable {
+    private static final System.Logger LOG = System.getLogger(RotaClient.class.getName());
+
+    /** Where {@code rota serve} listens by default. */
+    public static final String DEFAULT_TARGET = "127.0.0.1:50051";
+    /** Most outcomes the server takes in one {@code Report} request. */
+    public static final int MAX_OUTCOMES_PER_REPORT = 1000;
+
+    private static final AtomicInteger THREADS = new AtomicInteger();
+
+    private final Channel channel;
+    private final ManagedChannel ownedChannel;
+    private final ManagedChannel managedChannel;
+    private final BalancerGrpc.BalancerBlockingStub balancer;
+    private final BalancerGrpc.BalancerFutureStub balancerAsync;
+    private final RegistryGrpc.RegistryBlockingStub registry;
+    private final RegistryGrpc.RegistryStub registryAsync;
+    private final ScheduledThreadPoolExecutor scheduler;
+    private final Duration pickTimeout;
+    private final Duration callTimeout;
+    private final Duration registerTimeout;
+    private final Duration withdrawTimeout;
+    private final Backoff backoff;
+    private final ConcurrentHashMap<String, ServiceWatcher> watchers = new ConcurrentHashMap<>();
+    private final Set<Registration> registrations = ConcurrentHashMap.newKeySet();
+    private final LocalBalancer local = new LocalBalancer();
+    /** Services whose last pick was answered locally, so that each outage is logged once at WARNING. */
+    private final Set<String> servedLocally = ConcurrentHashMap.newKeySet();
+    private volatile boolean closed;
+
+    private RotaClient(Builder builder) {
+        Channel base;
+        if (builder.channel != null) {
+            base = builder.channel;
+            ownedChannel = null;
+        } else {
+            ownedChannel = Grpc.newChannelBuilder(normalizeTarget(builder.target), InsecureChannelCredentials.create())
+                    .build();
+            base = ownedChannel;
+        }
+        managedChannel = base instanceof ManagedChannel m ? m : null;
+        channel = ClientInterceptors.intercept(base, builder.interceptors);
+        pickTimeout = builder.pickTimeout;
+        callTimeout = builder.callTimeout;
+        registerTimeout = builder.registerTimeout;
+        withdrawTimeout = builder.withdrawTimeout;
+        backoff = builder.backoff;
+        balancer = BalancerGrpc.newBlockingStub(channel);
+        balancerAsync = BalancerGrpc.newFutureStub(channel);
+        registry = RegistryGrpc.newBlockingStub(channel);
+        registryAsync = RegistryGrpc.newStub(channel);
+        scheduler = new ScheduledThreadPoolExecutor(1, task -> {
+            Thread thread = new Thread(task, "rota-client-" + THREADS.incrementAndGet());
+            thread.setDaemon(true);
+            return thread;
+        });
+        scheduler.setRemoveOnCancelPolicy(true);
+        for (String service : builder.follow) {
+            follow(service);
+        }
+    }
+
+    public static Builder builder() {
+        return new Builder();
+    }
+
+    /** The channel to rota (with the builder's interceptors), e.g. for {@code PickStream}. */
+    public Channel channel() {
+        return channel;
+    }
+
+    // --- picks ---------------------------------------------------------------------------------
+
+    /** Picks an instance of {@code service} by round robin, for the current version. */
+    public Pick pick(String service) {
+        return pick(service, PickOptions.defaults());
+    }
+
+    public Pick pick(String service, PickOptions options) {
+        return send(options.toRequest(service));
+    }
+
+    /**
+     * Picks for a request as sent on the wire; an empty version is replaced by
+     * {@link RotaVersion#current()} when there is one.
+     *
+     * @throws RotaException with the status the server answered, or {@code UNAVAILABLE} when rota
+     *                       cannot be reached and no local fallback applies
+     */
+    public Pick pick(PickRequest request) {
+        return send(withCurrentVersion(request));
+    }
+
+    private Pick send(PickRequest effective) {
+        checkOpen();
+        try {
+            PickResponse response = balancer.withDeadlineAfter(pickTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                    .pick(effective);
+            return answered(effective, response);
+        } catch (StatusRuntimeException e) {
+            return recover(effective, e);
+        }
+    }
+
+    /** {@link #pick(String, PickOptions)} without blocking; fails with a {@link RotaException}. */
+    public CompletableFuture<Pick> pickAsync(String service, PickOptions options) {
+        return sendAsync(options.toRequest(service));
+    }
+
+    /** {@link #pick(PickRequest)} without blocking; fails with a {@link RotaException}. */
+    public CompletableFuture<Pick> pickAsync(PickRequest request) {
+        return sendAsync(withCurrentVersion(request));
+    }
+
+    private CompletableFuture<Pick> sendAsync(PickRequest effective) {
+        checkOpen();
+        CompletableFuture<PickResponse> call = completable(
+                balancerAsync.withDeadlineAfter(pickTimeout.toNanos(), TimeUnit.NANOSECONDS).pick(effective));
+        return call.handle((response, error) -> {
+            if (error == null) {
+                return answered(effective, response);
+            }
+            Throwable cause = unwrap(error);
+            if (cause instanceof StatusRuntimeException e) {
+                return recover(effective, e);
+            }
+            throw RotaException.from(cause);
+        });
+    }
+
+    private static PickRequest withCurrentVersion(PickRequest request) {
+        if (!request.getVersion().isEmpty()) {
+            return request;
+        }
+        Optional<String> current = RotaVersion.current();
+        return current.isPresent() ? request.toBuilder().setVersion(current.get()).build() : request;
+    }
+
+    private Pick answered(PickRequest request, PickResponse response) {
+        if (servedLocally.remove(request.getService())) {
+            LOG.log(Level.INFO, "rota reachable again; picks of " + request.getService() + " come from rota");
+        }
+        return Pick.from(response);
+    }
+
+    private Pick recover(PickRequest request, StatusRuntimeException e) {
+        if (!isTransportFailure(e)) {
+            throw RotaException.from(e);
+        }
+        ServiceWatcher watcher = watchers.get(request.getService());
+        if (watcher != null) {
+            ServiceWatcher.Snapshot last = watcher.snapshot();
+            Status status = e.getStatus();
+            String reason = "rota unreachable (" + status.getCode()
+                    + (status.getDescription() != null ? ": " + status.getDescription() : "")
+                    + "); picked locally by round robin from the last watched instance list";
+            Optional<Pick> pick = local.pick(request, last.instances(), last.epoch(), reason);
+            if (pick.isPresent()) {
+                Pick p = pick.get();
+                Level level = servedLocally.add(request.getService()) ? Level.WARNING : Level.DEBUG;
+                LOG.log(level, "local fallback: " + reason + ": service " + request.getService() + " -> " + p.id()
+                        + " (" + p.authority() + ")");
+                return p;
+            }
+        }
+        throw RotaException.from(e);
+    }
+
+    /**
+     * Whether a failed call never got an answer from rota: an expired deadline, or a failure the
+     * transport produced ({@code UNAVAILABLE} for a refused or lost connection, {@code UNKNOWN}
+     * or {@code INTERNAL} for a connection closed or broken mid-call). A server's answer always
+     * comes with response headers, which gRPC keeps in the trailers; a transport failure has
+     * none. A call cancelled by the caller is not a transport failure.
+     */
+    static boolean isTransportFailure(StatusRuntimeException e) {
+        switch (e.getStatus().getCode()) {
+            case DEADLINE_EXCEEDED:
+                return true;
+            case UNAVAILABLE:
+            case UNKNOWN:
+            case INTERNAL:
+                Metadata trailers = e.getTrailers();
+                return trailers == null || trailers.keys().isEmpty();
+            default:
+                return false;
+        }
+    }
+
+    // --- local fallback --------------------------------------------------------------------------
+
+    /**
+     * Starts following {@code service} through {@code Watch} in the background (idempotent), so
+     * that picks of it survive rota being unreachable.
+     */
+    public void follow(String service) {
+        Objects.requireNonNull(service, "service");
+        checkOpen();
+        watchers.computeIfAbsent(service, name -> {
+            ServiceWatcher watcher = new ServiceWatcher(name, registryAsync, scheduler, backoff);
+            watcher.start();
+            return watcher;
+        });
+    }
+
+    /** Stops following {@code service} and forgets its instance list. */
+    public void unfollow(String service) {
+        ServiceWatcher watcher = watchers.remove(service);
+        if (watcher != null) {
+            watcher.close();
+        }
+    }
+
+    /** The services followed. */
+    public Set<String> followed() {
+        return Set.copyOf(watchers.keySet());
+    }
+
+    /**
+     * The instance list of a followed service as last seen through {@code Watch}, ordered by id
+     * (empty when not followed or not seen yet).
+     */
+    public List<Instance> lastKnownInstances(String service) {
+        ServiceWatcher watcher = watchers.get(service);
+        return watcher == null ? List.of() : watcher.snapshot().instances();
+    }
+
+    // --- reports -------------------------------------------------------------------------------
+
+    public ReportResult report(CallOutcome... outcomes) {
+        return report(List.of(outcomes));
+    }
+
+    /** Reports call outcomes (in requests of at most {@value #MAX_OUTCOMES_PER_REPORT}). */
+    public ReportResult report(Collection<CallOutcome> outcomes) {
+        checkOpen();
+        int accepted = 0;
+        int ignored = 0;
+        for (List<CallOutcome> batch : batches(outcomes)) {
+            try {
+                ReportResponse response = balancer.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                        .report(ReportRequest.newBuilder().addAllOutcomes(batch).build());
+                accepted += response.getAccepted();
+                ignored += response.getIgnored();
+            } catch (StatusRuntimeException e) {
+                throw RotaException.from(e);
+            }
+        }
+        return new ReportResult(accepted, ignored);
+    }
+
+    /** Reports the outcome of one call to a picked instance. */
+    public ReportResult report(Pick pick, CallResult result, Duration latency) {
+        return report(pick.outcome(result, latency));
+    }
+
+    /** {@link #report(Collection)} without blocking; fails with a {@link RotaException}. */
+    public CompletableFuture<ReportResult> reportAsync(Collection<CallOutcome> outcomes) {
+        checkOpen();
+        List<CompletableFuture<ReportResponse>> calls = new ArrayList<>();
+        for (List<CallOutcome> batch : batches(outcomes)) {
+            calls.add(completable(balancerAsync.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                    .report(ReportRequest.newBuilder().addAllOutcomes(batch).build())));
+        }
+        return CompletableFuture.allOf(calls.toArray(CompletableFuture[]::new)).handle((ignoredResult, error) -> {
+            if (error != null) {
+                throw RotaException.from(unwrap(error));
+            }
+            int accepted = 0;
+            int ignored = 0;
+            for (CompletableFuture<ReportResponse> call : calls) {
+                ReportResponse response = call.join();
+                accepted += response.getAccepted();
+                ignored += response.getIgnored();
+            }
+            return new ReportResult(accepted, ignored);
+        });
+    }
+
+    /**
+     * Runs {@code call} against the picked instance, reports its outcome ({@code OK}, or
+     * {@code CONNECT_FAILURE}/{@code ERROR} when it throws) with its latency in the background,
+     * and returns its result or rethrows its exception. Picks made locally are not reported.
+     */
+    public <T> T timed(Pick pick, Callable<T> call) throws Exception {
+        long start = System.nanoTime();
+        try {
+            T result = call.call();
+            reportInBackground(pick, CallResult.CALL_RESULT_OK, Duration.ofNanos(System.nanoTime() - start));
+            return result;
+        } catch (Throwable t) {
+            reportInBackground(pick, classify(t), Duration.ofNanos(System.nanoTime() - start));
+            throw t;
+        }
+    }
+
+    /**
+     * The result to report for a call that threw {@code failure}: {@code CONNECT_FAILURE} when its
+     * cause chain shows the instance could not be reached, else {@code ERROR}.
+     */
+    public static CallResult classify(Throwable failure) {
+        Throwable t = failure;
+        for (int depth = 0; t != null && depth < 32; depth++, t = t.getCause()) {
+            if (t instanceof ConnectException || t instanceof NoRouteToHostException
+                    || t.getClass().getName().equals("java.net.http.HttpConnectTimeoutException")) {
+                return CallResult.CALL_RESULT_CONNECT_FAILURE;
+            }
+        }
+        return CallResult.CALL_RESULT_ERROR;
+    }
+
+    private void reportInBackground(Pick pick, CallResult result, Duration latency) {
+        if (pick.localFallback() || closed) {
+            return;
+        }
+        reportAsync(List.of(pick.outcome(result, latency))).whenComplete((r, error) -> {
+            if (error != null) {
+                LOG.log(Level.DEBUG, () -> "outcome of a call to " + pick.id() + " not reported: " + unwrap(error));
+            }
+        });
+    }
+
+    private static List<List<CallOutcome>> batches(Collection<CallOutcome> outcomes) {
+        List<CallOutcome> all = List.copyOf(outcomes);
+        List<List<CallOutcome>> batches = new ArrayList<>();
+        for (int from = 0; from < all.size(); from += MAX_OUTCOMES_PER_REPORT) {
+            batches.add(all.subList(from, Math.min(all.size(), from + MAX_OUTCOMES_PER_REPORT)));
+        }
+        if (batches.isEmpty()) {
+            batches.add(List.of());
+        }
+        return batches;
+    }
+
+    // --- registry ------------------------------------------------------------------------------
+
+    public Registration register(Instance... instances) {
+        return register(List.of(instances));
+    }
+
+    /**
+     * Registers {@code instances} and waits for the server's acknowledgement (reconnecting with
+     * backoff if rota cannot be reached yet, up to the register timeout). Instances the server
+     * refuses are listed in {@link Registration#ack()}; they are not an error.
+     *
+     * @throws RotaException when no acknowledgement came in time or the server refused the stream
+     */
+    public Registration register(Collection<Instance> instances) {
+        Registration registration = registerAsync(instances);
+        try {
+            registration.ready().get(registerTimeout.toNanos(), TimeUnit.NANOSECONDS);
+            return registration;
+        } catch (InterruptedException e) {
+            registration.close();
+            Thread.currentThread().interrupt();
+            throw new RotaException(Status.Code.CANCELLED, "interrupted while registering", e);
+        } catch (ExecutionException e) {
+            registration.close();
+            throw RotaException.from(e.getCause());
+        } catch (TimeoutException e) {
+            registration.close();
+            throw new RotaException(Status.Code.DEADLINE_EXCEEDED,
+                    "no acknowledgement from rota within " + registerTimeout.toMillis() + " ms");
+        }
+    }
+
+    /**
+     * Starts registering {@code instances} and returns at once; the registration connects (and
+     * reconnects) in the background. {@link Registration#ready()} completes with the first ack.
+     */
+    public Registration registerAsync(Collection<Instance> instances) {
+        checkOpen();
+        Registration registration = new Registration(registryAsync, scheduler, backoff, callTimeout, withdrawTimeout,
+                this::resetConnectBackoff, registrations::remove, List.copyOf(instances));
+        registrations.add(registration);
+        registration.start();
+        return registration;
+    }
+
+    private void resetConnectBackoff() {
+        // The registration has its own backoff; the channel must not add its own on top.
+        if (managedChannel != null) {
+            managedChannel.resetConnectBackoff();
+        }
+    }
+
+    public List<ServiceSummary> listServices() {
+        checkOpen();
+        try {
+            return registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                    .listServices(ListServicesRequest.getDefaultInstance()).getServicesList();
+        } catch (StatusRuntimeException e) {
+            throw RotaException.from(e);
+        }
+    }
+
+    /** The instances of one service, ordered by id, with the epoch of that list. */
+    public ListInstancesResponse listInstances(String service) {
+        checkOpen();
+        try {
+            return registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                    .listInstances(ListInstancesRequest.newBuilder().setService(service).build());
+        } catch (StatusRuntimeException e) {
+            throw RotaException.from(e);
+        }
+    }
+
+    // --- lifecycle -----------------------------------------------------------------------------
+
+    private void checkOpen() {
+        if (closed) {
+            throw new RotaException(Status.Code.FAILED_PRECONDITION, "client closed");
+        }
+    }
+
+    /** Withdraws open registrations, stops watchers and shuts the channel down (when the client made it). */
+    @Override
+    public void close() {
+        if (closed) {
+            return;
+        }
+        for (Registration registration : new ArrayList<>(registrations)) {
+            registration.close();
+        }
+        closed = true;
+        for (String service : new ArrayList<>(watchers.keySet())) {
+            unfollow(service);
+        }
+        scheduler.shutdownNow();
+        if (ownedChannel != null) {
+            ownedChannel.shutdown();
+            try {
+                if (!ownedChannel.awaitTermination(2, TimeUnit.SECONDS)) {
+                    ownedChannel.shutdownNow();
+                }
+            } catch (InterruptedException e) {
+                ownedChannel.shutdownNow();
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    @Override
+    public String toString() {
+        return "RotaClient{" + channel.authority() + "}";
+    }
+
+    // --- helpers -------------------------------------------------------------------------------
+
+    static String normalizeTarget(String target) {
+        String t = Objects.requireNonNull(target, "target").trim();
+        if (t.startsWith("http://")) {
+            t = t.substring("http://".length());
+        }
+        if (t.endsWith("/")) {
+            t = t.substring(0, t.length() - 1);
+        }
+        if (t.isEmpty()) {
+            throw new IllegalArgumentException("empty rota target");
+        }
+        return t;
+    }
+
+    private static <T> CompletableFuture<T> completable(ListenableFuture<T> future) {
+        CompletableFuture<T> result = new CompletableFuture<>() {
+            @Override
+            public boolean cancel(boolean mayInterruptIfRunning) {
+                future.cancel(mayInterruptIfRunning);
+                return super.cancel(mayInterruptIfRunning);
+            }
+        };
+        Futures.addCallback(future, new FutureCallback<T>() {
+            @Override
+            public void onSuccess(T value) {
+                result.complete(value);
+            }
+
+            @Override
+            public void onFailure(Throwable t) {
+                result.completeExceptionally(t);
+            }
+        }, MoreExecutors.directExecutor());
+        return result;
+    }
+
+    private static Throwable unwrap(Throwable t) {
+        while ((t instanceof CompletionException || t instanceof ExecutionException) && t.getCause() != null) {
+            t = t.getCause();
+        }
+        return t;
+    }
+
+    /** Builds a {@link RotaClient}. */
+    public static final class Builder {
+        private String target = DEFAULT_TARGET;
+        private Channel channel;
+        private final List<ClientInterceptor> interceptors = new ArrayList<>();
+        private Duration pickTimeout = Duration.ofSeconds(2);
+        private Duration callTimeout = Duration.ofSeconds(10);
+        private Duration registerTimeout = Duration.ofSeconds(10);
+        private Duration withdrawTimeout = Duration.ofSeconds(2);
+        private Backoff backoff = Backoff.DEFAULT;
+        private final Set<String> follow = new LinkedHashSet<>();
+
+        private Builder() {
+        }
+
+        /** {@code host:port} of the rota server ({@code http://host:port} is accepted too); default {@value RotaClient#DEFAULT_TARGET}. */
+        public Builder target(String target) {
+            this.target = normalizeTarget(target);
+            this.channel = null;
+            return this;
+        }
+
+        /** Uses an existing channel instead of {@link #target}; the caller keeps owning (and shuts down) it. */
+        public Builder channel(Channel channel) {
+            this.channel = Objects.requireNonNull(channel, "channel");
+            return this;
+        }
+
+        /** Interceptors for every call to rota. */
+        public Builder intercept(ClientInterceptor... interceptors) {
+            this.interceptors.addAll(List.of(interceptors));
+            return this;
+        }
+
+        /** Deadline of one pick; past it the pick counts as rota being unreachable. Default 2 s. */
+        public Builder pickTimeout(Duration timeout) {
+            this.pickTimeout = positive(timeout, "pickTimeout");
+            return this;
+        }
+
+        /** Deadline of reports and listings, and the wait for an ack of a registration change. Default 10 s. */
+        public Builder callTimeout(Duration timeout) {
+            this.callTimeout = positive(timeout, "callTimeout");
+            return this;
+        }
+
+        /** How long {@link RotaClient#register} waits for the first ack. Default 10 s. */
+        public Builder registerTimeout(Duration timeout) {
+            this.registerTimeout = positive(timeout, "registerTimeout");
+            return this;
+        }
+
+        /** How long closing a registration waits for the ack of its withdrawal. Default 2 s. */
+        public Builder withdrawTimeout(Duration timeout) {
+            this.withdrawTimeout = positive(timeout, "withdrawTimeout");
+            return this;
+        }
+
+        /** Backoff between reconnections of registration and watch streams. Default {@link Backoff#DEFAULT}. */
+        public Builder backoff(Backoff backoff) {
+            this.backoff = Objects.requireNonNull(backoff, "backoff");
+            return this;
+        }
+
+        /** Services to follow through {@code Watch} from the start, for the local fallback. */
+        public Builder follow(String... services) {
+            this.follow.addAll(List.of(services));
+            return this;
+        }
+
+        public RotaClient build() {
+            return new RotaClient(this);
+        }
+
+        private static Duration positive(Duration d, String name) {
+            if (d == null || d.isNegative() || d.isZero()) {
+                throw new IllegalArgumentException(name + " must be positive");
+            }
+            return d;
+        }
+    }
+}

@@ -1,0 +1,155 @@
+package io.rota.client;
+
+import java.lang.System.Logger.Level;
+import java.time.Duration;
+import java.util.List;
+import java.util.TreeMap;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+
+import io.grpc.Context;
+import io.grpc.Status;
+import io.grpc.stub.ClientCallStreamObserver;
+import io.grpc.stub.ClientResponseObserver;
+import io.rota.v1.Instance;
+import io.rota.v1.RegistryGrpc;
+import io.rota.v1.WatchEvent;
+import io.rota.v1.WatchRequest;
+
+/**
+ * Follows one service through {@code Watch} and keeps its last known instance list, which
+ * survives the loss of the stream (that is its purpose). Reconnects with backoff.
+ */
+final class ServiceWatcher {
+    private static final System.Logger LOG = System.getLogger(ServiceWatcher.class.getName());
+
+    /** The instance list as last seen, ordered by id, and its epoch. */
+    record Snapshot(List<Instance> instances, long epoch, boolean synced) {
+    }
+
+    private final String service;
+    private final RegistryGrpc.RegistryStub stub;
+    private final ScheduledExecutorService scheduler;
+    private final Backoff backoff;
+
+    private final Object lock = new Object();
+    private final TreeMap<String, Instance> instances = new TreeMap<>();
+    private long epoch;
+    private boolean synced;
+    private boolean closed;
+    private int failures;
+    private ClientCallStreamObserver<WatchRequest> call;
+    private ScheduledFuture<?> retry;
+
+    ServiceWatcher(String service, RegistryGrpc.RegistryStub stub, ScheduledExecutorService scheduler, Backoff backoff) {
+        this.service = service;
+        this.stub = stub;
+        this.scheduler = scheduler;
+        this.backoff = backoff;
+    }
+
+    String service() {
+        return service;
+    }
+
+    void start() {
+        synchronized (lock) {
+            if (closed) {
+                return;
+            }
+            Observer observer = new Observer();
+            // A watch outlives whatever call started it: never inherit its cancellation.
+            Context.ROOT.run(() -> stub.watch(WatchRequest.newBuilder().setService(service).build(), observer));
+        }
+    }
+
+    Snapshot snapshot() {
+        synchronized (lock) {
+            return new Snapshot(List.copyOf(instances.values()), epoch, synced);
+        }
+    }
+
+    void close() {
+        synchronized (lock) {
+            closed = true;
+            if (retry != null) {
+                retry.cancel(false);
+            }
+            if (call != null) {
+                call.cancel("watcher closed", null);
+            }
+        }
+    }
+
+    private void apply(WatchEvent event) {
+        synchronized (lock) {
+            switch (event.getEventCase()) {
+                case SNAPSHOT -> {
+                    instances.clear();
+                    for (Instance instance : event.getSnapshot().getInstancesList()) {
+                        instances.put(instance.getId(), instance);
+                    }
+                    synced = true;
+                    failures = 0;
+                }
+                case ADDED -> instances.put(event.getAdded().getId(), event.getAdded());
+                case UPDATED -> instances.put(event.getUpdated().getId(), event.getUpdated());
+                case REMOVED -> instances.remove(event.getRemoved().getId());
+                case EVENT_NOT_SET -> {
+                    return;
+                }
+            }
+            epoch = event.getEpoch();
+        }
+    }
+
+    private void ended(Observer observer, Status status) {
+        synchronized (lock) {
+            if (closed || observer.call != call) {
+                return;
+            }
+            call = null;
+            Duration delay = backoff.delay(Math.min(failures, 30));
+            failures++;
+            LOG.log(Level.DEBUG, () -> "watch of " + service + " ended (" + RotaException.describe(status) + "); keeping " + instances.size()
+                    + " instances, retrying in " + delay.toMillis() + " ms");
+            retry = scheduler.schedule(this::start, delay.toNanos(), TimeUnit.NANOSECONDS);
+        }
+    }
+
+    private final class Observer implements ClientResponseObserver<WatchRequest, WatchEvent> {
+        private ClientCallStreamObserver<WatchRequest> call;
+
+        @Override
+        public void beforeStart(ClientCallStreamObserver<WatchRequest> requestStream) {
+            this.call = requestStream;
+            ServiceWatcher.this.call = requestStream;
+        }
+
+        @Override
+        public void onNext(WatchEvent event) {
+            apply(event);
+        }
+
+        @Override
+        public void onError(Throwable t) {
+            ended(this, Status.fromThrowable(t));
+        }
+
+        @Override
+        public void onCompleted() {
+            ended(this, Status.OK);
+        }
+
+        @Override
+        public String toString() {
+            return "watch(" + service + ")";
+        }
+    }
+
+    @Override
+    public String toString() {
+        return "ServiceWatcher{" + service + "}";
+    }
+}

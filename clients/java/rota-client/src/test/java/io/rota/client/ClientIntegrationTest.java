@@ -1,0 +1,276 @@
+package io.rota.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.logging.Handler;
+import java.util.logging.LogRecord;
+import java.util.logging.Logger;
+
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.ExtendWith;
+
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.rota.client.testing.Await;
+import io.rota.client.testing.RotaServer;
+import io.rota.client.testing.SharedRotaServer;
+import io.rota.client.testing.TcpProxy;
+import io.rota.v1.Ack;
+import io.rota.v1.BalancerGrpc;
+import io.rota.v1.CallResult;
+import io.rota.v1.Instance;
+import io.rota.v1.InstanceRef;
+import io.rota.v1.InstanceStatus;
+import io.rota.v1.PickRequest;
+import io.rota.v1.Update;
+
+/** The client against live rota servers: the shared one, and private ones for tests that kill them. */
+@ExtendWith(SharedRotaServer.class)
+class ClientIntegrationTest {
+
+    private static Instance instance(String service, String id, int port) {
+        return Instance.newBuilder().setService(service).setId(id).setHost("127.0.0.1").setPort(port).build();
+    }
+
+    @Test
+    void registeredInstancesArePickedAndCloseWithdrawsThem(RotaServer rota) {
+        try (RotaClient provider = RotaClient.builder().target(rota.target()).build();
+                RotaClient consumer = RotaClient.builder().target(rota.target()).build()) {
+            Registration registration = provider.register(instance("it-register", "one", 7001),
+                    instance("it-register", "two", 7002));
+            assertEquals(List.of("one", "two"), registration.ack().getAcceptedList().stream().map(InstanceRef::getId).toList());
+            assertEquals(0, registration.ack().getRefusedCount());
+            assertTrue(registration.ack().getHeartbeatTimeoutMs() > 0);
+            assertTrue(registration.isConnected());
+
+            Pick first = consumer.pick("it-register");
+            Pick second = consumer.pick("it-register");
+            assertEquals("one", first.id());
+            assertEquals("127.0.0.1", first.host());
+            assertEquals(7001, first.port());
+            assertEquals("127.0.0.1:7001", first.authority());
+            assertEquals(0, first.ticket());
+            assertEquals("round_robin", first.rule());
+            assertEquals("", first.fallback());
+            assertFalse(first.localFallback());
+            assertEquals("two", second.id());
+            assertEquals(1, second.ticket());
+
+            registration.close();
+            assertFalse(registration.isConnected());
+            RotaException gone = assertThrows(RotaException.class, () -> consumer.pick("it-register"));
+            assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+            assertEquals(List.of(), consumer.listInstances("it-register").getInstancesList());
+        }
+    }
+
+    @Test
+    void refusedInstancesAreReportedNotThrown(RotaServer rota) {
+        try (RotaClient provider = RotaClient.builder().target(rota.target()).build()) {
+            Registration registration = provider.register(instance("it-refused", "good", 7101),
+                    instance("it-refused", "bad", 0));
+            Ack ack = registration.ack();
+            assertEquals(List.of("good"), ack.getAcceptedList().stream().map(InstanceRef::getId).toList());
+            assertEquals(1, ack.getRefusedCount());
+            assertEquals("bad", ack.getRefused(0).getInstance().getId());
+            assertEquals(Status.Code.INVALID_ARGUMENT.value(), ack.getRefused(0).getCode());
+            assertEquals(List.of("good"), registration.instances().stream().map(Instance::getId).toList());
+            registration.close();
+        }
+    }
+
+    @Test
+    void announceUpdateAndWithdrawOnOneRegistration(RotaServer rota) {
+        try (RotaClient client = RotaClient.builder().target(rota.target()).build()) {
+            Registration registration = client.register(instance("it-update", "a", 7201));
+            Ack added = registration.announce(instance("it-update", "b", 7202));
+            assertEquals(List.of("b"), added.getAcceptedList().stream().map(InstanceRef::getId).toList());
+            assertEquals(2, added.getSeq());
+
+            InstanceRef a = InstanceRef.newBuilder().setService("it-update").setId("a").build();
+            Ack drained = registration.update(Update.newBuilder().setInstance(a).setStatus(InstanceStatus.DRAINING).build());
+            assertEquals(List.of(a), drained.getAcceptedList());
+            assertEquals(List.of("b", "b"), List.of(client.pick("it-update").id(), client.pick("it-update").id()));
+            assertEquals(InstanceStatus.DRAINING, registration.instances().get(0).getStatus());
+
+            Ack withdrawn = registration.withdraw(InstanceRef.newBuilder().setService("it-update").setId("b").build());
+            assertEquals(1, withdrawn.getAcceptedCount());
+            assertEquals(List.of("a"), registration.instances().stream().map(Instance::getId).toList());
+            RotaException none = assertThrows(RotaException.class, () -> client.pick("it-update"));
+            assertEquals(Status.Code.UNAVAILABLE, none.getCode());
+            registration.close();
+        }
+    }
+
+    @Test
+    void reportReturnsAcceptedAndIgnoredCounts(RotaServer rota) {
+        try (RotaClient client = RotaClient.builder().target(rota.target()).build();
+                Registration registration = client.register(instance("it-report", "a", 7301))) {
+            Pick pick = client.pick("it-report");
+            ReportResult result = client.report(
+                    pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(3)),
+                    pick.outcome(CallResult.CALL_RESULT_ERROR, Duration.ofMillis(40)),
+                    pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(1)).toBuilder().setInstanceId("nobody").build());
+            assertEquals(new ReportResult(2, 1), result);
+            assertEquals(new ReportResult(1, 0), client.report(pick, CallResult.CALL_RESULT_CONNECT_FAILURE, Duration.ofMillis(5)));
+            assertEquals(new ReportResult(0, 0), client.report(List.of()));
+
+            List<io.rota.v1.CallOutcome> many = new ArrayList<>();
+            for (int i = 0; i < 2500; i++) {
+                many.add(pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(1)));
+            }
+            assertEquals(new ReportResult(2500, 0), client.report(many));
+            assertEquals(new ReportResult(2500, 0), client.reportAsync(many).join());
+        }
+    }
+
+    @Test
+    void serverAnswersAreNotTransportFailures(RotaServer rota) throws Exception {
+        try (RotaClient client = RotaClient.builder().target(rota.target()).build()) {
+            client.register(instance("it-transport", "a", 7401)).close();
+            BalancerGrpc.BalancerBlockingStub stub = BalancerGrpc.newBlockingStub(client.channel());
+            StatusRuntimeException answered = assertThrows(StatusRuntimeException.class,
+                    () -> stub.pick(PickRequest.newBuilder().setService("it-transport").build()));
+            assertEquals(Status.Code.UNAVAILABLE, answered.getStatus().getCode());
+            assertFalse(RotaClient.isTransportFailure(answered));
+        }
+        RotaServer dead = RotaServer.start();
+        String target = dead.target();
+        dead.close();
+        try (RotaClient client = RotaClient.builder().target(target).build()) {
+            StatusRuntimeException refused = assertThrows(StatusRuntimeException.class,
+                    () -> BalancerGrpc.newBlockingStub(client.channel()).pick(PickRequest.newBuilder().setService("x").build()));
+            assertEquals(Status.Code.UNAVAILABLE, refused.getStatus().getCode());
+            assertTrue(RotaClient.isTransportFailure(refused));
+            RotaException e = assertThrows(RotaException.class, () -> client.pick("x"));
+            assertEquals(Status.Code.UNAVAILABLE, e.getCode());
+        }
+    }
+
+    @Test
+    void watchFedFallbackAnswersWhenRotaIsKilled() throws Exception {
+        Logger log = Logger.getLogger(RotaClient.class.getName());
+        List<LogRecord> records = new ArrayList<>();
+        Handler capture = new Handler() {
+            @Override
+            public synchronized void publish(LogRecord record) {
+                records.add(record);
+            }
+
+            @Override
+            public void flush() {
+            }
+
+            @Override
+            public void close() {
+            }
+        };
+        log.addHandler(capture);
+        try (RotaServer rota = RotaServer.start();
+                RotaClient provider = RotaClient.builder().target(rota.target()).build();
+                RotaClient consumer = RotaClient.builder().target(rota.target()).follow("it-fallback").build()) {
+            provider.register(instance("it-fallback", "a", 7501), instance("it-fallback", "b", 7502),
+                    instance("it-fallback", "z", 7503).toBuilder().setVersion("zlt").build());
+            Await.until("the watcher to see 3 instances", Duration.ofSeconds(10),
+                    () -> consumer.lastKnownInstances("it-fallback").size() == 3);
+            assertEquals("a", consumer.pick("it-fallback").id());
+            assertFalse(consumer.pick("it-fallback").localFallback());
+
+            rota.kill();
+
+            Pick first = consumer.pick("it-fallback");
+            assertTrue(first.localFallback());
+            assertEquals("a", first.id());
+            assertEquals(7501, first.port());
+            assertEquals("round_robin", first.rule());
+            assertTrue(first.fallback().startsWith("rota unreachable"), first.fallback());
+            assertEquals("b", consumer.pick("it-fallback").id());
+            assertEquals("a", consumer.pick("it-fallback").id());
+            Pick versioned = consumer.pick("it-fallback", PickOptions.builder().version("zlt").build());
+            assertTrue(versioned.localFallback());
+            assertEquals("z", versioned.id());
+            assertEquals(3, consumer.lastKnownInstances("it-fallback").size());
+
+            List<LogRecord> warnings;
+            synchronized (capture) {
+                warnings = records.stream().filter(r -> r.getLevel() == java.util.logging.Level.WARNING).toList();
+            }
+            assertEquals(1, warnings.size());
+            assertTrue(warnings.get(0).getMessage().contains("local fallback"), warnings.get(0).getMessage());
+            assertTrue(warnings.get(0).getMessage().contains("it-fallback -> a"), warnings.get(0).getMessage());
+
+            RotaException unfollowed = assertThrows(RotaException.class, () -> consumer.pick("it-not-followed"));
+            assertEquals(Status.Code.UNAVAILABLE, unfollowed.getCode());
+        } finally {
+            log.removeHandler(capture);
+        }
+    }
+
+    @Test
+    void heartbeatsKeepTheRegistrationAlive() throws Exception {
+        try (RotaServer rota = RotaServer.start("--heartbeat-timeout", "600ms");
+                RotaClient client = RotaClient.builder().target(rota.target()).build();
+                Registration registration = client.register(instance("it-heartbeat", "a", 7601))) {
+            assertEquals(600, registration.ack().getHeartbeatTimeoutMs());
+            long lease = registration.leaseId();
+            // Four heartbeat timeouts: without heartbeats the lease would expire and the stream close.
+            Thread.sleep(2400);
+            assertEquals("a", client.pick("it-heartbeat").id());
+            assertEquals(0, registration.reconnects());
+            assertEquals(lease, registration.leaseId());
+        }
+    }
+
+    @Test
+    void reconnectsAndAnnouncesAgainAfterTheStreamIsLost(RotaServer rota) throws Exception {
+        try (TcpProxy proxy = new TcpProxy(rota.port());
+                RotaClient provider = RotaClient.builder().target(proxy.target())
+                        .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(200))).build();
+                RotaClient consumer = RotaClient.builder().target(rota.target()).build()) {
+            Registration registration = provider.register(instance("it-reconnect", "a", 7701));
+            registration.update(Update.newBuilder()
+                    .setInstance(InstanceRef.newBuilder().setService("it-reconnect").setId("a"))
+                    .setWeight(7).build());
+            long lease = registration.leaseId();
+            assertNotEquals(0, lease);
+
+            proxy.dropConnections();
+
+            Await.until("a new lease after reconnecting", Duration.ofSeconds(20),
+                    () -> registration.leaseId() != 0 && registration.leaseId() != lease);
+            assertEquals(1, registration.reconnects());
+            Pick pick = consumer.pick("it-reconnect");
+            assertEquals("a", pick.id());
+            assertEquals(7, pick.instance().getWeight());
+            registration.close();
+            RotaException gone = assertThrows(RotaException.class, () -> consumer.pick("it-reconnect"));
+            assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+        }
+    }
+
+    @Test
+    void registerWaitsForRotaAndFailsAfterItsTimeout() throws Exception {
+        RotaServer dead = RotaServer.start();
+        String target = dead.target();
+        dead.close();
+        try (RotaClient client = RotaClient.builder().target(target).registerTimeout(Duration.ofMillis(300))
+                .backoff(Backoff.exponential(Duration.ofMillis(10), Duration.ofMillis(50))).build()) {
+            RotaException e = assertThrows(RotaException.class, () -> client.register(instance("it-down", "a", 7801)));
+            assertEquals(Status.Code.DEADLINE_EXCEEDED, e.getCode());
+
+            Registration pending = client.registerAsync(List.of(instance("it-down", "a", 7801)));
+            assertFalse(pending.ready().isDone());
+            assertNull(pending.ack());
+            pending.close();
+            assertTrue(pending.ready().isCompletedExceptionally());
+        }
+    }
+}

@@ -1,0 +1,209 @@
+package io.rota.client.testing;
+
+import java.io.BufferedReader;
+import java.io.File;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * A {@code rota serve} process for tests, on a free loopback port.
+ *
+ * <p>The binary is {@code -Drota.bin}, else the {@code ROTA_BIN} environment variable, else
+ * {@code target/debug/rota} of the repository after {@code cargo build --bin rota}. The process is
+ * started as {@code rota serve --listen 127.0.0.1:0}; the port is read from the first line of its
+ * standard output ({@code listening on 127.0.0.1:PORT}). Its log goes to
+ * {@code target/rota-logs/}. {@link #close()} kills it; a shutdown hook does too if the JVM
+ * ends first.
+ */
+public final class RotaServer implements AutoCloseable {
+    private static final Pattern LISTENING = Pattern.compile("^listening on (\\S+):(\\d+)\\s*$");
+    private static final long START_TIMEOUT_SECONDS = 30;
+    private static final long BUILD_TIMEOUT_MINUTES = 15;
+    private static final AtomicInteger COUNT = new AtomicInteger();
+    private static Path binary;
+
+    private final Process process;
+    private final String host;
+    private final int port;
+    private final Path log;
+    private final Thread hook;
+
+    private RotaServer(Process process, String host, int port, Path log) {
+        this.process = process;
+        this.host = host;
+        this.port = port;
+        this.log = log;
+        this.hook = new Thread(process::destroyForcibly, "rota-server-kill");
+        Runtime.getRuntime().addShutdownHook(hook);
+    }
+
+    /** Starts {@code rota serve --listen 127.0.0.1:0 ARGS...} and waits for its port. */
+    public static RotaServer start(String... args) throws IOException, InterruptedException {
+        List<String> command = new ArrayList<>(List.of(binary().toString(), "serve", "--listen", "127.0.0.1:0"));
+        command.addAll(List.of(args));
+        Path logs = Paths.get(System.getProperty("user.dir"), "target", "rota-logs");
+        Files.createDirectories(logs);
+        Path log = logs.resolve("rota-" + ProcessHandle.current().pid() + "-" + COUNT.incrementAndGet() + ".log");
+        Process process = new ProcessBuilder(command)
+                .redirectError(log.toFile())
+                .redirectInput(ProcessBuilder.Redirect.from(new File("/dev/null")))
+                .start();
+        try {
+            BufferedReader stdout = new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));
+            CompletableFuture<String> firstLine = CompletableFuture.supplyAsync(() -> {
+                try {
+                    return stdout.readLine();
+                } catch (IOException e) {
+                    throw new IllegalStateException(e);
+                }
+            });
+            String line = firstLine.get(START_TIMEOUT_SECONDS, TimeUnit.SECONDS);
+            if (line == null) {
+                throw new IllegalStateException("rota exited before listening (exit " + process.waitFor() + "), log: "
+                        + Files.readString(log));
+            }
+            Matcher m = LISTENING.matcher(line);
+            if (!m.matches()) {
+                throw new IllegalStateException("unexpected first line from rota: " + line);
+            }
+            Thread drain = new Thread(() -> {
+                try {
+                    while (stdout.readLine() != null) {
+                        // rota prints nothing else on stdout; keep the pipe from filling regardless.
+                    }
+                } catch (IOException ignored) {
+                    // the process is gone
+                }
+            }, "rota-server-stdout");
+            drain.setDaemon(true);
+            drain.start();
+            return new RotaServer(process, m.group(1), Integer.parseInt(m.group(2)), log);
+        } catch (Exception e) {
+            process.destroyForcibly();
+            process.waitFor(10, TimeUnit.SECONDS);
+            if (e instanceof TimeoutException) {
+                throw new IllegalStateException("rota did not print its address within " + START_TIMEOUT_SECONDS + " s", e);
+            }
+            if (e instanceof RuntimeException r) {
+                throw r;
+            }
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /** {@code host:port} to give {@code RotaClient.builder().target(...)}. */
+    public String target() {
+        return host + ":" + port;
+    }
+
+    public int port() {
+        return port;
+    }
+
+    public Path log() {
+        return log;
+    }
+
+    public boolean isAlive() {
+        return process.isAlive();
+    }
+
+    /** Kills the process at once (SIGKILL) and waits for it to be gone. */
+    public void kill() throws InterruptedException {
+        process.destroyForcibly();
+        if (!process.waitFor(10, TimeUnit.SECONDS)) {
+            throw new IllegalStateException("rota did not die within 10 s");
+        }
+    }
+
+    @Override
+    public void close() {
+        try {
+            kill();
+        } catch (InterruptedException e) {
+            process.destroyForcibly();
+            Thread.currentThread().interrupt();
+        }
+        try {
+            Runtime.getRuntime().removeShutdownHook(hook);
+        } catch (IllegalStateException ignored) {
+            // the JVM is already shutting down
+        }
+    }
+
+    /** The rota binary, building it with cargo when neither {@code rota.bin} nor {@code ROTA_BIN} names one. */
+    public static synchronized Path binary() throws IOException, InterruptedException {
+        if (binary != null) {
+            return binary;
+        }
+        String configured = System.getProperty("rota.bin");
+        if (configured == null || configured.isBlank()) {
+            configured = System.getenv("ROTA_BIN");
+        }
+        if (configured != null && !configured.isBlank()) {
+            Path path = Paths.get(configured);
+            if (!Files.isExecutable(path)) {
+                throw new IllegalStateException("ROTA_BIN is not an executable file: " + path);
+            }
+            binary = path;
+            return binary;
+        }
+        Path root = repositoryRoot();
+        Path logs = Paths.get(System.getProperty("user.dir"), "target", "rota-logs");
+        Files.createDirectories(logs);
+        Path log = logs.resolve("cargo-build-" + ProcessHandle.current().pid() + ".log");
+        Process cargo = new ProcessBuilder("cargo", "build", "--bin", "rota")
+                .directory(root.toFile())
+                .redirectErrorStream(true)
+                .redirectOutput(log.toFile())
+                .redirectInput(ProcessBuilder.Redirect.from(new File("/dev/null")))
+                .start();
+        if (!cargo.waitFor(BUILD_TIMEOUT_MINUTES, TimeUnit.MINUTES)) {
+            cargo.destroyForcibly();
+            throw new IllegalStateException("cargo build --bin rota took more than " + BUILD_TIMEOUT_MINUTES
+                    + " min; see " + log);
+        }
+        if (cargo.exitValue() != 0) {
+            throw new IllegalStateException("cargo build --bin rota failed with exit " + cargo.exitValue() + ":\n"
+                    + Files.readString(log));
+        }
+        String targetDir = System.getenv("CARGO_TARGET_DIR");
+        Path target = targetDir != null && !targetDir.isBlank() ? root.resolve(targetDir) : root.resolve("target");
+        binary = target.resolve("debug").resolve("rota");
+        return binary;
+    }
+
+    /** The repository root: {@code -Drota.repo}, else the nearest ancestor holding {@code proto/rota/v1/rota.proto}. */
+    public static Path repositoryRoot() {
+        String configured = System.getProperty("rota.repo");
+        if (configured != null && !configured.isBlank()) {
+            Path root = Paths.get(configured).toAbsolutePath().normalize();
+            if (Files.exists(root.resolve("proto/rota/v1/rota.proto"))) {
+                return root;
+            }
+        }
+        for (Path dir = Paths.get(System.getProperty("user.dir")).toAbsolutePath(); dir != null; dir = dir.getParent()) {
+            if (Files.exists(dir.resolve("proto/rota/v1/rota.proto"))) {
+                return dir;
+            }
+        }
+        throw new IllegalStateException("cannot find the rota repository above " + System.getProperty("user.dir"));
+    }
+
+    @Override
+    public String toString() {
+        return "RotaServer{" + target() + "}";
+    }
+}

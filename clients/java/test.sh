@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the rota Java client (generating the gRPC stubs from proto/rota/v1/rota.proto), the
+# Spring Cloud module and the examples, and runs every test against live rota servers.
+#
+# The tests find the server binary through ROTA_BIN (an absolute path); without it they run
+# `cargo build --bin rota` in the repository root and use target/debug/rota.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+command -v mvn >/dev/null || { echo "test.sh: mvn (Maven 3.8+) is required" >&2; exit 1; }
+command -v java >/dev/null || { echo "test.sh: java (17+) is required" >&2; exit 1; }
+
+args=(-B -q -ntp -Dstyle.color=never)
+if [[ -n "${ROTA_BIN:-}" ]]; then
+  args+=("-Drota.bin=${ROTA_BIN}")
+fi
+
+status=0
+mvn "${args[@]}" clean verify || status=$?
+
+# Maven is quiet on success: sum the Surefire reports into one closing line.
+tests=0 failed=0 skipped=0
+for report in */target/surefire-reports/TEST-*.xml; do
+  [[ -e "$report" ]] || continue
+  suite="$(grep -o '<testsuite [^>]*>' "$report" | head -n 1)"
+  count() { sed -nE "s/.* $1=\"([0-9]+)\".*/\1/p" <<<"$suite"; }
+  tests=$((tests + $(count tests)))
+  failed=$((failed + $(count failures) + $(count errors)))
+  skipped=$((skipped + $(count skipped)))
+done
+echo
+echo "java: $((tests - failed - skipped)) passed, ${failed} failed, ${skipped} skipped"
+
+if [[ $status -ne 0 ]]; then
+  echo "test.sh: mvn verify failed (exit $status); reports in $here/*/target/surefire-reports" >&2
+  exit "$status"
+fi
+if [[ $tests -eq 0 ]]; then
+  echo "test.sh: no test ran" >&2
+  exit 1
+fi

@@ -9,6 +9,7 @@
 //! reports the call's outcome ([`Balancer::report`]).
 
 mod error;
+mod lease;
 mod report;
 mod select;
 
@@ -23,6 +24,7 @@ use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
 pub use error::PickError;
+pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 pub use select::ServiceLoad;
 

@@ -40,9 +40,27 @@ pub struct BenchArgs {
     pub rule: String,
     #[arg(long, default_value = "bench")]
     pub service: String,
+    /// Scale run instead: register --scale-instances over --scale-streams into --scale-services,
+    /// report registration time and server memory per instance, then picks with and without churn.
+    #[arg(long)]
+    pub scale: bool,
+    #[arg(long, default_value_t = 100_000)]
+    pub scale_instances: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub scale_services: usize,
+    #[arg(long, default_value_t = 100)]
+    pub scale_streams: usize,
 }
 
 struct Spawned(Child);
+
+/// Resident memory of a process, in bytes (Linux).
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 impl Drop for Spawned {
     fn drop(&mut self) {
@@ -92,6 +110,9 @@ async fn register(endpoint: &str, service: &str, count: usize) -> Result<Vec<Reg
 }
 
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    if args.scale {
+        return scale(args).await;
+    }
     let (_server, endpoint) = match &args.server {
         Some(server) => (None, server.clone()),
         None => {
@@ -121,5 +142,61 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         results.push(result);
     }
     loadgen::print_table(&results);
+    Ok(())
+}
+
+async fn scale(args: BenchArgs) -> Result<(), CliError> {
+    use crate::loadgen::scale::{ScaleConfig, compare_churn, register_all};
+    let (server, endpoint) = spawn_server()?;
+    let pid = server.0.id();
+    let before = resident_bytes(pid);
+    let config = ScaleConfig {
+        endpoint: endpoint.clone(),
+        instances: args.scale_instances,
+        services: args.scale_services,
+        streams: args.scale_streams,
+        load: LoadConfig {
+            endpoint: endpoint.clone(),
+            connections: args.connections,
+            callers: args.callers,
+            warmup: args.warmup,
+            duration: args.duration,
+            window: args.window,
+            request: pb::PickRequest { service: "scale-0000".into(), rule: args.rule.clone(), ..Default::default() },
+        },
+    };
+    let failed = |e: crate::loadgen::scale::ScaleError| CliError::Usage(e.to_string());
+    let (mut registrations, took) = register_all(&config).await.map_err(failed)?;
+    let after = resident_bytes(pid);
+    let per_instance = match (before, after) {
+        (Some(b), Some(a)) => format!("{:.0}", a.saturating_sub(b) as f64 / args.scale_instances as f64),
+        _ => "null".into(),
+    };
+    println!(
+        "{{\"scale\":\"register\",\"instances\":{},\"services\":{},\"streams\":{},\"seconds\":{:.3},\"rss_before\":{},\"rss_after\":{},\"bytes_per_instance\":{}}}",
+        args.scale_instances,
+        args.scale_services,
+        args.scale_streams,
+        took.as_secs_f64(),
+        before.unwrap_or(0),
+        after.unwrap_or(0),
+        per_instance
+    );
+    let (quiet, churned, operations) = compare_churn(&config, &mut registrations).await.map_err(failed)?;
+    println!("{}", quiet.json());
+    println!("{}", churned.json());
+    println!(
+        "registered {} instances in {} services over {} streams in {:.2} s; server memory {} bytes per instance",
+        args.scale_instances,
+        args.scale_services,
+        args.scale_streams,
+        took.as_secs_f64(),
+        per_instance
+    );
+    println!(
+        "picks without churn: {:.0}/s, p99 {} µs; with churn ({} withdraw+announce of 100 instances): {:.0}/s, p99 {} µs",
+        quiet.throughput, quiet.p99_us, operations, churned.throughput, churned.p99_us
+    );
+    drop(server);
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! # Ok(()) }
 //! ```
 
+mod lease;
 mod registration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -18,6 +19,7 @@ use crate::pb::balancer_client::BalancerClient;
 use crate::pb::policies_client::PoliciesClient;
 use crate::pb::registry_client::RegistryClient;
 
+pub use lease::{LeasedPicker, LocalPick};
 pub use registration::Registration;
 
 #[derive(Debug, thiserror::Error)]

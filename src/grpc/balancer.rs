@@ -47,6 +47,20 @@ impl pb::balancer_server::Balancer for BalancerService {
         Ok(Response::new(pb::ReportResponse { accepted: summary.accepted, ignored: summary.ignored }))
     }
 
+    async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let request = request.into_inner();
+        let query = PickQuery { service: &request.service, rule: &request.rule, version: &request.version, ..Default::default() };
+        let leased = self.balancer.lease(query, request.count).await?;
+        Ok(Response::new(pb::LeaseResponse {
+            first_ticket: leased.first_ticket,
+            count: leased.count,
+            instances: leased.instances.iter().map(|i| convert::instance(i)).collect(),
+            epoch: leased.epoch,
+            rule: leased.rule.to_string(),
+            fallback: leased.fallback.unwrap_or_default(),
+        }))
+    }
+
     type PickStreamStream = PickStream;
 
     /// Answers each request in order. A failed pick is reported in its response's `error` and

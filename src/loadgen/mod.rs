@@ -7,9 +7,12 @@
 //! - `health` — `grpc.health.v1.Health/Check`, an RPC that does no real work: the baseline;
 //! - `pick` — unary `Balancer/Pick`;
 //! - `stream` — `Balancer/PickStream`, one request in flight per caller (ping-pong);
-//! - `pipelined` — `Balancer/PickStream` with `window` requests in flight per caller.
+//! - `pipelined` — `Balancer/PickStream` with `window` requests in flight per caller;
+//! - `lease:K` — picks through the Rust client's [`LeasedPicker`](crate::client::LeasedPicker),
+//!   one `Lease` round trip per K picks.
 
 mod report;
+pub mod scale;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -34,15 +37,18 @@ pub enum Mode {
     Pick,
     Stream,
     Pipelined,
+    /// Leased tickets, K per lease.
+    Lease(u32),
 }
 
 impl Mode {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Mode::Health => "health",
-            Mode::Pick => "pick",
-            Mode::Stream => "stream",
-            Mode::Pipelined => "pipelined",
+            Mode::Health => "health".into(),
+            Mode::Pick => "pick".into(),
+            Mode::Stream => "stream".into(),
+            Mode::Pipelined => "pipelined".into(),
+            Mode::Lease(k) => format!("lease:{k}"),
         }
     }
 
@@ -52,7 +58,10 @@ impl Mode {
             "pick" => Ok(Mode::Pick),
             "stream" => Ok(Mode::Stream),
             "pipelined" => Ok(Mode::Pipelined),
-            other => Err(format!("unknown mode {other:?}; modes: health, pick, stream, pipelined")),
+            other => match other.strip_prefix("lease:").map(str::parse::<u32>) {
+                Some(Ok(k)) if (1..=65_536).contains(&k) => Ok(Mode::Lease(k)),
+                _ => Err(format!("unknown mode {other:?}; modes: health, pick, stream, pipelined, lease:K (K in 1..=65536)")),
+            },
         }
     }
 }
@@ -104,6 +113,7 @@ pub async fn run(config: &LoadConfig, channels: &[Channel], mode: Mode) -> Resul
                 Mode::Health => unary_health(channel, window_bounds).await,
                 Mode::Pick => unary_pick(channel, request, window_bounds).await,
                 Mode::Stream | Mode::Pipelined => streamed_pick(channel, request, window, window_bounds).await,
+                Mode::Lease(k) => leased_pick(channel, request, k, window_bounds).await,
             }
         }));
     }
@@ -192,6 +202,21 @@ async fn streamed_pick(
             }
         } else if sent.is_empty() {
             break;
+        }
+    }
+    Ok(tally)
+}
+
+async fn leased_pick(channel: Channel, request: pb::PickRequest, k: u32, window: (Instant, Instant)) -> Result<Tally, LoadError> {
+    let client = crate::client::RotaClient::from_channel(channel);
+    let options = crate::client::PickOptions::rule(request.rule.clone()).version(request.version.clone());
+    let mut picker = crate::client::LeasedPicker::new(client, request.service.clone(), options, k);
+    let mut tally = Tally { histogram: new_histogram(), errors: 0 };
+    while Instant::now() < window.1 {
+        let started = Instant::now();
+        match picker.pick().await {
+            Ok(_) => record(&mut tally, started, window),
+            Err(_) => tally.errors += u64::from(started >= window.0),
         }
     }
     Ok(tally)

@@ -80,4 +80,9 @@ pub fn print_table(results: &[LoadResult]) {
     if let (Some(pipelined), Some(pick)) = (find(Mode::Pipelined), find(Mode::Pick)) {
         println!("PickStream (pipelined) / unary Pick throughput: {:.2}", pipelined.throughput / pick.throughput);
     }
+    if let Some(pick) = find(Mode::Pick) {
+        for leased in results.iter().filter(|r| matches!(r.mode, Mode::Lease(_))) {
+            println!("{} / unary Pick throughput: {:.2}", leased.mode.name(), leased.throughput / pick.throughput);
+        }
+    }
 }

@@ -54,6 +54,10 @@ impl MemoryState {
         self.counter(key).fetch_add(1, Ordering::Relaxed)
     }
 
+    pub fn reserve_tickets(&self, key: &CounterKey, count: u32) -> u64 {
+        self.counter(key).fetch_add(u64::from(count), Ordering::Relaxed)
+    }
+
     /// Like [`next_ticket`](Self::next_ticket), through a subset's cache when it has the
     /// rotation (the common case: no lock at all).
     pub fn next_ticket_cached(&self, cache: &TicketCache, key: &CounterKey) -> u64 {

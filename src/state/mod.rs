@@ -59,6 +59,13 @@ impl StateBackend {
         }
     }
 
+    /// Reserves `count` consecutive tickets and returns the first.
+    pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> Result<u64, StateError> {
+        match self {
+            StateBackend::Memory(memory) => Ok(memory.reserve_tickets(key, count)),
+        }
+    }
+
     /// [`next_ticket`](Self::next_ticket) for a pick on a snapshot subset, which may cache
     /// the way to the counter.
     pub async fn next_ticket_on(&self, cache: &TicketCache, key: &CounterKey) -> Result<u64, StateError> {

@@ -355,6 +355,163 @@ func (x *InstanceRef) GetId() string {
 	return ""
 }
 
+type LeaseRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Rule    string                 `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	Version string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// Tickets to reserve, 0..=65536. 0 returns the current instance list without reserving any.
+	Count         uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_rota_v1_rota_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LeaseRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tickets first_ticket .. first_ticket + count - 1 belong to the caller.
+	FirstTicket uint64 `protobuf:"varint,1,opt,name=first_ticket,json=firstTicket,proto3" json:"first_ticket,omitempty"`
+	Count       uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// The eligible instances, ordered by id: ticket t maps to an instance exactly as rota's
+	// rule would map it over this list.
+	Instances []*Instance `protobuf:"bytes,3,rep,name=instances,proto3" json:"instances,omitempty"`
+	Epoch     uint64      `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Canonical rule, e.g. "repeat(n=3)".
+	Rule          string `protobuf:"bytes,5,opt,name=rule,proto3" json:"rule,omitempty"`
+	Fallback      string `protobuf:"bytes,6,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_rota_v1_rota_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LeaseResponse) GetFirstTicket() uint64 {
+	if x != nil {
+		return x.FirstTicket
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetInstances() []*Instance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *LeaseResponse) GetFallback() string {
+	if x != nil {
+		return x.Fallback
+	}
+	return ""
+}
+
 type PickRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -374,7 +531,7 @@ type PickRequest struct {
 
 func (x *PickRequest) Reset() {
 	*x = PickRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[2]
+	mi := &file_rota_v1_rota_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +543,7 @@ func (x *PickRequest) String() string {
 func (*PickRequest) ProtoMessage() {}
 
 func (x *PickRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[2]
+	mi := &file_rota_v1_rota_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +556,7 @@ func (x *PickRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickRequest.ProtoReflect.Descriptor instead.
 func (*PickRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{2}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PickRequest) GetService() string {
@@ -465,7 +622,7 @@ type PickResponse struct {
 
 func (x *PickResponse) Reset() {
 	*x = PickResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[3]
+	mi := &file_rota_v1_rota_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +634,7 @@ func (x *PickResponse) String() string {
 func (*PickResponse) ProtoMessage() {}
 
 func (x *PickResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[3]
+	mi := &file_rota_v1_rota_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +647,7 @@ func (x *PickResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickResponse.ProtoReflect.Descriptor instead.
 func (*PickResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{3}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PickResponse) GetInstance() *Instance {
@@ -552,7 +709,7 @@ type CallOutcome struct {
 
 func (x *CallOutcome) Reset() {
 	*x = CallOutcome{}
-	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	mi := &file_rota_v1_rota_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +721,7 @@ func (x *CallOutcome) String() string {
 func (*CallOutcome) ProtoMessage() {}
 
 func (x *CallOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	mi := &file_rota_v1_rota_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +734,7 @@ func (x *CallOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallOutcome.ProtoReflect.Descriptor instead.
 func (*CallOutcome) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{4}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CallOutcome) GetService() string {
@@ -632,7 +789,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[5]
+	mi := &file_rota_v1_rota_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +801,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[5]
+	mi := &file_rota_v1_rota_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +814,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{5}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReportRequest) GetOutcomes() []*CallOutcome {
@@ -679,7 +836,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[6]
+	mi := &file_rota_v1_rota_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +848,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[6]
+	mi := &file_rota_v1_rota_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +861,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{6}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReportResponse) GetAccepted() uint32 {
@@ -732,7 +889,7 @@ type PickError struct {
 
 func (x *PickError) Reset() {
 	*x = PickError{}
-	mi := &file_rota_v1_rota_proto_msgTypes[7]
+	mi := &file_rota_v1_rota_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +901,7 @@ func (x *PickError) String() string {
 func (*PickError) ProtoMessage() {}
 
 func (x *PickError) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[7]
+	mi := &file_rota_v1_rota_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +914,7 @@ func (x *PickError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickError.ProtoReflect.Descriptor instead.
 func (*PickError) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{7}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PickError) GetCode() int32 {
@@ -786,7 +943,7 @@ type GrayRelease struct {
 
 func (x *GrayRelease) Reset() {
 	*x = GrayRelease{}
-	mi := &file_rota_v1_rota_proto_msgTypes[8]
+	mi := &file_rota_v1_rota_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +955,7 @@ func (x *GrayRelease) String() string {
 func (*GrayRelease) ProtoMessage() {}
 
 func (x *GrayRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[8]
+	mi := &file_rota_v1_rota_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +968,7 @@ func (x *GrayRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrayRelease.ProtoReflect.Descriptor instead.
 func (*GrayRelease) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{8}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GrayRelease) GetUnversioned() uint32 {
@@ -842,7 +999,7 @@ type Breaker struct {
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_rota_v1_rota_proto_msgTypes[9]
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1011,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[9]
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1024,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{9}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Breaker) GetFailureThreshold() uint32 {
@@ -908,7 +1065,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_rota_v1_rota_proto_msgTypes[10]
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1077,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[10]
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1090,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{10}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Policy) GetService() string {
@@ -987,7 +1144,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1156,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1169,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetPolicyRequest) GetService() string {
@@ -1032,7 +1189,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1201,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1214,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *Policy {
@@ -1075,7 +1232,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1244,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1257,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
 }
 
 type ListPoliciesResponse struct {
@@ -1113,7 +1270,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1282,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1295,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListPoliciesResponse) GetDefaults() *Policy {
@@ -1171,7 +1328,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1340,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1353,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegisterRequest) GetMsg() isRegisterRequest_Msg {
@@ -1281,7 +1438,7 @@ type Announce struct {
 
 func (x *Announce) Reset() {
 	*x = Announce{}
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1450,7 @@ func (x *Announce) String() string {
 func (*Announce) ProtoMessage() {}
 
 func (x *Announce) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1463,7 @@ func (x *Announce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announce.ProtoReflect.Descriptor instead.
 func (*Announce) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Announce) GetInstances() []*Instance {
@@ -1324,7 +1481,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1493,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1506,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
 }
 
 // Changes one instance owned by this stream. Fields left unset keep their value.
@@ -1365,7 +1522,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1534,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1547,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Update) GetInstance() *InstanceRef {
@@ -1430,7 +1587,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1599,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1612,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Metadata) GetEntries() map[string]string {
@@ -1475,7 +1632,7 @@ type Withdraw struct {
 
 func (x *Withdraw) Reset() {
 	*x = Withdraw{}
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1644,7 @@ func (x *Withdraw) String() string {
 func (*Withdraw) ProtoMessage() {}
 
 func (x *Withdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1657,7 @@ func (x *Withdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
 func (*Withdraw) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Withdraw) GetInstances() []*InstanceRef {
@@ -1523,7 +1680,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1692,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1705,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterResponse) GetMsg() isRegisterResponse_Msg {
@@ -1610,7 +1767,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1779,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1792,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Ack) GetLeaseId() uint64 {
@@ -1686,7 +1843,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1855,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1868,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Refusal) GetInstance() *InstanceRef {
@@ -1745,7 +1902,7 @@ type Closing struct {
 
 func (x *Closing) Reset() {
 	*x = Closing{}
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1914,7 @@ func (x *Closing) String() string {
 func (*Closing) ProtoMessage() {}
 
 func (x *Closing) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1927,7 @@ func (x *Closing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closing.ProtoReflect.Descriptor instead.
 func (*Closing) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Closing) GetReason() string {
@@ -1788,7 +1945,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1957,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1970,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
 }
 
 type ListServicesResponse struct {
@@ -1825,7 +1982,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1994,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +2007,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListServicesResponse) GetServices() []*ServiceSummary {
@@ -1872,7 +2029,7 @@ type ServiceSummary struct {
 
 func (x *ServiceSummary) Reset() {
 	*x = ServiceSummary{}
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2041,7 @@ func (x *ServiceSummary) String() string {
 func (*ServiceSummary) ProtoMessage() {}
 
 func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2054,7 @@ func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSummary.ProtoReflect.Descriptor instead.
 func (*ServiceSummary) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ServiceSummary) GetName() string {
@@ -1937,7 +2094,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2106,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2119,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListInstancesRequest) GetService() string {
@@ -1982,7 +2139,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2151,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2164,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2033,7 +2190,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2202,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2215,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2085,7 +2242,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2254,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2267,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2201,7 +2358,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2370,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2383,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -2257,7 +2414,19 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\a_weight\"7\n" +
 	"\vInstanceRef\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\x95\x01\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"l\n" +
+	"\fLeaseRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
+	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\"\xbf\x01\n" +
+	"\rLeaseResponse\x12!\n" +
+	"\ffirst_ticket\x18\x01 \x01(\x04R\vfirstTicket\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12/\n" +
+	"\tinstances\x18\x03 \x03(\v2\x11.rota.v1.InstanceR\tinstances\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04rule\x18\x05 \x01(\tR\x04rule\x12\x1a\n" +
+	"\bfallback\x18\x06 \x01(\tR\bfallback\"\x95\x01\n" +
 	"\vPickRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
@@ -2393,12 +2562,13 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x11IsolationFallback\x12\"\n" +
 	"\x1eISOLATION_FALLBACK_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ISOLATION_FALLBACK_FAIL\x10\x01\x12\x1a\n" +
-	"\x16ISOLATION_FALLBACK_ANY\x10\x022\xb9\x01\n" +
+	"\x16ISOLATION_FALLBACK_ANY\x10\x022\xf1\x01\n" +
 	"\bBalancer\x123\n" +
 	"\x04Pick\x12\x14.rota.v1.PickRequest\x1a\x15.rota.v1.PickResponse\x12=\n" +
 	"\n" +
 	"PickStream\x12\x14.rota.v1.PickRequest\x1a\x15.rota.v1.PickResponse(\x010\x01\x129\n" +
-	"\x06Report\x12\x16.rota.v1.ReportRequest\x1a\x17.rota.v1.ReportResponse2\xc9\x01\n" +
+	"\x06Report\x12\x16.rota.v1.ReportRequest\x1a\x17.rota.v1.ReportResponse\x126\n" +
+	"\x05Lease\x12\x15.rota.v1.LeaseRequest\x1a\x16.rota.v1.LeaseResponse2\xc9\x01\n" +
 	"\bPolicies\x127\n" +
 	"\tGetPolicy\x12\x19.rota.v1.GetPolicyRequest\x1a\x0f.rota.v1.Policy\x127\n" +
 	"\tSetPolicy\x12\x19.rota.v1.SetPolicyRequest\x1a\x0f.rota.v1.Policy\x12K\n" +
@@ -2424,109 +2594,114 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 }
 
 var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_rota_v1_rota_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: rota.v1.InstanceStatus
 	(CallResult)(0),               // 1: rota.v1.CallResult
 	(IsolationFallback)(0),        // 2: rota.v1.IsolationFallback
 	(*Instance)(nil),              // 3: rota.v1.Instance
 	(*InstanceRef)(nil),           // 4: rota.v1.InstanceRef
-	(*PickRequest)(nil),           // 5: rota.v1.PickRequest
-	(*PickResponse)(nil),          // 6: rota.v1.PickResponse
-	(*CallOutcome)(nil),           // 7: rota.v1.CallOutcome
-	(*ReportRequest)(nil),         // 8: rota.v1.ReportRequest
-	(*ReportResponse)(nil),        // 9: rota.v1.ReportResponse
-	(*PickError)(nil),             // 10: rota.v1.PickError
-	(*GrayRelease)(nil),           // 11: rota.v1.GrayRelease
-	(*Breaker)(nil),               // 12: rota.v1.Breaker
-	(*Policy)(nil),                // 13: rota.v1.Policy
-	(*GetPolicyRequest)(nil),      // 14: rota.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 15: rota.v1.SetPolicyRequest
-	(*ListPoliciesRequest)(nil),   // 16: rota.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),  // 17: rota.v1.ListPoliciesResponse
-	(*RegisterRequest)(nil),       // 18: rota.v1.RegisterRequest
-	(*Announce)(nil),              // 19: rota.v1.Announce
-	(*Heartbeat)(nil),             // 20: rota.v1.Heartbeat
-	(*Update)(nil),                // 21: rota.v1.Update
-	(*Metadata)(nil),              // 22: rota.v1.Metadata
-	(*Withdraw)(nil),              // 23: rota.v1.Withdraw
-	(*RegisterResponse)(nil),      // 24: rota.v1.RegisterResponse
-	(*Ack)(nil),                   // 25: rota.v1.Ack
-	(*Refusal)(nil),               // 26: rota.v1.Refusal
-	(*Closing)(nil),               // 27: rota.v1.Closing
-	(*ListServicesRequest)(nil),   // 28: rota.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 29: rota.v1.ListServicesResponse
-	(*ServiceSummary)(nil),        // 30: rota.v1.ServiceSummary
-	(*ListInstancesRequest)(nil),  // 31: rota.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil), // 32: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),          // 33: rota.v1.WatchRequest
-	(*WatchEvent)(nil),            // 34: rota.v1.WatchEvent
-	(*InstanceList)(nil),          // 35: rota.v1.InstanceList
-	nil,                           // 36: rota.v1.Instance.MetadataEntry
-	nil,                           // 37: rota.v1.GrayRelease.VersionsEntry
-	nil,                           // 38: rota.v1.Metadata.EntriesEntry
+	(*LeaseRequest)(nil),          // 5: rota.v1.LeaseRequest
+	(*LeaseResponse)(nil),         // 6: rota.v1.LeaseResponse
+	(*PickRequest)(nil),           // 7: rota.v1.PickRequest
+	(*PickResponse)(nil),          // 8: rota.v1.PickResponse
+	(*CallOutcome)(nil),           // 9: rota.v1.CallOutcome
+	(*ReportRequest)(nil),         // 10: rota.v1.ReportRequest
+	(*ReportResponse)(nil),        // 11: rota.v1.ReportResponse
+	(*PickError)(nil),             // 12: rota.v1.PickError
+	(*GrayRelease)(nil),           // 13: rota.v1.GrayRelease
+	(*Breaker)(nil),               // 14: rota.v1.Breaker
+	(*Policy)(nil),                // 15: rota.v1.Policy
+	(*GetPolicyRequest)(nil),      // 16: rota.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 17: rota.v1.SetPolicyRequest
+	(*ListPoliciesRequest)(nil),   // 18: rota.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 19: rota.v1.ListPoliciesResponse
+	(*RegisterRequest)(nil),       // 20: rota.v1.RegisterRequest
+	(*Announce)(nil),              // 21: rota.v1.Announce
+	(*Heartbeat)(nil),             // 22: rota.v1.Heartbeat
+	(*Update)(nil),                // 23: rota.v1.Update
+	(*Metadata)(nil),              // 24: rota.v1.Metadata
+	(*Withdraw)(nil),              // 25: rota.v1.Withdraw
+	(*RegisterResponse)(nil),      // 26: rota.v1.RegisterResponse
+	(*Ack)(nil),                   // 27: rota.v1.Ack
+	(*Refusal)(nil),               // 28: rota.v1.Refusal
+	(*Closing)(nil),               // 29: rota.v1.Closing
+	(*ListServicesRequest)(nil),   // 30: rota.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 31: rota.v1.ListServicesResponse
+	(*ServiceSummary)(nil),        // 32: rota.v1.ServiceSummary
+	(*ListInstancesRequest)(nil),  // 33: rota.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil), // 34: rota.v1.ListInstancesResponse
+	(*WatchRequest)(nil),          // 35: rota.v1.WatchRequest
+	(*WatchEvent)(nil),            // 36: rota.v1.WatchEvent
+	(*InstanceList)(nil),          // 37: rota.v1.InstanceList
+	nil,                           // 38: rota.v1.Instance.MetadataEntry
+	nil,                           // 39: rota.v1.GrayRelease.VersionsEntry
+	nil,                           // 40: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	36, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	38, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
-	3,  // 2: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
-	10, // 3: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
-	1,  // 4: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
-	7,  // 5: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
-	37, // 6: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
-	2,  // 7: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
-	11, // 8: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
-	12, // 9: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
-	13, // 10: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
-	13, // 11: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
-	13, // 12: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
-	19, // 13: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
-	20, // 14: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
-	21, // 15: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
-	23, // 16: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
-	3,  // 17: rota.v1.Announce.instances:type_name -> rota.v1.Instance
-	4,  // 18: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
-	0,  // 19: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
-	22, // 20: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	38, // 21: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
-	4,  // 22: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
-	25, // 23: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
-	27, // 24: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
-	4,  // 25: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
-	26, // 26: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
-	4,  // 27: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
-	30, // 28: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
-	3,  // 29: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	35, // 30: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	3,  // 31: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	3,  // 32: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	4,  // 33: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	3,  // 34: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	5,  // 35: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	5,  // 36: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	8,  // 37: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	14, // 38: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	15, // 39: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	16, // 40: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	18, // 41: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	28, // 42: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	31, // 43: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	33, // 44: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	6,  // 45: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	6,  // 46: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	9,  // 47: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	13, // 48: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	13, // 49: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	17, // 50: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	24, // 51: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	29, // 52: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	32, // 53: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	34, // 54: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	3,  // 2: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
+	3,  // 3: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
+	12, // 4: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
+	1,  // 5: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
+	9,  // 6: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
+	39, // 7: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	2,  // 8: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
+	13, // 9: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
+	14, // 10: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
+	15, // 11: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
+	15, // 12: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
+	15, // 13: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
+	21, // 14: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
+	22, // 15: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
+	23, // 16: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
+	25, // 17: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
+	3,  // 18: rota.v1.Announce.instances:type_name -> rota.v1.Instance
+	4,  // 19: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
+	0,  // 20: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
+	24, // 21: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
+	40, // 22: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	4,  // 23: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
+	27, // 24: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
+	29, // 25: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
+	4,  // 26: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
+	28, // 27: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
+	4,  // 28: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
+	32, // 29: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
+	3,  // 30: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
+	37, // 31: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	3,  // 32: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	3,  // 33: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	4,  // 34: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	3,  // 35: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	7,  // 36: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	7,  // 37: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	10, // 38: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	5,  // 39: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	16, // 40: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	17, // 41: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	18, // 42: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	20, // 43: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	30, // 44: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	33, // 45: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	35, // 46: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	8,  // 47: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	8,  // 48: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	11, // 49: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	6,  // 50: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	15, // 51: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	15, // 52: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	19, // 53: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	26, // 54: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	31, // 55: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	34, // 56: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	36, // 57: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	47, // [47:58] is the sub-list for method output_type
+	36, // [36:47] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -2535,18 +2710,18 @@ func file_rota_v1_rota_proto_init() {
 		return
 	}
 	file_rota_v1_rota_proto_msgTypes[0].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[15].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[17].OneofWrappers = []any{
 		(*RegisterRequest_Announce)(nil),
 		(*RegisterRequest_Heartbeat)(nil),
 		(*RegisterRequest_Update)(nil),
 		(*RegisterRequest_Withdraw)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[18].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[21].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[20].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[23].OneofWrappers = []any{
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[31].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[33].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -2558,7 +2733,7 @@ func file_rota_v1_rota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -28,13 +28,16 @@ const (
 	Balancer_Pick_FullMethodName       = "/rota.v1.Balancer/Pick"
 	Balancer_PickStream_FullMethodName = "/rota.v1.Balancer/PickStream"
 	Balancer_Report_FullMethodName     = "/rota.v1.Balancer/Report"
+	Balancer_Lease_FullMethodName      = "/rota.v1.Balancer/Lease"
 )
 
 // BalancerClient is the client API for Balancer service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type BalancerClient interface {
-	// Chooses one instance of a service.
+	// Chooses one instance of a service. A failure that rota itself decided carries the trailer
+	// `rota-error` with a stable reason (`invalid_argument`, `invalid_rule`, `unknown_service`,
+	// `no_eligible_instance`, `state_unavailable`); a status without it came from the transport.
 	Pick(ctx context.Context, in *PickRequest, opts ...grpc.CallOption) (*PickResponse, error)
 	// Answers each request in order on one stream, for consumers that pick at high rates.
 	PickStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PickRequest, PickResponse], error)
@@ -42,6 +45,11 @@ type BalancerClient interface {
 	// latency- and failure-aware rules. Outcomes naming unknown services or instances are
 	// ignored and counted, never an error.
 	Report(ctx context.Context, in *ReportRequest, opts ...grpc.CallOption) (*ReportResponse, error)
+	// Reserves `count` consecutive tickets of a rotation and returns them with the eligible
+	// instances, so the consumer maps tickets to instances itself and pays one round trip per
+	// `count` picks. The rotation stays exact fleet-wide: leased tickets are never drawn again.
+	// Only rules that map tickets deterministically can be leased: round_robin, repeat, weighted.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 }
 
 type balancerClient struct {
@@ -85,11 +93,23 @@ func (c *balancerClient) Report(ctx context.Context, in *ReportRequest, opts ...
 	return out, nil
 }
 
+func (c *balancerClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, Balancer_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BalancerServer is the server API for Balancer service.
 // All implementations must embed UnimplementedBalancerServer
 // for forward compatibility.
 type BalancerServer interface {
-	// Chooses one instance of a service.
+	// Chooses one instance of a service. A failure that rota itself decided carries the trailer
+	// `rota-error` with a stable reason (`invalid_argument`, `invalid_rule`, `unknown_service`,
+	// `no_eligible_instance`, `state_unavailable`); a status without it came from the transport.
 	Pick(context.Context, *PickRequest) (*PickResponse, error)
 	// Answers each request in order on one stream, for consumers that pick at high rates.
 	PickStream(grpc.BidiStreamingServer[PickRequest, PickResponse]) error
@@ -97,6 +117,11 @@ type BalancerServer interface {
 	// latency- and failure-aware rules. Outcomes naming unknown services or instances are
 	// ignored and counted, never an error.
 	Report(context.Context, *ReportRequest) (*ReportResponse, error)
+	// Reserves `count` consecutive tickets of a rotation and returns them with the eligible
+	// instances, so the consumer maps tickets to instances itself and pays one round trip per
+	// `count` picks. The rotation stays exact fleet-wide: leased tickets are never drawn again.
+	// Only rules that map tickets deterministically can be leased: round_robin, repeat, weighted.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
 	mustEmbedUnimplementedBalancerServer()
 }
 
@@ -115,6 +140,9 @@ func (UnimplementedBalancerServer) PickStream(grpc.BidiStreamingServer[PickReque
 }
 func (UnimplementedBalancerServer) Report(context.Context, *ReportRequest) (*ReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Report not implemented")
+}
+func (UnimplementedBalancerServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
 }
 func (UnimplementedBalancerServer) mustEmbedUnimplementedBalancerServer() {}
 func (UnimplementedBalancerServer) testEmbeddedByValue()                  {}
@@ -180,6 +208,24 @@ func _Balancer_Report_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Balancer_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BalancerServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Balancer_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BalancerServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Balancer_ServiceDesc is the grpc.ServiceDesc for Balancer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -194,6 +240,10 @@ var Balancer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Report",
 			Handler:    _Balancer_Report_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _Balancer_Lease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -10,10 +10,8 @@
 //! Before criterion runs, it prints the heap allocations per pick counted by a wrapping global
 //! allocator. Run: `cargo bench --bench pick`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
@@ -22,22 +20,11 @@ use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSn
 use rota::rules::{Draw, Select, parse};
 use rota::state::{CounterKey, MemoryState, Stats};
 
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const SIZES: [usize; 3] = [3, 100, 10_000];
 const RULES: [&str; 8] = [
@@ -80,7 +67,8 @@ fn select_benches(c: &mut Criterion) {
         let subset = Subset::new("version=", instances("svc", n));
         for name in RULES {
             let rule = parse(name).unwrap();
-            let counter = CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
+            let counter =
+                CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
             let load = ServiceLoad { stats: &stats, service: "svc" };
             let mut rng = fastrand::Rng::with_seed(7);
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
@@ -102,8 +90,17 @@ fn balancer(runtime: &tokio::runtime::Runtime, n: usize) -> (Balancer, Vec<rota:
     runtime.block_on(async {
         let registry = Registry::spawn(RegistryConfig { max_instances_per_stream: 1000, ..Default::default() });
         let mut leases = Vec::new();
-        let specs: Vec<InstanceSpec> =
-            instances("svc", n).iter().map(|i| InstanceSpec { id: i.id.to_string(), service: "svc".into(), host: i.host.clone(), port: 8080, weight: Some(i.weight), ..Default::default() }).collect();
+        let specs: Vec<InstanceSpec> = instances("svc", n)
+            .iter()
+            .map(|i| InstanceSpec {
+                id: i.id.to_string(),
+                service: "svc".into(),
+                host: i.host.clone(),
+                port: 8080,
+                weight: Some(i.weight),
+                ..Default::default()
+            })
+            .collect();
         for chunk in specs.chunks(1000) {
             let lease = registry.open_lease();
             lease.announce(chunk.to_vec()).await.unwrap();
@@ -137,9 +134,7 @@ fn balancer_benches(c: &mut Criterion) {
 
 fn publish_benches(c: &mut Criterion) {
     let all = instances("svc", 10_000);
-    c.bench_function("publish/10000", |b| {
-        b.iter(|| black_box(ServiceSnapshot::build("svc".into(), 1, all.clone())))
-    });
+    c.bench_function("publish/10000", |b| b.iter(|| black_box(ServiceSnapshot::build("svc".into(), 1, all.clone()))));
 }
 
 fn parse_benches(c: &mut Criterion) {
@@ -164,9 +159,9 @@ fn print_allocations() {
             balancer.pick(query).now_or_never().unwrap().unwrap();
         };
         (0..20_000).for_each(pick);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting_alloc::allocations();
         (0..10_000).for_each(pick);
-        let per_pick = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 10_000.0;
+        let per_pick = (counting_alloc::allocations() - before) as f64 / 10_000.0;
         println!("  {name:<16} {per_pick:.3}");
     }
 }

@@ -1,29 +1,15 @@
 //! The pick path allocates nothing once warm: `Balancer::pick` for the rotation and hashing
 //! rules is counted by a wrapping global allocator (deterministic; no timing involved).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
 use rota::registry::{InstanceSpec, Registry, RegistryConfig};
 
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 #[test]
 fn warm_picks_do_not_allocate() {
@@ -54,9 +40,9 @@ fn warm_picks_do_not_allocate() {
         };
         // Warm-up: lazy tables, counters, and every instance's statistics entry.
         (0..1000).for_each(pick);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting_alloc::allocations();
         (0..1000).for_each(pick);
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = counting_alloc::allocations() - before;
         assert_eq!(allocations, 0, "{rule}: {allocations} allocations in 1000 warm picks");
     }
 }

@@ -42,7 +42,8 @@ impl Balancer {
         let policy = policies.for_service(query.service);
         let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
         if !matches!(rule.rule, Rule::RoundRobin(_) | Rule::Repeat(_) | Rule::Weighted(_)) {
-            let problem = format!("is {:?}, which cannot be leased; leasable rules: {LEASABLE_RULES}", &*rule.canonical);
+            let problem =
+                format!("is {:?}, which cannot be leased; leasable rules: {LEASABLE_RULES}", &*rule.canonical);
             return Err(InvalidField::new("rule", problem).into());
         }
         if query.version.is_empty() && policy.gray.is_some() {
@@ -53,9 +54,13 @@ impl Balancer {
         }
         let catalog = self.registry.catalog();
         let snapshot = catalog.get(query.service).ok_or_else(|| PickError::UnknownService(query.service.into()))?;
-        let isolated = isolate(snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
+        let isolated =
+            isolate(snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
         if isolated.subset.is_empty() {
-            return Err(PickError::Unavailable(format!("service {:?} has no eligible instance for a lease", query.service)));
+            return Err(PickError::Unavailable(format!(
+                "service {:?} has no eligible instance for a lease",
+                query.service
+            )));
         }
         let fallback = isolated.fallback.map(|kind| match kind {
             Fallback::Unversioned => {
@@ -63,8 +68,11 @@ impl Balancer {
             }
             Fallback::Any => "no instance in the version nor unversioned; leased any instance".to_owned(),
         });
-        let counter =
-            CounterKey { service: snapshot.name.clone(), rule: rule.canonical.clone(), subset: isolated.subset.label.clone() };
+        let counter = CounterKey {
+            service: snapshot.name.clone(),
+            rule: rule.canonical.clone(),
+            subset: isolated.subset.label.clone(),
+        };
         let first_ticket = if count == 0 { 0 } else { self.state.reserve_tickets(&counter, count).await? };
         Ok(Leased {
             first_ticket,

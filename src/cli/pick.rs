@@ -33,13 +33,8 @@ pub struct PickArgs {
 
 pub async fn run(args: PickArgs) -> Result<(), CliError> {
     let mut client = args.server.connect().await?;
-    let options = PickOptions {
-        rule: args.rule,
-        version: args.version,
-        key: args.key,
-        zone: args.zone,
-        exclude: args.exclude,
-    };
+    let options =
+        PickOptions { rule: args.rule, version: args.version, key: args.key, zone: args.zone, exclude: args.exclude };
     for _ in 0..args.count {
         let picked = client.pick(&args.service, options.clone()).await?;
         println!("{}", describe(&picked));

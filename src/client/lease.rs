@@ -116,7 +116,8 @@ impl LeasedPicker {
         let mut members = Vec::with_capacity(leased.instances.len());
         for (i, instance) in leased.instances.into_iter().enumerate() {
             let spec = convert::instance_spec(instance);
-            let instance = spec.validate(&format!("lease.instances[{i}]")).map_err(|e| ClientError::Closed(e.to_string()))?;
+            let instance =
+                spec.validate(&format!("lease.instances[{i}]")).map_err(|e| ClientError::Closed(e.to_string()))?;
             members.push(Arc::new(instance));
         }
         let rule = crate::rules::parse(&leased.rule).map_err(|e| ClientError::Closed(e.to_string()))?.rule;

@@ -49,7 +49,12 @@ impl pb::balancer_server::Balancer for BalancerService {
 
     async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
         let request = request.into_inner();
-        let query = PickQuery { service: &request.service, rule: &request.rule, version: &request.version, ..Default::default() };
+        let query = PickQuery {
+            service: &request.service,
+            rule: &request.rule,
+            version: &request.version,
+            ..Default::default()
+        };
         let leased = self.balancer.lease(query, request.count).await?;
         Ok(Response::new(pb::LeaseResponse {
             first_ticket: leased.first_ticket,

@@ -32,7 +32,9 @@ pub fn pick_error_reason(error: &PickError) -> &'static str {
 impl From<PickError> for Status {
     fn from(error: PickError) -> Self {
         let mut status = Status::new(pick_error_code(&error), error.to_string());
-        status.metadata_mut().insert(ERROR_REASON_KEY, tonic::metadata::MetadataValue::from_static(pick_error_reason(&error)));
+        status
+            .metadata_mut()
+            .insert(ERROR_REASON_KEY, tonic::metadata::MetadataValue::from_static(pick_error_reason(&error)));
         status
     }
 }

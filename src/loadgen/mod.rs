@@ -60,7 +60,9 @@ impl Mode {
             "pipelined" => Ok(Mode::Pipelined),
             other => match other.strip_prefix("lease:").map(str::parse::<u32>) {
                 Some(Ok(k)) if (1..=65_536).contains(&k) => Ok(Mode::Lease(k)),
-                _ => Err(format!("unknown mode {other:?}; modes: health, pick, stream, pipelined, lease:K (K in 1..=65536)")),
+                _ => Err(format!(
+                    "unknown mode {other:?}; modes: health, pick, stream, pipelined, lease:K (K in 1..=65536)"
+                )),
             },
         }
     }
@@ -157,7 +159,11 @@ async fn unary_health(channel: Channel, window: (Instant, Instant)) -> Result<Ta
     Ok(tally)
 }
 
-async fn unary_pick(channel: Channel, request: pb::PickRequest, window: (Instant, Instant)) -> Result<Tally, LoadError> {
+async fn unary_pick(
+    channel: Channel,
+    request: pb::PickRequest,
+    window: (Instant, Instant),
+) -> Result<Tally, LoadError> {
     let mut client = BalancerClient::new(channel);
     let mut tally = Tally { histogram: new_histogram(), errors: 0 };
     while Instant::now() < window.1 {
@@ -207,7 +213,12 @@ async fn streamed_pick(
     Ok(tally)
 }
 
-async fn leased_pick(channel: Channel, request: pb::PickRequest, k: u32, window: (Instant, Instant)) -> Result<Tally, LoadError> {
+async fn leased_pick(
+    channel: Channel,
+    request: pb::PickRequest,
+    k: u32,
+    window: (Instant, Instant),
+) -> Result<Tally, LoadError> {
     let client = crate::client::RotaClient::from_channel(channel);
     let options = crate::client::PickOptions::rule(request.rule.clone()).version(request.version.clone());
     let mut picker = crate::client::LeasedPicker::new(client, request.service.clone(), options, k);

@@ -60,7 +60,10 @@ impl LoadResult {
 }
 
 pub fn print_table(results: &[LoadResult]) {
-    println!("{:<10} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9}", "mode", "req/s", "errors", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs");
+    println!(
+        "{:<10} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "mode", "req/s", "errors", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs"
+    );
     for r in results {
         println!(
             "{:<10} {:>12.0} {:>8} {:>9} {:>9} {:>9} {:>9}",

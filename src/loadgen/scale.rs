@@ -88,7 +88,8 @@ pub async fn compare_churn(
     for (index, registration) in registrations.iter_mut().take(churners).enumerate() {
         // Each churner toggles its first 100 instances: withdraw, then announce again.
         let first = index * per_stream;
-        let batch: Vec<pb::Instance> = (first..first + 100.min(per_stream)).map(|i| instance(i, config.services)).collect();
+        let batch: Vec<pb::Instance> =
+            (first..first + 100.min(per_stream)).map(|i| instance(i, config.services)).collect();
         let refs: Vec<pb::InstanceRef> =
             batch.iter().map(|i| pb::InstanceRef { service: i.service.clone(), id: i.id.clone() }).collect();
         handles.push(async move {
@@ -101,7 +102,8 @@ pub async fn compare_churn(
             Ok::<u64, ClientError>(operations)
         });
     }
-    let (churned, operations) = tokio::join!(run(&config.load, &channels, Mode::Pick), futures_util::future::join_all(handles));
+    let (churned, operations) =
+        tokio::join!(run(&config.load, &channels, Mode::Pick), futures_util::future::join_all(handles));
     let mut total = 0;
     for result in operations {
         total += result?;

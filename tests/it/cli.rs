@@ -18,8 +18,14 @@ impl Drop for Serving {
 }
 
 fn serve() -> Serving {
+    serve_with(&[])
+}
+
+/// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
+fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -135,19 +141,7 @@ fn demo_shows_shared_rotations() {
 }
 
 fn serve_with_config(path: &std::path::Path) -> Serving {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rota serve starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
-    Serving { child, endpoint: format!("http://{addr}") }
+    serve_with(&["--config".as_ref(), path.as_os_str()])
 }
 
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {

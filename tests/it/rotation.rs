@@ -150,7 +150,8 @@ async fn pick_stream_answers_in_order_and_survives_a_bad_request() {
 async fn leased_tickets_and_unary_picks_share_one_exact_rotation() {
     use rota::client::LeasedPicker;
     let server = TestServer::start().await;
-    let _provider = server.register(vec![instance("lease", "a", 1), instance("lease", "b", 2), instance("lease", "c", 3)]).await;
+    let _provider =
+        server.register(vec![instance("lease", "a", 1), instance("lease", "b", 2), instance("lease", "c", 3)]).await;
     let mut leased = LeasedPicker::new(server.client().await, "lease", PickOptions::rule("round_robin"), 4);
     let mut local = Vec::new();
     for _ in 0..4 {
@@ -171,9 +172,21 @@ async fn leased_tickets_and_unary_picks_share_one_exact_rotation() {
     }
     assert_eq!(ids, "aabbccaa");
 
-    let error = client.balancer().lease(rota::pb::LeaseRequest { service: "lease".into(), rule: "random".into(), version: String::new(), count: 4 }).await.unwrap_err();
+    let error = client
+        .balancer()
+        .lease(rota::pb::LeaseRequest {
+            service: "lease".into(),
+            rule: "random".into(),
+            version: String::new(),
+            count: 4,
+        })
+        .await
+        .unwrap_err();
     assert_eq!(error.code(), tonic::Code::InvalidArgument);
-    assert_eq!(error.message(), "rule is \"random\", which cannot be leased; leasable rules: round_robin, repeat, weighted");
+    assert_eq!(
+        error.message(),
+        "rule is \"random\", which cannot be leased; leasable rules: round_robin, repeat, weighted"
+    );
 }
 
 #[tokio::test]

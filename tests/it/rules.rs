@@ -22,7 +22,11 @@ fn failure(service: &str, id: &str) -> pb::CallOutcome {
 fn short_breaker(service: &str, blackout_ms: u64) -> pb::Policy {
     pb::Policy {
         service: service.into(),
-        breaker: Some(pb::Breaker { failure_threshold: 3, blackout_base_ms: blackout_ms, blackout_max_ms: blackout_ms }),
+        breaker: Some(pb::Breaker {
+            failure_threshold: 3,
+            blackout_base_ms: blackout_ms,
+            blackout_max_ms: blackout_ms,
+        }),
         ..Default::default()
     }
 }

@@ -29,6 +29,7 @@ pub mod balancer;
 pub mod cli;
 pub mod client;
 pub mod grpc;
+pub mod hash;
 pub mod loadgen;
 pub mod policy;
 pub mod registry;

@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use super::{Balancer, PickError, PickQuery, check_request_limits};
-use crate::registry::{Instance, InvalidField, validate_service_name};
+use super::{Balancer, PickError, PickQuery, check_request_limits, known_service};
+use crate::registry::{Instance, InvalidField};
 use crate::rules::{Fallback, Rule, isolate};
 use crate::state::CounterKey;
 
@@ -32,7 +32,6 @@ pub struct Leased {
 
 impl Balancer {
     pub async fn lease(&self, query: PickQuery<'_>, count: u32) -> Result<Leased, PickError> {
-        validate_service_name("service", query.service)?;
         check_request_limits(&query)?;
         if count > MAX_LEASE {
             let problem = format!("is {count}; the limit is {MAX_LEASE}");
@@ -53,7 +52,7 @@ impl Balancer {
             )));
         }
         let catalog = self.registry.catalog();
-        let snapshot = catalog.get(query.service).ok_or_else(|| PickError::UnknownService(query.service.into()))?;
+        let snapshot = known_service(&catalog, query.service)?;
         let isolated =
             isolate(snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
         if isolated.subset.is_empty() {

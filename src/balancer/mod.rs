@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
-use crate::registry::{Instance, InvalidField, MAX_NAME_LEN, Registry, ServiceSnapshot, validate_service_name};
+use crate::registry::{
+    Catalog, Instance, InvalidField, MAX_NAME_LEN, Registry, ServiceSnapshot, validate_service_name,
+};
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
@@ -105,7 +107,6 @@ impl Balancer {
     }
 
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
-        validate_service_name("service", query.service)?;
         check_request_limits(&query)?;
         let policies = self.policies.load();
         let policy = policies.for_service(query.service);
@@ -114,7 +115,7 @@ impl Balancer {
             return Err(RuleError::MissingKey { rule: rule.canonical.clone() }.into());
         }
         let catalog = self.registry.catalog();
-        let snapshot = catalog.get(query.service).ok_or_else(|| PickError::UnknownService(query.service.into()))?;
+        let snapshot = known_service(&catalog, query.service)?;
         let selection = match &rule.rule {
             Rule::Retry { inner, budget } => {
                 self.pick_with_retry(snapshot, &rule, inner.as_ref(), *budget, policy, &query).await?
@@ -182,6 +183,18 @@ impl Balancer {
         let catalog = self.registry.catalog();
         self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id)));
         self.state.housekeeping();
+    }
+}
+
+/// The service's snapshot. Registered names were validated on the way in, so a name is only
+/// checked (to tell `INVALID_ARGUMENT` from `NOT_FOUND`) when the lookup misses.
+fn known_service<'c>(catalog: &'c Catalog, service: &str) -> Result<&'c Arc<ServiceSnapshot>, PickError> {
+    match catalog.get(service) {
+        Some(snapshot) => Ok(snapshot),
+        None => {
+            validate_service_name("service", service)?;
+            Err(PickError::UnknownService(service.into()))
+        }
     }
 }
 

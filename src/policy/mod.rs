@@ -10,12 +10,13 @@
 pub mod file;
 mod gray;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::hash::Map;
 use crate::registry::{InvalidField, validate_service_name};
 use crate::rules::{self, ParsedRule};
 use crate::state::BreakerConfig;
@@ -118,10 +119,10 @@ impl PolicySpec {
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     pub defaults: Arc<Policy>,
-    pub services: HashMap<String, Arc<Policy>>,
+    pub services: Map<String, Arc<Policy>>,
     /// The specs the services' policies were resolved from, to re-resolve them when the
     /// defaults change and to show operators what they wrote.
-    pub specs: HashMap<String, PolicySpec>,
+    pub specs: Map<String, PolicySpec>,
 }
 
 impl PolicySet {
@@ -132,7 +133,7 @@ impl PolicySet {
     /// Builds a set from the defaults' spec and the services' specs, validating everything.
     pub fn build(defaults: &PolicySpec, services: &BTreeMap<String, PolicySpec>) -> Result<Self, InvalidField> {
         let defaults = Arc::new(defaults.resolve(&Policy::default(), "defaults")?);
-        let mut set = PolicySet { defaults, services: HashMap::new(), specs: HashMap::new() };
+        let mut set = PolicySet { defaults, services: Map::default(), specs: Map::default() };
         for (name, spec) in services {
             validate_service_name(&format!("services.{name}"), name)?;
             let policy = spec.resolve(&set.defaults, &format!("services.{name}"))?;

@@ -7,6 +7,8 @@
 //! version for version isolation.
 
 use std::collections::HashMap;
+
+use crate::hash::Map;
 use std::sync::Arc;
 
 use super::instance::Instance;
@@ -15,7 +17,7 @@ use crate::rules::SubsetTables;
 /// Every service the registry has seen, by name.
 #[derive(Debug, Default, Clone)]
 pub struct Catalog {
-    pub services: HashMap<Arc<str>, Arc<ServiceSnapshot>>,
+    pub services: Map<Arc<str>, Arc<ServiceSnapshot>>,
 }
 
 impl Catalog {
@@ -74,7 +76,7 @@ pub struct ServiceSnapshot {
     /// UP instances with no version, sorted by id.
     pub unversioned: Subset,
     /// UP instances per non-empty version, each sorted by id.
-    pub versions: HashMap<Arc<str>, Subset>,
+    pub versions: Map<Arc<str>, Subset>,
     /// Every UP instance, whatever its version (for the "any instance" isolation fallback).
     pub up: Subset,
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
+use crate::hash::ConcurrentMap;
 
 use super::spec::{ParsedRule, RuleError, parse};
 
@@ -14,7 +14,7 @@ const CAPACITY: usize = 4096;
 
 #[derive(Debug, Default)]
 pub struct RuleCache {
-    parsed: DashMap<Box<str>, Arc<ParsedRule>>,
+    parsed: ConcurrentMap<Box<str>, Arc<ParsedRule>>,
 }
 
 impl RuleCache {

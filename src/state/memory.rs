@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::hash::ConcurrentMap;
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::{CounterKey, StickyKey};
@@ -45,8 +45,8 @@ impl TicketCache {
 
 #[derive(Debug, Default)]
 pub struct MemoryState {
-    counters: DashMap<CounterKey, Arc<AtomicU64>>,
-    sticky: DashMap<StickyKey, (Arc<str>, Instant)>,
+    counters: ConcurrentMap<CounterKey, Arc<AtomicU64>>,
+    sticky: ConcurrentMap<StickyKey, (Arc<str>, Instant)>,
 }
 
 impl MemoryState {

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dashmap::DashMap;
+use crate::hash::ConcurrentMap;
 use tokio::time::Instant;
 
 /// Ribbon's circuit-breaker parameters.
@@ -126,13 +126,13 @@ impl InstanceStats {
     }
 }
 
-type ServiceStats = DashMap<Arc<str>, Arc<InstanceStats>>;
+type ServiceStats = ConcurrentMap<Arc<str>, Arc<InstanceStats>>;
 
 #[derive(Debug)]
 pub struct Stats {
     origin: Instant,
     config: StatsConfig,
-    services: DashMap<Arc<str>, ServiceStats>,
+    services: ConcurrentMap<Arc<str>, ServiceStats>,
 }
 
 impl Default for Stats {
@@ -143,7 +143,7 @@ impl Default for Stats {
 
 impl Stats {
     pub fn new(config: StatsConfig) -> Self {
-        Self { origin: Instant::now(), config, services: DashMap::new() }
+        Self { origin: Instant::now(), config, services: ConcurrentMap::default() }
     }
 
     pub fn config(&self) -> StatsConfig {

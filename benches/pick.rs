@@ -1,7 +1,8 @@
 //! The pure pick path and its neighbours, measured with criterion:
 //!
-//! - `select/<rule>/<n>` — drawing a ticket from the in-memory counter and running the rule over
-//!   n instances (3, 100, 10,000), with real (empty) statistics;
+//! - `select/<rule>/<n>` — the pure pick path: drawing a ticket from the in-memory counter
+//!   through the subset's cached handle (no lock) and running the rule over n instances
+//!   (3, 100, 10,000), with real (empty) statistics;
 //! - `balancer/<rule>/<n>` — the whole in-process pick: policy, snapshot, isolation, ticket,
 //!   rule, in-flight accounting (no gRPC);
 //! - `publish/10000` — building a service snapshot of 10,000 instances;
@@ -74,7 +75,7 @@ fn select_benches(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {
-                    let ticket = state.next_ticket(&counter);
+                    let ticket = state.next_ticket_cached(&subset.tables.tickets, &counter);
                     k = (k + 1) & 1023;
                     let draw = Draw { candidates: &subset, ticket, key: &keys[k], zone: "", stats: &load };
                     black_box(rule.rule.select(&draw, &mut rng))

@@ -70,7 +70,7 @@ fn select_benches(c: &mut Criterion) {
             let rule = parse(name).unwrap();
             let counter =
                 CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
-            let load = ServiceLoad { stats: &stats, service: "svc" };
+            let load = ServiceLoad::new(&stats, "svc");
             let mut rng = fastrand::Rng::with_seed(7);
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 let mut k = 0usize;

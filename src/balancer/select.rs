@@ -4,6 +4,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::{Instance, ServiceSnapshot};
@@ -19,15 +21,22 @@ pub(super) struct Selection {
     pub fallback: Option<String>,
 }
 
-/// One service's instance loads, as rules read them.
+/// One service's instance loads, as rules read them, at one moment.
 pub struct ServiceLoad<'a> {
-    pub stats: &'a Stats,
-    pub service: &'a str,
+    stats: &'a Stats,
+    service: &'a str,
+    now: Instant,
+}
+
+impl<'a> ServiceLoad<'a> {
+    pub fn new(stats: &'a Stats, service: &'a str) -> Self {
+        Self { stats, service, now: Instant::now() }
+    }
 }
 
 impl StatsView for ServiceLoad<'_> {
     fn load(&self, instance: &Instance) -> Load {
-        self.stats.load(self.service, &instance.id)
+        self.stats.load_at(self.service, &instance.id, self.now)
     }
 }
 
@@ -54,7 +63,7 @@ impl Balancer {
             subset: candidates.label.clone(),
         };
         let ticket = self.state.next_ticket_on(&candidates.tables.tickets, &counter).await?;
-        let stats = ServiceLoad { stats: &self.stats, service: &snapshot.name };
+        let stats = ServiceLoad::new(&self.stats, &snapshot.name);
         let draw = Draw { candidates: &candidates, ticket, key: query.key, zone: query.zone, stats: &stats };
         let mut rng = fastrand::Rng::new();
 

@@ -29,7 +29,9 @@ pub fn is_available(stats: &dyn StatsView, instance: &Instance, limit: Option<u6
 impl Select for AvailabilityFiltering {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        if let Some(index) = nth_kept(members, draw.ticket, |i| is_available(draw.stats, i, self.limit)) {
+        // Read each instance's load once: the stats lookups dominate this rule's cost.
+        let available: Vec<bool> = members.iter().map(|i| is_available(draw.stats, i, self.limit)).collect();
+        if let Some(index) = nth_kept(&available, draw.ticket, |ok| *ok) {
             return Some(Choice::at(index));
         }
         let n = members.len() as u64;

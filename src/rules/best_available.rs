@@ -14,17 +14,14 @@ pub struct BestAvailable;
 impl Select for BestAvailable {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        let least =
-            members.iter().map(|i| draw.stats.load(i)).filter(|load| !load.tripped).map(|load| load.in_flight).min();
+        // Read each instance's load once: the stats lookups dominate this rule's cost.
+        let loads: Vec<crate::state::Load> = members.iter().map(|i| draw.stats.load(i)).collect();
+        let least = loads.iter().filter(|load| !load.tripped).map(|load| load.in_flight).min();
         let Some(least) = least else {
             let n = members.len() as u64;
             return (n > 0).then(|| Choice { index: (draw.ticket % n) as usize, fallback: Some(ALL_UNAVAILABLE) });
         };
-        nth_kept(members, draw.ticket, |i| {
-            let load = draw.stats.load(i);
-            !load.tripped && load.in_flight == least
-        })
-        .map(Choice::at)
+        nth_kept(&loads, draw.ticket, |load| !load.tripped && load.in_flight == least).map(Choice::at)
     }
 }
 

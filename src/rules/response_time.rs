@@ -14,15 +14,14 @@ pub struct ResponseTime;
 impl Select for ResponseTime {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        let (sum, known) = members
-            .iter()
-            .filter_map(|i| draw.stats.load(i).latency_ms)
-            .fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
+        let latencies: Vec<Option<f64>> = members.iter().map(|i| draw.stats.load(i).latency_ms).collect();
+        let (sum, known) =
+            latencies.iter().flatten().fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
         if known == 0 {
             return RoundRobin.select(draw, rng);
         }
         let mean = sum / known as f64;
-        let latency = |index: usize| draw.stats.load(&members[index]).latency_ms.unwrap_or(mean);
+        let latency = |index: usize| latencies[index].unwrap_or(mean);
         let total_latency: f64 = (0..members.len()).map(latency).sum();
         let weight = |index: usize| (total_latency - latency(index)).max(0.0);
         let total_weight: f64 = (0..members.len()).map(weight).sum();

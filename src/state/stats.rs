@@ -225,7 +225,16 @@ impl Stats {
 
     /// The load of one instance now.
     pub fn load(&self, service: &str, id: &str) -> Load {
-        self.report(service, id).load
+        self.load_at(service, id, Instant::now())
+    }
+
+    /// The load of one instance at `now`; rules reading many instances take the clock once.
+    pub fn load_at(&self, service: &str, id: &str, now: Instant) -> Load {
+        let Some(stats) = self.find(service, id) else { return Load::default() };
+        let mut inner = stats.lock();
+        self.expire_in_flight(&mut inner, self.second(now));
+        let tripped = inner.tripped_until.is_some_and(|until| until > now);
+        Load { in_flight: inner.in_flight_total, latency_ms: inner.ewma_ms, tripped }
     }
 
     pub fn report(&self, service: &str, id: &str) -> InstanceReport {

@@ -72,6 +72,15 @@ impl LeasedPicker {
         Ok(())
     }
 
+    /// Waits until the followed watch has reported `epoch` (or later); returns false if the
+    /// picker does not follow changes or its watch ended.
+    pub async fn wait_for_epoch(&mut self, epoch: u64) -> bool {
+        match &mut self.epochs {
+            Some(epochs) => epochs.wait_for(|seen| *seen >= epoch).await.is_ok(),
+            None => false,
+        }
+    }
+
     pub async fn pick(&mut self) -> Result<LocalPick, ClientError> {
         let stale = match (&self.block, &self.epochs) {
             (Some(block), Some(epochs)) => *epochs.borrow() > block.epoch,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
@@ -62,10 +62,16 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// Default time between the start of a graceful shutdown and the end of serving.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// A running server.
 pub struct Server {
     local_addr: SocketAddr,
     balancer: Arc<Balancer>,
+    health: tonic_health::server::HealthReporter,
+    /// Turns true when a graceful shutdown begins; long-lived streams watch it.
+    drain: watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
     background: Vec<JoinHandle<()>>,
@@ -110,6 +116,7 @@ impl Server {
         }
         background.push(tokio::spawn(housekeeping(balancer.clone())));
 
+        let (drain, drain_rx) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<pb::balancer_server::BalancerServer<BalancerService>>().await;
         health.set_serving::<pb::registry_server::RegistryServer<RegistryService>>().await;
@@ -131,7 +138,7 @@ impl Server {
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone())))
-            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry)))
+            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry, drain_rx)))
             .add_service(pb::policies_server::PoliciesServer::new(PoliciesService::new(policies)));
 
         let (stop, stopped) = oneshot::channel::<()>();
@@ -140,7 +147,7 @@ impl Server {
             let _ = stopped.await;
         }));
         info!(addr = %local_addr, backend = balancer.state().name(), "serving");
-        Ok(Self { local_addr, balancer, stop: Some(stop), task, background })
+        Ok(Self { local_addr, balancer, health, drain, stop: Some(stop), task, background })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -157,13 +164,36 @@ impl Server {
         format!("http://{}", self.local_addr)
     }
 
-    /// Runs until the server stops on its own (an error) or `shutdown` resolves.
-    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    /// Runs until the server stops on its own (an error) or `shutdown` resolves; then drains
+    /// for `grace` (see [`begin_drain`](Self::begin_drain)) and stops. `shutdown` resolving a
+    /// second time ends the grace period early.
+    pub async fn run_until<F: Future<Output = ()>>(
+        mut self,
+        mut shutdown: impl FnMut() -> F,
+        grace: Duration,
+    ) -> Result<(), ServeError> {
         tokio::select! {
             result = &mut self.task => return flatten(result),
-            () = shutdown => {}
+            () = shutdown() => {}
+        }
+        self.begin_drain().await;
+        info!(grace_ms = grace.as_millis() as u64, "draining");
+        tokio::select! {
+            () = tokio::time::sleep(grace) => {}
+            () = shutdown() => info!("second signal: stopping now"),
         }
         self.stop().await
+    }
+
+    /// Starts a graceful shutdown: health turns NOT_SERVING (so balancers and probes move
+    /// away), registration streams are sent `Closing` and ended (providers reconnect to another
+    /// replica), watches end; picks keep being answered until [`stop`](Self::stop).
+    pub async fn begin_drain(&self) {
+        self.health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        self.health.set_not_serving::<pb::balancer_server::BalancerServer<BalancerService>>().await;
+        self.health.set_not_serving::<pb::registry_server::RegistryServer<RegistryService>>().await;
+        self.health.set_not_serving::<pb::policies_server::PoliciesServer<PoliciesService>>().await;
+        self.drain.send_replace(true);
     }
 
     /// Stops accepting calls and aborts open streams.

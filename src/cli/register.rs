@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::{CliError, ServerArgs, shutdown_signal};
+use crate::client::ClientError;
 use crate::pb;
 
 #[derive(Debug, Args)]
@@ -67,7 +68,11 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
             registration.ack().lease_id
         );
     }
-    shutdown_signal().await;
+    let mut registration = registration;
+    tokio::select! {
+        () = shutdown_signal() => {}
+        reason = registration.closed() => return Err(ClientError::Closed(reason).into()),
+    }
     registration.close().await?;
     println!("withdrawn");
     Ok(())

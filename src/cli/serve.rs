@@ -21,6 +21,9 @@ pub struct ServeArgs {
     /// Drop a registration stream's instances after this long without a message from it.
     #[arg(long, env = "ROTA_HEARTBEAT_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub heartbeat_timeout: Duration,
+    /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit.
+    #[arg(long, env = "ROTA_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
     /// Most instances one registration stream may hold.
     #[arg(long, env = "ROTA_MAX_INSTANCES_PER_STREAM", default_value_t = DEFAULT_MAX_INSTANCES_PER_STREAM)]
     pub max_instances_per_stream: usize,
@@ -44,6 +47,6 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let mut stdout = std::io::stdout();
     writeln!(stdout, "listening on {}", server.local_addr())?;
     stdout.flush()?;
-    server.run_until(shutdown_signal()).await?;
+    server.run_until(shutdown_signal, args.shutdown_grace).await?;
     Ok(())
 }

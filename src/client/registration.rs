@@ -60,6 +60,21 @@ impl Registration {
         next_ack(&mut self.inbound).await
     }
 
+    /// Resolves when the server ends the stream, with its reason (for example a `Closing`
+    /// sent when rota shuts down). Acks arriving meanwhile are discarded.
+    pub async fn closed(&mut self) -> String {
+        loop {
+            match self.inbound.message().await {
+                Ok(Some(pb::RegisterResponse { msg: Some(register_response::Msg::Closing(closing)) })) => {
+                    return closing.reason;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return "stream ended".into(),
+                Err(status) => return status.message().to_owned(),
+            }
+        }
+    }
+
     /// Withdraws every instance of this registration and closes the stream.
     pub async fn close(mut self) -> Result<pb::Ack, ClientError> {
         let ack = self.send(Msg::Withdraw(pb::Withdraw { instances: Vec::new() })).await;

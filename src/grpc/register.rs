@@ -4,9 +4,10 @@
 //! Update and Withdraw is applied and acknowledged in order; every message, heartbeats included,
 //! keeps the lease alive. When the stream ends — a clean close, a reset, or the consumer of the
 //! responses going away — the lease is dropped and its instances leave the registry at once.
-//! When the registry expires a silent lease, the provider is sent `Closing` and the stream ends.
+//! When the registry expires a silent lease, or the server begins a graceful shutdown, the
+//! provider is sent `Closing` and the stream ends.
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::debug;
@@ -18,24 +19,37 @@ use crate::registry::{InvalidField, Lease, Outcome, Refused, Registry};
 /// Responses buffered for a slow reader before the stream stops reading requests.
 const RESPONSE_BUFFER: usize = 16;
 
+/// Why a stream is ended when the server shuts down.
+pub const SHUTTING_DOWN: &str = "rota is shutting down; reconnect to another replica and announce again";
+
 pub fn serve(
     registry: &Registry,
     inbound: Streaming<pb::RegisterRequest>,
+    drain: watch::Receiver<bool>,
 ) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let lease = registry.open_lease();
-    tokio::spawn(run(lease, inbound, tx));
+    tokio::spawn(run(lease, inbound, tx, drain));
     ReceiverStream::new(rx)
+}
+
+/// Resolves once a graceful shutdown has begun; never if the server is gone without one.
+pub async fn draining(drain: &mut watch::Receiver<bool>) {
+    if drain.wait_for(|draining| *draining).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn run(
     mut lease: Lease,
     mut inbound: Streaming<pb::RegisterRequest>,
     tx: mpsc::Sender<Result<pb::RegisterResponse, Status>>,
+    mut drain: watch::Receiver<bool>,
 ) {
     let expiry = lease.take_expiry();
     tokio::pin!(expiry);
     let mut seq = 0;
+    let mut drained = false;
     loop {
         tokio::select! {
             () = &mut expiry => {
@@ -45,6 +59,12 @@ async fn run(
                 );
                 let closing = pb::register_response::Msg::Closing(pb::Closing { reason });
                 let _ = tx.send(Ok(pb::RegisterResponse { msg: Some(closing) })).await;
+                break;
+            }
+            () = draining(&mut drain) => {
+                let closing = pb::register_response::Msg::Closing(pb::Closing { reason: SHUTTING_DOWN.into() });
+                let _ = tx.send(Ok(pb::RegisterResponse { msg: Some(closing) })).await;
+                drained = true;
                 break;
             }
             message = inbound.message() => match message {
@@ -63,6 +83,16 @@ async fn run(
                 }
             },
             () = tx.closed() => break,
+        }
+    }
+    if drained {
+        // The provider moves to another replica, but this one keeps answering picks during
+        // its grace period: the stream ends, its instances stay (kept alive) until exit.
+        drop((inbound, tx));
+        let mut ticker = tokio::time::interval(lease.heartbeat_timeout() / 3);
+        loop {
+            ticker.tick().await;
+            lease.touch();
         }
     }
     // Dropping the lease here removes its instances.

@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -14,11 +14,13 @@ use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_
 
 pub struct RegistryService {
     registry: Registry,
+    drain: watch::Receiver<bool>,
 }
 
 impl RegistryService {
-    pub fn new(registry: Registry) -> Self {
-        Self { registry }
+    /// `drain` turns true when the server begins a graceful shutdown.
+    pub fn new(registry: Registry, drain: watch::Receiver<bool>) -> Self {
+        Self { registry, drain }
     }
 }
 
@@ -36,7 +38,7 @@ impl pb::registry_server::Registry for RegistryService {
         &self,
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
-        Ok(Response::new(register::serve(&self.registry, request.into_inner())))
+        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone())))
     }
 
     async fn list_services(
@@ -80,6 +82,7 @@ impl pb::registry_server::Registry for RegistryService {
         let name = request.into_inner().service;
         checked_service(&name)?;
         let mut snapshots = self.registry.subscribe(&name).await?;
+        let mut drain = self.drain.clone();
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
@@ -116,6 +119,10 @@ impl pb::registry_server::Registry for RegistryService {
                         last = current;
                     }
                     () = tx.closed() => break,
+                    () = register::draining(&mut drain) => {
+                        let _ = tx.send(Err(Status::unavailable("rota is shutting down; watch another replica"))).await;
+                        break;
+                    }
                 }
             }
         });

@@ -197,3 +197,41 @@ fn the_config_file_sets_policies_and_reloads_on_sighup() {
     }
     let _ = register.child.kill();
 }
+
+#[test]
+fn sigterm_drains_then_exits_zero() {
+    let mut server = serve_with(&["--shutdown-grace".as_ref(), "5s".as_ref()]);
+    let mut register = Command::new(BIN)
+        .args(["register", "term", "127.0.0.1:7201", "--id", "a"])
+        .env("ROTA_SERVER", &server.endpoint)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(register.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("registered a in term"), "{line}");
+
+    assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
+    // The provider is told to go elsewhere, and says so.
+    let registered = register.wait_with_output().unwrap();
+    assert!(!registered.status.success());
+    assert_eq!(
+        text(&registered.stderr),
+        "rota: the server closed the registration stream: rota is shutting down; reconnect to another replica and announce again\n"
+    );
+    // During the grace period, picks are still answered.
+    let picked = rota(&server, &["pick", "term"]);
+    assert!(picked.status.success(), "{}", text(&picked.stderr));
+    assert!(text(&picked.stdout).contains("127.0.0.1:7201"));
+    // Then the server exits 0 (bounded wait: grace 5 s plus margin).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "rota serve did not exit after its grace period");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}

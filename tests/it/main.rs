@@ -8,3 +8,4 @@ mod harness;
 mod registration;
 mod rotation;
 mod rules;
+mod shutdown;

@@ -18,6 +18,7 @@
 //! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
+//! - [`config`] — the server's settings: file < environment < flags, validated before binding.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
 //! - [`loadgen`] — the load generator behind `rota bench`.
 //! - [`client`] — a Rust client for the same API, used by the CLI and the tests.
@@ -28,6 +29,7 @@
 pub mod balancer;
 pub mod cli;
 pub mod client;
+pub mod config;
 pub mod grpc;
 pub mod hash;
 pub mod loadgen;

@@ -72,6 +72,8 @@ pub struct WatchArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
     Serve(#[from] ServeError),
@@ -79,6 +81,19 @@ pub enum CliError {
     Usage(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// EX_USAGE from sysexits.h: the configuration (file, environment or flags) is invalid.
+pub const EXIT_CONFIG: u8 = 64;
+
+impl CliError {
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Config(_) | CliError::Serve(crate::server::ServeError::Config(_)) => EXIT_CONFIG,
+            _ => 1,
+        }
+    }
 }
 
 pub async fn run(cli: Cli) -> Result<(), CliError> {

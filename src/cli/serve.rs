@@ -1,52 +1,73 @@
 //! `rota serve`.
 
 use std::io::Write;
-use std::net::SocketAddr;
-use std::time::Duration;
 
 use clap::Args;
 
-use super::{CliError, parse_duration, shutdown_signal};
-use crate::registry::{DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
-use crate::server::{DEFAULT_LISTEN, ServeConfig, Server};
+use super::{CliError, shutdown_signal};
+use crate::config::{self, Overrides};
+use crate::server::Server;
 
+/// Every setting may also come from the config file's `[server]` table; flags and environment
+/// variables override it (see `docs/config.md`).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Config file (TOML) with per-service policies; reloaded when it changes or on SIGHUP.
+    /// Config file (TOML): `[server]` settings, and per-service policies reloaded on change or SIGHUP.
     #[arg(long, env = "ROTA_CONFIG")]
     pub config: Option<std::path::PathBuf>,
-    /// gRPC listen address; port 0 picks a free port. The bound address is printed first.
-    #[arg(long, env = "ROTA_LISTEN", default_value = DEFAULT_LISTEN)]
-    pub listen: SocketAddr,
-    /// Drop a registration stream's instances after this long without a message from it.
-    #[arg(long, env = "ROTA_HEARTBEAT_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
-    pub heartbeat_timeout: Duration,
-    /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit.
-    #[arg(long, env = "ROTA_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
-    pub shutdown_grace: Duration,
-    /// Most instances one registration stream may hold.
-    #[arg(long, env = "ROTA_MAX_INSTANCES_PER_STREAM", default_value_t = DEFAULT_MAX_INSTANCES_PER_STREAM)]
-    pub max_instances_per_stream: usize,
+    /// gRPC listen address [default: 127.0.0.1:50051]; port 0 picks a free port. The bound
+    /// address is printed first.
+    #[arg(long, env = "ROTA_LISTEN")]
+    pub listen: Option<String>,
+    /// Drop a registration stream's instances after this long without a message [default: 15s].
+    #[arg(long, env = "ROTA_HEARTBEAT_TIMEOUT")]
+    pub heartbeat_timeout: Option<String>,
+    /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit
+    /// [default: 10s].
+    #[arg(long, env = "ROTA_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<String>,
+    /// Most instances one registration stream may hold [default: 1000].
+    #[arg(long, env = "ROTA_MAX_INSTANCES_PER_STREAM")]
+    pub max_instances_per_stream: Option<String>,
+    /// A pick not reported within this time stops counting as in flight [default: 30s].
+    #[arg(long, env = "ROTA_IN_FLIGHT_TIMEOUT")]
+    pub in_flight_timeout: Option<String>,
+    /// Time constant of the latency EWMA [default: 10s].
+    #[arg(long, env = "ROTA_LATENCY_DECAY")]
+    pub latency_decay: Option<String>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
-    if args.max_instances_per_stream == 0 {
-        return Err(CliError::Usage("--max-instances-per-stream must be at least 1".into()));
-    }
-    let config = ServeConfig {
+    let overrides = Overrides {
         listen: args.listen,
-        registry: RegistryConfig {
-            heartbeat_timeout: args.heartbeat_timeout,
-            max_instances_per_stream: args.max_instances_per_stream,
-        },
-        policy_file: args.config,
-        ..Default::default()
+        heartbeat_timeout: args.heartbeat_timeout,
+        max_instances_per_stream: args.max_instances_per_stream,
+        shutdown_grace: args.shutdown_grace,
+        in_flight_timeout: args.in_flight_timeout,
+        latency_decay: args.latency_decay,
     };
-    let server = Server::start(config).await?;
+    let settings = config::resolve(args.config.as_deref(), &overrides)?;
+    // The policy part is validated here too, so a bad file never gets as far as binding.
+    let policies = match settings.policy_file() {
+        Some(path) => Some(crate::policy::file::load(path).map_err(crate::server::ServeError::from)?),
+        None => None,
+    };
+    if args.print_config {
+        print!("{}", settings.to_toml());
+        if let Some(policies) = &policies {
+            print!("{}", crate::policy::file::to_toml(policies));
+        }
+        return Ok(());
+    }
+    let grace = settings.shutdown_grace;
+    let server = Server::start(settings.serve).await?;
     // The first line of output is the bound address, for scripts and test harnesses.
     let mut stdout = std::io::stdout();
     writeln!(stdout, "listening on {}", server.local_addr())?;
     stdout.flush()?;
-    server.run_until(shutdown_signal, args.shutdown_grace).await?;
+    server.run_until(shutdown_signal, grace).await?;
     Ok(())
 }

@@ -40,6 +40,9 @@ pub struct ConfigError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
+    /// Server settings: read by `crate::config`, at start only.
+    #[serde(default, rename = "server")]
+    _server: Option<toml::Value>,
     #[serde(default)]
     defaults: PolicyToml,
     #[serde(default)]
@@ -161,6 +164,44 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>) -> JoinHandle<()> 
     })
 }
 
+/// The effective policies as config-file TOML (`[defaults]`, then `[services.NAME]` by name).
+pub fn to_toml(set: &PolicySet) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut table = |header: &str, policy: &super::Policy| {
+        let fallback = match policy.isolation_fallback {
+            IsolationFallback::Fail => "fail",
+            IsolationFallback::Any => "any",
+        };
+        let breaker = &policy.breaker;
+        let _ =
+            writeln!(out, "\n[{header}]\nrule = {:?}\nisolation_fallback = \"{fallback}\"", &*policy.rule.canonical);
+        let _ = writeln!(
+            out,
+            "breaker = {{ failure_threshold = {}, blackout_base = \"{}\", blackout_max = \"{}\" }}",
+            breaker.failure_threshold,
+            humantime::format_duration(breaker.blackout_base),
+            humantime::format_duration(breaker.blackout_max)
+        );
+        if let Some(gray) = &policy.gray {
+            let versions: Vec<String> = gray.versions.iter().map(|(v, w)| format!("{v:?} = {w}")).collect();
+            let _ = writeln!(
+                out,
+                "gray = {{ unversioned = {}, versions = {{ {} }} }}",
+                gray.unversioned,
+                versions.join(", ")
+            );
+        }
+    };
+    table("defaults", &set.defaults);
+    let mut names: Vec<&String> = set.services.keys().collect();
+    names.sort();
+    for name in names {
+        table(&format!("services.{name:?}"), &set.services[name]);
+    }
+    out
+}
+
 fn modified(path: &Path) -> Option<(SystemTime, u64)> {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
@@ -190,6 +231,18 @@ mod tests {
         assert_eq!(orders.breaker.blackout(6), Duration::from_secs(4));
         assert_eq!(orders.gray.as_ref().unwrap().version_for(0), None);
         assert_eq!(&*set.for_service("payments").rule.canonical, "random");
+    }
+
+    #[test]
+    fn printed_policies_parse_back_to_the_same_set() {
+        let set = parse(
+            "[services.orders]\nrule = \"repeat(n=3)\"\nisolation_fallback = \"any\"\ngray = { unversioned = 9, versions = { v2 = 1 } }\n",
+        )
+        .unwrap();
+        let printed = to_toml(&set);
+        let again = parse(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again.for_service("orders"), set.for_service("orders"));
+        assert_eq!(to_toml(&again), printed);
     }
 
     #[test]

@@ -114,12 +114,49 @@ fn unreachable_server_is_reported_not_hung() {
 }
 
 #[test]
-fn invalid_serve_flags_exit_before_binding() {
+fn invalid_settings_exit_64_before_binding() {
     let output =
         Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--heartbeat-timeout", "0s"]).output().unwrap();
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(64));
     assert!(text(&output.stdout).is_empty(), "nothing was bound");
-    assert!(text(&output.stderr).contains("--heartbeat-timeout"), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stderr),
+        "rota: command line / environment: server.heartbeat_timeout: must be longer than zero\n"
+    );
+    let output = Command::new(BIN).args(["serve"]).env("ROTA_LISTEN", "127.0.0.1").output().unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        text(&output.stderr).contains("server.listen: \"127.0.0.1\" is not an address"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+#[test]
+fn print_config_shows_file_then_environment_then_flags() {
+    let path = temp_config(
+        "print",
+        "[server]\nlisten = \"127.0.0.1:6000\"\nheartbeat_timeout = \"20s\"\nshutdown_grace = \"4s\"\n[services.orders]\nrule = \"repeat\"\n",
+    );
+    let output = Command::new(BIN)
+        .args(["serve", "--print-config", "--shutdown-grace", "3s", "--config"])
+        .arg(&path)
+        .env("ROTA_HEARTBEAT_TIMEOUT", "7s")
+        .env("ROTA_SHUTDOWN_GRACE", "9s")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    for line in [
+        "listen = \"127.0.0.1:6000\"",
+        "heartbeat_timeout = \"7s\"",
+        "shutdown_grace = \"3s\"",
+        "max_instances_per_stream = 1000",
+        "[services.\"orders\"]",
+        "rule = \"repeat(n=3)\"",
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} missing from:\n{printed}");
+    }
 }
 
 #[test]
@@ -156,7 +193,7 @@ fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
 fn an_invalid_config_file_stops_serve_before_binding() {
     let path = temp_config("invalid", "[services.orders]\nrule = \"zigzag\"\n");
     let output = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&path).output().unwrap();
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(64));
     assert!(text(&output.stdout).is_empty(), "nothing was bound");
     let stderr = text(&output.stderr);
     assert!(stderr.contains("rota.toml: services.orders.rule is invalid: rule \"zigzag\" is unknown"), "{stderr}");

@@ -1,0 +1,255 @@
+//! The server's settings: one model, filled from the config file, then the environment, then
+//! command-line flags (each overriding the one before), validated as a whole before any port is
+//! bound.
+//!
+//! The file's `[server]` table holds the settings below; its `[defaults]` and `[services.*]`
+//! tables hold policies (see [`crate::policy::file`]). Server settings are read at start;
+//! policies also reload while rota runs. Every key, its variable and its default are listed in
+//! `docs/config.md`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
+use crate::server::{DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, ServeConfig};
+use crate::state::StatsConfig;
+
+/// A setting given on the command line or in the environment (clap merges those two).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub heartbeat_timeout: Option<String>,
+    pub max_instances_per_stream: Option<String>,
+    pub shutdown_grace: Option<String>,
+    pub in_flight_timeout: Option<String>,
+    pub latency_decay: Option<String>,
+}
+
+/// Everything `rota serve` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub serve: ServeConfig,
+    pub shutdown_grace: Duration,
+}
+
+/// A setting that is missing, malformed or out of range; `key` is its name in the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: {key}: {problem}")]
+pub struct ConfigError {
+    /// Where the bad value came from: the file's path, or "command line / environment".
+    pub source_name: String,
+    pub key: String,
+    pub problem: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    server: ServerTable,
+    // Policies: accepted here, parsed and validated by `policy::file`.
+    #[serde(default, rename = "defaults")]
+    _defaults: Option<toml::Value>,
+    #[serde(default, rename = "services")]
+    _services: Option<toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerTable {
+    listen: Option<String>,
+    heartbeat_timeout: Option<String>,
+    max_instances_per_stream: Option<u64>,
+    shutdown_grace: Option<String>,
+    in_flight_timeout: Option<String>,
+    latency_decay: Option<String>,
+}
+
+const FLAGS: &str = "command line / environment";
+
+/// Resolves the settings from an optional config file and the overrides.
+pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
+    let (table, file_name) = match file {
+        Some(path) => (read_server_table(path)?, path.display().to_string()),
+        None => (ServerTable::default(), String::new()),
+    };
+    // Each setting: the override if given, else the file's value, else the default.
+    let pick = |over: &Option<String>, from_file: Option<String>| -> Option<(String, String)> {
+        over.clone().map(|v| (v, FLAGS.to_owned())).or_else(|| from_file.map(|v| (v, file_name.clone())))
+    };
+    let listen = match pick(&overrides.listen, table.listen.clone()) {
+        Some((value, source)) => value.parse::<SocketAddr>().map_err(|_| ConfigError {
+            source_name: source,
+            key: "server.listen".into(),
+            problem: format!("{value:?} is not an address like 127.0.0.1:50051"),
+        })?,
+        None => DEFAULT_LISTEN.parse().expect("the default listen address is valid"),
+    };
+    let duration = |key: &'static str, over: &Option<String>, from_file: &Option<String>, default: Duration| match pick(
+        over,
+        from_file.clone(),
+    ) {
+        None => Ok(default),
+        Some((value, source)) => match humantime::parse_duration(&value) {
+            Ok(d) if !d.is_zero() => Ok(d),
+            Ok(_) => {
+                Err(ConfigError { source_name: source, key: key.into(), problem: "must be longer than zero".into() })
+            }
+            Err(e) => Err(ConfigError {
+                source_name: source,
+                key: key.into(),
+                problem: format!("{value:?} is not a duration ({e}); try 15s or 500ms"),
+            }),
+        },
+    };
+    let heartbeat_timeout = duration(
+        "server.heartbeat_timeout",
+        &overrides.heartbeat_timeout,
+        &table.heartbeat_timeout,
+        DEFAULT_HEARTBEAT_TIMEOUT,
+    )?;
+    let shutdown_grace =
+        duration("server.shutdown_grace", &overrides.shutdown_grace, &table.shutdown_grace, DEFAULT_SHUTDOWN_GRACE)?;
+    let stats_defaults = StatsConfig::default();
+    let in_flight_timeout = duration(
+        "server.in_flight_timeout",
+        &overrides.in_flight_timeout,
+        &table.in_flight_timeout,
+        stats_defaults.in_flight_timeout,
+    )?;
+    let latency_decay =
+        duration("server.latency_decay", &overrides.latency_decay, &table.latency_decay, stats_defaults.latency_decay)?;
+    let max_instances_per_stream =
+        match pick(&overrides.max_instances_per_stream, table.max_instances_per_stream.map(|n| n.to_string())) {
+            None => DEFAULT_MAX_INSTANCES_PER_STREAM,
+            Some((value, source)) => match value.parse::<usize>() {
+                Ok(n) if (1..=100_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError {
+                        source_name: source,
+                        key: "server.max_instances_per_stream".into(),
+                        problem: format!("must be an integer from 1 to 100000, got {value:?}"),
+                    });
+                }
+            },
+        };
+    Ok(Settings {
+        serve: ServeConfig {
+            listen,
+            registry: RegistryConfig { heartbeat_timeout, max_instances_per_stream },
+            stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
+            policy_file: file.map(Path::to_path_buf),
+        },
+        shutdown_grace,
+    })
+}
+
+fn read_server_table(path: &Path) -> Result<ServerTable, ConfigError> {
+    let error =
+        |key: &str, problem: String| ConfigError { source_name: path.display().to_string(), key: key.into(), problem };
+    let text = std::fs::read_to_string(path).map_err(|e| error("file", format!("cannot read: {e}")))?;
+    let file: FileConfig = toml::from_str(&text).map_err(|e| error("file", e.to_string().trim_end().to_owned()))?;
+    Ok(file.server)
+}
+
+impl Settings {
+    /// The effective settings as the `[server]` table of a config file.
+    pub fn to_toml(&self) -> String {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        format!(
+            "[server]\nlisten = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\n",
+            self.serve.listen,
+            d(self.serve.registry.heartbeat_timeout),
+            self.serve.registry.max_instances_per_stream,
+            d(self.shutdown_grace),
+            d(self.serve.stats.in_flight_timeout),
+            d(self.serve.stats.latency_decay),
+        )
+    }
+
+    pub fn policy_file(&self) -> Option<&PathBuf> {
+        self.serve.policy_file.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> tempfile_path::TempPath {
+        tempfile_path::write(text)
+    }
+
+    mod tempfile_path {
+        use std::path::PathBuf;
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        pub struct TempPath(pub PathBuf);
+
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+
+        pub fn write(text: &str) -> TempPath {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("rota-config-{}-{n}.toml", std::process::id()));
+            std::fs::write(&path, text).unwrap();
+            TempPath(path)
+        }
+    }
+
+    #[test]
+    fn file_then_overrides_then_defaults() {
+        let f = file(
+            "[server]\nlisten = \"127.0.0.1:7000\"\nheartbeat_timeout = \"20s\"\n[services.a]\nrule = \"random\"\n",
+        );
+        let settings = resolve(Some(&f.0), &Overrides::default()).unwrap();
+        assert_eq!(settings.serve.listen.to_string(), "127.0.0.1:7000");
+        assert_eq!(settings.serve.registry.heartbeat_timeout, Duration::from_secs(20));
+        assert_eq!(settings.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        let overrides = Overrides { heartbeat_timeout: Some("5s".into()), ..Default::default() };
+        let settings = resolve(Some(&f.0), &overrides).unwrap();
+        assert_eq!(settings.serve.registry.heartbeat_timeout, Duration::from_secs(5));
+        assert_eq!(settings.serve.listen.to_string(), "127.0.0.1:7000", "the file still sets what flags leave");
+    }
+
+    #[test]
+    fn errors_name_the_source_and_the_key() {
+        let f = file("[server]\nheartbeat_timeout = \"soon\"\n");
+        let error = resolve(Some(&f.0), &Overrides::default()).unwrap_err();
+        assert_eq!(error.key, "server.heartbeat_timeout");
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("{}: server.heartbeat_timeout: \"soon\" is not a duration", f.0.display()))
+        );
+        let error = resolve(None, &Overrides { listen: Some("nowhere".into()), ..Default::default() }).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "command line / environment: server.listen: \"nowhere\" is not an address like 127.0.0.1:50051"
+        );
+        let f = file("[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n");
+        let error = resolve(Some(&f.0), &Overrides::default()).unwrap_err();
+        assert!(error.problem.contains("unknown field `port`"), "{error}");
+        let error =
+            resolve(None, &Overrides { max_instances_per_stream: Some("0".into()), ..Default::default() }).unwrap_err();
+        assert_eq!(error.problem, "must be an integer from 1 to 100000, got \"0\"");
+    }
+
+    #[test]
+    fn printed_settings_read_back_the_same() {
+        let f = file("[server]\nshutdown_grace = \"3s\"\nlatency_decay = \"1m\"\n");
+        let settings = resolve(Some(&f.0), &Overrides::default()).unwrap();
+        let printed = settings.to_toml();
+        let again = file(&printed);
+        let reread = resolve(Some(&again.0), &Overrides::default()).unwrap();
+        assert_eq!(reread.to_toml(), printed);
+        assert!(printed.contains("shutdown_grace = \"3s\"") && printed.contains("latency_decay = \"1m\""), "{printed}");
+    }
+}

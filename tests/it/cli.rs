@@ -24,7 +24,7 @@ fn serve() -> Serving {
 /// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
 fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

@@ -204,3 +204,52 @@ async fn event_stream_pushes_a_snapshot_and_ends_on_shutdown() {
     let mut rest = Vec::new();
     tokio::time::timeout(PATIENCE, lines.read_to_end(&mut rest)).await.expect("the stream ends").unwrap();
 }
+
+/// A PickStream's picks count one by one; the stream itself counts once, when it ends.
+#[tokio::test]
+async fn pick_stream_counts_each_pick_and_the_stream_once() {
+    let server = TestServer::start().await;
+    let _orders = server.register(vec![instance("orders", "a", 1), instance("orders", "b", 2)]).await;
+    let mut client = server.client().await;
+    let request = |service: &str| pb::PickRequest { service: service.into(), ..Default::default() };
+    let requests = tokio_stream::iter(vec![request("orders"), request("nobody"), request("orders")]);
+    let mut responses = client.balancer().pick_stream(requests).await.unwrap().into_inner();
+    let mut errors = Vec::new();
+    while let Some(response) = responses.message().await.unwrap() {
+        errors.push(response.error.map(|e| e.code));
+    }
+    assert_eq!(errors, [None, Some(tonic::Code::NotFound as i32), None]);
+
+    let (_, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(
+        series(&metrics, "rota_picks_total{"),
+        [
+            r#"rota_picks_total{service="nobody",rule="round_robin",result="not_found"} 1"#,
+            r#"rota_picks_total{service="orders",rule="round_robin",result="ok"} 2"#,
+        ]
+    );
+    let stream = r#"grpc_method="PickStream",grpc_service="rota.v1.Balancer",grpc_type="bidi_stream""#;
+    assert_eq!(
+        series(&metrics, "grpc_server_handled_total{").into_iter().filter(|l| l.contains(stream)).collect::<Vec<_>>(),
+        [format!("grpc_server_handled_total{{grpc_code=\"OK\",{stream}}} 1")]
+    );
+}
+
+/// A pick that falls back from its version to unversioned instances is counted as a fallback.
+#[tokio::test]
+async fn fallback_picks_are_counted_per_service() {
+    let server = TestServer::start().await;
+    let _legacy = server.register(vec![instance("legacy", "a", 1)]).await;
+    let mut client = server.client().await;
+    let fell_back = client.pick("legacy", PickOptions::rule("round_robin").version("zlt")).await.unwrap();
+    assert!(!fell_back.fallback.is_empty());
+    let direct = client.pick("legacy", PickOptions::rule("round_robin")).await.unwrap();
+    assert!(direct.fallback.is_empty());
+
+    let (_, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(series(&metrics, "rota_fallback_picks_total{"), [r#"rota_fallback_picks_total{service="legacy"} 1"#]);
+    assert_eq!(
+        series(&metrics, "rota_picks_total{"),
+        [r#"rota_picks_total{service="legacy",rule="round_robin",result="ok"} 2"#]
+    );
+}

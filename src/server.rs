@@ -163,11 +163,10 @@ impl Server {
 
         let (admin_stop, admin_stopped) = watch::channel(false);
         let (admin_addr, admin_task) = match admin_listener {
-            Some(listener) => {
+            Some((listener, addr)) => {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped);
-                let (addr, task) = admin::spawn(listener, state)?;
                 info!(addr = %addr, "admin listening");
-                (Some(addr), Some(task))
+                (Some(addr), Some(admin::spawn(listener, state)))
             }
             None => (None, None),
         };

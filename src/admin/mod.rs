@@ -66,8 +66,11 @@ impl AdminState {
     }
 }
 
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
-    TcpListener::bind(addr).await.map_err(|source| AdminError::Bind { addr, source })
+/// Binds `addr` (port 0 picks a free port); returns the listener and the bound address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AdminError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| AdminError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| AdminError::Bind { addr, source })?;
+    Ok((listener, bound))
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -84,17 +87,15 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// Serves the admin routes on `listener` until the state's shutdown signal.
-pub fn spawn(listener: TcpListener, state: AdminState) -> Result<(SocketAddr, JoinHandle<()>), AdminError> {
-    let addr = listener.local_addr().map_err(|source| AdminError::Bind { addr: ([0, 0, 0, 0], 0).into(), source })?;
+pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
     let stopping = state.stopping.clone();
     let app = router(state);
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let serving = axum::serve(listener, app).with_graceful_shutdown(AdminState::stopped(stopping));
         if let Err(error) = serving.await {
             tracing::warn!(%error, "admin listener failed");
         }
-    });
-    Ok((addr, task))
+    })
 }
 
 async fn dashboard() -> impl IntoResponse {

@@ -104,6 +104,9 @@ test('the dashboard lists the instances and its bars follow the picks', async ()
     { timeout: PATIENCE_MS },
   );
   assert.deepEqual(await picks(), { a: 2, b: 2, c: 2 });
+  const rules = await page.$$eval('#rule-bars [data-rule]', (bars) =>
+    Object.fromEntries(bars.map((bar) => [bar.dataset.rule, Number(bar.dataset.picks)])));
+  assert.deepEqual(rules, { round_robin: 6 });
 
   mkdirSync(OUTPUT, { recursive: true });
   await page.screenshot({ path: join(OUTPUT, 'dashboard.png'), fullPage: true });

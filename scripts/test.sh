@@ -4,6 +4,7 @@
 #
 #   ./scripts/test.sh            everything
 #   ./scripts/test.sh rust       only the Rust crate
+#   ./scripts/test.sh browser    only the dashboard in headless Chromium
 #   ./scripts/test.sh python go  only those clients (after building the server)
 set -euo pipefail
 
@@ -12,10 +13,16 @@ cd "$root"
 
 clients=()
 run_rust=1
+run_browser=1
 if [ "$#" -gt 0 ]; then
   run_rust=0
+  run_browser=0
   for arg in "$@"; do
-    if [ "$arg" = rust ]; then run_rust=1; else clients+=("$arg"); fi
+    case "$arg" in
+      rust) run_rust=1 ;;
+      browser) run_browser=1 ;;
+      *) clients+=("$arg") ;;
+    esac
   done
 else
   while IFS= read -r client; do clients+=("$client"); done < <(
@@ -41,6 +48,9 @@ fi
 for client in "${clients[@]}"; do
   step "$client" "clients/$client/test.sh"
 done
+if [ "$run_browser" = 1 ]; then
+  step browser tests/browser/test.sh
+fi
 
 echo "==> all suites passed"
 for name in "${!took[@]}"; do printf '    %-12s %4ss\n' "$name" "${took[$name]}"; done

@@ -14,13 +14,14 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
-use crate::server::{DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, ServeConfig};
+use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, ServeConfig};
 use crate::state::StatsConfig;
 
 /// A setting given on the command line or in the environment (clap merges those two).
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub admin_listen: Option<String>,
     pub heartbeat_timeout: Option<String>,
     pub max_instances_per_stream: Option<String>,
     pub shutdown_grace: Option<String>,
@@ -61,6 +62,7 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct ServerTable {
     listen: Option<String>,
+    admin_listen: Option<String>,
     heartbeat_timeout: Option<String>,
     max_instances_per_stream: Option<u64>,
     shutdown_grace: Option<String>,
@@ -87,6 +89,15 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             problem: format!("{value:?} is not an address like 127.0.0.1:50051"),
         })?,
         None => DEFAULT_LISTEN.parse().expect("the default listen address is valid"),
+    };
+    let admin_listen = match pick(&overrides.admin_listen, table.admin_listen.clone()) {
+        Some((value, _)) if value == "off" => None,
+        Some((value, source)) => Some(value.parse::<SocketAddr>().map_err(|_| ConfigError {
+            source_name: source,
+            key: "server.admin_listen".into(),
+            problem: format!("{value:?} is neither an address like 127.0.0.1:9090 nor \"off\""),
+        })?),
+        None => Some(DEFAULT_ADMIN_LISTEN.parse().expect("the default admin address is valid")),
     };
     let duration = |key: &'static str, over: &Option<String>, from_file: &Option<String>, default: Duration| match pick(
         over,
@@ -139,6 +150,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
     Ok(Settings {
         serve: ServeConfig {
             listen,
+            admin_listen,
             registry: RegistryConfig { heartbeat_timeout, max_instances_per_stream },
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
@@ -160,8 +172,9 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         format!(
-            "[server]\nlisten = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\n",
             self.serve.listen,
+            self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
             self.serve.registry.max_instances_per_stream,
             d(self.shutdown_grace),

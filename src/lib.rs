@@ -18,6 +18,8 @@
 //! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
+//! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
+//!   live dashboard (axum; reads what the layers above publish, changes nothing).
 //! - [`config`] — the server's settings: file < environment < flags, validated before binding.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
 //! - [`loadgen`] — the load generator behind `rota bench`.
@@ -26,6 +28,7 @@
 //!
 //! No layer below [`grpc`] depends on tonic, and each has one error enum of its own.
 
+pub mod admin;
 pub mod balancer;
 pub mod cli;
 pub mod client;

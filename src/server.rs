@@ -1,5 +1,6 @@
 //! Assembles rota — registry, state, balancer, gRPC services, health and reflection — and serves
-//! it on one socket until told to stop.
+//! it on one socket until told to stop, with the operators' [admin listener](crate::admin) on a
+//! second one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
+use crate::admin::{self, AdminError, AdminState};
 use crate::balancer::Balancer;
+use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService};
 use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
@@ -21,6 +24,8 @@ use crate::state::{StateBackend, StatsConfig};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default admin (HTTP) listen address, loopback only for the same reason.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 
 /// HTTP/2 keepalive: a peer that stops answering pings is disconnected, which ends its
 /// registration stream and removes its instances even before the heartbeat timeout.
@@ -33,6 +38,8 @@ const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// The admin HTTP listener (metrics, health, JSON API, dashboard); `None` disables it.
+    pub admin_listen: Option<SocketAddr>,
     pub registry: RegistryConfig,
     pub stats: StatsConfig,
     /// Policy file (TOML), loaded before binding and reloaded on change or SIGHUP.
@@ -43,6 +50,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             listen: DEFAULT_LISTEN.parse().expect("the default listen address is valid"),
+            admin_listen: Some(DEFAULT_ADMIN_LISTEN.parse().expect("the default admin address is valid")),
             registry: RegistryConfig::default(),
             stats: StatsConfig::default(),
             policy_file: None,
@@ -56,6 +64,8 @@ pub enum ServeError {
     Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Admin(#[from] AdminError),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -68,11 +78,15 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A running server.
 pub struct Server {
     local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     balancer: Arc<Balancer>,
     health: tonic_health::server::HealthReporter,
     /// Turns true when a graceful shutdown begins; long-lived streams watch it.
     drain: watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
+    /// Tells the admin listener, and its event streams, to stop.
+    admin_stop: watch::Sender<bool>,
+    admin_task: Option<JoinHandle<()>>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
     background: Vec<JoinHandle<()>>,
 }
@@ -106,6 +120,10 @@ impl Server {
             .await
             .map_err(|source| ServeError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+        let admin_listener = match config.admin_listen {
+            Some(addr) => Some(admin::bind(addr).await?),
+            None => None,
+        };
 
         let registry = Registry::spawn(config.registry);
         let balancer =
@@ -130,7 +148,9 @@ impl Server {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
 
+        let grpc_metrics = Arc::new(GrpcMetrics::default());
         let router = tonic::transport::Server::builder()
+            .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .tcp_nodelay(true)
@@ -147,11 +167,37 @@ impl Server {
             let _ = stopped.await;
         }));
         info!(addr = %local_addr, backend = balancer.state().name(), "serving");
-        Ok(Self { local_addr, balancer, health, drain, stop: Some(stop), task, background })
+
+        let (admin_stop, admin_stopped) = watch::channel(false);
+        let (admin_addr, admin_task) = match admin_listener {
+            Some((listener, addr)) => {
+                let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe());
+                info!(addr = %addr, "admin listening");
+                (Some(addr), Some(admin::spawn(listener, state)))
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            local_addr,
+            admin_addr,
+            balancer,
+            health,
+            drain,
+            stop: Some(stop),
+            admin_stop,
+            admin_task,
+            task,
+            background,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin listener's bound address, unless it is disabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// The server's balancer, for embedding rota in-process.
@@ -203,6 +249,13 @@ impl Server {
         }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        // Readiness turns false and event streams end at once, then the admin listener drains.
+        let _ = self.admin_stop.send(true);
+        if let Some(admin) = self.admin_task.take()
+            && tokio::time::timeout(Duration::from_secs(5), admin).await.is_err()
+        {
+            tracing::warn!("admin listener did not stop in time");
         }
         // Long-lived streams (registrations, watches) would hold a graceful shutdown open;
         // bound the wait, then end them.

@@ -4,6 +4,10 @@
 # `rota serve` processes that the tests start themselves. The server binary is $ROTA_BIN,
 # or, when that is unset, built with cargo in the repository root.
 set -euo pipefail
+
+# The suite runs several `rota serve` at once; their admin listeners would all want the default
+# 127.0.0.1:9090, so it is off unless the caller asks for it.
+export ROTA_ADMIN_LISTEN="${ROTA_ADMIN_LISTEN:-off}"
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 go version

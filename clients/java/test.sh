@@ -6,6 +6,10 @@
 # `cargo build --bin rota` in the repository root and use target/debug/rota.
 set -euo pipefail
 
+# The suite runs several `rota serve` at once; their admin listeners would all want the default
+# 127.0.0.1:9090, so it is off unless the caller asks for it.
+export ROTA_ADMIN_LISTEN="${ROTA_ADMIN_LISTEN:-off}"
+
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 

@@ -8,6 +8,10 @@
 # repository root.
 set -euo pipefail
 
+# The suite runs several `rota serve` at once; their admin listeners would all want the default
+# 127.0.0.1:9090, so it is off unless the caller asks for it.
+export ROTA_ADMIN_LISTEN="${ROTA_ADMIN_LISTEN:-off}"
+
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 

@@ -3,6 +3,10 @@
 # (unit tests, the shared conformance scenarios and the integration tests against live servers).
 set -euo pipefail
 
+# The suite runs several `rota serve` at once; their admin listeners would all want the default
+# 127.0.0.1:9090, so it is off unless the caller asks for it.
+export ROTA_ADMIN_LISTEN="${ROTA_ADMIN_LISTEN:-off}"
+
 cd "$(dirname "${BASH_SOURCE[0]}")"
 repo_root="$(cd ../.. && pwd)"
 

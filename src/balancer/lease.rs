@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::{Balancer, PickError, PickQuery, check_request_limits, known_service};
+use super::{Balancer, PickError, PickQuery, PickResult, check_request_limits, known_service};
 use crate::registry::{Instance, InvalidField};
 use crate::rules::{Fallback, Rule, isolate};
 use crate::state::CounterKey;
@@ -31,7 +31,21 @@ pub struct Leased {
 }
 
 impl Balancer {
+    /// Reserves `count` tickets; counted as one pick of the service (not per ticket).
     pub async fn lease(&self, query: PickQuery<'_>, count: u32) -> Result<Leased, PickError> {
+        let mut rule = None;
+        let result = self.lease_uncounted(query, count, &mut rule).await;
+        let fallback = result.as_ref().is_ok_and(|leased| leased.fallback.is_some());
+        self.counters.record(query.service, rule.as_ref(), PickResult::of(&result), None, fallback);
+        result
+    }
+
+    async fn lease_uncounted(
+        &self,
+        query: PickQuery<'_>,
+        count: u32,
+        resolved_rule: &mut Option<Arc<str>>,
+    ) -> Result<Leased, PickError> {
         check_request_limits(&query)?;
         if count > MAX_LEASE {
             let problem = format!("is {count}; the limit is {MAX_LEASE}");
@@ -40,6 +54,7 @@ impl Balancer {
         let policies = self.policies.load();
         let policy = policies.for_service(query.service);
         let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
+        *resolved_rule = Some(rule.canonical.clone());
         if !matches!(rule.rule, Rule::RoundRobin(_) | Rule::Repeat(_) | Rule::Weighted(_)) {
             let problem =
                 format!("is {:?}, which cannot be leased; leasable rules: {LEASABLE_RULES}", &*rule.canonical);

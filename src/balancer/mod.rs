@@ -6,8 +6,10 @@
 //! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is
 //! shared with the registry writer. `retry` and `sticky` wrap that single selection (see
 //! [`select`]). Every successful pick counts as in flight for its instance until a consumer
-//! reports the call's outcome ([`Balancer::report`]).
+//! reports the call's outcome ([`Balancer::report`]). Every pick and lease is counted for
+//! operators ([`counters`]).
 
+pub mod counters;
 mod error;
 mod lease;
 mod report;
@@ -25,6 +27,7 @@ use crate::registry::{
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
+pub use counters::{PickCounters, PickResult};
 pub use error::PickError;
 pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
@@ -66,6 +69,7 @@ pub struct Balancer {
     policies: Arc<Policies>,
     rules: RuleCache,
     reports: ReportCounters,
+    counters: PickCounters,
 }
 
 impl Balancer {
@@ -77,6 +81,7 @@ impl Balancer {
             policies,
             rules: RuleCache::new(),
             reports: ReportCounters::default(),
+            counters: PickCounters::default(),
         }
     }
 
@@ -101,16 +106,41 @@ impl Balancer {
         &self.reports
     }
 
+    /// Picks and leases so far, by service, rule and result.
+    pub fn counters(&self) -> &PickCounters {
+        &self.counters
+    }
+
     /// What rota knows about one instance's calls.
     pub fn instance_stats(&self, service: &str, id: &str) -> InstanceReport {
         self.stats.report(service, id)
     }
 
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
+        let mut rule = None;
+        let result = self.pick_uncounted(query, &mut rule).await;
+        let picked = result.as_ref().ok();
+        self.counters.record(
+            query.service,
+            rule.as_ref(),
+            PickResult::of(&result),
+            picked.map(|p| &p.instance.id),
+            picked.is_some_and(|p| p.fallback.is_some()),
+        );
+        result
+    }
+
+    /// The pick itself; `resolved_rule` is set as soon as the rule is known, for the counters.
+    async fn pick_uncounted(
+        &self,
+        query: PickQuery<'_>,
+        resolved_rule: &mut Option<Arc<str>>,
+    ) -> Result<Picked, PickError> {
         check_request_limits(&query)?;
         let policies = self.policies.load();
         let policy = policies.for_service(query.service);
         let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
+        *resolved_rule = Some(rule.canonical.clone());
         if rule.rule.needs_key() && query.key.is_empty() {
             return Err(RuleError::MissingKey { rule: rule.canonical.clone() }.into());
         }
@@ -181,7 +211,10 @@ impl Balancer {
     /// Periodic upkeep: forget statistics of instances that left, drop expired assignments.
     pub fn housekeeping(&self) {
         let catalog = self.registry.catalog();
-        self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id)));
+        let registered =
+            |service: &str, id: &str| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id));
+        self.stats.retain(registered);
+        self.counters.retain_instances(registered);
         self.state.housekeeping();
     }
 }

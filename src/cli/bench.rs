@@ -72,7 +72,7 @@ impl Drop for Spawned {
 fn spawn_server() -> Result<(Spawned, String), CliError> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

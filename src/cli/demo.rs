@@ -10,7 +10,7 @@ const SERVICE: &str = "orders";
 const PICKS: usize = 12;
 
 pub async fn run() -> Result<(), CliError> {
-    let config = ServeConfig { listen: ([127, 0, 0, 1], 0).into(), ..Default::default() };
+    let config = ServeConfig { listen: ([127, 0, 0, 1], 0).into(), admin_listen: None, ..Default::default() };
     let server = Server::start(config).await?;
     println!("rota demo: embedded server on {}", server.local_addr());
 

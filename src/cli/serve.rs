@@ -19,6 +19,10 @@ pub struct ServeArgs {
     /// address is printed first.
     #[arg(long, env = "ROTA_LISTEN")]
     pub listen: Option<String>,
+    /// Admin HTTP listen address (metrics, health, JSON API, dashboard), or `off`
+    /// [default: 127.0.0.1:9090]; port 0 picks a free port. The bound address is printed second.
+    #[arg(long, env = "ROTA_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
     /// Drop a registration stream's instances after this long without a message [default: 15s].
     #[arg(long, env = "ROTA_HEARTBEAT_TIMEOUT")]
     pub heartbeat_timeout: Option<String>,
@@ -43,6 +47,7 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let overrides = Overrides {
         listen: args.listen,
+        admin_listen: args.admin_listen,
         heartbeat_timeout: args.heartbeat_timeout,
         max_instances_per_stream: args.max_instances_per_stream,
         shutdown_grace: args.shutdown_grace,
@@ -64,10 +69,17 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     }
     let grace = settings.shutdown_grace;
     let server = Server::start(settings.serve).await?;
-    // The first line of output is the bound address, for scripts and test harnesses.
-    let mut stdout = std::io::stdout();
-    writeln!(stdout, "listening on {}", server.local_addr())?;
+    // The first line of output is the bound address, for scripts and test harnesses; the second
+    // the admin address. One write, so a reader that stops after the first line cannot make
+    // the second fail.
+    let mut lines = format!("listening on {}\n", server.local_addr());
+    if let Some(admin) = server.admin_addr() {
+        lines.push_str(&format!("admin on {admin}\n"));
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(lines.as_bytes())?;
     stdout.flush()?;
+    drop(stdout);
     server.run_until(shutdown_signal, grace).await?;
     Ok(())
 }

@@ -2,10 +2,12 @@
 //!
 //! [`convert`] turns protobuf messages into domain values and back, [`status`] maps every domain
 //! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer` and
-//! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and [`crate::registry`].
+//! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and [`crate::registry`]. [`metrics`] is the tower layer that
+//! counts every call for the admin listener.
 
 mod balancer;
 pub mod convert;
+pub mod metrics;
 mod policies;
 mod register;
 mod registry;

@@ -6,6 +6,8 @@
 //! changes that are already known to be well-formed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -54,6 +56,8 @@ pub struct Lease {
     expired: Option<oneshot::Receiver<()>>,
     heartbeat_timeout: Duration,
     max_instances: usize,
+    /// The registry's count of open leases, decremented on drop.
+    open_leases: Arc<AtomicUsize>,
 }
 
 impl Lease {
@@ -62,11 +66,13 @@ impl Lease {
         tx: mpsc::UnboundedSender<Command>,
         heartbeat_timeout: Duration,
         max_instances: usize,
+        open_leases: Arc<AtomicUsize>,
     ) -> Self {
         let (expired_tx, expired) = oneshot::channel();
         // If the registry has stopped, `expired` resolves at once and the stream ends.
         let _ = tx.send(Command::Open { lease: id, expired: expired_tx });
-        Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances }
+        open_leases.fetch_add(1, Ordering::Relaxed);
+        Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
     }
 
     pub fn id(&self) -> u64 {
@@ -156,6 +162,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         let _ = self.tx.send(Command::Close { lease: self.id });
+        self.open_leases.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

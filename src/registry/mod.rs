@@ -13,7 +13,7 @@ mod lease;
 mod snapshot;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
@@ -61,6 +61,8 @@ struct Shared {
     next_lease: AtomicU64,
     config: RegistryConfig,
     generation: watch::Receiver<u64>,
+    /// Leases not yet dropped: one per open registration stream.
+    open_leases: Arc<AtomicUsize>,
 }
 
 impl Registry {
@@ -70,7 +72,10 @@ impl Registry {
         let (tx, rx) = mpsc::unbounded_channel();
         let (generation_tx, generation) = watch::channel(0);
         tokio::spawn(Index::new(config, catalog.clone(), generation_tx).run(rx));
-        Self { shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config, generation }) }
+        let open_leases = Arc::default();
+        Self {
+            shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config, generation, open_leases }),
+        }
     }
 
     /// The current catalog: lock-free, and consistent across services.
@@ -92,6 +97,11 @@ impl Registry {
         self.shared.config
     }
 
+    /// Leases currently open, i.e. registration streams.
+    pub fn open_leases(&self) -> usize {
+        self.shared.open_leases.load(Ordering::Relaxed)
+    }
+
     /// Opens a lease for one registration stream.
     pub fn open_lease(&self) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -100,6 +110,7 @@ impl Registry {
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,
             self.shared.config.max_instances_per_stream,
+            self.shared.open_leases.clone(),
         )
     }
 

@@ -24,7 +24,7 @@ fn serve() -> Serving {
 /// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
 fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -271,4 +271,49 @@ fn sigterm_drains_then_exits_zero() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// `rota serve` prints the admin address second, and that listener answers; `off` (here from
+/// the environment) prints nothing more than the first line.
+#[test]
+fn serve_prints_the_admin_address_second() {
+    use std::io::{Read, Write};
+
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let serving = Serving { child, endpoint: String::new() };
+    let (mut first, mut second) = (String::new(), String::new());
+    stdout.read_line(&mut first).unwrap();
+    stdout.read_line(&mut second).unwrap();
+    assert!(first.starts_with("listening on 127.0.0.1:"), "{first}");
+    let admin = second.trim().strip_prefix("admin on ").unwrap_or_else(|| panic!("second line was {second:?}"));
+    let mut http = std::net::TcpStream::connect(admin).unwrap();
+    http.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").unwrap();
+    let mut response = String::new();
+    http.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200 ") && response.ends_with("\r\n\r\nok"), "{response}");
+    drop(serving);
+
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ROTA_ADMIN_LISTEN", "off")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.starts_with("listening on 127.0.0.1:"), "{first}");
+    drop(Serving { child, endpoint: String::new() });
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "", "nothing after the first line");
 }

@@ -15,7 +15,8 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
-        let config = ServeConfig { listen: ([127, 0, 0, 1], 0).into(), ..Default::default() };
+        let loopback = ([127, 0, 0, 1], 0).into();
+        let config = ServeConfig { listen: loopback, admin_listen: Some(loopback), ..Default::default() };
         Self { server: Server::start(config).await.expect("server starts") }
     }
 

@@ -17,8 +17,12 @@ async fn draining_moves_providers_away_and_keeps_answering_picks() {
     let mut health = HealthClient::new(channel);
     let check = |service: &str| HealthCheckRequest { service: service.into() };
     assert_eq!(health.check(check("")).await.unwrap().into_inner().status(), ServingStatus::Serving);
+    let admin = server.server.admin_addr().unwrap();
+    assert_eq!(crate::admin::get(admin, "/readyz").await.0, 200);
 
     server.server.begin_drain().await;
+    assert_eq!(crate::admin::get(admin, "/readyz").await, (503, "stopping".to_owned()));
+    assert_eq!(crate::admin::get(admin, "/metrics").await.0, 200, "metrics stay up during the grace");
 
     let reason = tokio::time::timeout(PATIENCE, provider.closed()).await.expect("the provider is told");
     assert_eq!(reason, "rota is shutting down; reconnect to another replica and announce again");

@@ -1,0 +1,145 @@
+//! The JSON API: services, one service's instances with their statistics and pick counts, and
+//! the policies in force. Read-only; the same service view feeds the dashboard's event stream.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::AdminState;
+use crate::balancer::PickResult;
+use crate::policy::{IsolationFallback, Policy};
+
+#[derive(Debug, Serialize)]
+pub struct ServiceSummary {
+    pub name: String,
+    pub instances: usize,
+    pub up: usize,
+    pub epoch: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InstanceView {
+    pub id: String,
+    pub host: String,
+    pub port: u16,
+    pub version: String,
+    pub zone: String,
+    pub weight: u32,
+    pub status: &'static str,
+    pub in_flight: u64,
+    /// Recent latency; `null` until a call to the instance has been reported.
+    pub latency_ms: Option<f64>,
+    pub breaker_open: bool,
+    /// Successful picks of this instance since it was registered (or since rota started).
+    pub picks: u64,
+    pub picks_by_rule: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServiceView {
+    pub name: String,
+    pub epoch: u64,
+    pub instances: Vec<InstanceView>,
+    /// Successful picks and leases of the service since start, by rule.
+    pub picks_by_rule: BTreeMap<String, u64>,
+}
+
+/// `{"error": "..."}` with a status code.
+pub fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+pub async fn services(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    let catalog = state.balancer.registry().catalog();
+    let mut services: Vec<ServiceSummary> = catalog
+        .services
+        .values()
+        .map(|s| ServiceSummary {
+            name: s.name.to_string(),
+            instances: s.instances.len(),
+            up: s.up_count(),
+            epoch: s.epoch,
+        })
+        .collect();
+    services.sort_by(|a, b| a.name.cmp(&b.name));
+    Json(serde_json::json!({ "services": services }))
+}
+
+pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    match service_view(&state, &name) {
+        Some(view) => Json(view).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("service {name:?} has never been registered")),
+    }
+}
+
+/// One service as operators see it, or `None` if it has never been registered.
+pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
+    let snapshot = state.balancer.registry().service(name)?;
+    let counters = state.balancer.counters();
+    let per_instance = counters.instance_picks(name);
+    let instances = snapshot
+        .instances
+        .iter()
+        .map(|instance| {
+            let report = state.balancer.instance_stats(name, &instance.id);
+            let picks_by_rule: BTreeMap<String, u64> = per_instance
+                .iter()
+                .filter(|p| p.instance == instance.id)
+                .map(|p| (p.rule.to_string(), p.count))
+                .collect();
+            InstanceView {
+                id: instance.id.to_string(),
+                host: instance.host.clone(),
+                port: instance.port,
+                version: instance.version.to_string(),
+                zone: instance.zone.to_string(),
+                weight: instance.weight,
+                status: instance.status.as_str(),
+                in_flight: report.load.in_flight,
+                latency_ms: report.load.latency_ms,
+                breaker_open: report.load.tripped,
+                picks: picks_by_rule.values().sum(),
+                picks_by_rule,
+            }
+        })
+        .collect();
+    let picks_by_rule = counters
+        .picks()
+        .into_iter()
+        .filter(|p| &*p.service == name && p.result == PickResult::Ok)
+        .map(|p| (p.rule.to_string(), p.count))
+        .collect();
+    Some(ServiceView { name: snapshot.name.to_string(), epoch: snapshot.epoch, instances, picks_by_rule })
+}
+
+fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
+    serde_json::json!({
+        "service": service,
+        "rule": &*policy.rule.canonical,
+        "isolation_fallback": match policy.isolation_fallback {
+            IsolationFallback::Fail => "fail",
+            IsolationFallback::Any => "any",
+        },
+        "gray": policy.gray.as_ref().map(|g| serde_json::json!({
+            "unversioned": g.unversioned,
+            "versions": g.versions,
+        })),
+        "breaker": {
+            "failure_threshold": policy.breaker.failure_threshold,
+            "blackout_base_ms": policy.breaker.blackout_base.as_millis() as u64,
+            "blackout_max_ms": policy.breaker.blackout_max.as_millis() as u64,
+        },
+    })
+}
+
+pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    let set = state.balancer.policies().load();
+    let mut names: Vec<&String> = set.services.keys().collect();
+    names.sort();
+    let services: Vec<_> = names.into_iter().map(|name| policy_json(Some(name), &set.services[name])).collect();
+    Json(serde_json::json!({ "defaults": policy_json(None, &set.defaults), "services": services }))
+}

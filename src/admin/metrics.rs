@@ -1,0 +1,140 @@
+//! `/metrics`: the Prometheus text exposition format (version 0.0.4), written by hand.
+//!
+//! Counters are read from where they are kept ([`PickCounters`](crate::balancer::PickCounters),
+//! [`GrpcMetrics`](crate::grpc::metrics::GrpcMetrics)); gauges are computed at scrape time
+//! from the current catalog and the balancer's statistics, so they cannot drift from what
+//! picks see. Every registered instance has a `rota_breaker_open` series (0 or 1), and every
+//! service a `rota_instances` series per status, zeros included, so a series does not vanish
+//! when its value drops to nothing.
+
+use std::fmt::Write;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::AdminState;
+use crate::grpc::metrics::HANDLING_BUCKETS;
+use crate::registry::Status;
+
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+pub async fn scrape(State(state): State<AdminState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], render(&state))
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+pub fn render(state: &AdminState) -> String {
+    let mut out = String::new();
+    render_picks(state, &mut out);
+    render_catalog(state, &mut out);
+    render_grpc(state, &mut out);
+    out
+}
+
+fn render_picks(state: &AdminState, out: &mut String) {
+    let counters = state.balancer.counters();
+    header(out, "rota_picks_total", "counter", "Picks and leases by service, rule and result.");
+    for pick in counters.picks() {
+        let _ = writeln!(
+            out,
+            "rota_picks_total{{service=\"{}\",rule=\"{}\",result=\"{}\"}} {}",
+            escape(&pick.service),
+            escape(&pick.rule),
+            pick.result.as_str(),
+            pick.count
+        );
+    }
+    header(out, "rota_fallback_picks_total", "counter", "Successful picks and leases that took a fallback.");
+    for (service, count) in counters.fallbacks() {
+        let _ = writeln!(out, "rota_fallback_picks_total{{service=\"{}\"}} {count}", escape(&service));
+    }
+}
+
+fn render_catalog(state: &AdminState, out: &mut String) {
+    let registry = state.balancer.registry();
+    let catalog = registry.catalog();
+    let mut services: Vec<_> = catalog.services.values().collect();
+    services.sort_by(|a, b| a.name.cmp(&b.name));
+
+    header(out, "rota_instances", "gauge", "Registered instances by service and status.");
+    for snapshot in &services {
+        for status in [Status::Up, Status::Draining, Status::Down] {
+            let count = snapshot.instances.iter().filter(|i| i.status == status).count();
+            let _ = writeln!(
+                out,
+                "rota_instances{{service=\"{}\",status=\"{}\"}} {count}",
+                escape(&snapshot.name),
+                status.as_str()
+            );
+        }
+    }
+    header(out, "rota_registration_streams", "gauge", "Open Register streams.");
+    let _ = writeln!(out, "rota_registration_streams {}", registry.open_leases());
+
+    header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
+    for snapshot in &services {
+        for instance in &snapshot.instances {
+            let open = state.balancer.instance_stats(&snapshot.name, &instance.id).load.tripped;
+            let _ = writeln!(
+                out,
+                "rota_breaker_open{{service=\"{}\",instance=\"{}\"}} {}",
+                escape(&snapshot.name),
+                escape(&instance.id),
+                u8::from(open)
+            );
+        }
+    }
+}
+
+fn render_grpc(state: &AdminState, out: &mut String) {
+    let methods = state.grpc.snapshot();
+    let labels = |m: &crate::grpc::metrics::MethodStats| {
+        format!("grpc_method=\"{}\",grpc_service=\"{}\",grpc_type=\"{}\"", m.method, m.service, m.kind)
+    };
+    header(out, "grpc_server_started_total", "counter", "RPCs started on the server.");
+    for method in &methods {
+        let _ = writeln!(out, "grpc_server_started_total{{{}}} {}", labels(method), method.started);
+    }
+    header(out, "grpc_server_handled_total", "counter", "RPCs completed on the server, by status code.");
+    for method in &methods {
+        for (code, count) in &method.handled {
+            let _ = writeln!(out, "grpc_server_handled_total{{grpc_code=\"{code}\",{}}} {count}", labels(method));
+        }
+    }
+    header(
+        out,
+        "grpc_server_handling_seconds",
+        "histogram",
+        "Time from the request to the end of the response (for streams: the stream's life).",
+    );
+    for method in &methods {
+        let labels = labels(method);
+        for (le, count) in HANDLING_BUCKETS.iter().zip(&method.cumulative) {
+            let _ = writeln!(out, "grpc_server_handling_seconds_bucket{{{labels},le=\"{le}\"}} {count}");
+        }
+        let total = method.cumulative.last().copied().unwrap_or(0);
+        let _ = writeln!(out, "grpc_server_handling_seconds_bucket{{{labels},le=\"+Inf\"}} {total}");
+        let _ = writeln!(out, "grpc_server_handling_seconds_sum{{{labels}}} {}", method.sum_seconds);
+        let _ = writeln!(out, "grpc_server_handling_seconds_count{{{labels}}} {total}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,120 @@
+//! The admin listener: what an operator looks at, over plain HTTP on its own socket (default
+//! `127.0.0.1:9090`), served by axum on the same runtime as the gRPC server.
+//!
+//! - `/metrics` — Prometheus text exposition ([`metrics`]): pick counters, the catalog,
+//!   registration streams, tripped breakers and the gRPC server metrics.
+//! - `/healthz` (the process answers) and `/readyz` (it is serving and not shutting down).
+//! - `/api/...` — JSON views of services, instances and policies ([`api`]).
+//! - `/api/events?service=NAME` — Server-Sent Events with a JSON snapshot of one service every
+//!   500 ms and on every registry change ([`events`]).
+//! - `/` — the dashboard: one HTML page with inline script and style, embedded in the binary.
+//!
+//! Everything here reads what the other layers already publish (the catalog, the balancer's
+//! counters and statistics, the gRPC metrics); the admin listener never changes state. When the
+//! server stops, the shutdown signal ends the event streams first, so a browser left open
+//! cannot hold the process.
+
+pub mod api;
+pub mod events;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::balancer::Balancer;
+use crate::grpc::metrics::GrpcMetrics;
+
+/// The dashboard page, served as is.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot listen for admin HTTP on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct AdminState {
+    balancer: Arc<Balancer>,
+    grpc: Arc<GrpcMetrics>,
+    /// `true` once the server is stopping; a dropped sender means the same.
+    stopping: watch::Receiver<bool>,
+    /// `true` once a graceful shutdown has begun.
+    draining: watch::Receiver<bool>,
+}
+
+impl AdminState {
+    /// `draining` turns true when a graceful shutdown begins (readiness goes false while the
+    /// listener keeps serving metrics); `stopping` when the listener itself must stop.
+    pub fn new(
+        balancer: Arc<Balancer>,
+        grpc: Arc<GrpcMetrics>,
+        stopping: watch::Receiver<bool>,
+        draining: watch::Receiver<bool>,
+    ) -> Self {
+        Self { balancer, grpc, stopping, draining }
+    }
+
+    fn is_stopping(&self) -> bool {
+        *self.stopping.borrow() || self.stopping.has_changed().is_err() || *self.draining.borrow()
+    }
+
+    /// Resolves when the server starts stopping.
+    async fn stopped(mut stopping: watch::Receiver<bool>) {
+        // An error means the sender is gone: the server was dropped.
+        let _ = stopping.wait_for(|stopping| *stopping).await;
+    }
+}
+
+/// Binds `addr` (port 0 picks a free port); returns the listener and the bound address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AdminError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| AdminError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| AdminError::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::scrape))
+        .route("/api/services", get(api::services))
+        .route("/api/services/{name}", get(api::service))
+        .route("/api/policies", get(api::policies))
+        .route("/api/events", get(events::stream))
+        .with_state(state)
+}
+
+/// Serves the admin routes on `listener` until the state's shutdown signal.
+pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
+    let stopping = state.stopping.clone();
+    let app = router(state);
+    tokio::spawn(async move {
+        let serving = axum::serve(listener, app).with_graceful_shutdown(AdminState::stopped(stopping));
+        if let Err(error) = serving.await {
+            tracing::warn!(%error, "admin listener failed");
+        }
+    })
+}
+
+async fn dashboard() -> impl IntoResponse {
+    ([(header::CACHE_CONTROL, "no-store")], Html(DASHBOARD))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, &'static str) {
+    if state.is_stopping() { (StatusCode::SERVICE_UNAVAILABLE, "stopping") } else { (StatusCode::OK, "ready") }
+}

@@ -1,0 +1,233 @@
+//! Pick counters for operators: every Pick, PickStream pick and Lease is counted by service, rule
+//! and result, and successful picks also by instance, for the admin listener's `/metrics` and
+//! JSON API.
+//!
+//! Counting stays off the allocator once warm: the keys are the snapshot's and the rule cache's
+//! `Arc<str>`s, and a counter is a `fetch_add` on an entry found by one sharded-map lookup.
+//! Label cardinality is bounded: the first [`MAX_COUNTED_SERVICES`] service names seen get
+//! their own label; later ones share [`OTHER_SERVICE`]. Per-instance counts are kept for
+//! instances still registered (housekeeping drops the others).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+
+use super::PickError;
+
+/// Most distinct service labels the pick counters track.
+pub const MAX_COUNTED_SERVICES: usize = 1000;
+/// The service label of picks for services beyond [`MAX_COUNTED_SERVICES`].
+pub const OTHER_SERVICE: &str = "_other";
+/// The rule label of picks refused before their rule was resolved (bad name, bad rule).
+pub const UNRESOLVED_RULE: &str = "_unresolved";
+
+/// How a pick ended, as the `result` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PickResult {
+    Ok,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+}
+
+impl PickResult {
+    pub fn of<T>(result: &Result<T, PickError>) -> Self {
+        match result {
+            Ok(_) => Self::Ok,
+            Err(PickError::Invalid(_) | PickError::Rule(_)) => Self::InvalidArgument,
+            Err(PickError::UnknownService(_)) => Self::NotFound,
+            Err(PickError::Unavailable(_) | PickError::State(_)) => Self::Unavailable,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::InvalidArgument => "invalid_argument",
+            Self::NotFound => "not_found",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// One `rota_picks_total` series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PickCount {
+    pub service: Arc<str>,
+    pub rule: Arc<str>,
+    pub result: PickResult,
+    pub count: u64,
+}
+
+/// Successful picks of one instance under one rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstancePicks {
+    pub instance: Arc<str>,
+    pub rule: Arc<str>,
+    pub count: u64,
+}
+
+type PickKey = (Arc<str>, Arc<str>, PickResult);
+type InstanceKey = (Arc<str>, Arc<str>, Arc<str>);
+
+pub struct PickCounters {
+    services: DashMap<Arc<str>, ()>,
+    /// Serialises admitting a new service label, so the limit is exact.
+    admit: Mutex<()>,
+    other: Arc<str>,
+    unresolved: Arc<str>,
+    picks: DashMap<PickKey, AtomicU64>,
+    fallbacks: DashMap<Arc<str>, AtomicU64>,
+    instances: DashMap<InstanceKey, AtomicU64>,
+}
+
+impl Default for PickCounters {
+    fn default() -> Self {
+        Self {
+            services: DashMap::new(),
+            admit: Mutex::new(()),
+            other: OTHER_SERVICE.into(),
+            unresolved: UNRESOLVED_RULE.into(),
+            picks: DashMap::new(),
+            fallbacks: DashMap::new(),
+            instances: DashMap::new(),
+        }
+    }
+}
+
+fn bump<K: Eq + std::hash::Hash>(map: &DashMap<K, AtomicU64>, key: K) {
+    match map.get(&key) {
+        Some(counter) => counter.fetch_add(1, Ordering::Relaxed),
+        None => map.entry(key).or_default().fetch_add(1, Ordering::Relaxed),
+    };
+}
+
+impl PickCounters {
+    /// The label `service` is counted under.
+    fn service_label(&self, service: &str) -> Arc<str> {
+        if let Some(known) = self.services.get(service) {
+            return known.key().clone();
+        }
+        let _admitting = self.admit.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(known) = self.services.get(service) {
+            return known.key().clone();
+        }
+        if self.services.len() >= MAX_COUNTED_SERVICES {
+            return self.other.clone();
+        }
+        let label: Arc<str> = service.into();
+        self.services.insert(label.clone(), ());
+        label
+    }
+
+    /// Counts one pick (or lease). `rule` is the canonical rule when it was resolved;
+    /// `instance` and `fallback` describe a successful pick.
+    pub fn record(
+        &self,
+        service: &str,
+        rule: Option<&Arc<str>>,
+        result: PickResult,
+        instance: Option<&Arc<str>>,
+        fallback: bool,
+    ) {
+        let service = self.service_label(service);
+        let rule = rule.unwrap_or(&self.unresolved).clone();
+        if fallback {
+            bump(&self.fallbacks, service.clone());
+        }
+        if let Some(instance) = instance
+            && *service != *OTHER_SERVICE
+        {
+            bump(&self.instances, (service.clone(), instance.clone(), rule.clone()));
+        }
+        bump(&self.picks, (service, rule, result));
+    }
+
+    /// Every pick series, sorted by labels.
+    pub fn picks(&self) -> Vec<PickCount> {
+        let mut all: Vec<PickCount> = self
+            .picks
+            .iter()
+            .map(|e| {
+                let (service, rule, result) = e.key().clone();
+                PickCount { service, rule, result, count: e.value().load(Ordering::Relaxed) }
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.service, &a.rule, a.result).cmp(&(&b.service, &b.rule, b.result)));
+        all
+    }
+
+    /// Picks that took a fallback, per service, sorted by service.
+    pub fn fallbacks(&self) -> Vec<(Arc<str>, u64)> {
+        let mut all: Vec<_> =
+            self.fallbacks.iter().map(|e| (e.key().clone(), e.value().load(Ordering::Relaxed))).collect();
+        all.sort();
+        all
+    }
+
+    /// Successful picks of one service's instances, by instance and rule, sorted.
+    pub fn instance_picks(&self, service: &str) -> Vec<InstancePicks> {
+        let mut all: Vec<InstancePicks> = self
+            .instances
+            .iter()
+            .filter(|e| *e.key().0 == *service)
+            .map(|e| InstancePicks {
+                instance: e.key().1.clone(),
+                rule: e.key().2.clone(),
+                count: e.value().load(Ordering::Relaxed),
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.instance, &a.rule).cmp(&(&b.instance, &b.rule)));
+        all
+    }
+
+    /// Keeps per-instance counts only for instances `keep(service, id)` accepts.
+    pub fn retain_instances(&self, keep: impl Fn(&str, &str) -> bool) {
+        self.instances.retain(|(service, id, _), _| keep(service, id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_beyond_the_limit_share_one_label() {
+        let counters = PickCounters::default();
+        let rule: Arc<str> = "round_robin".into();
+        let id: Arc<str> = "a".into();
+        for i in 0..MAX_COUNTED_SERVICES + 5 {
+            counters.record(&format!("s{i}"), Some(&rule), PickResult::Ok, Some(&id), false);
+        }
+        counters.record("s0", Some(&rule), PickResult::Ok, Some(&id), false);
+        let picks = counters.picks();
+        assert_eq!(picks.len(), MAX_COUNTED_SERVICES + 1);
+        let other = picks.iter().find(|p| &*p.service == OTHER_SERVICE).unwrap();
+        assert_eq!(other.count, 5);
+        assert_eq!(picks.iter().find(|p| &*p.service == "s0").unwrap().count, 2);
+        assert!(counters.instance_picks(OTHER_SERVICE).is_empty());
+    }
+
+    #[test]
+    fn results_rules_fallbacks_and_instances_are_counted_apart() {
+        let counters = PickCounters::default();
+        let rr: Arc<str> = "round_robin".into();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        counters.record("svc", Some(&rr), PickResult::Ok, Some(&a), false);
+        counters.record("svc", Some(&rr), PickResult::Ok, Some(&b), true);
+        counters.record("svc", Some(&rr), PickResult::Ok, Some(&a), false);
+        counters.record("svc", None, PickResult::InvalidArgument, None, false);
+        let summary: Vec<_> = counters.picks().iter().map(|p| (p.rule.to_string(), p.result, p.count)).collect();
+        assert_eq!(
+            summary,
+            [("_unresolved".to_owned(), PickResult::InvalidArgument, 1), ("round_robin".to_owned(), PickResult::Ok, 3)]
+        );
+        assert_eq!(counters.fallbacks(), [("svc".into(), 1)]);
+        let per_instance: Vec<_> =
+            counters.instance_picks("svc").iter().map(|p| (p.instance.to_string(), p.count)).collect();
+        assert_eq!(per_instance, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
+        counters.retain_instances(|_, id| id == "b");
+        assert_eq!(counters.instance_picks("svc").len(), 1);
+    }
+}

@@ -1,0 +1,255 @@
+//! The admin listener over real HTTP: exact metrics after known traffic, the JSON API, health,
+//! and the dashboard's event stream ending when the server stops.
+
+use std::net::SocketAddr;
+
+use rota::client::PickOptions;
+use rota::pb;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::harness::{PATIENCE, TestServer, instance};
+
+/// One `GET` over HTTP/1.0 (the server closes the connection after the response): status and body.
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("admin listener accepts");
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response)).await.expect("response in time").unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a complete response");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    (status, body.to_owned())
+}
+
+fn admin(server: &TestServer) -> SocketAddr {
+    server.server.admin_addr().expect("the test server has an admin listener")
+}
+
+fn failure(service: &str, id: &str) -> pb::CallOutcome {
+    pb::CallOutcome {
+        service: service.into(),
+        instance_id: id.into(),
+        latency_us: 2_000,
+        result: pb::CallResult::Error as i32,
+        ..Default::default()
+    }
+}
+
+/// The lines of `metrics` that start with `prefix`, in order.
+fn series<'a>(metrics: &'a str, prefix: &str) -> Vec<&'a str> {
+    metrics.lines().filter(|line| line.starts_with(prefix)).collect()
+}
+
+/// 7 ok picks, 2 of an unknown service, 1 with an unknown rule; `b` tripped by three failures.
+async fn known_traffic(server: &TestServer) {
+    let mut client = server.client().await;
+    for _ in 0..7 {
+        client.pick("orders", PickOptions::rule("round_robin")).await.expect("pick");
+    }
+    for _ in 0..2 {
+        let error = client.pick("nobody", PickOptions::rule("round_robin")).await.unwrap_err();
+        assert_eq!(error.code(), Some(tonic::Code::NotFound));
+    }
+    let error = client.pick("orders", PickOptions::rule("bogus")).await.unwrap_err();
+    assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
+    let report = client.report(vec![failure("orders", "b"); 3]).await.unwrap();
+    assert_eq!(report.accepted, 3);
+}
+
+#[tokio::test]
+async fn metrics_count_known_traffic_exactly() {
+    let server = TestServer::start().await;
+    let _orders =
+        server.register(vec![instance("orders", "a", 1), instance("orders", "b", 2), instance("orders", "c", 3)]).await;
+    known_traffic(&server).await;
+
+    let (status, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        series(&metrics, "rota_picks_total{"),
+        [
+            r#"rota_picks_total{service="nobody",rule="round_robin",result="not_found"} 2"#,
+            r#"rota_picks_total{service="orders",rule="_unresolved",result="invalid_argument"} 1"#,
+            r#"rota_picks_total{service="orders",rule="round_robin",result="ok"} 7"#,
+        ]
+    );
+    assert_eq!(series(&metrics, "rota_fallback_picks_total{"), Vec::<&str>::new());
+    assert_eq!(
+        series(&metrics, "rota_instances{"),
+        [
+            r#"rota_instances{service="orders",status="UP"} 3"#,
+            r#"rota_instances{service="orders",status="DRAINING"} 0"#,
+            r#"rota_instances{service="orders",status="DOWN"} 0"#,
+        ]
+    );
+    assert_eq!(series(&metrics, "rota_registration_streams "), ["rota_registration_streams 1"]);
+    assert_eq!(
+        series(&metrics, "rota_breaker_open{"),
+        [
+            r#"rota_breaker_open{service="orders",instance="a"} 0"#,
+            r#"rota_breaker_open{service="orders",instance="b"} 1"#,
+            r#"rota_breaker_open{service="orders",instance="c"} 0"#,
+        ]
+    );
+    let pick = r#"grpc_method="Pick",grpc_service="rota.v1.Balancer",grpc_type="unary""#;
+    assert_eq!(
+        series(&metrics, "grpc_server_started_total{grpc_method=\"Pick\""),
+        [format!("grpc_server_started_total{{{pick}}} 10")]
+    );
+    assert_eq!(
+        series(&metrics, "grpc_server_handled_total{").into_iter().filter(|l| l.contains(pick)).collect::<Vec<_>>(),
+        [
+            format!("grpc_server_handled_total{{grpc_code=\"OK\",{pick}}} 7"),
+            format!("grpc_server_handled_total{{grpc_code=\"InvalidArgument\",{pick}}} 1"),
+            format!("grpc_server_handled_total{{grpc_code=\"NotFound\",{pick}}} 2"),
+        ]
+    );
+    assert_eq!(
+        series(&metrics, &format!("grpc_server_handling_seconds_count{{{pick}}}")),
+        [format!("grpc_server_handling_seconds_count{{{pick}}} 10")]
+    );
+    assert_eq!(series(&metrics, &format!("grpc_server_handling_seconds_bucket{{{pick},le=\"+Inf\"}}")).len(), 1);
+}
+
+#[tokio::test]
+async fn service_view_has_exact_fields_and_unknown_services_are_404() {
+    let server = TestServer::start().await;
+    let _orders =
+        server.register(vec![instance("orders", "a", 1), instance("orders", "b", 2), instance("orders", "c", 3)]).await;
+    known_traffic(&server).await;
+
+    let (status, body) = get(admin(&server), "/api/services/orders").await;
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let epoch = view["epoch"].as_u64().expect("an epoch");
+    let row = |id: &str, port: u16, in_flight: u64, latency: serde_json::Value, open: bool, picks: u64| {
+        json!({
+            "id": id, "host": "127.0.0.1", "port": port, "version": "", "zone": "", "weight": 100,
+            "status": "UP", "in_flight": in_flight, "latency_ms": latency, "breaker_open": open,
+            "picks": picks, "picks_by_rule": { "round_robin": picks },
+        })
+    };
+    assert_eq!(
+        view,
+        json!({
+            "name": "orders",
+            "epoch": epoch,
+            "instances": [
+                row("a", 1, 3, json!(null), false, 3),
+                // b's reported outcomes end its calls in flight.
+                row("b", 2, 0, json!(2.0), true, 2),
+                row("c", 3, 2, json!(null), false, 2),
+            ],
+            "picks_by_rule": { "round_robin": 7 },
+        })
+    );
+
+    let (status, body) = get(admin(&server), "/api/services").await;
+    assert_eq!(status, 200);
+    let expected = json!({ "services": [{ "name": "orders", "instances": 3, "up": 3, "epoch": epoch }] });
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap(), expected);
+
+    let (status, body) = get(admin(&server), "/api/services/nobody").await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        json!({ "error": "service \"nobody\" has never been registered" })
+    );
+}
+
+#[tokio::test]
+async fn health_policies_and_dashboard_are_served() {
+    let server = TestServer::start().await;
+    let addr = admin(&server);
+    assert_eq!(get(addr, "/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(get(addr, "/readyz").await, (200, "ready".to_owned()));
+    let (status, body) = get(addr, "/api/policies").await;
+    assert_eq!(status, 200);
+    let policies: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(policies["defaults"]["rule"], "round_robin");
+    assert_eq!(policies["services"], json!([]));
+    let (status, page) = get(addr, "/").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("/api/events?service="), "the dashboard follows the event stream");
+    assert!(!page.contains("http://") && !page.contains("https://"), "no external resources");
+}
+
+/// An open event stream gets a snapshot at once and ends when the server stops.
+#[tokio::test]
+async fn event_stream_pushes_a_snapshot_and_ends_on_shutdown() {
+    let server = TestServer::start().await;
+    let orders = server.register(vec![instance("orders", "a", 1)]).await;
+    let mut stream = TcpStream::connect(admin(&server)).await.unwrap();
+    stream.write_all(b"GET /api/events?service=orders HTTP/1.1\r\nHost: rota\r\n\r\n").await.unwrap();
+    let mut lines = BufReader::new(stream);
+    let first_event = tokio::time::timeout(PATIENCE, async {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(lines.read_line(&mut line).await.unwrap() > 0, "stream ended before an event");
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                return serde_json::from_str::<serde_json::Value>(data).unwrap();
+            }
+        }
+    })
+    .await
+    .expect("an event in time");
+    assert_eq!(first_event["name"], "orders");
+    assert_eq!(first_event["instances"][0]["id"], "a");
+
+    // Without an open registration the gRPC side stops at once; what is left is the event stream.
+    drop(orders);
+    server.server.stop().await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(PATIENCE, lines.read_to_end(&mut rest)).await.expect("the stream ends").unwrap();
+}
+
+/// A PickStream's picks count one by one; the stream itself counts once, when it ends.
+#[tokio::test]
+async fn pick_stream_counts_each_pick_and_the_stream_once() {
+    let server = TestServer::start().await;
+    let _orders = server.register(vec![instance("orders", "a", 1), instance("orders", "b", 2)]).await;
+    let mut client = server.client().await;
+    let request = |service: &str| pb::PickRequest { service: service.into(), ..Default::default() };
+    let requests = tokio_stream::iter(vec![request("orders"), request("nobody"), request("orders")]);
+    let mut responses = client.balancer().pick_stream(requests).await.unwrap().into_inner();
+    let mut errors = Vec::new();
+    while let Some(response) = responses.message().await.unwrap() {
+        errors.push(response.error.map(|e| e.code));
+    }
+    assert_eq!(errors, [None, Some(tonic::Code::NotFound as i32), None]);
+
+    let (_, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(
+        series(&metrics, "rota_picks_total{"),
+        [
+            r#"rota_picks_total{service="nobody",rule="round_robin",result="not_found"} 1"#,
+            r#"rota_picks_total{service="orders",rule="round_robin",result="ok"} 2"#,
+        ]
+    );
+    let stream = r#"grpc_method="PickStream",grpc_service="rota.v1.Balancer",grpc_type="bidi_stream""#;
+    assert_eq!(
+        series(&metrics, "grpc_server_handled_total{").into_iter().filter(|l| l.contains(stream)).collect::<Vec<_>>(),
+        [format!("grpc_server_handled_total{{grpc_code=\"OK\",{stream}}} 1")]
+    );
+}
+
+/// A pick that falls back from its version to unversioned instances is counted as a fallback.
+#[tokio::test]
+async fn fallback_picks_are_counted_per_service() {
+    let server = TestServer::start().await;
+    let _legacy = server.register(vec![instance("legacy", "a", 1)]).await;
+    let mut client = server.client().await;
+    let fell_back = client.pick("legacy", PickOptions::rule("round_robin").version("zlt")).await.unwrap();
+    assert!(!fell_back.fallback.is_empty());
+    let direct = client.pick("legacy", PickOptions::rule("round_robin")).await.unwrap();
+    assert!(direct.fallback.is_empty());
+
+    let (_, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(series(&metrics, "rota_fallback_picks_total{"), [r#"rota_fallback_picks_total{service="legacy"} 1"#]);
+    assert_eq!(
+        series(&metrics, "rota_picks_total{"),
+        [r#"rota_picks_total{service="legacy",rule="round_robin",result="ok"} 2"#]
+    );
+}

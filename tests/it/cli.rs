@@ -39,6 +39,21 @@ fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
     Serving { child, endpoint: format!("http://{addr}") }
 }
 
+/// `rota register ARGS...` in the background, once it has printed its first line.
+fn register_in_background(server: &Serving, args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .arg("register")
+        .args(args)
+        .env("ROTA_SERVER", &server.endpoint)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    (child, line)
+}
+
 fn rota(server: &Serving, args: &[&str]) -> Output {
     Command::new(BIN).args(args).env("ROTA_SERVER", &server.endpoint).output().unwrap()
 }
@@ -50,14 +65,8 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn register_pick_ls_and_withdraw_on_ctrl_c() {
     let server = serve();
-    let mut register = Command::new(BIN)
-        .args(["register", "cli-svc", "127.0.0.1:7001", "--version", "zlt", "--meta", "team=pay"])
-        .env("ROTA_SERVER", &server.endpoint)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(register.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let (mut register, line) =
+        register_in_background(&server, &["cli-svc", "127.0.0.1:7001", "--version", "zlt", "--meta", "team=pay"]);
     assert!(line.starts_with("registered 127.0.0.1:7001 in cli-svc"), "{line}");
 
     let picked = rota(&server, &["pick", "cli-svc", "--version", "zlt", "-n", "2"]);
@@ -203,15 +212,8 @@ fn an_invalid_config_file_stops_serve_before_binding() {
 fn the_config_file_sets_policies_and_reloads_on_sighup() {
     let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
     let server = serve_with_config(&path);
-    let register = Command::new(BIN)
-        .args(["register", "cfg", "127.0.0.1:7101", "--id", "a"])
-        .env("ROTA_SERVER", &server.endpoint)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (register, _) = register_in_background(&server, &["cfg", "127.0.0.1:7101", "--id", "a"]);
     let mut register = Serving { child: register, endpoint: String::new() };
-    let mut line = String::new();
-    BufReader::new(register.child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("repeat(n=2)"), "{picked}");
 
@@ -238,15 +240,7 @@ fn the_config_file_sets_policies_and_reloads_on_sighup() {
 #[test]
 fn sigterm_drains_then_exits_zero() {
     let mut server = serve_with(&["--shutdown-grace".as_ref(), "5s".as_ref()]);
-    let mut register = Command::new(BIN)
-        .args(["register", "term", "127.0.0.1:7201", "--id", "a"])
-        .env("ROTA_SERVER", &server.endpoint)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(register.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let (register, line) = register_in_background(&server, &["term", "127.0.0.1:7201", "--id", "a"]);
     assert!(line.starts_with("registered a in term"), "{line}");
 
     assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
-use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, ServeConfig};
+use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig};
 use crate::state::StatsConfig;
 
 /// A setting given on the command line or in the environment (clap merges those two).
@@ -27,12 +27,20 @@ pub struct Overrides {
     pub shutdown_grace: Option<String>,
     pub in_flight_timeout: Option<String>,
     pub latency_decay: Option<String>,
+    /// `Some(true)` when `--insecure` / `ROTA_INSECURE` was given.
+    pub insecure: Option<bool>,
+    pub max_registrations_per_peer: Option<String>,
+    pub max_message_bytes: Option<String>,
+    pub max_concurrent_requests_per_connection: Option<String>,
+    pub max_streams_per_connection: Option<String>,
 }
 
 /// Everything `rota serve` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub serve: ServeConfig,
+    /// Serving a non-loopback address without authentication was allowed explicitly.
+    pub insecure: bool,
     pub shutdown_grace: Duration,
 }
 
@@ -68,6 +76,11 @@ struct ServerTable {
     shutdown_grace: Option<String>,
     in_flight_timeout: Option<String>,
     latency_decay: Option<String>,
+    insecure: Option<bool>,
+    max_registrations_per_peer: Option<u64>,
+    max_message_bytes: Option<u64>,
+    max_concurrent_requests_per_connection: Option<u64>,
+    max_streams_per_connection: Option<u64>,
 }
 
 const FLAGS: &str = "command line / environment";
@@ -133,6 +146,54 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
     )?;
     let latency_decay =
         duration("server.latency_decay", &overrides.latency_decay, &table.latency_decay, stats_defaults.latency_decay)?;
+    let integer = |key: &'static str,
+                   over: &Option<String>,
+                   from_file: Option<u64>,
+                   range: std::ops::RangeInclusive<u64>,
+                   default: u64| {
+        match pick(over, from_file.map(|n| n.to_string())) {
+            None => Ok(default),
+            Some((value, source)) => match value.parse::<u64>() {
+                Ok(n) if range.contains(&n) => Ok(n),
+                _ => Err(ConfigError {
+                    source_name: source,
+                    key: key.into(),
+                    problem: format!("must be an integer from {} to {}, got {value:?}", range.start(), range.end()),
+                }),
+            },
+        }
+    };
+    let defaults = Limits::default();
+    let limits = Limits {
+        registrations_per_peer: integer(
+            "server.max_registrations_per_peer",
+            &overrides.max_registrations_per_peer,
+            table.max_registrations_per_peer,
+            1..=100_000,
+            defaults.registrations_per_peer as u64,
+        )? as usize,
+        max_message_bytes: integer(
+            "server.max_message_bytes",
+            &overrides.max_message_bytes,
+            table.max_message_bytes,
+            1024..=(64 << 20),
+            defaults.max_message_bytes as u64,
+        )? as usize,
+        concurrent_requests_per_connection: integer(
+            "server.max_concurrent_requests_per_connection",
+            &overrides.max_concurrent_requests_per_connection,
+            table.max_concurrent_requests_per_connection,
+            1..=1_000_000,
+            defaults.concurrent_requests_per_connection as u64,
+        )? as usize,
+        streams_per_connection: integer(
+            "server.max_streams_per_connection",
+            &overrides.max_streams_per_connection,
+            table.max_streams_per_connection,
+            1..=1_000_000,
+            u64::from(defaults.streams_per_connection),
+        )? as u32,
+    };
     let max_instances_per_stream =
         match pick(&overrides.max_instances_per_stream, table.max_instances_per_stream.map(|n| n.to_string())) {
             None => DEFAULT_MAX_INSTANCES_PER_STREAM,
@@ -147,13 +208,37 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 }
             },
         };
+    // Without authentication, rota is only reachable from this machine unless told otherwise.
+    let insecure = overrides.insecure.or(table.insecure).unwrap_or(false);
+    if !insecure {
+        let exposed = [("server.listen", Some(listen)), ("server.admin_listen", admin_listen)];
+        if let Some((key, Some(addr))) =
+            exposed.into_iter().find(|(_, addr)| addr.is_some_and(|a| !a.ip().is_loopback()))
+        {
+            let source = if overrides.listen.is_some() || overrides.admin_listen.is_some() {
+                FLAGS.to_owned()
+            } else {
+                file_name
+            };
+            return Err(ConfigError {
+                source_name: source,
+                key: key.into(),
+                problem: format!(
+                    "{addr} is not a loopback address and no authentication is configured; \
+                     give --insecure (ROTA_INSECURE=true, or insecure = true in [server]) to serve it anyway"
+                ),
+            });
+        }
+    }
     Ok(Settings {
+        insecure,
         serve: ServeConfig {
             listen,
             admin_listen,
             registry: RegistryConfig { heartbeat_timeout, max_instances_per_stream },
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
+            limits,
         },
         shutdown_grace,
     })
@@ -172,7 +257,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -180,6 +265,11 @@ impl Settings {
             d(self.shutdown_grace),
             d(self.serve.stats.in_flight_timeout),
             d(self.serve.stats.latency_decay),
+            self.insecure,
+            self.serve.limits.registrations_per_peer,
+            self.serve.limits.max_message_bytes,
+            self.serve.limits.concurrent_requests_per_connection,
+            self.serve.limits.streams_per_connection,
         )
     }
 
@@ -253,6 +343,22 @@ mod tests {
         let error =
             resolve(None, &Overrides { max_instances_per_stream: Some("0".into()), ..Default::default() }).unwrap_err();
         assert_eq!(error.problem, "must be an integer from 1 to 100000, got \"0\"");
+    }
+
+    #[test]
+    fn non_loopback_addresses_need_insecure() {
+        let public = Overrides { listen: Some("0.0.0.0:50051".into()), ..Default::default() };
+        let error = resolve(None, &public).unwrap_err();
+        assert_eq!(error.key, "server.listen");
+        assert!(
+            error.problem.starts_with("0.0.0.0:50051 is not a loopback address and no authentication is configured")
+        );
+        let allowed = Overrides { insecure: Some(true), ..public };
+        assert!(resolve(None, &allowed).unwrap().insecure);
+        let admin = Overrides { admin_listen: Some("10.1.2.3:9090".into()), ..Default::default() };
+        assert_eq!(resolve(None, &admin).unwrap_err().key, "server.admin_listen");
+        let ipv6 = Overrides { listen: Some("[::1]:50051".into()), ..Default::default() };
+        assert!(resolve(None, &ipv6).is_ok(), "::1 is loopback");
     }
 
     #[test]

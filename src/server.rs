@@ -44,6 +44,32 @@ pub struct ServeConfig {
     pub stats: StatsConfig,
     /// Policy file (TOML), loaded before binding and reloaded on change or SIGHUP.
     pub policy_file: Option<PathBuf>,
+    pub limits: Limits,
+}
+
+/// Bounds on what one peer or connection may ask of the server, so overload is refused
+/// (`RESOURCE_EXHAUSTED`) instead of queued without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Open registration streams per client IP address.
+    pub registrations_per_peer: usize,
+    /// Largest request message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Requests in progress per connection; more are shed with `RESOURCE_EXHAUSTED`.
+    pub concurrent_requests_per_connection: usize,
+    /// HTTP/2 streams per connection (advertised in SETTINGS).
+    pub streams_per_connection: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            registrations_per_peer: 64,
+            max_message_bytes: 4 << 20,
+            concurrent_requests_per_connection: 1024,
+            streams_per_connection: 1024,
+        }
+    }
 }
 
 impl Default for ServeConfig {
@@ -54,6 +80,7 @@ impl Default for ServeConfig {
             registry: RegistryConfig::default(),
             stats: StatsConfig::default(),
             policy_file: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -149,17 +176,34 @@ impl Server {
             .build_v1alpha()?;
 
         let grpc_metrics = Arc::new(GrpcMetrics::default());
+        let limits = config.limits;
         let router = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .tcp_nodelay(true)
+            .concurrency_limit_per_connection(limits.concurrent_requests_per_connection)
+            .load_shed(true)
+            .max_concurrent_streams(Some(limits.streams_per_connection))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone())))
-            .add_service(pb::registry_server::RegistryServer::new(RegistryService::new(registry, drain_rx)))
-            .add_service(pb::policies_server::PoliciesServer::new(PoliciesService::new(policies)));
+            .add_service(
+                pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone()))
+                    .max_decoding_message_size(limits.max_message_bytes),
+            )
+            .add_service(
+                pb::registry_server::RegistryServer::new(RegistryService::new(
+                    registry,
+                    drain_rx,
+                    limits.registrations_per_peer,
+                ))
+                .max_decoding_message_size(limits.max_message_bytes),
+            )
+            .add_service(
+                pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
+                    .max_decoding_message_size(limits.max_message_bytes),
+            );
 
         let (stop, stopped) = oneshot::channel::<()>();
         let incoming = TcpListenerStream::new(listener);

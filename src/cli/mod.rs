@@ -110,13 +110,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 
 /// Logs go to stderr (stdout carries results); `RUST_LOG` overrides the default level.
 pub fn init_tracing(cli: &Cli) {
-    let default = match cli.command {
-        Command::Serve(_) => "info",
-        _ => "warn",
+    let (default, json) = match &cli.command {
+        Command::Serve(args) => ("info", args.log_format == serve::LogFormat::Json),
+        _ => ("warn", false),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { logs.json().try_init() } else { logs.try_init() };
 }
 
 /// Parses `15s`, `500ms`, `1m`.

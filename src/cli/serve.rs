@@ -39,9 +39,33 @@ pub struct ServeArgs {
     /// Time constant of the latency EWMA [default: 10s].
     #[arg(long, env = "ROTA_LATENCY_DECAY")]
     pub latency_decay: Option<String>,
+    /// Open registration streams per client address [default: 64].
+    #[arg(long, env = "ROTA_MAX_REGISTRATIONS_PER_PEER")]
+    pub max_registrations_per_peer: Option<String>,
+    /// Largest request message, in bytes [default: 4194304].
+    #[arg(long, env = "ROTA_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<String>,
+    /// Requests in progress per connection; more are shed with RESOURCE_EXHAUSTED [default: 1024].
+    #[arg(long, env = "ROTA_MAX_CONCURRENT_REQUESTS_PER_CONNECTION")]
+    pub max_concurrent_requests_per_connection: Option<String>,
+    /// HTTP/2 streams per connection [default: 1024].
+    #[arg(long, env = "ROTA_MAX_STREAMS_PER_CONNECTION")]
+    pub max_streams_per_connection: Option<String>,
+    /// Serve on a non-loopback address although no authentication is configured.
+    #[arg(long, env = "ROTA_INSECURE")]
+    pub insecure: bool,
+    /// Log lines as text or as JSON objects (one per line, on stderr).
+    #[arg(long, env = "ROTA_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
@@ -53,6 +77,11 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         shutdown_grace: args.shutdown_grace,
         in_flight_timeout: args.in_flight_timeout,
         latency_decay: args.latency_decay,
+        insecure: args.insecure.then_some(true),
+        max_registrations_per_peer: args.max_registrations_per_peer,
+        max_message_bytes: args.max_message_bytes,
+        max_concurrent_requests_per_connection: args.max_concurrent_requests_per_connection,
+        max_streams_per_connection: args.max_streams_per_connection,
     };
     let settings = config::resolve(args.config.as_deref(), &overrides)?;
     // The policy part is validated here too, so a bad file never gets as far as binding.

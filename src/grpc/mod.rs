@@ -8,6 +8,7 @@
 mod balancer;
 pub mod convert;
 pub mod metrics;
+mod peers;
 mod policies;
 mod register;
 mod registry;

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::debug;
 
+use super::peers::PeerSlot;
 use super::{convert, status};
 use crate::pb::{self, register_request::Msg};
 use crate::registry::{InvalidField, Lease, Outcome, Refused, Registry};
@@ -26,10 +27,15 @@ pub fn serve(
     registry: &Registry,
     inbound: Streaming<pb::RegisterRequest>,
     drain: watch::Receiver<bool>,
+    slot: Option<PeerSlot>,
 ) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let lease = registry.open_lease();
-    tokio::spawn(run(lease, inbound, tx, drain));
+    tokio::spawn(async move {
+        run(lease, inbound, tx, drain).await;
+        // The peer's slot is free once the stream has ended.
+        drop(slot);
+    });
     ReceiverStream::new(rx)
 }
 

@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::peers::PeerStreams;
 use super::{convert, register};
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
@@ -15,12 +16,14 @@ use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_
 pub struct RegistryService {
     registry: Registry,
     drain: watch::Receiver<bool>,
+    peers: Arc<PeerStreams>,
 }
 
 impl RegistryService {
-    /// `drain` turns true when the server begins a graceful shutdown.
-    pub fn new(registry: Registry, drain: watch::Receiver<bool>) -> Self {
-        Self { registry, drain }
+    /// `drain` turns true when the server begins a graceful shutdown; each client address may
+    /// hold at most `registrations_per_peer` registration streams.
+    pub fn new(registry: Registry, drain: watch::Receiver<bool>, registrations_per_peer: usize) -> Self {
+        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer) }
     }
 }
 
@@ -38,7 +41,8 @@ impl pb::registry_server::Registry for RegistryService {
         &self,
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
-        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone())))
+        let slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
+        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slot)))
     }
 
     async fn list_services(

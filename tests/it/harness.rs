@@ -15,8 +15,14 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A server on free loopback ports, with `adjust` applied to its configuration.
+    pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let loopback = ([127, 0, 0, 1], 0).into();
-        let config = ServeConfig { listen: loopback, admin_listen: Some(loopback), ..Default::default() };
+        let mut config = ServeConfig { listen: loopback, admin_listen: Some(loopback), ..Default::default() };
+        adjust(&mut config);
         Self { server: Server::start(config).await.expect("server starts") }
     }
 

@@ -6,6 +6,7 @@ mod companions;
 mod conformance;
 mod errors;
 mod harness;
+mod limits;
 mod registration;
 mod rotation;
 mod rules;

@@ -1,0 +1,82 @@
+//! Limits: overload is refused with RESOURCE_EXHAUSTED instead of queued without bound.
+
+use std::time::{Duration, Instant};
+
+use rota::client::PickOptions;
+use rota::pb;
+
+use crate::harness::{PATIENCE, TestServer, instance};
+
+#[tokio::test]
+async fn one_peer_may_hold_only_so_many_registration_streams() {
+    let server = TestServer::start_with(|config| config.limits.registrations_per_peer = 2).await;
+    let first = server.register(vec![instance("peer", "a", 1)]).await;
+    let _second = server.register(vec![instance("peer", "b", 2)]).await;
+    let error = server.client().await.register(vec![instance("peer", "c", 3)]).await.err().expect("refused");
+    assert_eq!(error.code(), Some(tonic::Code::ResourceExhausted));
+    assert!(
+        error.to_string().contains("peer 127.0.0.1 already holds 2 registration streams; the limit is 2"),
+        "{error}"
+    );
+
+    // A stream that ends frees its slot (the server notices the end a moment later).
+    first.close().await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match server.client().await.register(vec![instance("peer", "c", 3)]).await {
+            Ok(registration) => {
+                registration.require_all_accepted().unwrap();
+                break;
+            }
+            Err(error) => {
+                assert_eq!(error.code(), Some(tonic::Code::ResourceExhausted));
+                assert!(Instant::now() < deadline, "the slot was never freed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn oversized_requests_are_refused_and_change_nothing() {
+    let server = TestServer::start_with(|config| config.limits.max_message_bytes = 2048).await;
+    let _provider = server.register(vec![instance("big", "a", 1)]).await;
+    let mut client = server.client().await;
+    let exclude: Vec<String> = (0..400).map(|i| format!("instance-{i:04}")).collect();
+    let error = client.pick("big", PickOptions::default().exclude(exclude)).await.unwrap_err();
+    assert_eq!(error.code(), Some(tonic::Code::OutOfRange), "{error}");
+    let picked = client.pick("big", PickOptions::default()).await.unwrap();
+    assert_eq!(picked.ticket, 0, "the refused pick drew no ticket");
+}
+
+#[tokio::test]
+async fn requests_beyond_the_per_connection_limit_are_shed() {
+    let server = TestServer::start_with(|config| config.limits.concurrent_requests_per_connection = 1).await;
+    let _provider = server.register(vec![instance("shed", "only", 1)]).await;
+    let mut client = server.client().await;
+    // Trip the only instance's breaker for long enough that a retrying pick waits.
+    let failure = pb::CallOutcome {
+        service: "shed".into(),
+        instance_id: "only".into(),
+        result: pb::CallResult::ConnectFailure.into(),
+        ..Default::default()
+    };
+    client.report(vec![failure.clone(), failure.clone(), failure]).await.unwrap();
+    let mut waiting = client.clone();
+    let slow = tokio::spawn(async move { waiting.pick("shed", PickOptions::rule("retry(max_ms=3000)")).await });
+    // While the slow pick holds the connection's only slot, another request on the same
+    // connection is shed at once.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let shed = loop {
+        match client.list_services().await {
+            Err(error) => break error,
+            Ok(_) => {
+                assert!(Instant::now() < deadline && !slow.is_finished(), "no request was ever shed");
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    assert_eq!(shed.code(), Some(tonic::Code::ResourceExhausted), "{shed}");
+    let error = slow.await.unwrap().unwrap_err();
+    assert_eq!(error.code(), Some(tonic::Code::Unavailable), "the retry gave up within its budget");
+}

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use dashmap::DashMap;
+use crate::hash::ConcurrentMap;
 
 use super::PickError;
 
@@ -72,31 +72,31 @@ type PickKey = (Arc<str>, Arc<str>, PickResult);
 type InstanceKey = (Arc<str>, Arc<str>, Arc<str>);
 
 pub struct PickCounters {
-    services: DashMap<Arc<str>, ()>,
+    services: ConcurrentMap<Arc<str>, ()>,
     /// Serialises admitting a new service label, so the limit is exact.
     admit: Mutex<()>,
     other: Arc<str>,
     unresolved: Arc<str>,
-    picks: DashMap<PickKey, AtomicU64>,
-    fallbacks: DashMap<Arc<str>, AtomicU64>,
-    instances: DashMap<InstanceKey, AtomicU64>,
+    picks: ConcurrentMap<PickKey, AtomicU64>,
+    fallbacks: ConcurrentMap<Arc<str>, AtomicU64>,
+    instances: ConcurrentMap<InstanceKey, AtomicU64>,
 }
 
 impl Default for PickCounters {
     fn default() -> Self {
         Self {
-            services: DashMap::new(),
+            services: ConcurrentMap::default(),
             admit: Mutex::new(()),
             other: OTHER_SERVICE.into(),
             unresolved: UNRESOLVED_RULE.into(),
-            picks: DashMap::new(),
-            fallbacks: DashMap::new(),
-            instances: DashMap::new(),
+            picks: ConcurrentMap::default(),
+            fallbacks: ConcurrentMap::default(),
+            instances: ConcurrentMap::default(),
         }
     }
 }
 
-fn bump<K: Eq + std::hash::Hash>(map: &DashMap<K, AtomicU64>, key: K) {
+fn bump<K: Eq + std::hash::Hash>(map: &ConcurrentMap<K, AtomicU64>, key: K) {
     match map.get(&key) {
         Some(counter) => counter.fetch_add(1, Ordering::Relaxed),
         None => map.entry(key).or_default().fetch_add(1, Ordering::Relaxed),

@@ -39,6 +39,15 @@ pub struct ServeArgs {
     /// Time constant of the latency EWMA [default: 10s].
     #[arg(long, env = "ROTA_LATENCY_DECAY")]
     pub latency_decay: Option<String>,
+    /// Serve TLS with this PEM certificate chain (needs --tls-key); reloaded when it changes.
+    #[arg(long, env = "ROTA_TLS_CERT")]
+    pub tls_cert: Option<String>,
+    /// PEM private key of the TLS certificate (needs --tls-cert).
+    #[arg(long, env = "ROTA_TLS_KEY")]
+    pub tls_key: Option<String>,
+    /// PEM CA bundle: clients must present a certificate signed by it (mTLS).
+    #[arg(long, env = "ROTA_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<String>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -53,6 +62,9 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         shutdown_grace: args.shutdown_grace,
         in_flight_timeout: args.in_flight_timeout,
         latency_decay: args.latency_decay,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        tls_client_ca: args.tls_client_ca,
     };
     let settings = config::resolve(args.config.as_deref(), &overrides)?;
     // The policy part is validated here too, so a bad file never gets as far as binding.

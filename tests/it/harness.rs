@@ -5,6 +5,7 @@ use std::time::Duration;
 use rota::client::{Registration, RotaClient};
 use rota::pb;
 use rota::server::{ServeConfig, Server};
+use rota::tls::TlsFiles;
 
 /// Upper bound for any wait on the server in these tests.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -15,8 +16,13 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Starts the server with TLS (and mTLS when `tls.client_ca` is set) when `tls` is given.
+    pub async fn start_with(tls: Option<TlsFiles>) -> Self {
         let loopback = ([127, 0, 0, 1], 0).into();
-        let config = ServeConfig { listen: loopback, admin_listen: Some(loopback), ..Default::default() };
+        let config = ServeConfig { listen: loopback, admin_listen: Some(loopback), tls, ..Default::default() };
         Self { server: Server::start(config).await.expect("server starts") }
     }
 

@@ -10,3 +10,4 @@ mod registration;
 mod rotation;
 mod rules;
 mod shutdown;
+mod tls;

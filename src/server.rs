@@ -66,7 +66,7 @@ impl Default for ServeConfig {
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("TLS: {0}")]
+    #[error("{}: {}", .0.key, .0)]
     Tls(#[from] TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },

@@ -113,7 +113,10 @@ impl CliError {
     /// The process exit status for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Config(_) | CliError::Serve(crate::server::ServeError::Config(_)) => EXIT_CONFIG,
+            // A TLS file that changed between the check and the start is a configuration error too.
+            CliError::Config(_)
+            | CliError::Serve(crate::server::ServeError::Config(_))
+            | CliError::Serve(crate::server::ServeError::Tls(_)) => EXIT_CONFIG,
             _ => 1,
         }
     }

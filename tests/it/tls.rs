@@ -269,3 +269,17 @@ fn the_command_line_serves_and_calls_over_mtls() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(!ls(false).status.success(), "no client certificate, no answer");
 }
+
+#[tokio::test]
+async fn the_server_refuses_a_bad_key_at_start() {
+    let dir = TempDir::new("start");
+    let (cert, _) = cert_and_key(&dir);
+    let key = dir.write("not.key", "-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n");
+    let tls = Some(TlsFiles { cert, key, client_ca: None });
+    let config =
+        rota::server::ServeConfig { listen: ([127, 0, 0, 1], 0).into(), admin_listen: None, tls, ..Default::default() };
+    match rota::server::Server::start(config).await {
+        Ok(_) => panic!("a server started with a broken key"),
+        Err(e) => assert!(e.to_string().starts_with("server.tls_key: "), "{e}"),
+    }
+}

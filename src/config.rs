@@ -16,6 +16,7 @@ use serde::Deserialize;
 use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
 use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig};
 use crate::state::StatsConfig;
+use crate::tls::TlsFiles;
 
 /// A setting given on the command line or in the environment (clap merges those two).
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,9 @@ pub struct Overrides {
     pub max_message_bytes: Option<String>,
     pub max_concurrent_requests_per_connection: Option<String>,
     pub max_streams_per_connection: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    pub tls_client_ca: Option<String>,
 }
 
 /// Everything `rota serve` needs, resolved.
@@ -81,6 +85,9 @@ struct ServerTable {
     max_message_bytes: Option<u64>,
     max_concurrent_requests_per_connection: Option<u64>,
     max_streams_per_connection: Option<u64>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_client_ca: Option<String>,
 }
 
 const FLAGS: &str = "command line / environment";
@@ -208,6 +215,11 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 }
             },
         };
+    let tls = resolve_tls(
+        pick(&overrides.tls_cert, table.tls_cert.clone()),
+        pick(&overrides.tls_key, table.tls_key.clone()),
+        pick(&overrides.tls_client_ca, table.tls_client_ca.clone()),
+    )?;
     // Without authentication, rota is only reachable from this machine unless told otherwise.
     let insecure = overrides.insecure.or(table.insecure).unwrap_or(false);
     if !insecure {
@@ -239,9 +251,55 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
             limits,
+            tls,
         },
         shutdown_grace,
     })
+}
+
+/// Certificate and key come together; the client CA needs them. Every file is read and parsed
+/// here, so a bad one stops rota before binding rather than at the first handshake.
+fn resolve_tls(
+    cert: Option<(String, String)>,
+    key: Option<(String, String)>,
+    client_ca: Option<(String, String)>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    let missing = |source: &str, key: &str, problem: &str| ConfigError {
+        source_name: source.to_owned(),
+        key: key.into(),
+        problem: problem.into(),
+    };
+    let ((cert, cert_source), (key, key_source)) = match (cert, key, client_ca.clone()) {
+        (None, None, None) => return Ok(None),
+        (Some(cert), Some(key), _) => (cert, key),
+        (Some((_, source)), None, _) => {
+            return Err(missing(&source, "server.tls_key", "is required when server.tls_cert is set"));
+        }
+        (None, Some((_, source)), _) => {
+            return Err(missing(&source, "server.tls_cert", "is required when server.tls_key is set"));
+        }
+        (None, None, Some((_, source))) => {
+            return Err(missing(&source, "server.tls_cert", "is required when server.tls_client_ca is set"));
+        }
+    };
+    let files = TlsFiles { cert: cert.into(), key: key.into(), client_ca: None };
+    crate::tls::load_certified_key(&files.cert, &files.key).map_err(|e| {
+        let source = if e.key == "server.tls_cert" { cert_source.clone() } else { key_source.clone() };
+        ConfigError { source_name: source, key: e.key.into(), problem: e.to_string() }
+    })?;
+    let client_ca = match client_ca {
+        Some((path, source)) => {
+            let path = PathBuf::from(path);
+            crate::tls::load_client_roots(&path).map_err(|e| ConfigError {
+                source_name: source,
+                key: e.key.into(),
+                problem: e.to_string(),
+            })?;
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(Some(TlsFiles { client_ca, ..files }))
 }
 
 fn read_server_table(path: &Path) -> Result<ServerTable, ConfigError> {
@@ -256,7 +314,7 @@ impl Settings {
     /// The effective settings as the `[server]` table of a config file.
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
-        format!(
+        let mut toml = format!(
             "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
@@ -270,7 +328,19 @@ impl Settings {
             self.serve.limits.max_message_bytes,
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,
-        )
+        );
+        if let Some(tls) = &self.serve.tls {
+            // Debug formatting quotes and escapes the path as a TOML basic string needs.
+            toml.push_str(&format!(
+                "tls_cert = {:?}\ntls_key = {:?}\n",
+                tls.cert.display().to_string(),
+                tls.key.display().to_string()
+            ));
+            if let Some(ca) = &tls.client_ca {
+                toml.push_str(&format!("tls_client_ca = {:?}\n", ca.display().to_string()));
+            }
+        }
+        toml
     }
 
     pub fn policy_file(&self) -> Option<&PathBuf> {

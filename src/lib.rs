@@ -21,6 +21,7 @@
 //! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
 //!   live dashboard (axum; reads what the layers above publish, changes nothing).
 //! - [`config`] — the server's settings: file < environment < flags, validated before binding.
+//! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
 //! - [`loadgen`] — the load generator behind `rota bench`.
 //! - [`client`] — a Rust client for the same API, used by the CLI and the tests.
@@ -41,6 +42,7 @@ pub mod registry;
 pub mod rules;
 pub mod server;
 pub mod state;
+pub mod tls;
 
 /// Generated protobuf types and gRPC stubs for package `rota.v1`.
 pub mod pb {

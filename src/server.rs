@@ -21,6 +21,7 @@ use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
 use crate::registry::{Registry, RegistryConfig};
 use crate::state::{StateBackend, StatsConfig};
+use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -45,6 +46,8 @@ pub struct ServeConfig {
     /// Policy file (TOML), loaded before binding and reloaded on change or SIGHUP.
     pub policy_file: Option<PathBuf>,
     pub limits: Limits,
+    /// TLS (and mTLS when a client CA is given) on the gRPC listener; `None` serves plaintext.
+    pub tls: Option<TlsFiles>,
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -81,6 +84,7 @@ impl Default for ServeConfig {
             stats: StatsConfig::default(),
             policy_file: None,
             limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -89,6 +93,8 @@ impl Default for ServeConfig {
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("{}: {}", .0.key, .0)]
+    Tls(#[from] TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
@@ -105,6 +111,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A running server.
 pub struct Server {
     local_addr: SocketAddr,
+    tls: bool,
     admin_addr: Option<SocketAddr>,
     balancer: Arc<Balancer>,
     health: tonic_health::server::HealthReporter,
@@ -143,6 +150,7 @@ impl Server {
             None => PolicySet::default(),
         };
         let policies = Arc::new(Policies::new(policy_set));
+        let tls = config.tls.map(ReloadingAcceptor::new).transpose()?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Bind { addr: config.listen, source })?;
@@ -206,11 +214,17 @@ impl Server {
             );
 
         let (stop, stopped) = oneshot::channel::<()>();
-        let incoming = TcpListenerStream::new(listener);
-        let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let stopped = async {
             let _ = stopped.await;
-        }));
-        info!(addr = %local_addr, backend = balancer.state().name(), "serving");
+        };
+        let task = match &tls {
+            Some(acceptor) => {
+                background.push(acceptor.spawn_reloader());
+                tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stopped))
+            }
+            None => tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)),
+        };
+        info!(addr = %local_addr, tls = tls.is_some(), backend = balancer.state().name(), "serving");
 
         let (admin_stop, admin_stopped) = watch::channel(false);
         let (admin_addr, admin_task) = match admin_listener {
@@ -223,6 +237,7 @@ impl Server {
         };
         Ok(Self {
             local_addr,
+            tls: tls.is_some(),
             admin_addr,
             balancer,
             health,
@@ -249,9 +264,10 @@ impl Server {
         &self.balancer
     }
 
-    /// `http://ADDR`, ready for a client to connect to.
+    /// `http://ADDR`, or `https://ADDR` with TLS, ready for a client to connect to.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.local_addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.local_addr)
     }
 
     /// Runs until the server stops on its own (an error) or `shutdown` resolves; then drains

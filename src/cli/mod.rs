@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{ClientError, RotaClient};
+use crate::client::{ClientError, RotaClient, TlsOptions};
 use crate::server::ServeError;
 
 #[derive(Debug, Parser)]
@@ -46,11 +46,34 @@ pub struct ServerArgs {
     /// Address of the rota server.
     #[arg(long, env = "ROTA_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
+    /// PEM CA certificate to trust for an `https://` server.
+    #[arg(long, env = "ROTA_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for a server that requires mTLS (with --tls-key).
+    #[arg(long, env = "ROTA_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "ROTA_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl ServerArgs {
     async fn connect(&self) -> Result<RotaClient, CliError> {
-        Ok(RotaClient::connect(&self.server).await?)
+        if !self.server.starts_with("https://") {
+            return Ok(RotaClient::connect(&self.server).await?);
+        }
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
+        };
+        let Some(ca) = &self.tls_ca else {
+            return Err(CliError::Usage("an https:// server needs --tls-ca (or ROTA_TLS_CA)".into()));
+        };
+        let client_identity = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        let tls = TlsOptions { ca_pem: read(ca)?, client_identity, domain: None };
+        Ok(RotaClient::connect_tls(&self.server, tls).await?)
     }
 }
 
@@ -90,7 +113,10 @@ impl CliError {
     /// The process exit status for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Config(_) | CliError::Serve(crate::server::ServeError::Config(_)) => EXIT_CONFIG,
+            // A TLS file that changed between the check and the start is a configuration error too.
+            CliError::Config(_)
+            | CliError::Serve(crate::server::ServeError::Config(_))
+            | CliError::Serve(crate::server::ServeError::Tls(_)) => EXIT_CONFIG,
             _ => 1,
         }
     }

@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// Log lines as text or as JSON objects (one per line, on stderr).
     #[arg(long, env = "ROTA_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Serve TLS with this PEM certificate chain (needs --tls-key); reloaded when it changes.
+    #[arg(long, env = "ROTA_TLS_CERT")]
+    pub tls_cert: Option<String>,
+    /// PEM private key of the TLS certificate (needs --tls-cert).
+    #[arg(long, env = "ROTA_TLS_KEY")]
+    pub tls_key: Option<String>,
+    /// PEM CA bundle: clients must present a certificate signed by it (mTLS).
+    #[arg(long, env = "ROTA_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<String>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -82,6 +91,9 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         max_message_bytes: args.max_message_bytes,
         max_concurrent_requests_per_connection: args.max_concurrent_requests_per_connection,
         max_streams_per_connection: args.max_streams_per_connection,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        tls_client_ca: args.tls_client_ca,
     };
     let settings = config::resolve(args.config.as_deref(), &overrides)?;
     // The policy part is validated here too, so a bad file never gets as far as binding.

@@ -12,7 +12,7 @@
 mod lease;
 mod registration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::pb;
 use crate::pb::balancer_client::BalancerClient;
@@ -117,6 +117,17 @@ impl PickOptions {
     }
 }
 
+/// How to reach a rota server over TLS.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM CA certificate(s) the server's certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// PEM certificate chain and private key to present, for servers that require mTLS.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to check the server's certificate against; `None` uses the address's host.
+    pub domain: Option<String>,
+}
+
 /// One connection to a rota server. Cloning shares the connection.
 #[derive(Debug, Clone)]
 pub struct RotaClient {
@@ -131,6 +142,21 @@ impl RotaClient {
         let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
         let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
         Ok(Self::from_channel(endpoint.connect().await?))
+    }
+
+    /// Connects to `https://HOST:PORT` (a bare `HOST:PORT` is accepted too), trusting only
+    /// `tls.ca_pem`.
+    pub async fn connect_tls(address: &str, tls: TlsOptions) -> Result<Self, ClientError> {
+        let uri = if address.contains("://") { address.to_owned() } else { format!("https://{address}") };
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(tls.ca_pem));
+        if let Some((cert, key)) = tls.client_identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = tls.domain {
+            config = config.domain_name(domain);
+        }
+        let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
+        Ok(Self::from_channel(endpoint.tls_config(config)?.connect().await?))
     }
 
     pub fn from_channel(channel: Channel) -> Self {

@@ -11,3 +11,4 @@ mod registration;
 mod rotation;
 mod rules;
 mod shutdown;
+mod tls;

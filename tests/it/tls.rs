@@ -1,0 +1,285 @@
+//! TLS and mTLS on the gRPC listener, with certificates made here by rcgen, and the
+//! certificate reloaded when its files change.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
+use rota::client::{RotaClient, TlsOptions};
+use rota::config::{Overrides, resolve};
+use rota::tls::TlsFiles;
+
+use crate::harness::{PATIENCE, TestServer, instance, picked_id};
+
+/// A certificate authority made for one test.
+struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+/// A PEM certificate and its PEM private key.
+struct Leaf {
+    cert: String,
+    key: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        Self { issuer: Issuer::new(params, key), pem }
+    }
+
+    fn issue(&self, name: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap().pem();
+        Leaf { cert, key: key.serialize_pem() }
+    }
+
+    fn server(&self) -> Leaf {
+        self.issue("rota", &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    fn client(&self) -> Leaf {
+        self.issue("consumer", &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// A directory removed at the end of the test.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("rota-tls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    /// Writes `text` to `name` atomically: a temporary file renamed over the old one.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        let temporary = self.0.join(format!(".{name}.new"));
+        std::fs::write(&temporary, text).unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+        path
+    }
+
+    fn files(&self, leaf: &Leaf, client_ca: Option<&TestCa>) -> TlsFiles {
+        TlsFiles {
+            cert: self.write("server.pem", &leaf.cert),
+            key: self.write("server.key", &leaf.key),
+            client_ca: client_ca.map(|ca| self.write("client-ca.pem", &ca.pem)),
+        }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn options(ca: &TestCa, identity: Option<&Leaf>) -> TlsOptions {
+    TlsOptions {
+        ca_pem: ca.pem.clone().into_bytes(),
+        client_identity: identity.map(|leaf| (leaf.cert.clone().into_bytes(), leaf.key.clone().into_bytes())),
+        domain: Some("localhost".into()),
+    }
+}
+
+/// Connects and makes one call; an error at either step is the answer.
+async fn call(server: &TestServer, tls: Option<TlsOptions>) -> Result<(), String> {
+    let attempt = async {
+        let mut client = match tls {
+            Some(tls) => RotaClient::connect_tls(&server.server.endpoint(), tls).await,
+            None => RotaClient::connect(&format!("http://{}", server.server.local_addr())).await,
+        }
+        .map_err(|e| e.to_string())?;
+        client.list_services().await.map(drop).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(PATIENCE, attempt).await.unwrap_or_else(|_| Err("timed out".into()))
+}
+
+#[tokio::test]
+async fn tls_serves_clients_that_trust_its_ca_only() {
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("plain");
+    let server = TestServer::start_with(|config| config.tls = Some(dir.files(&ca.server(), None))).await;
+    assert!(server.server.endpoint().starts_with("https://127.0.0.1:"));
+
+    let mut provider = RotaClient::connect_tls(&server.server.endpoint(), options(&ca, None)).await.unwrap();
+    let _registration = provider.register(vec![instance("orders", "o1", 8001)]).await.unwrap();
+    let mut consumer = RotaClient::connect_tls(&server.server.endpoint(), options(&ca, None)).await.unwrap();
+    let picked = consumer.pick("orders", Default::default()).await.unwrap();
+    assert_eq!(picked_id(&picked), "o1");
+
+    assert!(call(&server, None).await.is_err(), "a plaintext client is refused");
+    let other = TestCa::new("another CA");
+    assert!(call(&server, Some(options(&other, None))).await.is_err(), "a client trusting another CA refuses");
+    // A peer that connects and never says a word holds its handshake open; others go on.
+    // A peer that connects and never says a word holds its handshake open (up to 10 s); others
+    // are answered meanwhile.
+    let _silent = tokio::net::TcpStream::connect(server.server.local_addr()).await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(5), call(&server, Some(options(&ca, None)))).await;
+    assert_eq!(answered, Ok(Ok(())), "failed or stalled handshakes block nobody");
+}
+
+#[tokio::test]
+async fn mtls_requires_a_client_certificate_from_the_client_ca() {
+    let ca = TestCa::new("rota test CA");
+    let other = TestCa::new("another CA");
+    let dir = TempDir::new("mutual");
+    let server = TestServer::start_with(|config| config.tls = Some(dir.files(&ca.server(), Some(&ca)))).await;
+
+    assert!(call(&server, Some(options(&ca, None))).await.is_err(), "no client certificate");
+    assert!(call(&server, Some(options(&ca, Some(&other.client())))).await.is_err(), "a certificate from another CA");
+    assert_eq!(call(&server, Some(options(&ca, Some(&ca.client())))).await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_replaced_certificate_is_served_to_new_connections() {
+    let first = TestCa::new("first CA");
+    let second = TestCa::new("second CA");
+    let dir = TempDir::new("reload");
+    let server = TestServer::start_with(|config| config.tls = Some(dir.files(&first.server(), None))).await;
+    assert_eq!(call(&server, Some(options(&first, None))).await, Ok(()));
+    assert!(call(&server, Some(options(&second, None))).await.is_err());
+
+    // A file that is not a certificate is refused, and the certificate in force stays.
+    dir.write("server.pem", "not a certificate");
+    tokio::time::sleep(rota::tls::POLL_INTERVAL * 2).await;
+    assert_eq!(call(&server, Some(options(&first, None))).await, Ok(()), "the old certificate stays");
+
+    let replacement = second.server();
+    dir.write("server.key", &replacement.key);
+    dir.write("server.pem", &replacement.cert);
+    let deadline = Instant::now() + rota::tls::POLL_INTERVAL * 5;
+    while call(&server, Some(options(&second, None))).await.is_err() {
+        assert!(Instant::now() < deadline, "the new certificate was not served in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(call(&server, Some(options(&first, None))).await.is_err(), "the old certificate is gone");
+}
+
+fn cert_and_key(dir: &TempDir) -> (PathBuf, PathBuf) {
+    let leaf = TestCa::new("rota test CA").server();
+    (dir.write("server.pem", &leaf.cert), dir.write("server.key", &leaf.key))
+}
+
+fn path(p: &Path) -> Option<String> {
+    Some(p.display().to_string())
+}
+
+#[test]
+fn tls_settings_are_checked_before_binding() {
+    let dir = TempDir::new("config");
+    let (cert, key) = cert_and_key(&dir);
+    let error = resolve(None, &Overrides { tls_cert: path(&cert), ..Default::default() }).unwrap_err();
+    assert_eq!(error.key, "server.tls_key");
+    assert_eq!(error.source_name, "command line / environment");
+
+    let not_pem = dir.write("not.key", "this is not a key\n");
+    let overrides = Overrides { tls_cert: path(&cert), tls_key: path(&not_pem), ..Default::default() };
+    let error = resolve(None, &overrides).unwrap_err();
+    assert_eq!(error.key, "server.tls_key");
+    assert!(error.problem.contains("no PEM private key"), "{error}");
+
+    let overrides = Overrides { tls_cert: path(&cert), tls_key: path(&key), ..Default::default() };
+    let settings = resolve(None, &overrides).unwrap();
+    let tls = settings.serve.tls.as_ref().expect("TLS is on");
+    assert_eq!((&tls.cert, &tls.key, &tls.client_ca), (&cert, &key, &None));
+    assert!(settings.to_toml().contains(&format!("tls_key = {:?}", key.display().to_string())));
+
+    let output = Command::new(env!("CARGO_BIN_EXE_rota"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .env("ROTA_TLS_CERT", &cert)
+        .env_remove("ROTA_TLS_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(output.stdout.is_empty(), "nothing was bound");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "rota: command line / environment: server.tls_key: is required when server.tls_cert is set\n"
+    );
+}
+
+/// `rota serve` with mTLS from flags, and `rota ls` over `https://` with its client certificate.
+#[test]
+fn the_command_line_serves_and_calls_over_mtls() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("cli");
+    let files = dir.files(&ca.server(), Some(&ca));
+    let ca_path = dir.write("ca.pem", &ca.pem);
+    let client = ca.client();
+    let client_cert = dir.write("client.pem", &client.cert);
+    let client_key = dir.write("client.key", &client.key);
+
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_rota"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .arg("--tls-cert")
+        .arg(&files.cert)
+        .arg("--tls-key")
+        .arg(&files.key)
+        .arg("--tls-client-ca")
+        .arg(files.client_ca.as_ref().unwrap())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut line = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _serve = Kill(serve);
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    let server = format!("https://localhost:{port}");
+
+    let ls = |with_identity: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rota"));
+        command.args(["ls", "--server", &server]).env("ROTA_TLS_CA", &ca_path);
+        if with_identity {
+            command.env("ROTA_TLS_CERT", &client_cert).env("ROTA_TLS_KEY", &client_key);
+        } else {
+            command.env_remove("ROTA_TLS_CERT").env_remove("ROTA_TLS_KEY");
+        }
+        command.output().unwrap()
+    };
+    let output = ls(true);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!ls(false).status.success(), "no client certificate, no answer");
+}
+
+#[tokio::test]
+async fn the_server_refuses_a_bad_key_at_start() {
+    let dir = TempDir::new("start");
+    let (cert, _) = cert_and_key(&dir);
+    let key = dir.write("not.key", "-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n");
+    let tls = Some(TlsFiles { cert, key, client_ca: None });
+    let config =
+        rota::server::ServeConfig { listen: ([127, 0, 0, 1], 0).into(), admin_listen: None, tls, ..Default::default() };
+    match rota::server::Server::start(config).await {
+        Ok(_) => panic!("a server started with a broken key"),
+        Err(e) => assert!(e.to_string().starts_with("server.tls_key: "), "{e}"),
+    }
+}

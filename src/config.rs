@@ -11,7 +11,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use serde::Deserialize;
+
+use crate::auth::{Authenticator, Principal, Scope};
 
 use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
 use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig};
@@ -63,12 +67,34 @@ pub struct ConfigError {
 struct FileConfig {
     #[serde(default)]
     server: ServerTable,
+    #[serde(default)]
+    auth: AuthTable,
     // Policies: accepted here, parsed and validated by `policy::file`.
     #[serde(default, rename = "defaults")]
     _defaults: Option<toml::Value>,
     #[serde(default, rename = "services")]
     _services: Option<toml::Value>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthTable {
+    #[serde(default)]
+    tokens: Vec<TokenEntry>,
+}
+
+/// One token: its secret comes from a file or an environment variable, never the config itself.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    name: String,
+    token_file: Option<PathBuf>,
+    token_env: Option<String>,
+    scopes: Vec<String>,
+}
+
+/// Shortest accepted token, so a guessable one is refused at start.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,10 +120,12 @@ const FLAGS: &str = "command line / environment";
 
 /// Resolves the settings from an optional config file and the overrides.
 pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
-    let (table, file_name) = match file {
-        Some(path) => (read_server_table(path)?, path.display().to_string()),
-        None => (ServerTable::default(), String::new()),
+    let (file_config, file_name) = match file {
+        Some(path) => (read_file(path)?, path.display().to_string()),
+        None => (FileConfig::default(), String::new()),
     };
+    let auth = resolve_auth(&file_config.auth, &file_name)?;
+    let table = file_config.server;
     // Each setting: the override if given, else the file's value, else the default.
     let pick = |over: &Option<String>, from_file: Option<String>| -> Option<(String, String)> {
         over.clone().map(|v| (v, FLAGS.to_owned())).or_else(|| from_file.map(|v| (v, file_name.clone())))
@@ -222,7 +250,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
     )?;
     // Without authentication, rota is only reachable from this machine unless told otherwise.
     let insecure = overrides.insecure.or(table.insecure).unwrap_or(false);
-    if !insecure {
+    if !insecure && auth.is_none() {
         let exposed = [("server.listen", Some(listen)), ("server.admin_listen", admin_listen)];
         if let Some((key, Some(addr))) =
             exposed.into_iter().find(|(_, addr)| addr.is_some_and(|a| !a.ip().is_loopback()))
@@ -252,6 +280,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             policy_file: file.map(Path::to_path_buf),
             limits,
             tls,
+            auth,
         },
         shutdown_grace,
     })
@@ -302,12 +331,45 @@ fn resolve_tls(
     Ok(Some(TlsFiles { client_ca, ..files }))
 }
 
-fn read_server_table(path: &Path) -> Result<ServerTable, ConfigError> {
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     let error =
         |key: &str, problem: String| ConfigError { source_name: path.display().to_string(), key: key.into(), problem };
     let text = std::fs::read_to_string(path).map_err(|e| error("file", format!("cannot read: {e}")))?;
-    let file: FileConfig = toml::from_str(&text).map_err(|e| error("file", e.to_string().trim_end().to_owned()))?;
-    Ok(file.server)
+    toml::from_str(&text).map_err(|e| error("file", e.to_string().trim_end().to_owned()))
+}
+
+/// Reads every token's secret and parses its scopes; `None` when no token is configured.
+fn resolve_auth(table: &AuthTable, source: &str) -> Result<Option<Arc<Authenticator>>, ConfigError> {
+    let mut tokens = Vec::new();
+    for (i, entry) in table.tokens.iter().enumerate() {
+        let key = format!("auth.tokens[{i}]");
+        let error = |field: &str, problem: String| ConfigError {
+            source_name: source.to_owned(),
+            key: format!("{key}.{field}"),
+            problem,
+        };
+        let secret = match (&entry.token_file, &entry.token_env) {
+            (Some(file), None) => std::fs::read_to_string(file)
+                .map_err(|e| error("token_file", format!("cannot read {}: {e}", file.display())))?,
+            (None, Some(var)) => std::env::var(var).map_err(|_| error("token_env", format!("{var} is not set")))?,
+            _ => return Err(error("token_file", "give exactly one of token_file and token_env".into())),
+        };
+        let secret = secret.trim().to_owned();
+        if secret.len() < MIN_TOKEN_LEN {
+            return Err(error("token", format!("is {} characters long; the minimum is {MIN_TOKEN_LEN}", secret.len())));
+        }
+        let scopes = entry
+            .scopes
+            .iter()
+            .map(|s| Scope::parse(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| error("scopes", e))?;
+        if scopes.is_empty() {
+            return Err(error("scopes", "must grant at least one scope".into()));
+        }
+        tokens.push((secret, Principal { name: entry.name.clone(), scopes }));
+    }
+    Ok((!tokens.is_empty()).then(|| Arc::new(Authenticator::new(tokens))))
 }
 
 impl Settings {
@@ -413,6 +475,38 @@ mod tests {
         let error =
             resolve(None, &Overrides { max_instances_per_stream: Some("0".into()), ..Default::default() }).unwrap_err();
         assert_eq!(error.problem, "must be an integer from 1 to 100000, got \"0\"");
+    }
+
+    #[test]
+    fn tokens_come_from_files_or_the_environment_and_lift_the_loopback_guard() {
+        let secret = file("  a-long-enough-secret-token\n");
+        let config = file(&format!(
+            "[server]\nlisten = \"0.0.0.0:50051\"\n[[auth.tokens]]\nname = \"ci\"\ntoken_file = {:?}\nscopes = [\"pick\", \"register:orders-*\"]\n",
+            secret.0.display().to_string()
+        ));
+        let settings = resolve(Some(&config.0), &Overrides::default()).expect("auth allows a public address");
+        let auth = settings.serve.auth.expect("auth is on");
+        let ci = auth.authenticate("a-long-enough-secret-token").expect("the file's token, trimmed");
+        assert!(ci.may_pick() && ci.may_register("orders-eu") && !ci.is_admin());
+
+        let bad = |text: &str| resolve(Some(&file(text).0), &Overrides::default()).unwrap_err();
+        let error =
+            bad("[[auth.tokens]]\nname = \"x\"\ntoken_env = \"ROTA_TEST_UNSET_TOKEN_VAR\"\nscopes = [\"pick\"]\n");
+        assert_eq!(
+            (error.key.as_str(), error.problem.as_str()),
+            ("auth.tokens[0].token_env", "ROTA_TEST_UNSET_TOKEN_VAR is not set")
+        );
+        let short = file("short");
+        let error = bad(&format!(
+            "[[auth.tokens]]\nname = \"x\"\ntoken_file = {:?}\nscopes = [\"pick\"]\n",
+            short.0.display().to_string()
+        ));
+        assert_eq!(error.problem, "is 5 characters long; the minimum is 16");
+        let error = bad(&format!(
+            "[[auth.tokens]]\nname = \"x\"\ntoken_file = {:?}\nscopes = [\"root\"]\n",
+            secret.0.display().to_string()
+        ));
+        assert_eq!(error.key, "auth.tokens[0].scopes");
     }
 
     #[test]

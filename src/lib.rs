@@ -30,6 +30,7 @@
 //! No layer below [`grpc`] depends on tonic, and each has one error enum of its own.
 
 pub mod admin;
+pub mod auth;
 pub mod balancer;
 pub mod cli;
 pub mod client;

@@ -14,7 +14,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use crate::admin::{self, AdminError, AdminState};
+use tonic::service::interceptor::InterceptedService;
+
+use crate::auth::Authenticator;
 use crate::balancer::Balancer;
+use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService};
 use crate::pb;
@@ -48,6 +52,8 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// TLS (and mTLS when a client CA is given) on the gRPC listener; `None` serves plaintext.
     pub tls: Option<TlsFiles>,
+    /// Bearer tokens and their scopes; `None` serves without authentication.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -85,6 +91,7 @@ impl Default for ServeConfig {
             policy_file: None,
             limits: Limits::default(),
             tls: None,
+            auth: None,
         }
     }
 }
@@ -196,22 +203,25 @@ impl Server {
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(
+            .add_service(InterceptedService::new(
                 pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone()))
                     .max_decoding_message_size(limits.max_message_bytes),
-            )
-            .add_service(
+                AuthInterceptor::new(config.auth.clone(), Required::Pick),
+            ))
+            .add_service(InterceptedService::new(
                 pb::registry_server::RegistryServer::new(RegistryService::new(
                     registry,
                     drain_rx,
                     limits.registrations_per_peer,
                 ))
                 .max_decoding_message_size(limits.max_message_bytes),
-            )
-            .add_service(
+                AuthInterceptor::new(config.auth.clone(), Required::Authenticated),
+            ))
+            .add_service(InterceptedService::new(
                 pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
                     .max_decoding_message_size(limits.max_message_bytes),
-            );
+                AuthInterceptor::new(config.auth.clone(), Required::Admin),
+            ));
 
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async {
@@ -229,7 +239,8 @@ impl Server {
         let (admin_stop, admin_stopped) = watch::channel(false);
         let (admin_addr, admin_task) = match admin_listener {
             Some((listener, addr)) => {
-                let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe());
+                let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
+                    .with_auth(config.auth.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
             }

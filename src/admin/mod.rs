@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::metrics::GrpcMetrics;
 
@@ -50,6 +51,8 @@ pub struct AdminState {
     stopping: watch::Receiver<bool>,
     /// `true` once a graceful shutdown has begun.
     draining: watch::Receiver<bool>,
+    /// When set, everything but the page itself and the health checks needs an admin token.
+    auth: Option<Arc<Authenticator>>,
 }
 
 impl AdminState {
@@ -61,7 +64,13 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining }
+        Self { balancer, grpc, stopping, draining, auth: None }
+    }
+
+    /// Requires an admin token (the same check as gRPC) for the metrics and the API.
+    pub fn with_auth(mut self, auth: Option<Arc<Authenticator>>) -> Self {
+        self.auth = auth;
+        self
     }
 
     fn is_stopping(&self) -> bool {
@@ -92,7 +101,39 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/services/{name}", get(api::service))
         .route("/api/policies", get(api::policies))
         .route("/api/events", get(events::stream))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
         .with_state(state)
+}
+
+/// With authentication on, the metrics and the API need a token with the admin scope, sent as
+/// `Authorization: Bearer TOKEN` or, for the dashboard's event stream (browsers cannot set
+/// headers on it), as `?token=TOKEN`. The page itself and the health checks stay open.
+async fn require_admin(
+    axum::extract::State(state): axum::extract::State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(auth) = &state.auth else { return next.run(request).await };
+    if matches!(request.uri().path(), "/" | "/healthz" | "/readyz") {
+        return next.run(request).await;
+    }
+    let header = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| {
+            let query = request.uri().query()?;
+            let token = query.split('&').find_map(|pair| pair.strip_prefix("token="))?;
+            Some(format!("Bearer {token}"))
+        });
+    match auth.authenticate_header(header.as_deref()) {
+        Err(error) => api::error(StatusCode::UNAUTHORIZED, error.to_string()),
+        Ok(principal) if !principal.is_admin() => {
+            api::error(StatusCode::FORBIDDEN, format!("token {:?} does not grant the admin scope", principal.name))
+        }
+        Ok(_) => next.run(request).await,
+    }
 }
 
 /// Serves the admin routes on `listener` until the state's shutdown signal.

@@ -55,10 +55,21 @@ pub struct ServerArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "ROTA_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Bearer token, for a server with authentication.
+    #[arg(long, env = "ROTA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 impl ServerArgs {
     async fn connect(&self) -> Result<RotaClient, CliError> {
+        let client = self.connect_channel().await?;
+        Ok(match &self.token {
+            Some(token) => client.with_token(token)?,
+            None => client,
+        })
+    }
+
+    async fn connect_channel(&self) -> Result<RotaClient, CliError> {
         if !self.server.starts_with("https://") {
             return Ok(RotaClient::connect(&self.server).await?);
         }

@@ -121,6 +121,7 @@ impl LeasedPicker {
             version: self.options.version.clone(),
             count,
         };
+        let request = self.client.request(request);
         let leased = self.client.balancer().lease(request).await?.into_inner();
         let mut members = Vec::with_capacity(leased.instances.len());
         for (i, instance) in leased.instances.into_iter().enumerate() {

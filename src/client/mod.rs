@@ -134,6 +134,8 @@ pub struct RotaClient {
     balancer: BalancerClient<Channel>,
     registry: RegistryClient<Channel>,
     policies: PoliciesClient<Channel>,
+    /// `Bearer TOKEN`, sent with every call when set.
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl RotaClient {
@@ -164,26 +166,45 @@ impl RotaClient {
             balancer: BalancerClient::new(channel.clone()),
             registry: RegistryClient::new(channel.clone()),
             policies: PoliciesClient::new(channel),
+            token: None,
         }
     }
 
+    /// Sends `token` as `authorization: Bearer TOKEN` with every call.
+    pub fn with_token(mut self, token: &str) -> Result<Self, ClientError> {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Address("token has invalid characters".into()))?;
+        self.token = Some(value);
+        Ok(self)
+    }
+
+    /// Wraps `message` in a request carrying this client's token, if any.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            request.metadata_mut().insert("authorization", token.clone());
+        }
+        request
+    }
+
     pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<pb::PickResponse, ClientError> {
-        Ok(self.balancer.pick(options.request(service)).await?.into_inner())
+        Ok(self.balancer.pick(self.request(options.request(service))).await?.into_inner())
     }
 
     /// Reports call outcomes; returns how many were recorded and how many ignored.
     pub async fn report(&mut self, outcomes: Vec<pb::CallOutcome>) -> Result<pb::ReportResponse, ClientError> {
-        Ok(self.balancer.report(pb::ReportRequest { outcomes }).await?.into_inner())
+        Ok(self.balancer.report(self.request(pb::ReportRequest { outcomes })).await?.into_inner())
     }
 
     pub async fn get_policy(&mut self, service: &str) -> Result<pb::Policy, ClientError> {
         let request = pb::GetPolicyRequest { service: service.to_owned() };
-        Ok(self.policies.get_policy(request).await?.into_inner())
+        Ok(self.policies.get_policy(self.request(request)).await?.into_inner())
     }
 
     /// Replaces a service's policy; returns the policy now in force.
     pub async fn set_policy(&mut self, policy: pb::Policy) -> Result<pb::Policy, ClientError> {
-        Ok(self.policies.set_policy(pb::SetPolicyRequest { policy: Some(policy) }).await?.into_inner())
+        Ok(self.policies.set_policy(self.request(pb::SetPolicyRequest { policy: Some(policy) })).await?.into_inner())
     }
 
     /// Raw access to the `Balancer` stub (for `PickStream`).
@@ -192,23 +213,23 @@ impl RotaClient {
     }
 
     pub async fn list_services(&mut self) -> Result<Vec<pb::ServiceSummary>, ClientError> {
-        Ok(self.registry.list_services(pb::ListServicesRequest {}).await?.into_inner().services)
+        Ok(self.registry.list_services(self.request(pb::ListServicesRequest {})).await?.into_inner().services)
     }
 
     pub async fn list_instances(&mut self, service: &str) -> Result<pb::ListInstancesResponse, ClientError> {
         let request = pb::ListInstancesRequest { service: service.to_owned() };
-        Ok(self.registry.list_instances(request).await?.into_inner())
+        Ok(self.registry.list_instances(self.request(request)).await?.into_inner())
     }
 
     /// A snapshot of the service, then its changes.
     pub async fn watch(&mut self, service: &str) -> Result<tonic::Streaming<pb::WatchEvent>, ClientError> {
         let request = pb::WatchRequest { service: service.to_owned() };
-        Ok(self.registry.watch(request).await?.into_inner())
+        Ok(self.registry.watch(self.request(request)).await?.into_inner())
     }
 
     /// Opens a registration stream and announces `instances`. The instances stay registered
     /// while the returned [`Registration`] lives (it sends heartbeats in the background).
     pub async fn register(&mut self, instances: Vec<pb::Instance>) -> Result<Registration, ClientError> {
-        Registration::open(&mut self.registry, instances).await
+        Registration::open(&mut self.registry, self.token.clone(), instances).await
     }
 }

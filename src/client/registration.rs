@@ -26,12 +26,17 @@ pub struct Registration {
 impl Registration {
     pub(super) async fn open(
         client: &mut RegistryClient<Channel>,
+        token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
         instances: Vec<pb::Instance>,
     ) -> Result<Self, ClientError> {
         let (outbound, rx) = mpsc::channel(16);
         let announce = pb::RegisterRequest { msg: Some(Msg::Announce(pb::Announce { instances })) };
         outbound.send(announce).await.map_err(|_| ClientError::Closed("before announcing".into()))?;
-        let mut inbound = client.register(ReceiverStream::new(rx)).await?.into_inner();
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        if let Some(token) = token {
+            request.metadata_mut().insert("authorization", token);
+        }
+        let mut inbound = client.register(request).await?.into_inner();
         let first_ack = next_ack(&mut inbound).await?;
         let interval = Duration::from_millis(first_ack.heartbeat_timeout_ms.max(300)) / HEARTBEATS_PER_TIMEOUT;
         let heartbeat = tokio::spawn(heartbeats(outbound.clone(), interval));

@@ -5,6 +5,7 @@
 //! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and [`crate::registry`]. [`metrics`] is the tower layer that
 //! counts every call for the admin listener.
 
+pub mod auth;
 mod balancer;
 pub mod convert;
 pub mod metrics;

@@ -15,7 +15,10 @@ use tracing::debug;
 use super::peers::PeerSlot;
 use super::{convert, status};
 use crate::pb::{self, register_request::Msg};
-use crate::registry::{InvalidField, Lease, Outcome, Refused, Registry};
+use std::sync::Arc;
+
+use crate::auth::Principal;
+use crate::registry::{InstanceRef, InvalidField, Lease, Outcome, Refused, Registry};
 
 /// Responses buffered for a slow reader before the stream stops reading requests.
 const RESPONSE_BUFFER: usize = 16;
@@ -28,11 +31,12 @@ pub fn serve(
     inbound: Streaming<pb::RegisterRequest>,
     drain: watch::Receiver<bool>,
     slot: Option<PeerSlot>,
+    principal: Option<Arc<Principal>>,
 ) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let lease = registry.open_lease();
     tokio::spawn(async move {
-        run(lease, inbound, tx, drain).await;
+        run(lease, inbound, tx, drain, principal).await;
         // The peer's slot is free once the stream has ended.
         drop(slot);
     });
@@ -51,6 +55,7 @@ async fn run(
     mut inbound: Streaming<pb::RegisterRequest>,
     tx: mpsc::Sender<Result<pb::RegisterResponse, Status>>,
     mut drain: watch::Receiver<bool>,
+    principal: Option<Arc<Principal>>,
 ) {
     let expiry = lease.take_expiry();
     tokio::pin!(expiry);
@@ -75,7 +80,7 @@ async fn run(
             }
             message = inbound.message() => match message {
                 Ok(Some(request)) => {
-                    let Some(outcome) = handle(&lease, request).await else { continue };
+                    let Some(outcome) = handle(&lease, request, principal.as_deref()).await else { continue };
                     seq += 1;
                     let ack = ack(&lease, seq, outcome);
                     if tx.send(Ok(ack)).await.is_err() {
@@ -105,18 +110,46 @@ async fn run(
 }
 
 /// Applies one message; `None` for heartbeats, which are not acknowledged.
-async fn handle(lease: &Lease, request: pb::RegisterRequest) -> Option<Outcome> {
+async fn handle(lease: &Lease, request: pb::RegisterRequest, principal: Option<&Principal>) -> Option<Outcome> {
+    // With authentication on, a token only touches the services its register scopes name.
+    let mut forbidden = Vec::new();
+    let mut permitted = |service: &str, id: &str| match principal {
+        Some(p) if !p.may_register(service) => {
+            let refusal = Refused::NotPermitted { service: service.to_owned(), principal: p.name.clone() };
+            forbidden.push((InstanceRef { service: service.to_owned(), id: id.to_owned() }, refusal));
+            false
+        }
+        _ => true,
+    };
     let applied = match request.msg {
         Some(Msg::Heartbeat(_)) => {
             lease.touch();
             return None;
         }
         Some(Msg::Announce(announce)) => {
-            lease.announce(announce.instances.into_iter().map(convert::instance_spec).collect()).await
+            let specs: Vec<_> = announce
+                .instances
+                .into_iter()
+                .filter(|i| permitted(&i.service, &i.id))
+                .map(convert::instance_spec)
+                .collect();
+            if specs.is_empty() && !forbidden.is_empty() { Ok(Outcome::default()) } else { lease.announce(specs).await }
         }
-        Some(Msg::Update(update)) => lease.update(convert::instance_update(update)).await,
+        Some(Msg::Update(update)) => {
+            let target = update.instance.clone().unwrap_or_default();
+            if permitted(&target.service, &target.id) {
+                lease.update(convert::instance_update(update)).await
+            } else {
+                Ok(Outcome::default())
+            }
+        }
         Some(Msg::Withdraw(withdraw)) => {
-            lease.withdraw(withdraw.instances.into_iter().map(convert::instance_ref).collect()).await
+            let refs: Vec<_> = withdraw.instances.into_iter().filter(|r| permitted(&r.service, &r.id)).collect();
+            if refs.is_empty() && !forbidden.is_empty() {
+                Ok(Outcome::default())
+            } else {
+                lease.withdraw(refs.into_iter().map(convert::instance_ref).collect()).await
+            }
         }
         None => {
             lease.touch();
@@ -124,10 +157,12 @@ async fn handle(lease: &Lease, request: pb::RegisterRequest) -> Option<Outcome> 
             return Some(Outcome { accepted: Vec::new(), refused: vec![(Default::default(), problem.into())] });
         }
     };
-    Some(applied.unwrap_or_else(|_| Outcome {
+    let mut outcome = applied.unwrap_or_else(|_| Outcome {
         accepted: Vec::new(),
         refused: vec![(Default::default(), Refused::ShuttingDown)],
-    }))
+    });
+    outcome.refused.extend(forbidden);
+    Some(outcome)
 }
 
 fn ack(lease: &Lease, seq: u64, outcome: Outcome) -> pb::RegisterResponse {

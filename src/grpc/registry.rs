@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peers::PeerStreams;
-use super::{convert, register};
+use super::{auth, convert, register};
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
 
@@ -41,14 +41,16 @@ impl pb::registry_server::Registry for RegistryService {
         &self,
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
+        let principal = auth::require_register(&request)?;
         let slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
-        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slot)))
+        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slot, principal)))
     }
 
     async fn list_services(
         &self,
-        _request: Request<pb::ListServicesRequest>,
+        request: Request<pb::ListServicesRequest>,
     ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        auth::require_pick(&request)?;
         let catalog = self.registry.catalog();
         let mut services: Vec<pb::ServiceSummary> = catalog
             .services
@@ -68,6 +70,7 @@ impl pb::registry_server::Registry for RegistryService {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        auth::require_pick(&request)?;
         let name = &request.get_ref().service;
         checked_service(name)?;
         let snapshot = self
@@ -83,6 +86,7 @@ impl pb::registry_server::Registry for RegistryService {
     /// A service that has not been registered yet can be watched: the first event is then an
     /// empty snapshot at epoch 0, and instances arrive as they register.
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        auth::require_pick(&request)?;
         let name = request.into_inner().service;
         checked_service(&name)?;
         let mut snapshots = self.registry.subscribe(&name).await?;

@@ -45,6 +45,7 @@ pub fn refusal_code(refused: &Refused) -> Code {
         Refused::OwnedElsewhere { .. } => Code::AlreadyExists,
         Refused::NotOwned { .. } => Code::NotFound,
         Refused::ShuttingDown => Code::Unavailable,
+        Refused::NotPermitted { .. } => Code::PermissionDenied,
     }
 }
 

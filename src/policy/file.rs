@@ -43,6 +43,8 @@ struct ConfigFile {
     /// Server settings: read by `crate::config`, at start only.
     #[serde(default, rename = "server")]
     _server: Option<toml::Value>,
+    #[serde(default, rename = "auth")]
+    _auth: Option<toml::Value>,
     #[serde(default)]
     defaults: PolicyToml,
     #[serde(default)]

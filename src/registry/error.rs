@@ -30,6 +30,8 @@ pub enum Refused {
     TooManyInstances { count: usize, limit: usize },
     #[error("the registry is shutting down")]
     ShuttingDown,
+    #[error("token {principal:?} may not register service {service:?}")]
+    NotPermitted { service: String, principal: String },
 }
 
 /// The registry task has stopped (the server is shutting down).

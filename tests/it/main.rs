@@ -1,6 +1,7 @@
 //! Integration tests: the real server on 127.0.0.1:0, driven through real gRPC clients.
 
 mod admin;
+mod auth;
 mod cli;
 mod companions;
 mod conformance;

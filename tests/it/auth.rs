@@ -1,0 +1,118 @@
+//! Tokens and scopes: every scope × every kind of call × {no token, wrong token, each token},
+//! over gRPC and the admin HTTP API.
+
+use std::sync::Arc;
+
+use rota::auth::{Authenticator, Principal, Scope};
+use rota::client::{ClientError, PickOptions, RotaClient};
+use rota::pb::{self, register_request::Msg};
+use tonic::Code;
+
+use crate::harness::{TestServer, instance};
+
+const PICK: &str = "pick-token-0123456789";
+const ORDERS: &str = "orders-token-0123456789";
+const PAYMENTS: &str = "payments-token-0123456789";
+const ADMIN: &str = "admin-token-0123456789";
+
+async fn server() -> TestServer {
+    let token = |secret: &str, name: &str, scopes: &[&str]| {
+        let scopes = scopes.iter().map(|s| Scope::parse(s).unwrap()).collect();
+        (secret.to_owned(), Principal { name: name.to_owned(), scopes })
+    };
+    let auth = Authenticator::new(vec![
+        token(PICK, "consumer", &["pick"]),
+        token(ORDERS, "orders-team", &["register:orders-*"]),
+        token(PAYMENTS, "payments-team", &["register:payments"]),
+        token(ADMIN, "operator", &["admin"]),
+    ]);
+    TestServer::start_with(|config| config.auth = Some(Arc::new(auth))).await
+}
+
+async fn client(server: &TestServer, token: Option<&str>) -> RotaClient {
+    let client = server.client().await;
+    match token {
+        Some(token) => client.with_token(token).unwrap(),
+        None => client,
+    }
+}
+
+fn code<T>(result: Result<T, ClientError>) -> Code {
+    match result {
+        Ok(_) => Code::Ok,
+        Err(error) => error.code().unwrap_or(Code::Unknown),
+    }
+}
+
+#[tokio::test]
+async fn each_scope_opens_exactly_its_calls() {
+    let server = server().await;
+    let _orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
+
+    // (token, [Pick, ListServices, Register orders-2, SetPolicy])
+    let matrix: [(Option<&str>, [Code; 4]); 6] = [
+        (None, [Code::Unauthenticated; 4]),
+        (Some("not-a-token-at-all-000"), [Code::Unauthenticated; 4]),
+        (Some(PICK), [Code::Ok, Code::Ok, Code::PermissionDenied, Code::PermissionDenied]),
+        (Some(ORDERS), [Code::PermissionDenied, Code::PermissionDenied, Code::Ok, Code::PermissionDenied]),
+        (Some(PAYMENTS), [Code::PermissionDenied; 4]),
+        (Some(ADMIN), [Code::PermissionDenied, Code::PermissionDenied, Code::PermissionDenied, Code::Ok]),
+    ];
+    for (token, expected) in matrix {
+        let mut c = client(&server, token).await;
+        let pick = code(c.pick("orders-1", PickOptions::default()).await);
+        let list = code(c.list_services().await);
+        // A registration stream opens for any register scope; each instance is then checked.
+        let register = match c.register(vec![instance("orders-2", "b", 2)]).await {
+            Ok(registration) => registration.ack().refused.first().map_or(Code::Ok, |r| Code::from(r.code)),
+            Err(error) => code::<()>(Err(error)),
+        };
+        let policy = pb::Policy { service: "orders-1".into(), rule: "random".into(), ..Default::default() };
+        let set_policy = code(c.set_policy(policy).await);
+        assert_eq!([pick, list, register, set_policy], expected, "token {token:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_register_scope_only_touches_its_services() {
+    let server = server().await;
+    let _payments = client(&server, Some(PAYMENTS)).await.register(vec![instance("payments", "p", 1)]).await.unwrap();
+    let mut orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
+
+    // Neither announce (take over) nor withdraw nor update a payments instance.
+    let ack = orders.send(Msg::Announce(pb::Announce { instances: vec![instance("payments", "p", 9)] })).await.unwrap();
+    assert!(ack.accepted.is_empty());
+    assert_eq!(ack.refused[0].code, Code::PermissionDenied as i32);
+    assert_eq!(ack.refused[0].message, "token \"orders-team\" may not register service \"payments\"");
+    let target = pb::InstanceRef { service: "payments".into(), id: "p".into() };
+    let ack = orders.send(Msg::Withdraw(pb::Withdraw { instances: vec![target.clone()] })).await.unwrap();
+    assert_eq!(ack.refused[0].code, Code::PermissionDenied as i32);
+    let update = pb::Update { instance: Some(target), weight: Some(1), ..Default::default() };
+    let ack = orders.send(Msg::Update(update)).await.unwrap();
+    assert_eq!(ack.refused[0].code, Code::PermissionDenied as i32);
+
+    let listing = client(&server, Some(PICK)).await.list_instances("payments").await.unwrap();
+    assert_eq!(listing.instances.len(), 1);
+    assert_eq!((listing.instances[0].port, listing.instances[0].weight), (1, Some(100)), "untouched");
+}
+
+#[tokio::test]
+async fn the_admin_api_uses_the_same_tokens() {
+    let server = server().await;
+    let admin = server.server.admin_addr().unwrap();
+    let get = |path: &'static str, token: Option<&'static str>| async move {
+        let path = match token {
+            Some(token) => format!("{path}?token={token}"),
+            None => path.to_owned(),
+        };
+        crate::admin::get(admin, &path).await.0
+    };
+    assert_eq!(get("/healthz", None).await, 200, "health checks stay open");
+    assert_eq!(get("/", None).await, 200, "the page itself is static");
+    assert_eq!(get("/api/services", None).await, 401);
+    assert_eq!(get("/api/services", Some("not-a-token-at-all-000")).await, 401);
+    assert_eq!(get("/api/services", Some(PICK)).await, 403);
+    assert_eq!(get("/api/services", Some(ADMIN)).await, 200);
+    assert_eq!(get("/metrics", Some(ORDERS)).await, 403);
+    assert_eq!(get("/metrics", Some(ADMIN)).await, 200);
+}

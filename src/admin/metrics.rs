@@ -81,6 +81,11 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     header(out, "rota_registration_streams", "gauge", "Open Register streams.");
     let _ = writeln!(out, "rota_registration_streams {}", registry.open_leases());
 
+    // The in-process backend cannot be unreachable; a shared backend reports its link here.
+    header(out, "rota_state_backend_up", "gauge", "1 while the state backend answers.");
+    let backend = state.balancer.state().name();
+    let _ = writeln!(out, "rota_state_backend_up{{backend=\"{backend}\"}} 1");
+
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
     for snapshot in &services {
         for instance in &snapshot.instances {

@@ -207,6 +207,10 @@ impl RotaClient {
         Ok(self.policies.set_policy(self.request(pb::SetPolicyRequest { policy: Some(policy) })).await?.into_inner())
     }
 
+    pub async fn list_policies(&mut self) -> Result<pb::ListPoliciesResponse, ClientError> {
+        Ok(self.policies.list_policies(self.request(pb::ListPoliciesRequest {})).await?.into_inner())
+    }
+
     /// Raw access to the `Balancer` stub (for `PickStream`).
     pub fn balancer(&mut self) -> &mut BalancerClient<Channel> {
         &mut self.balancer

@@ -84,6 +84,7 @@ async fn metrics_count_known_traffic_exactly() {
         ]
     );
     assert_eq!(series(&metrics, "rota_registration_streams "), ["rota_registration_streams 1"]);
+    assert_eq!(series(&metrics, "rota_state_backend_up"), ["rota_state_backend_up{backend=\"memory\"} 1"]);
     assert_eq!(
         series(&metrics, "rota_breaker_open{"),
         [

@@ -44,32 +44,80 @@ fn code<T>(result: Result<T, ClientError>) -> Code {
     }
 }
 
+/// The rota RPCs, in the order of the matrix's columns.
+const RPCS: [&str; 11] = [
+    "Pick",
+    "PickStream",
+    "Lease",
+    "Report",
+    "Register",
+    "ListServices",
+    "ListInstances",
+    "Watch",
+    "GetPolicy",
+    "SetPolicy",
+    "ListPolicies",
+];
+
+/// Calls every rota RPC once and returns each call's status code.
+async fn call_everything(c: &mut RotaClient) -> Vec<Code> {
+    let pick = code(c.pick("orders-1", PickOptions::default()).await);
+    let stream = {
+        let request = c.request(tokio_stream::iter(vec![PickOptions::default().request("orders-1")]));
+        code(c.balancer().pick_stream(request).await.map_err(ClientError::from))
+    };
+    let lease = {
+        let request = c.request(pb::LeaseRequest { service: "orders-1".into(), count: 2, ..Default::default() });
+        code(c.balancer().lease(request).await.map_err(ClientError::from))
+    };
+    let report = code(c.report(Vec::new()).await);
+    // A registration stream opens for any register scope; each instance is then checked.
+    let register = match c.register(vec![instance("orders-2", "b", 2)]).await {
+        Ok(registration) => registration.ack().refused.first().map_or(Code::Ok, |r| Code::from(r.code)),
+        Err(error) => code::<()>(Err(error)),
+    };
+    let list_services = code(c.list_services().await);
+    let list_instances = code(c.list_instances("orders-1").await);
+    let watch = code(c.watch("orders-1").await);
+    let get_policy = code(c.get_policy("orders-1").await);
+    let policy = pb::Policy { service: "orders-1".into(), rule: "round_robin".into(), ..Default::default() };
+    let set_policy = code(c.set_policy(policy).await);
+    let list_policies = code(c.list_policies().await);
+    vec![
+        pick,
+        stream,
+        lease,
+        report,
+        register,
+        list_services,
+        list_instances,
+        watch,
+        get_policy,
+        set_policy,
+        list_policies,
+    ]
+}
+
 #[tokio::test]
 async fn each_scope_opens_exactly_its_calls() {
+    use Code::{Ok as OK, PermissionDenied as PD, Unauthenticated as UA};
     let server = server().await;
     let _orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
 
-    // (token, [Pick, ListServices, Register orders-2, SetPolicy])
-    let matrix: [(Option<&str>, [Code; 4]); 6] = [
-        (None, [Code::Unauthenticated; 4]),
-        (Some("not-a-token-at-all-000"), [Code::Unauthenticated; 4]),
-        (Some(PICK), [Code::Ok, Code::Ok, Code::PermissionDenied, Code::PermissionDenied]),
-        (Some(ORDERS), [Code::PermissionDenied, Code::PermissionDenied, Code::Ok, Code::PermissionDenied]),
-        (Some(PAYMENTS), [Code::PermissionDenied; 4]),
-        (Some(ADMIN), [Code::PermissionDenied, Code::PermissionDenied, Code::PermissionDenied, Code::Ok]),
+    let matrix: [(Option<&str>, [Code; 11]); 6] = [
+        (None, [UA; 11]),
+        (Some("not-a-token-at-all-000"), [UA; 11]),
+        (Some(PICK), [OK, OK, OK, OK, PD, OK, OK, OK, PD, PD, PD]),
+        (Some(ORDERS), [PD, PD, PD, PD, OK, PD, PD, PD, PD, PD, PD]),
+        (Some(PAYMENTS), [PD; 11]),
+        (Some(ADMIN), [PD, PD, PD, PD, PD, PD, PD, PD, OK, OK, OK]),
     ];
     for (token, expected) in matrix {
         let mut c = client(&server, token).await;
-        let pick = code(c.pick("orders-1", PickOptions::default()).await);
-        let list = code(c.list_services().await);
-        // A registration stream opens for any register scope; each instance is then checked.
-        let register = match c.register(vec![instance("orders-2", "b", 2)]).await {
-            Ok(registration) => registration.ack().refused.first().map_or(Code::Ok, |r| Code::from(r.code)),
-            Err(error) => code::<()>(Err(error)),
-        };
-        let policy = pb::Policy { service: "orders-1".into(), rule: "random".into(), ..Default::default() };
-        let set_policy = code(c.set_policy(policy).await);
-        assert_eq!([pick, list, register, set_policy], expected, "token {token:?}");
+        let codes = call_everything(&mut c).await;
+        for (i, rpc) in RPCS.iter().enumerate() {
+            assert_eq!(codes[i], expected[i], "{rpc} with token {token:?}");
+        }
     }
 }
 

@@ -155,12 +155,20 @@ async fn the_admin_api_uses_the_same_tokens() {
         };
         crate::admin::get(admin, &path).await.0
     };
-    assert_eq!(get("/healthz", None).await, 200, "health checks stay open");
-    assert_eq!(get("/", None).await, 200, "the page itself is static");
-    assert_eq!(get("/api/services", None).await, 401);
-    assert_eq!(get("/api/services", Some("not-a-token-at-all-000")).await, 401);
-    assert_eq!(get("/api/services", Some(PICK)).await, 403);
-    assert_eq!(get("/api/services", Some(ADMIN)).await, 200);
-    assert_eq!(get("/metrics", Some(ORDERS)).await, 403);
-    assert_eq!(get("/metrics", Some(ADMIN)).await, 200);
+    for open in ["/healthz", "/readyz", "/"] {
+        assert_eq!(get(open, None).await, 200, "{open} stays open");
+    }
+    // The event stream answers 200 and then streams; its refusals are checked here.
+    let guarded = ["/metrics", "/api/services", "/api/services/orders-1", "/api/policies", "/api/events"];
+    let _orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
+    for path in guarded {
+        assert_eq!(get(path, None).await, 401, "{path} without a token");
+        assert_eq!(get(path, Some("not-a-token-at-all-000")).await, 401, "{path} with a wrong token");
+        for token in [PICK, ORDERS, PAYMENTS] {
+            assert_eq!(get(path, Some(token)).await, 403, "{path} with {token}");
+        }
+        if path != "/api/events" {
+            assert_eq!(get(path, Some(ADMIN)).await, 200, "{path} with the admin token");
+        }
+    }
 }

@@ -1,10 +1,11 @@
 //! TLS for the gRPC listener, with optional client certificates (mTLS).
 //!
 //! rota terminates TLS itself (rustls with the ring provider) rather than through tonic, so the
-//! certificate can be replaced while it runs: a [`ResolvesServerCert`] holds the current
-//! [`CertifiedKey`] behind an [`ArcSwap`], and a task polls the files' modification time every
-//! [`POLL_INTERVAL`] (like the policy file reloader). A new pair that does not load is logged
-//! and the certificate in force stays. The client CA bundle is read once, at start.
+//! certificate, its key and the client CA bundle can be replaced while it runs: the rustls
+//! configuration in force sits behind an [`ArcSwap`], every handshake takes the current one, and
+//! a task polls the files' modification times every [`POLL_INTERVAL`] (like the policy file
+//! reloader) and swaps in a configuration rebuilt from them. Files that do not load are logged
+//! and the configuration in force stays.
 //!
 //! Accepting: one task accepts TCP connections and hands each to a handshake task of its own,
 //! so a slow or stalled handshake never holds up the next connection; finished handshakes go
@@ -114,52 +115,59 @@ pub fn check(files: &TlsFiles) -> Result<(), TlsError> {
     Ok(())
 }
 
-/// The certificate in force; handshakes read it, the reloader replaces it.
+/// One loaded certificate, handed to every handshake of the configuration built with it.
 #[derive(Debug)]
-struct CurrentCert(ArcSwap<CertifiedKey>);
+struct FixedCert(Arc<CertifiedKey>);
 
-impl ResolvesServerCert for CurrentCert {
+impl ResolvesServerCert for FixedCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.load_full())
+        Some(self.0.clone())
     }
 }
 
-/// A TLS acceptor whose certificate follows the files.
+/// Loads every file and builds the rustls configuration they describe.
+fn build_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let key = Arc::new(load_certified_key(&files.cert, &files.key)?);
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::new("server.tls_cert", &files.cert, e.to_string()))?;
+    let builder = match &files.client_ca {
+        Some(path) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(load_client_roots(path)?), provider())
+                .build()
+                .map_err(|e| TlsError::new("server.tls_client_ca", path, e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(FixedCert(key)));
+    // gRPC is HTTP/2 only.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A TLS acceptor whose configuration — certificate, key and client CA — follows the files.
 pub struct ReloadingAcceptor {
-    acceptor: TlsAcceptor,
-    current: Arc<CurrentCert>,
+    /// The configuration in force; each handshake reads it, the reloader replaces it.
+    config: Arc<ArcSwap<rustls::ServerConfig>>,
     files: TlsFiles,
 }
 
 impl ReloadingAcceptor {
     /// Loads every file; fails before anything is bound if one does not load.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
-        let current = Arc::new(CurrentCert(ArcSwap::from_pointee(load_certified_key(&files.cert, &files.key)?)));
-        let builder = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::new("server.tls_cert", &files.cert, e.to_string()))?;
-        let builder = match &files.client_ca {
-            Some(path) => {
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(load_client_roots(path)?), provider())
-                        .build()
-                        .map_err(|e| TlsError::new("server.tls_client_ca", path, e.to_string()))?;
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
-        };
-        let mut config = builder.with_cert_resolver(current.clone());
-        // gRPC is HTTP/2 only.
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Self { acceptor: TlsAcceptor::from(Arc::new(config)), current, files })
+        Ok(Self { config: Arc::new(ArcSwap::new(build_config(&files)?)), files })
     }
 
-    /// Polls the certificate and key files and swaps in a new pair when either changes.
+    /// Polls the certificate, key and client CA files and swaps in a new configuration when
+    /// any of them changes; connections already open keep theirs.
     pub fn spawn_reloader(&self) -> JoinHandle<()> {
-        let current = self.current.clone();
+        let config = self.config.clone();
         let files = self.files.clone();
         tokio::spawn(async move {
-            let seen = |files: &TlsFiles| (modified(&files.cert), modified(&files.key));
+            let seen = |files: &TlsFiles| {
+                (modified(&files.cert), modified(&files.key), files.client_ca.as_deref().and_then(modified))
+            };
             let mut last_seen = seen(&files);
             let mut ticker = tokio::time::interval(POLL_INTERVAL);
             loop {
@@ -169,12 +177,12 @@ impl ReloadingAcceptor {
                     continue;
                 }
                 last_seen = now_seen;
-                match load_certified_key(&files.cert, &files.key) {
-                    Ok(key) => {
-                        current.0.store(Arc::new(key));
-                        info!(cert = %files.cert.display(), "TLS certificate reloaded");
+                match build_config(&files) {
+                    Ok(new) => {
+                        config.store(new);
+                        info!(cert = %files.cert.display(), "TLS configuration reloaded");
                     }
-                    Err(e) => error!(error = %e, "TLS certificate refused; the certificate in force stays"),
+                    Err(e) => error!(error = %e, "TLS files refused; the configuration in force stays"),
                 }
             }
         })
@@ -184,7 +192,7 @@ impl ReloadingAcceptor {
     /// task ends when the returned stream is dropped.
     pub fn incoming(&self, listener: TcpListener) -> TlsIncoming {
         let (ready, queue) = mpsc::channel(READY_QUEUE);
-        let acceptor = self.acceptor.clone();
+        let config = self.config.clone();
         tokio::spawn(async move {
             let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
             loop {
@@ -205,7 +213,7 @@ impl ReloadingAcceptor {
                     () = ready.closed() => return,
                 };
                 let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
+                let acceptor = TlsAcceptor::from(config.load_full());
                 let ready = ready.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

@@ -172,6 +172,26 @@ async fn a_replaced_certificate_is_served_to_new_connections() {
     assert!(call(&server, Some(options(&first, None))).await.is_err(), "the old certificate is gone");
 }
 
+#[tokio::test]
+async fn a_replaced_client_ca_decides_for_new_connections() {
+    let server_ca = TestCa::new("server CA");
+    let (old_clients, new_clients) = (TestCa::new("old client CA"), TestCa::new("new client CA"));
+    let (old_client, new_client) = (old_clients.client(), new_clients.client());
+    let dir = TempDir::new("reload-ca");
+    let files = dir.files(&server_ca.server(), Some(&old_clients));
+    let server = TestServer::start_with(|config| config.tls = Some(files)).await;
+    assert_eq!(call(&server, Some(options(&server_ca, Some(&old_client)))).await, Ok(()));
+    assert!(call(&server, Some(options(&server_ca, Some(&new_client)))).await.is_err());
+
+    dir.write("client-ca.pem", &new_clients.pem);
+    let deadline = Instant::now() + rota::tls::POLL_INTERVAL * 5;
+    while call(&server, Some(options(&server_ca, Some(&new_client)))).await.is_err() {
+        assert!(Instant::now() < deadline, "the new client CA was not used in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(call(&server, Some(options(&server_ca, Some(&old_client)))).await.is_err(), "the old CA is gone");
+}
+
 fn cert_and_key(dir: &TempDir) -> (PathBuf, PathBuf) {
     let leaf = TestCa::new("rota test CA").server();
     (dir.write("server.pem", &leaf.cert), dir.write("server.key", &leaf.key))

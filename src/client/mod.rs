@@ -26,6 +26,8 @@ pub use registration::Registration;
 pub enum ClientError {
     #[error("invalid server address {0:?}")]
     Address(String),
+    #[error("the token cannot be sent as a header: it contains characters outside visible ASCII")]
+    Token,
     #[error("cannot connect to rota: {0}")]
     Connect(#[from] tonic::transport::Error),
     #[error("{}: {}", code_name(.0.code()), .0.message())]
@@ -172,9 +174,7 @@ impl RotaClient {
 
     /// Sends `token` as `authorization: Bearer TOKEN` with every call.
     pub fn with_token(mut self, token: &str) -> Result<Self, ClientError> {
-        let value = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| ClientError::Address("token has invalid characters".into()))?;
+        let value = format!("Bearer {token}").parse().map_err(|_| ClientError::Token)?;
         self.token = Some(value);
         Ok(self)
     }

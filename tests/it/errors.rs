@@ -133,3 +133,25 @@ async fn bad_picks_get_precise_codes_and_leave_rotations_alone() {
     let picked = client.pick("table", PickOptions::default()).await.unwrap();
     assert_eq!(picked.ticket, 0);
 }
+
+#[tokio::test]
+async fn over_long_versions_zones_and_oversized_leases_are_refused() {
+    let server = TestServer::start().await;
+    let _owner = server.register(vec![instance("table", "a", 1)]).await;
+    let mut client = server.client().await;
+    let long = "v".repeat(254);
+    let cases = [
+        (PickOptions::default().version(&long), "version is 254 bytes long; the limit is 253"),
+        (PickOptions::default().zone(&long), "zone is 254 bytes long; the limit is 253"),
+    ];
+    for (options, message) in cases {
+        let error = client.pick("table", options).await.expect_err(message);
+        let rota::client::ClientError::Status(status) = error else { panic!("{message}: not a status") };
+        assert_eq!((status.code(), status.message()), (Code::InvalidArgument, message));
+    }
+    let request = client.request(pb::LeaseRequest { service: "table".into(), count: 65_537, ..Default::default() });
+    let status = client.balancer().lease(request).await.unwrap_err();
+    assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "count is 65537; the limit is 65536"));
+    // None of them drew a ticket.
+    assert_eq!(client.pick("table", PickOptions::default()).await.unwrap().ticket, 0);
+}

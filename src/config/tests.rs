@@ -1,0 +1,121 @@
+//! Settings from the file, the environment and flags.
+
+use super::*;
+
+fn file(text: &str) -> tempfile_path::TempPath {
+    tempfile_path::write(text)
+}
+
+mod tempfile_path {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    pub struct TempPath(pub PathBuf);
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    pub fn write(text: &str) -> TempPath {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("rota-config-{}-{n}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        TempPath(path)
+    }
+}
+
+#[test]
+fn file_then_overrides_then_defaults() {
+    let f =
+        file("[server]\nlisten = \"127.0.0.1:7000\"\nheartbeat_timeout = \"20s\"\n[services.a]\nrule = \"random\"\n");
+    let settings = resolve(Some(&f.0), &Overrides::default()).unwrap();
+    assert_eq!(settings.serve.listen.to_string(), "127.0.0.1:7000");
+    assert_eq!(settings.serve.registry.heartbeat_timeout, Duration::from_secs(20));
+    assert_eq!(settings.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    let overrides = Overrides { heartbeat_timeout: Some("5s".into()), ..Default::default() };
+    let settings = resolve(Some(&f.0), &overrides).unwrap();
+    assert_eq!(settings.serve.registry.heartbeat_timeout, Duration::from_secs(5));
+    assert_eq!(settings.serve.listen.to_string(), "127.0.0.1:7000", "the file still sets what flags leave");
+}
+
+#[test]
+fn errors_name_the_source_and_the_key() {
+    let f = file("[server]\nheartbeat_timeout = \"soon\"\n");
+    let error = resolve(Some(&f.0), &Overrides::default()).unwrap_err();
+    assert_eq!(error.key, "server.heartbeat_timeout");
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("{}: server.heartbeat_timeout: \"soon\" is not a duration", f.0.display()))
+    );
+    let error = resolve(None, &Overrides { listen: Some("nowhere".into()), ..Default::default() }).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "command line / environment: server.listen: \"nowhere\" is not an address like 127.0.0.1:50051"
+    );
+    let f = file("[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n");
+    let error = resolve(Some(&f.0), &Overrides::default()).unwrap_err();
+    assert!(error.problem.contains("unknown field `port`"), "{error}");
+    let error =
+        resolve(None, &Overrides { max_instances_per_stream: Some("0".into()), ..Default::default() }).unwrap_err();
+    assert_eq!(error.problem, "must be an integer from 1 to 100000, got \"0\"");
+}
+
+#[test]
+fn tokens_come_from_files_or_the_environment_and_lift_the_loopback_guard() {
+    let secret = file("  a-long-enough-secret-token\n");
+    let config = file(&format!(
+        "[server]\nlisten = \"0.0.0.0:50051\"\n[[auth.tokens]]\nname = \"ci\"\ntoken_file = {:?}\nscopes = [\"pick\", \"register:orders-*\"]\n",
+        secret.0.display().to_string()
+    ));
+    let settings = resolve(Some(&config.0), &Overrides::default()).expect("auth allows a public address");
+    let auth = settings.serve.auth.expect("auth is on");
+    let ci = auth.authenticate("a-long-enough-secret-token").expect("the file's token, trimmed");
+    assert!(ci.may_pick() && ci.may_register("orders-eu") && !ci.is_admin());
+
+    let bad = |text: &str| resolve(Some(&file(text).0), &Overrides::default()).unwrap_err();
+    let error = bad("[[auth.tokens]]\nname = \"x\"\ntoken_env = \"ROTA_TEST_UNSET_TOKEN_VAR\"\nscopes = [\"pick\"]\n");
+    assert_eq!(
+        (error.key.as_str(), error.problem.as_str()),
+        ("auth.tokens[0].token_env", "ROTA_TEST_UNSET_TOKEN_VAR is not set")
+    );
+    let short = file("short");
+    let error = bad(&format!(
+        "[[auth.tokens]]\nname = \"x\"\ntoken_file = {:?}\nscopes = [\"pick\"]\n",
+        short.0.display().to_string()
+    ));
+    assert_eq!(error.problem, "is 5 characters long; the minimum is 16");
+    let error = bad(&format!(
+        "[[auth.tokens]]\nname = \"x\"\ntoken_file = {:?}\nscopes = [\"root\"]\n",
+        secret.0.display().to_string()
+    ));
+    assert_eq!(error.key, "auth.tokens[0].scopes");
+}
+
+#[test]
+fn non_loopback_addresses_need_insecure() {
+    let public = Overrides { listen: Some("0.0.0.0:50051".into()), ..Default::default() };
+    let error = resolve(None, &public).unwrap_err();
+    assert_eq!(error.key, "server.listen");
+    assert!(error.problem.starts_with("0.0.0.0:50051 is not a loopback address and no authentication is configured"));
+    let allowed = Overrides { insecure: Some(true), ..public };
+    assert!(resolve(None, &allowed).unwrap().insecure);
+    let admin = Overrides { admin_listen: Some("10.1.2.3:9090".into()), ..Default::default() };
+    assert_eq!(resolve(None, &admin).unwrap_err().key, "server.admin_listen");
+    let ipv6 = Overrides { listen: Some("[::1]:50051".into()), ..Default::default() };
+    assert!(resolve(None, &ipv6).is_ok(), "::1 is loopback");
+}
+
+#[test]
+fn printed_settings_read_back_the_same() {
+    let f = file("[server]\nshutdown_grace = \"3s\"\nlatency_decay = \"1m\"\n");
+    let settings = resolve(Some(&f.0), &Overrides::default()).unwrap();
+    let printed = settings.to_toml();
+    let again = file(&printed);
+    let reread = resolve(Some(&again.0), &Overrides::default()).unwrap();
+    assert_eq!(reread.to_toml(), printed);
+    assert!(printed.contains("shutdown_grace = \"3s\"") && printed.contains("latency_decay = \"1m\""), "{printed}");
+}

@@ -16,6 +16,10 @@ pub struct BenchArgs {
     /// Server to load; by default `rota bench` starts its own `rota serve` on a free port.
     #[arg(long)]
     pub server: Option<String>,
+    /// Process id of the `--server` when it runs on this machine, to report its CPU time per
+    /// request (a spawned server's is known).
+    #[arg(long, requires = "server")]
+    pub server_pid: Option<u32>,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 2)]
     pub connections: usize,
@@ -27,9 +31,14 @@ pub struct BenchArgs {
     /// Measuring window per mode.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Modes to run, in order: health, pick, stream, pipelined.
+    /// Modes to run, in order: health, pick, stream, pipelined, lease:K.
     #[arg(long, value_delimiter = ',', default_value = "health,pick,stream,pipelined", value_parser = Mode::parse)]
     pub modes: Vec<Mode>,
+    /// Rounds of the modes: every even round runs them in reverse order, so each mode sees
+    /// the machine early and late alike; the table takes each mode's windows together and
+    /// prints the Pick / baseline ratio of every round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rounds: u32,
     /// Requests in flight per caller in pipelined mode.
     #[arg(long, default_value_t = 32)]
     pub window: usize,
@@ -113,7 +122,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.scale {
         return scale(args).await;
     }
-    let (_server, endpoint) = match &args.server {
+    let (server, endpoint) = match &args.server {
         Some(server) => (None, server.clone()),
         None => {
             let (spawned, endpoint) = spawn_server()?;
@@ -129,20 +138,32 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         duration: args.duration,
         window: args.window,
         request: pb::PickRequest { service: args.service.clone(), rule: args.rule.clone(), ..Default::default() },
+        server_pid: server.as_ref().map(|s| s.0.id()).or(args.server_pid),
     };
     let channels = loadgen::connect(&endpoint, args.connections).await.map_err(|e| CliError::Usage(e.to_string()))?;
     eprintln!(
-        "rota bench: {} callers over {} connections, {} instances, rule {}, {:?} warm-up + {:?} per mode",
-        args.callers, args.connections, args.instances, args.rule, args.warmup, args.duration
+        "rota bench: {} callers over {} connections, {} instances, rule {}, {:?} warm-up + {:?} per mode, {} round(s)",
+        args.callers, args.connections, args.instances, args.rule, args.warmup, args.duration, args.rounds
     );
     let mut results = Vec::new();
-    for mode in &args.modes {
-        let result = loadgen::run(&config, &channels, *mode).await.map_err(|e| CliError::Usage(e.to_string()))?;
-        println!("{}", result.json());
-        results.push(result);
+    for round in 0..args.rounds {
+        for mode in round_order(&args.modes, round) {
+            let result = loadgen::run(&config, &channels, mode).await.map_err(|e| CliError::Usage(e.to_string()))?;
+            println!("{}", result.json());
+            results.push(result);
+        }
     }
     loadgen::print_table(&results);
     Ok(())
+}
+
+/// The modes in the order round `round` runs them: as given, then reversed, alternately.
+fn round_order(modes: &[Mode], round: u32) -> Vec<Mode> {
+    let mut order = modes.to_vec();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 async fn scale(args: BenchArgs) -> Result<(), CliError> {
@@ -163,6 +184,7 @@ async fn scale(args: BenchArgs) -> Result<(), CliError> {
             duration: args.duration,
             window: args.window,
             request: pb::PickRequest { service: "scale-0000".into(), rule: args.rule.clone(), ..Default::default() },
+            server_pid: Some(pid),
         },
     };
     let failed = |e: crate::loadgen::scale::ScaleError| CliError::Usage(e.to_string());
@@ -199,4 +221,23 @@ async fn scale(args: BenchArgs) -> Result<(), CliError> {
     );
     drop(server);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_alternate_the_order_of_the_modes() {
+        let modes = [Mode::Health, Mode::Pick, Mode::Lease(16)];
+        let order: Vec<Vec<Mode>> = (0..3).map(|round| round_order(&modes, round)).collect();
+        assert_eq!(
+            order,
+            [
+                vec![Mode::Health, Mode::Pick, Mode::Lease(16)],
+                vec![Mode::Lease(16), Mode::Pick, Mode::Health],
+                vec![Mode::Health, Mode::Pick, Mode::Lease(16)],
+            ]
+        );
+    }
 }

@@ -78,6 +78,9 @@ pub struct LoadConfig {
     /// Requests in flight per caller in `pipelined` mode.
     pub window: usize,
     pub request: pb::PickRequest,
+    /// The server's process id, when it runs on this machine: its CPU time per request is then
+    /// reported next to the throughput.
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +122,14 @@ pub async fn run(config: &LoadConfig, channels: &[Channel], mode: Mode) -> Resul
             }
         }));
     }
+    let cpu_during_window = config.server_pid.map(|pid| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from).await;
+            let before = process_cpu(pid);
+            tokio::time::sleep_until(until).await;
+            Some(process_cpu(pid)?.saturating_sub(before?))
+        })
+    });
     let mut histogram = new_histogram();
     let mut errors = 0;
     for caller in callers {
@@ -126,7 +137,28 @@ pub async fn run(config: &LoadConfig, channels: &[Channel], mode: Mode) -> Resul
         histogram.add(&tally.histogram).expect("histograms share their bounds");
         errors += tally.errors;
     }
-    Ok(LoadResult::new(mode, config, &histogram, errors))
+    let server_cpu = match cpu_during_window {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
+    Ok(LoadResult::new(mode, config, histogram, errors, server_cpu))
+}
+
+/// Linux reports process times in `USER_HZ` ticks, 100 per second on every architecture rota
+/// builds for.
+const USER_HZ: u64 = 100;
+
+/// User plus system CPU time of a process and all its threads so far (Linux; `None` elsewhere
+/// or when the process is gone).
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
+    // state (3), ..., utime (14), stime (15).
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
 }
 
 struct Tally {
@@ -231,4 +263,25 @@ async fn leased_pick(
         }
     }
     Ok(tally)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_counts_this_process_working() {
+        let pid = std::process::id();
+        let before = process_cpu(pid).expect("this process's /proc/<pid>/stat");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut x = 0u64;
+        // Work until the kernel has charged at least 50 ms more to this process.
+        while process_cpu(pid).unwrap() < before + Duration::from_millis(50) {
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            assert!(std::time::Instant::now() < deadline, "20 s of work were not charged");
+        }
+        assert_eq!(process_cpu(u32::MAX), None, "no such process");
+    }
 }

@@ -13,6 +13,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
@@ -70,12 +71,19 @@ fn select_benches(c: &mut Criterion) {
             let rule = parse(name).unwrap();
             let counter =
                 CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
-            let load = ServiceLoad::new(&stats, "svc");
+            let picked = Arc::new(AtomicU64::new(0));
+            let load = ServiceLoad::new(&stats);
             let mut rng = fastrand::Rng::with_seed(7);
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {
-                    let ticket = state.next_ticket_cached(&subset.tables.tickets, &counter);
+                    let rotation = state.rotation(
+                        &subset.tables.rotations,
+                        &rule.canonical,
+                        || counter.clone(),
+                        || picked.clone(),
+                    );
+                    let ticket = state.draw(&rotation);
                     k = (k + 1) & 1023;
                     let draw = Draw { candidates: &subset, ticket, key: &keys[k], zone: "", stats: &load };
                     black_box(rule.rule.select(&draw, &mut rng))

@@ -192,6 +192,18 @@ impl Server {
 
         let grpc_metrics = Arc::new(GrpcMetrics::default());
         let limits = config.limits;
+        // With tokens configured, each rota service sits behind its scope's interceptor;
+        // without, requests skip the interceptor altogether.
+        let balancer_service = pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone()))
+            .max_decoding_message_size(limits.max_message_bytes);
+        let registry_service = pb::registry_server::RegistryServer::new(RegistryService::new(
+            registry,
+            drain_rx,
+            limits.registrations_per_peer,
+        ))
+        .max_decoding_message_size(limits.max_message_bytes);
+        let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
+            .max_decoding_message_size(limits.max_message_bytes);
         let router = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -203,25 +215,12 @@ impl Server {
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(
-                pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone()))
-                    .max_decoding_message_size(limits.max_message_bytes),
-                AuthInterceptor::new(config.auth.clone(), Required::Pick),
-            ))
-            .add_service(InterceptedService::new(
-                pb::registry_server::RegistryServer::new(RegistryService::new(
-                    registry,
-                    drain_rx,
-                    limits.registrations_per_peer,
-                ))
-                .max_decoding_message_size(limits.max_message_bytes),
-                AuthInterceptor::new(config.auth.clone(), Required::Authenticated),
-            ))
-            .add_service(InterceptedService::new(
-                pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
-                    .max_decoding_message_size(limits.max_message_bytes),
-                AuthInterceptor::new(config.auth.clone(), Required::Admin),
-            ));
+            .add_optional_service(guarded(&config.auth, Required::Pick, balancer_service.clone()))
+            .add_optional_service(config.auth.is_none().then_some(balancer_service))
+            .add_optional_service(guarded(&config.auth, Required::Authenticated, registry_service.clone()))
+            .add_optional_service(config.auth.is_none().then_some(registry_service))
+            .add_optional_service(guarded(&config.auth, Required::Admin, policies_service.clone()))
+            .add_optional_service(config.auth.is_none().then_some(policies_service));
 
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async {
@@ -346,4 +345,13 @@ fn flatten(result: Result<Result<(), tonic::transport::Error>, tokio::task::Join
         // The task is only aborted by `stop`, and panics are not expected; report either as done.
         Err(_) => Ok(()),
     }
+}
+
+/// `service` behind an interceptor requiring `required`, when tokens are configured.
+fn guarded<S>(
+    auth: &Option<Arc<crate::auth::Authenticator>>,
+    required: Required,
+    service: S,
+) -> Option<InterceptedService<S, AuthInterceptor>> {
+    auth.as_ref().map(|auth| InterceptedService::new(service, AuthInterceptor::new(Some(auth.clone()), required)))
 }

@@ -80,7 +80,7 @@ pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) 
 pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     let snapshot = state.balancer.registry().service(name)?;
     let counters = state.balancer.counters();
-    let per_instance = counters.instance_picks(name);
+    let per_instance = state.balancer.instance_picks(name);
     let instances = snapshot
         .instances
         .iter()

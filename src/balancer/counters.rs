@@ -1,12 +1,12 @@
 //! Pick counters for operators: every Pick, PickStream pick and Lease is counted by service, rule
-//! and result, and successful picks also by instance, for the admin listener's `/metrics` and
-//! JSON API.
+//! and result, for the admin listener's `/metrics` and JSON API. (Successful picks per instance
+//! are tallied with the instance's statistics, [`crate::state::Stats::instance_picks`].)
 //!
-//! Counting stays off the allocator once warm: the keys are the snapshot's and the rule cache's
-//! `Arc<str>`s, and a counter is a `fetch_add` on an entry found by one sharded-map lookup.
-//! Label cardinality is bounded: the first [`MAX_COUNTED_SERVICES`] service names seen get
-//! their own label; later ones share [`OTHER_SERVICE`]. Per-instance counts are kept for
-//! instances still registered (housekeeping drops the others).
+//! A successful pick counts through the counter handle its rotation caches on the snapshot
+//! subset ([`PickCounters::ok_counter`]): one `fetch_add`, no lookup. Other results are found by
+//! one sharded-map lookup keyed by the snapshot's and the rule cache's `Arc<str>`s. Label
+//! cardinality is bounded: the first [`MAX_COUNTED_SERVICES`] service names seen get their own
+//! label; later ones share [`OTHER_SERVICE`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,16 +60,7 @@ pub struct PickCount {
     pub count: u64,
 }
 
-/// Successful picks of one instance under one rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstancePicks {
-    pub instance: Arc<str>,
-    pub rule: Arc<str>,
-    pub count: u64,
-}
-
 type PickKey = (Arc<str>, Arc<str>, PickResult);
-type InstanceKey = (Arc<str>, Arc<str>, Arc<str>);
 
 pub struct PickCounters {
     services: ConcurrentMap<Arc<str>, ()>,
@@ -77,9 +68,8 @@ pub struct PickCounters {
     admit: Mutex<()>,
     other: Arc<str>,
     unresolved: Arc<str>,
-    picks: ConcurrentMap<PickKey, AtomicU64>,
+    picks: ConcurrentMap<PickKey, Arc<AtomicU64>>,
     fallbacks: ConcurrentMap<Arc<str>, AtomicU64>,
-    instances: ConcurrentMap<InstanceKey, AtomicU64>,
 }
 
 impl Default for PickCounters {
@@ -91,7 +81,6 @@ impl Default for PickCounters {
             unresolved: UNRESOLVED_RULE.into(),
             picks: ConcurrentMap::default(),
             fallbacks: ConcurrentMap::default(),
-            instances: ConcurrentMap::default(),
         }
     }
 }
@@ -101,6 +90,13 @@ fn bump<K: Eq + std::hash::Hash>(map: &ConcurrentMap<K, AtomicU64>, key: K) {
         Some(counter) => counter.fetch_add(1, Ordering::Relaxed),
         None => map.entry(key).or_default().fetch_add(1, Ordering::Relaxed),
     };
+}
+
+fn counter<K: Eq + std::hash::Hash>(map: &ConcurrentMap<K, Arc<AtomicU64>>, key: K) -> Arc<AtomicU64> {
+    match map.get(&key) {
+        Some(counter) => counter.clone(),
+        None => map.entry(key).or_default().clone(),
+    }
 }
 
 impl PickCounters {
@@ -121,27 +117,25 @@ impl PickCounters {
         label
     }
 
-    /// Counts one pick (or lease). `rule` is the canonical rule when it was resolved;
-    /// `instance` and `fallback` describe a successful pick.
-    pub fn record(
-        &self,
-        service: &str,
-        rule: Option<&Arc<str>>,
-        result: PickResult,
-        instance: Option<&Arc<str>>,
-        fallback: bool,
-    ) {
+    /// Counts one pick (or lease) that ended with `result`. `rule` is the canonical rule when
+    /// it was resolved; `fallback` marks a successful pick that took a fallback.
+    pub fn record(&self, service: &str, rule: Option<&Arc<str>>, result: PickResult, fallback: bool) {
         let service = self.service_label(service);
         let rule = rule.unwrap_or(&self.unresolved).clone();
         if fallback {
             bump(&self.fallbacks, service.clone());
         }
-        if let Some(instance) = instance
-            && *service != *OTHER_SERVICE
-        {
-            bump(&self.instances, (service.clone(), instance.clone(), rule.clone()));
-        }
-        bump(&self.picks, (service, rule, result));
+        counter(&self.picks, (service, rule, result)).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counter of successful picks of `service` under `rule`, for a rotation to cache.
+    pub fn ok_counter(&self, service: &str, rule: &Arc<str>) -> Arc<AtomicU64> {
+        counter(&self.picks, (self.service_label(service), rule.clone(), PickResult::Ok))
+    }
+
+    /// Counts a successful pick's fallback (the pick itself is counted through its rotation).
+    pub fn record_fallback(&self, service: &str) {
+        bump(&self.fallbacks, self.service_label(service));
     }
 
     /// Every pick series, sorted by labels.
@@ -165,27 +159,6 @@ impl PickCounters {
         all.sort();
         all
     }
-
-    /// Successful picks of one service's instances, by instance and rule, sorted.
-    pub fn instance_picks(&self, service: &str) -> Vec<InstancePicks> {
-        let mut all: Vec<InstancePicks> = self
-            .instances
-            .iter()
-            .filter(|e| *e.key().0 == *service)
-            .map(|e| InstancePicks {
-                instance: e.key().1.clone(),
-                rule: e.key().2.clone(),
-                count: e.value().load(Ordering::Relaxed),
-            })
-            .collect();
-        all.sort_by(|a, b| (&a.instance, &a.rule).cmp(&(&b.instance, &b.rule)));
-        all
-    }
-
-    /// Keeps per-instance counts only for instances `keep(service, id)` accepts.
-    pub fn retain_instances(&self, keep: impl Fn(&str, &str) -> bool) {
-        self.instances.retain(|(service, id, _), _| keep(service, id));
-    }
 }
 
 #[cfg(test)]
@@ -196,38 +169,34 @@ mod tests {
     fn services_beyond_the_limit_share_one_label() {
         let counters = PickCounters::default();
         let rule: Arc<str> = "round_robin".into();
-        let id: Arc<str> = "a".into();
         for i in 0..MAX_COUNTED_SERVICES + 5 {
-            counters.record(&format!("s{i}"), Some(&rule), PickResult::Ok, Some(&id), false);
+            counters.record(&format!("s{i}"), Some(&rule), PickResult::Ok, false);
         }
-        counters.record("s0", Some(&rule), PickResult::Ok, Some(&id), false);
+        counters.ok_counter("s0", &rule).fetch_add(1, Ordering::Relaxed);
         let picks = counters.picks();
         assert_eq!(picks.len(), MAX_COUNTED_SERVICES + 1);
         let other = picks.iter().find(|p| &*p.service == OTHER_SERVICE).unwrap();
         assert_eq!(other.count, 5);
         assert_eq!(picks.iter().find(|p| &*p.service == "s0").unwrap().count, 2);
-        assert!(counters.instance_picks(OTHER_SERVICE).is_empty());
+        counters.ok_counter("s-new", &rule).fetch_add(1, Ordering::Relaxed);
+        assert_eq!(counters.picks().iter().find(|p| &*p.service == OTHER_SERVICE).unwrap().count, 6);
     }
 
     #[test]
-    fn results_rules_fallbacks_and_instances_are_counted_apart() {
+    fn results_rules_and_fallbacks_are_counted_apart() {
         let counters = PickCounters::default();
         let rr: Arc<str> = "round_robin".into();
-        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        counters.record("svc", Some(&rr), PickResult::Ok, Some(&a), false);
-        counters.record("svc", Some(&rr), PickResult::Ok, Some(&b), true);
-        counters.record("svc", Some(&rr), PickResult::Ok, Some(&a), false);
-        counters.record("svc", None, PickResult::InvalidArgument, None, false);
+        let ok = counters.ok_counter("svc", &rr);
+        ok.fetch_add(1, Ordering::Relaxed);
+        counters.record("svc", Some(&rr), PickResult::Ok, true);
+        ok.fetch_add(1, Ordering::Relaxed);
+        counters.record_fallback("svc");
+        counters.record("svc", None, PickResult::InvalidArgument, false);
         let summary: Vec<_> = counters.picks().iter().map(|p| (p.rule.to_string(), p.result, p.count)).collect();
         assert_eq!(
             summary,
             [("_unresolved".to_owned(), PickResult::InvalidArgument, 1), ("round_robin".to_owned(), PickResult::Ok, 3)]
         );
-        assert_eq!(counters.fallbacks(), [("svc".into(), 1)]);
-        let per_instance: Vec<_> =
-            counters.instance_picks("svc").iter().map(|p| (p.instance.to_string(), p.count)).collect();
-        assert_eq!(per_instance, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
-        counters.retain_instances(|_, id| id == "b");
-        assert_eq!(counters.instance_picks("svc").len(), 1);
+        assert_eq!(counters.fallbacks(), [("svc".into(), 2)]);
     }
 }

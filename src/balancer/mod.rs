@@ -27,6 +27,7 @@ use crate::registry::{
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
+pub use crate::state::InstancePicks;
 pub use counters::{PickCounters, PickResult};
 pub use error::PickError;
 pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
@@ -116,22 +117,26 @@ impl Balancer {
         self.stats.report(service, id)
     }
 
+    /// Successful picks of each instance of `service`, by rule.
+    pub fn instance_picks(&self, service: &str) -> Vec<InstancePicks> {
+        self.stats.instance_picks(service)
+    }
+
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
         let mut rule = None;
-        let result = self.pick_uncounted(query, &mut rule).await;
-        let picked = result.as_ref().ok();
-        self.counters.record(
-            query.service,
-            rule.as_ref(),
-            PickResult::of(&result),
-            picked.map(|p| &p.instance.id),
-            picked.is_some_and(|p| p.fallback.is_some()),
-        );
+        let result = self.pick_counted(query, &mut rule).await;
+        match &result {
+            // The pick itself was counted on its rotation.
+            Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(query.service),
+            Ok(_) => {}
+            Err(_) => self.counters.record(query.service, rule.as_ref(), PickResult::of(&result), false),
+        }
         result
     }
 
-    /// The pick itself; `resolved_rule` is set as soon as the rule is known, for the counters.
-    async fn pick_uncounted(
+    /// The pick itself, counted when it succeeds; `resolved_rule` is set as soon as the rule
+    /// is known, for counting a failure.
+    async fn pick_counted(
         &self,
         query: PickQuery<'_>,
         resolved_rule: &mut Option<Arc<str>>,
@@ -150,9 +155,16 @@ impl Balancer {
             Rule::Retry { inner, budget } => {
                 self.pick_with_retry(snapshot, &rule, inner.as_ref(), *budget, policy, &query).await?
             }
-            selector => self.select_once(snapshot, &rule, selector, policy, &query, query.exclude).await?,
+            selector => {
+                match self.select_once(snapshot, &rule, selector, policy, &query, query.exclude, false).await? {
+                    select::Attempt::Picked(selection) => selection,
+                    // Only asked for by `retry`; a plain pick takes what the rule chose.
+                    select::Attempt::Tripped(id) => {
+                        return Err(PickError::Unavailable(format!("instance {id:?} has its breaker open")));
+                    }
+                }
+            }
         };
-        self.stats.on_pick(&snapshot.name, &selection.instance.id);
         Ok(Picked {
             instance: selection.instance,
             ticket: selection.ticket,
@@ -181,12 +193,10 @@ impl Balancer {
             changes.borrow_and_update();
             let mut skipped: Vec<String> = query.exclude.to_vec();
             let last_error = loop {
-                match self.select_once(&snapshot, rule, inner, policy, query, &skipped).await {
-                    Ok(selection) if !self.stats.load(query.service, &selection.instance.id).tripped => {
-                        return Ok(selection);
-                    }
+                match self.select_once(&snapshot, rule, inner, policy, query, &skipped, true).await {
+                    Ok(select::Attempt::Picked(selection)) => return Ok(selection),
                     // Each skip removes one more instance, so this ends.
-                    Ok(selection) => skipped.push(selection.instance.id.to_string()),
+                    Ok(select::Attempt::Tripped(id)) => skipped.push(id.to_string()),
                     Err(PickError::Unavailable(reason)) => break reason,
                     Err(other) => return Err(other),
                 }
@@ -214,7 +224,6 @@ impl Balancer {
         let registered =
             |service: &str, id: &str| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id));
         self.stats.retain(registered);
-        self.counters.retain_instances(registered);
         self.state.housekeeping();
     }
 }

@@ -21,26 +21,38 @@ pub(super) struct Selection {
     pub fallback: Option<String>,
 }
 
-/// One service's instance loads, as rules read them, at one moment.
+/// What one selection came to.
+pub(super) enum Attempt {
+    /// Picked, counted and in flight.
+    Picked(Selection),
+    /// The rule chose an instance whose breaker is open, and the caller asked for none such
+    /// (`retry`); nothing was counted.
+    Tripped(Arc<str>),
+}
+
+/// Instance loads, as rules read them, at one moment.
 pub struct ServiceLoad<'a> {
     stats: &'a Stats,
-    service: &'a str,
     now: Instant,
 }
 
 impl<'a> ServiceLoad<'a> {
-    pub fn new(stats: &'a Stats, service: &'a str) -> Self {
-        Self { stats, service, now: Instant::now() }
+    pub fn new(stats: &'a Stats) -> Self {
+        Self { stats, now: Instant::now() }
     }
 }
 
 impl StatsView for ServiceLoad<'_> {
     fn load(&self, instance: &Instance) -> Load {
-        self.stats.load_at(self.service, &instance.id, self.now)
+        let handle = self.stats.cached(&instance.stats, &instance.service, &instance.id);
+        self.stats.load_handle(&handle, self.now)
     }
 }
 
 impl Balancer {
+    /// One selection. A successful one is counted (on its rotation and its instance) and put
+    /// in flight here, unless `avoid_tripped` is set and the chosen instance's breaker is open.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn select_once(
         &self,
         snapshot: &ServiceSnapshot,
@@ -49,7 +61,8 @@ impl Balancer {
         policy: &Policy,
         query: &PickQuery<'_>,
         exclude: &[String],
-    ) -> Result<Selection, PickError> {
+        avoid_tripped: bool,
+    ) -> Result<Attempt, PickError> {
         let version = self.requested_version(snapshot, policy, query).await?;
         let isolated = isolate(snapshot, &version, policy.isolation_fallback == IsolationFallback::Any);
         let mut fallback = isolated.fallback.map(|kind| isolation_note(kind, &version));
@@ -57,39 +70,60 @@ impl Balancer {
         if candidates.is_empty() {
             return Err(PickError::Unavailable(unavailable_reason(query.service, &version, !exclude.is_empty())));
         }
-        let counter = CounterKey {
-            service: snapshot.name.clone(),
-            rule: rule.canonical.clone(),
-            subset: candidates.label.clone(),
-        };
-        let ticket = self.state.next_ticket_on(&candidates.tables.tickets, &counter).await?;
-        let stats = ServiceLoad::new(&self.stats, &snapshot.name);
+        let rotation = self.state.rotation(
+            &candidates.tables.rotations,
+            &rule.canonical,
+            || CounterKey {
+                service: snapshot.name.clone(),
+                rule: rule.canonical.clone(),
+                subset: candidates.label.clone(),
+            },
+            || self.counters.ok_counter(&snapshot.name, &rule.canonical),
+        );
+        let ticket = self.state.draw(&rotation).await?;
+        let stats = ServiceLoad::new(&self.stats);
         let draw = Draw { candidates: &candidates, ticket, key: query.key, zone: query.zone, stats: &stats };
         let mut rng = fastrand::Rng::new();
 
-        if let Rule::Sticky { ttl } = selector {
-            let key =
-                StickyKey { service: snapshot.name.clone(), subset: candidates.label.clone(), key: query.key.into() };
-            if let Some(id) = self.state.sticky_get(&key).await? {
-                let remembered = candidates.members.iter().find(|i| *i.id == *id);
-                if let Some(instance) = remembered.filter(|i| !stats.load(i).tripped) {
-                    // Still UP, not drained, not tripped: keep the assignment and refresh it.
-                    let instance = instance.clone();
-                    self.state.sticky_set(key, id, *ttl).await?;
-                    return Ok(Selection { instance, ticket, fallback });
+        let (instance, sticky) = match selector {
+            Rule::Sticky { ttl } => {
+                let key = StickyKey {
+                    service: snapshot.name.clone(),
+                    subset: candidates.label.clone(),
+                    key: query.key.into(),
+                };
+                let remembered = match self.state.sticky_get(&key).await? {
+                    Some(id) => candidates.members.iter().find(|i| *i.id == *id),
+                    None => None,
+                };
+                match remembered.filter(|i| !stats.load(i).tripped) {
+                    // Still UP, not drained, not tripped: keep the assignment (refreshed below).
+                    Some(instance) => (instance.clone(), Some((key, *ttl))),
+                    None => {
+                        let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
+                        add_note(&mut fallback, choice.fallback);
+                        (candidates.members[choice.index].clone(), Some((key, *ttl)))
+                    }
                 }
             }
-            let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
-            let instance = candidates.members[choice.index].clone();
-            self.state.sticky_set(key, instance.id.clone(), *ttl).await?;
-            add_note(&mut fallback, choice.fallback);
-            return Ok(Selection { instance, ticket, fallback });
+            _ => {
+                let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
+                let instance =
+                    candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, &candidates))?;
+                add_note(&mut fallback, choice.fallback);
+                (instance, None)
+            }
+        };
+        let handle = self.stats.cached(&instance.stats, &instance.service, &instance.id);
+        if avoid_tripped && self.stats.load_handle(&handle, stats.now).tripped {
+            return Ok(Attempt::Tripped(instance.id.clone()));
         }
-
-        let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
-        let instance = candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, &candidates))?;
-        add_note(&mut fallback, choice.fallback);
-        Ok(Selection { instance, ticket, fallback })
+        if let Some((key, ttl)) = sticky {
+            self.state.sticky_set(key, instance.id.clone(), ttl).await?;
+        }
+        rotation.tally();
+        self.stats.on_pick(&handle, &rule.canonical);
+        Ok(Attempt::Picked(Selection { instance, ticket, fallback }))
     }
 
     /// The request's version, or for a request without one under gray release, the version

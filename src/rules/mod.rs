@@ -166,8 +166,8 @@ impl Select for Rule {
 pub struct SubsetTables {
     pub(crate) schedule: OnceLock<WeightSchedule>,
     pub(crate) maglev: OnceLock<Maglev>,
-    /// Handles on the rotations drawn on this subset.
-    pub tickets: crate::state::TicketCache,
+    /// The rotations drawn on this subset.
+    pub rotations: crate::state::RotationCache,
 }
 
 /// Position `ticket mod count` among the items for which `keep` holds, without allocating.

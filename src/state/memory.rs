@@ -1,11 +1,11 @@
 //! In-process rule state: concurrent maps of atomic counters and sticky assignments.
 
-use std::sync::Arc;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::hash::ConcurrentMap;
-use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::{CounterKey, StickyKey};
@@ -14,32 +14,50 @@ use super::{CounterKey, StickyKey};
 /// best-effort affinity, never a promise) until expired entries are pruned.
 pub const MAX_STICKY_ENTRIES: usize = 1_000_000;
 
-/// Rotations remembered per snapshot subset (one per rule used on it).
-const CACHED_ROTATIONS: usize = 16;
+/// Rotations remembered per snapshot subset (one per rule used on it); past this, picks of
+/// further rules on the subset look their counter up.
+const CACHED_ROTATIONS: usize = 8;
 
-/// Counter handles cached on a snapshot subset, so repeated picks on one snapshot reach their
-/// counter with one atomic load and a short scan: no hashing and no lock. The counters
-/// themselves live in [`MemoryState`] and outlive the snapshot.
-#[derive(Debug, Default)]
-pub struct TicketCache {
-    rotations: ArcSwap<Vec<(Arc<str>, Arc<AtomicU64>)>>,
+/// One rotation as picks reach it: its shared ticket counter and the counter its successful
+/// picks are tallied on (operators' count of picks per service and rule).
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    rule: Arc<str>,
+    ticket: Arc<AtomicU64>,
+    picked: Arc<AtomicU64>,
 }
 
-impl TicketCache {
-    fn next(&self, rule: &Arc<str>) -> Option<u64> {
-        let rotations = self.rotations.load();
-        let (_, counter) = rotations.iter().find(|(r, _)| Arc::ptr_eq(r, rule) || **r == **rule)?;
-        Some(counter.fetch_add(1, Ordering::Relaxed))
+impl Rotation {
+    /// Counts one successful pick from this rotation.
+    pub fn tally(&self) {
+        self.picked.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Rotations cached on a snapshot subset, so repeated picks reach their counters with a short
+/// scan of set-once slots: no hashing, no lock, no reference count touched. The counters
+/// themselves live in [`MemoryState`] and outlive the snapshot.
+#[derive(Debug, Default)]
+pub struct RotationCache {
+    slots: [OnceLock<Rotation>; CACHED_ROTATIONS],
+}
+
+impl RotationCache {
+    fn find(&self, rule: &str) -> Option<&Rotation> {
+        for slot in &self.slots {
+            match slot.get() {
+                Some(rotation) if *rotation.rule == *rule => return Some(rotation),
+                Some(_) => {}
+                None => return None,
+            }
+        }
+        None
     }
 
-    fn remember(&self, rule: &Arc<str>, counter: &Arc<AtomicU64>) {
-        self.rotations.rcu(|current| {
-            let mut next = Vec::clone(current);
-            if next.len() < CACHED_ROTATIONS && !next.iter().any(|(r, _)| **r == **rule) {
-                next.push((rule.clone(), counter.clone()));
-            }
-            next
-        });
+    /// Puts `rotation` in the first free slot (or finds it there, set by a concurrent pick);
+    /// `None` when every slot holds another rule.
+    fn remember(&self, rotation: &Rotation) -> Option<&Rotation> {
+        self.slots.iter().map(|slot| slot.get_or_init(|| rotation.clone())).find(|r| *r.rule == *rotation.rule)
     }
 }
 
@@ -58,15 +76,29 @@ impl MemoryState {
         self.counter(key).fetch_add(u64::from(count), Ordering::Relaxed)
     }
 
-    /// Like [`next_ticket`](Self::next_ticket), through a subset's cache when it has the
-    /// rotation (the common case: no lock at all).
-    pub fn next_ticket_cached(&self, cache: &TicketCache, key: &CounterKey) -> u64 {
-        if let Some(ticket) = cache.next(&key.rule) {
-            return ticket;
+    /// The rotation of `rule` on a subset: from the subset's cache when it has it (the common
+    /// case), else through the counter map, naming it with `key` and tallying on `picked()`.
+    pub fn rotation<'c>(
+        &self,
+        cache: &'c RotationCache,
+        rule: &str,
+        key: impl FnOnce() -> CounterKey,
+        picked: impl FnOnce() -> Arc<AtomicU64>,
+    ) -> Cow<'c, Rotation> {
+        if let Some(rotation) = cache.find(rule) {
+            return Cow::Borrowed(rotation);
         }
-        let counter = self.counter(key);
-        cache.remember(&key.rule, &counter);
-        counter.fetch_add(1, Ordering::Relaxed)
+        let key = key();
+        let rotation = Rotation { ticket: self.counter(&key), rule: key.rule, picked: picked() };
+        match cache.remember(&rotation) {
+            Some(cached) => Cow::Borrowed(cached),
+            None => Cow::Owned(rotation),
+        }
+    }
+
+    /// Draws the next ticket of a rotation.
+    pub fn draw(&self, rotation: &Rotation) -> u64 {
+        rotation.ticket.fetch_add(1, Ordering::Relaxed)
     }
 
     fn counter(&self, key: &CounterKey) -> Arc<AtomicU64> {
@@ -134,16 +166,41 @@ mod tests {
         assert_eq!(all, (0..4000).collect());
     }
 
+    fn draw_on(state: &MemoryState, cache: &RotationCache, rule: &str, picked: &Arc<AtomicU64>) -> u64 {
+        let rotation = state.rotation(cache, rule, || key(rule), || picked.clone());
+        rotation.tally();
+        state.draw(&rotation)
+    }
+
     #[test]
     fn cached_and_uncached_draws_share_one_counter() {
         let state = MemoryState::default();
-        let (old_snapshot, new_snapshot) = (TicketCache::default(), TicketCache::default());
-        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("rr")), 0);
-        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("rr")), 1);
+        let picked = Arc::new(AtomicU64::new(0));
+        let (old_snapshot, new_snapshot) = (RotationCache::default(), RotationCache::default());
+        assert_eq!(draw_on(&state, &old_snapshot, "rr", &picked), 0);
+        assert_eq!(draw_on(&state, &old_snapshot, "rr", &picked), 1);
         assert_eq!(state.next_ticket(&key("rr")), 2);
         // A new snapshot's subset starts with an empty cache but the same rotation.
-        assert_eq!(state.next_ticket_cached(&new_snapshot, &key("rr")), 3);
-        assert_eq!(state.next_ticket_cached(&old_snapshot, &key("other")), 0);
+        assert_eq!(draw_on(&state, &new_snapshot, "rr", &picked), 3);
+        assert_eq!(draw_on(&state, &old_snapshot, "other", &picked), 0);
+        assert_eq!(picked.load(Ordering::Relaxed), 4, "every draw tallied once");
+    }
+
+    #[test]
+    fn a_full_cache_still_draws_from_the_shared_counters() {
+        let state = MemoryState::default();
+        let cache = RotationCache::default();
+        let picked = Arc::new(AtomicU64::new(0));
+        let rules: Vec<String> = (0..CACHED_ROTATIONS + 3).map(|n| format!("repeat(n={n})")).collect();
+        for round in 0..3 {
+            for rule in &rules {
+                assert_eq!(draw_on(&state, &cache, rule, &picked), round);
+            }
+        }
+        let cached =
+            |rule: &str| matches!(state.rotation(&cache, rule, || key(rule), || picked.clone()), Cow::Borrowed(_));
+        assert!(cached(&rules[0]) && cached(&rules[CACHED_ROTATIONS - 1]));
+        assert!(!cached(&rules[CACHED_ROTATIONS]), "past the slots, rotations are looked up");
     }
 
     #[tokio::test(start_paused = true)]

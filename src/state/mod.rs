@@ -9,11 +9,15 @@
 mod memory;
 mod stats;
 
+use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-pub use memory::{MAX_STICKY_ENTRIES, MemoryState, TicketCache};
-pub use stats::{BreakerConfig, InstanceReport, Load, Outcome, Stats, StatsConfig};
+pub use memory::{MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache};
+pub use stats::{
+    BreakerConfig, InstancePicks, InstanceReport, Load, Outcome, Stats, StatsConfig, StatsHandle, StatsSlot,
+};
 
 /// Identifies one shared rotation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -66,11 +70,25 @@ impl StateBackend {
         }
     }
 
-    /// [`next_ticket`](Self::next_ticket) for a pick on a snapshot subset, which may cache
-    /// the way to the counter.
-    pub async fn next_ticket_on(&self, cache: &TicketCache, key: &CounterKey) -> Result<u64, StateError> {
+    /// The rotation of `rule` for picks on a snapshot subset, from the subset's `cache` when
+    /// it holds it; otherwise `key()` names the rotation and `picked()` gives the counter its
+    /// successful picks are tallied on.
+    pub fn rotation<'c>(
+        &self,
+        cache: &'c RotationCache,
+        rule: &str,
+        key: impl FnOnce() -> CounterKey,
+        picked: impl FnOnce() -> Arc<AtomicU64>,
+    ) -> Cow<'c, Rotation> {
         match self {
-            StateBackend::Memory(memory) => Ok(memory.next_ticket_cached(cache, key)),
+            StateBackend::Memory(memory) => memory.rotation(cache, rule, key, picked),
+        }
+    }
+
+    /// Draws the next ticket of `rotation`: 0, 1, 2, ... across all callers, each number once.
+    pub async fn draw(&self, rotation: &Rotation) -> Result<u64, StateError> {
+        match self {
+            StateBackend::Memory(memory) => Ok(memory.draw(rotation)),
         }
     }
 

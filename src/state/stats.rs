@@ -16,8 +16,11 @@
 //! One consumer's failures therefore protect every consumer.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+
+use std::borrow::Cow;
 
 use crate::hash::ConcurrentMap;
 use tokio::time::Instant;
@@ -111,12 +114,61 @@ struct Inner {
     counts: VecDeque<(u64, u64, u64)>,
     successive_failures: u32,
     tripped_until: Option<Instant>,
+    /// Successful picks of the instance, per canonical rule name (a handful of rules at most).
+    picks: Vec<(Arc<str>, u64)>,
 }
 
 #[derive(Debug, Default)]
 struct InstanceStats {
     inner: Mutex<Inner>,
 }
+
+/// One instance's statistics, reached without a map lookup. Handles stay valid while the
+/// instance is registered; the store keeps an entry as long as any handle to it exists.
+#[derive(Debug, Clone)]
+pub struct StatsHandle {
+    /// The [`Stats`] store the handle belongs to.
+    owner: u64,
+    stats: Arc<InstanceStats>,
+}
+
+/// A place for an instance's [`StatsHandle`], filled on first use and carried by the instance
+/// itself, so that a pick reaches the statistics of the instance it chose without hashing. It
+/// is a cache, not part of the instance's value: it compares equal to any other and clones
+/// empty.
+#[derive(Default)]
+pub struct StatsSlot(OnceLock<StatsHandle>);
+
+impl Clone for StatsSlot {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for StatsSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for StatsSlot {}
+
+impl std::fmt::Debug for StatsSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "StatsSlot(filled)" } else { "StatsSlot(empty)" })
+    }
+}
+
+/// Successful picks of one instance under one rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstancePicks {
+    pub instance: Arc<str>,
+    pub rule: Arc<str>,
+    pub count: u64,
+}
+
+/// Distinguishes stores, so a handle cached by one is never used by another.
+static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 
 impl InstanceStats {
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -130,6 +182,7 @@ type ServiceStats = ConcurrentMap<Arc<str>, Arc<InstanceStats>>;
 
 #[derive(Debug)]
 pub struct Stats {
+    id: u64,
     origin: Instant,
     config: StatsConfig,
     services: ConcurrentMap<Arc<str>, ServiceStats>,
@@ -143,7 +196,12 @@ impl Default for Stats {
 
 impl Stats {
     pub fn new(config: StatsConfig) -> Self {
-        Self { origin: Instant::now(), config, services: ConcurrentMap::default() }
+        Self {
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            origin: Instant::now(),
+            config,
+            services: ConcurrentMap::default(),
+        }
     }
 
     pub fn config(&self) -> StatsConfig {
@@ -159,6 +217,18 @@ impl Stats {
         self.services.entry(service.clone()).or_default().entry(id.clone()).or_default().clone()
     }
 
+    /// The handle of one instance's statistics (an entry is made if there is none).
+    pub fn handle(&self, service: &Arc<str>, id: &Arc<str>) -> StatsHandle {
+        StatsHandle { owner: self.id, stats: self.entry(service, id) }
+    }
+
+    /// The handle in `slot`, filled from this store on first use. A slot filled by another
+    /// store is not used (a second store over the same instances looks its entries up).
+    pub fn cached<'s>(&self, slot: &'s StatsSlot, service: &Arc<str>, id: &Arc<str>) -> Cow<'s, StatsHandle> {
+        let handle = slot.0.get_or_init(|| self.handle(service, id));
+        if handle.owner == self.id { Cow::Borrowed(handle) } else { Cow::Owned(self.handle(service, id)) }
+    }
+
     fn find(&self, service: &str, id: &str) -> Option<Arc<InstanceStats>> {
         self.services.get(service)?.get(id).map(|s| s.clone())
     }
@@ -167,18 +237,36 @@ impl Stats {
         now.duration_since(self.origin).as_secs()
     }
 
-    /// Counts a pick as in flight on its instance.
-    pub fn on_pick(&self, service: &Arc<str>, id: &Arc<str>) {
-        let now = Instant::now();
-        let second = self.second(now);
-        let stats = self.entry(service, id);
-        let mut inner = stats.lock();
+    /// Counts a successful pick under `rule`, in flight on its instance until reported.
+    pub fn on_pick(&self, handle: &StatsHandle, rule: &Arc<str>) {
+        let second = self.second(Instant::now());
+        let mut inner = handle.stats.lock();
         self.expire_in_flight(&mut inner, second);
         match inner.in_flight.back_mut() {
             Some((s, count)) if *s == second => *count += 1,
             _ => inner.in_flight.push_back((second, 1)),
         }
         inner.in_flight_total += 1;
+        match inner.picks.iter_mut().find(|(r, _)| Arc::ptr_eq(r, rule) || **r == **rule) {
+            Some((_, count)) => *count += 1,
+            None => inner.picks.push((rule.clone(), 1)),
+        }
+    }
+
+    /// Successful picks of each instance of `service` under each rule, sorted by instance and
+    /// rule.
+    pub fn instance_picks(&self, service: &str) -> Vec<InstancePicks> {
+        let Some(instances) = self.services.get(service) else { return Vec::new() };
+        let mut all: Vec<InstancePicks> = instances
+            .iter()
+            .flat_map(|entry| {
+                let instance = entry.key().clone();
+                let picks = entry.value().lock().picks.clone();
+                picks.into_iter().map(move |(rule, count)| InstancePicks { instance: instance.clone(), rule, count })
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.instance, &a.rule).cmp(&(&b.instance, &b.rule)));
+        all
     }
 
     /// Records one reported call (an instance never picked gets an entry now).
@@ -230,7 +318,18 @@ impl Stats {
 
     /// The load of one instance at `now`; rules reading many instances take the clock once.
     pub fn load_at(&self, service: &str, id: &str, now: Instant) -> Load {
-        let Some(stats) = self.find(service, id) else { return Load::default() };
+        match self.find(service, id) {
+            Some(stats) => self.load_of(&stats, now),
+            None => Load::default(),
+        }
+    }
+
+    /// The load behind a handle at `now`.
+    pub fn load_handle(&self, handle: &StatsHandle, now: Instant) -> Load {
+        self.load_of(&handle.stats, now)
+    }
+
+    fn load_of(&self, stats: &InstanceStats, now: Instant) -> Load {
         let mut inner = stats.lock();
         self.expire_in_flight(&mut inner, self.second(now));
         let tripped = inner.tripped_until.is_some_and(|until| until > now);
@@ -262,10 +361,11 @@ impl Stats {
         instances.iter().filter_map(|s| s.lock().tripped_until.filter(|until| *until > now)).min()
     }
 
-    /// Forgets instances for which `keep` returns false (they left the registry).
+    /// Forgets instances for which `keep` returns false (they left the registry) once no
+    /// handle to their statistics remains.
     pub fn retain(&self, mut keep: impl FnMut(&str, &str) -> bool) {
         self.services.retain(|service, instances| {
-            instances.retain(|id, _| keep(service, id));
+            instances.retain(|id, stats| keep(service, id) || Arc::strong_count(stats) > 1);
             !instances.is_empty()
         });
     }
@@ -363,14 +463,15 @@ mod tests {
     async fn in_flight_counts_picks_until_reported_or_timed_out() {
         let stats = Stats::default();
         let (service, id) = key("a");
+        let (handle, rule): (_, Arc<str>) = (stats.handle(&service, &id), "round_robin".into());
         for _ in 0..3 {
-            stats.on_pick(&service, &id);
+            stats.on_pick(&handle, &rule);
         }
         assert_eq!(stats.load("svc", "a").in_flight, 3);
         stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(1), &BreakerConfig::default());
         assert_eq!(stats.load("svc", "a").in_flight, 2);
         tokio::time::advance(Duration::from_secs(20)).await;
-        stats.on_pick(&service, &id);
+        stats.on_pick(&handle, &rule);
         assert_eq!(stats.load("svc", "a").in_flight, 3);
         tokio::time::advance(Duration::from_secs(11)).await;
         assert_eq!(stats.load("svc", "a").in_flight, 1, "the first picks timed out after 30 s");
@@ -412,5 +513,57 @@ mod tests {
         tokio::time::advance(Duration::from_secs(31)).await;
         let report = stats.report("svc", "a");
         assert_eq!((report.successes, report.failures), (1, 0));
+    }
+
+    #[test]
+    fn picks_are_tallied_per_instance_and_rule() {
+        let stats = Stats::default();
+        let (service, a) = key("a");
+        let b: Arc<str> = "b".into();
+        let (rr, repeat): (Arc<str>, Arc<str>) = ("round_robin".into(), "repeat(n=3)".into());
+        let (ha, hb) = (stats.handle(&service, &a), stats.handle(&service, &b));
+        stats.on_pick(&ha, &rr);
+        stats.on_pick(&ha, &rr);
+        // An equal rule name from another allocation counts under the same rule.
+        stats.on_pick(&ha, &Arc::from("round_robin"));
+        stats.on_pick(&ha, &repeat);
+        stats.on_pick(&hb, &rr);
+        let tally: Vec<_> =
+            stats.instance_picks("svc").iter().map(|p| (p.instance.to_string(), p.rule.to_string(), p.count)).collect();
+        assert_eq!(
+            tally,
+            [
+                ("a".to_owned(), "repeat(n=3)".to_owned(), 1),
+                ("a".to_owned(), "round_robin".to_owned(), 3),
+                ("b".to_owned(), "round_robin".to_owned(), 1)
+            ]
+        );
+        assert!(stats.instance_picks("other").is_empty());
+    }
+
+    #[test]
+    fn a_slot_caches_its_store_handle_and_entries_live_while_handles_do() {
+        let stats = Stats::default();
+        let other = Stats::default();
+        let (service, id) = key("a");
+        let rule: Arc<str> = "round_robin".into();
+        let slot = StatsSlot::default();
+        let first = stats.cached(&slot, &service, &id);
+        assert!(matches!(first, Cow::Borrowed(_)), "filled on first use");
+        stats.on_pick(&first, &rule);
+        assert_eq!(stats.load("svc", "a").in_flight, 1, "the cached handle is the store's entry");
+        // Another store never uses this store's handle.
+        let foreign = other.cached(&slot, &service, &id);
+        assert!(matches!(foreign, Cow::Owned(_)));
+        other.on_pick(&foreign, &rule);
+        assert_eq!((stats.load("svc", "a").in_flight, other.load("svc", "a").in_flight), (1, 1));
+        drop((first, foreign));
+
+        // The instance left, but its slot still holds a handle: the entry stays.
+        stats.retain(|_, _| false);
+        assert_eq!(stats.load("svc", "a").in_flight, 1);
+        drop(slot);
+        stats.retain(|_, _| false);
+        assert_eq!(stats.load("svc", "a"), Load::default(), "forgotten once no handle remains");
     }
 }

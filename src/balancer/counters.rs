@@ -33,11 +33,14 @@ pub enum PickResult {
 
 impl PickResult {
     pub fn of<T>(result: &Result<T, PickError>) -> Self {
-        match result {
-            Ok(_) => Self::Ok,
-            Err(PickError::Invalid(_) | PickError::Rule(_)) => Self::InvalidArgument,
-            Err(PickError::UnknownService(_)) => Self::NotFound,
-            Err(PickError::Unavailable(_) | PickError::State(_)) => Self::Unavailable,
+        result.as_ref().err().map_or(Self::Ok, Self::of_error)
+    }
+
+    pub fn of_error(error: &PickError) -> Self {
+        match error {
+            PickError::Invalid(_) | PickError::Rule(_) => Self::InvalidArgument,
+            PickError::UnknownService(_) => Self::NotFound,
+            PickError::Unavailable(_) | PickError::State(_) => Self::Unavailable,
         }
     }
 

@@ -123,29 +123,35 @@ impl Balancer {
     }
 
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
-        let mut rule = None;
-        let result = self.pick_counted(query, &mut rule).await;
+        let policies = self.policies.load();
+        let policy = policies.for_service(query.service);
+        let resolved = check_request_limits(&query).and_then(|()| self.resolve_rule(&query, policy));
+        let rule = match resolved {
+            Ok(rule) => rule,
+            Err(error) => {
+                self.counters.record(query.service, None, PickResult::of_error(&error), false);
+                return Err(error);
+            }
+        };
+        let result = self.pick_with(&rule, policy, query).await;
         match &result {
             // The pick itself was counted on its rotation.
             Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(query.service),
             Ok(_) => {}
-            Err(_) => self.counters.record(query.service, rule.as_ref(), PickResult::of(&result), false),
+            Err(error) => {
+                self.counters.record(query.service, Some(&rule.canonical), PickResult::of_error(error), false)
+            }
         }
         result
     }
 
-    /// The pick itself, counted when it succeeds; `resolved_rule` is set as soon as the rule
-    /// is known, for counting a failure.
-    async fn pick_counted(
-        &self,
-        query: PickQuery<'_>,
-        resolved_rule: &mut Option<Arc<str>>,
-    ) -> Result<Picked, PickError> {
-        check_request_limits(&query)?;
-        let policies = self.policies.load();
-        let policy = policies.for_service(query.service);
-        let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
-        *resolved_rule = Some(rule.canonical.clone());
+    /// The request's rule, or the service's policy rule when the request names none.
+    fn resolve_rule(&self, query: &PickQuery<'_>, policy: &Policy) -> Result<Arc<ParsedRule>, PickError> {
+        if query.rule.is_empty() { Ok(policy.rule.clone()) } else { Ok(self.rules.get(query.rule)?) }
+    }
+
+    /// The pick under a resolved rule, counted when it succeeds.
+    async fn pick_with(&self, rule: &ParsedRule, policy: &Policy, query: PickQuery<'_>) -> Result<Picked, PickError> {
         if rule.rule.needs_key() && query.key.is_empty() {
             return Err(RuleError::MissingKey { rule: rule.canonical.clone() }.into());
         }
@@ -153,17 +159,15 @@ impl Balancer {
         let snapshot = known_service(&catalog, query.service)?;
         let selection = match &rule.rule {
             Rule::Retry { inner, budget } => {
-                self.pick_with_retry(snapshot, &rule, inner.as_ref(), *budget, policy, &query).await?
+                self.pick_with_retry(snapshot, rule, inner.as_ref(), *budget, policy, &query).await?
             }
-            selector => {
-                match self.select_once(snapshot, &rule, selector, policy, &query, query.exclude, false).await? {
-                    select::Attempt::Picked(selection) => selection,
-                    // Only asked for by `retry`; a plain pick takes what the rule chose.
-                    select::Attempt::Tripped(id) => {
-                        return Err(PickError::Unavailable(format!("instance {id:?} has its breaker open")));
-                    }
+            selector => match self.select_once(snapshot, rule, selector, policy, &query, query.exclude, false).await? {
+                select::Attempt::Picked(selection) => selection,
+                // Only asked for by `retry`; a plain pick takes what the rule chose.
+                select::Attempt::Tripped(id) => {
+                    return Err(PickError::Unavailable(format!("instance {id:?} has its breaker open")));
                 }
-            }
+            },
         };
         Ok(Picked {
             instance: selection.instance,

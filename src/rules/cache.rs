@@ -1,20 +1,24 @@
 //! A cache of parsed rule strings, so a pick costs one hash lookup instead of a parse.
 //!
-//! Only valid rules are cached, and the cache is bounded: a client sending ever-new rule strings
-//! cannot grow it without limit; past the bound, strings are parsed on every use instead.
+//! Reads are lock-free: the cache is an immutable map behind an `ArcSwap`, replaced whole when
+//! a new rule string arrives (rare: consumers use a handful of rules). Only valid rules are
+//! cached, and the cache is bounded: a client sending ever-new rule strings cannot grow it
+//! without limit; past the bound, strings are parsed on every use instead.
 
 use std::sync::Arc;
 
-use crate::hash::ConcurrentMap;
+use arc_swap::ArcSwap;
+
+use crate::hash::Map;
 
 use super::spec::{ParsedRule, RuleError, parse};
 
 /// Distinct rule strings remembered at most.
-const CAPACITY: usize = 4096;
+const CAPACITY: usize = 1024;
 
 #[derive(Debug, Default)]
 pub struct RuleCache {
-    parsed: ConcurrentMap<Box<str>, Arc<ParsedRule>>,
+    parsed: ArcSwap<Map<Arc<str>, Arc<ParsedRule>>>,
 }
 
 impl RuleCache {
@@ -24,22 +28,28 @@ impl RuleCache {
 
     /// The parsed form of `text` (which must not be empty).
     pub fn get(&self, text: &str) -> Result<Arc<ParsedRule>, RuleError> {
-        if let Some(parsed) = self.parsed.get(text) {
+        if let Some(parsed) = self.parsed.load().get(text) {
             return Ok(parsed.clone());
         }
         let parsed = Arc::new(parse(text)?);
-        if self.parsed.len() < CAPACITY {
-            self.parsed.insert(text.into(), parsed.clone());
+        if self.len() < CAPACITY {
+            self.parsed.rcu(|current| {
+                let mut next = Map::clone(current);
+                if next.len() < CAPACITY {
+                    next.entry(text.into()).or_insert_with(|| parsed.clone());
+                }
+                next
+            });
         }
         Ok(parsed)
     }
 
     pub fn len(&self) -> usize {
-        self.parsed.len()
+        self.parsed.load().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.parsed.is_empty()
+        self.len() == 0
     }
 }
 

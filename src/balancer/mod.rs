@@ -159,7 +159,7 @@ impl Balancer {
         let snapshot = known_service(&catalog, query.service)?;
         let selection = match &rule.rule {
             Rule::Retry { inner, budget } => {
-                self.pick_with_retry(snapshot, rule, inner.as_ref(), *budget, policy, &query).await?
+                Box::pin(self.pick_with_retry(snapshot, rule, inner.as_ref(), *budget, policy, &query)).await?
             }
             selector => match self.select_once(snapshot, rule, selector, policy, &query, query.exclude, false).await? {
                 select::Attempt::Picked(selection) => selection,

@@ -99,20 +99,10 @@ impl Balancer {
                 match remembered.filter(|i| !stats.load(i).tripped) {
                     // Still UP, not drained, not tripped: keep the assignment (refreshed below).
                     Some(instance) => (instance.clone(), Some((key, *ttl))),
-                    None => {
-                        let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
-                        add_note(&mut fallback, choice.fallback);
-                        (candidates.members[choice.index].clone(), Some((key, *ttl)))
-                    }
+                    None => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
                 }
             }
-            _ => {
-                let choice = selector.select(&draw, &mut rng).ok_or_else(|| no_choice(rule, &candidates))?;
-                let instance =
-                    candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, &candidates))?;
-                add_note(&mut fallback, choice.fallback);
-                (instance, None)
-            }
+            _ => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, None),
         };
         let handle = self.stats.cached(&instance.stats, &instance.service, &instance.id);
         if avoid_tripped && self.stats.load_handle(&handle, stats.now).tripped {
@@ -143,6 +133,21 @@ impl Balancer {
             _ => Ok(Cow::Borrowed(query.version)),
         }
     }
+}
+
+/// The rule's choice among the draw's candidates, its fallback note added to `fallback`.
+fn choose(
+    selector: &Rule,
+    draw: &Draw<'_>,
+    rng: &mut fastrand::Rng,
+    fallback: &mut Option<String>,
+    rule: &ParsedRule,
+) -> Result<Arc<Instance>, PickError> {
+    let choice = selector.select(draw, rng).ok_or_else(|| no_choice(rule, draw.candidates))?;
+    let instance =
+        draw.candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, draw.candidates))?;
+    add_note(fallback, choice.fallback);
+    Ok(instance)
 }
 
 fn isolation_note(kind: Fallback, version: &str) -> String {

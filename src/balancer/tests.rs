@@ -91,3 +91,50 @@ async fn errors_distinguish_bad_input_unknown_and_unavailable() {
     let err = balancer.pick(PickQuery { key: &long_key, ..query("", "v1") }).await.unwrap_err();
     assert_eq!(err.to_string(), "key is 1025 bytes long; the limit is 1024");
 }
+
+fn failure(id: &str) -> CallOutcome {
+    CallOutcome {
+        service: "svc".into(),
+        instance_id: id.into(),
+        ticket: 0,
+        latency: Duration::from_millis(1),
+        result: Some(CallResult::Error),
+    }
+}
+
+fn ok_picks(balancer: &Balancer, rule: &str) -> u64 {
+    let picks = balancer.counters().picks();
+    picks.iter().filter(|p| &*p.rule == rule && p.result == PickResult::Ok).map(|p| p.count).sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn picks_are_counted_once_per_answer_and_per_instance() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    assert_eq!(ids(&balancer, query("round_robin", ""), 4).await, ["a", "b", "c", "a"]);
+    // Three failures in a row trip b's breaker; retry then skips b (drawing again without it:
+    // tickets 1, 4 land on b, tickets 2, 5 go to [a, c]) without counting the skips.
+    balancer.report(&[failure("b"), failure("b"), failure("b")]).unwrap();
+    let retry = "retry(rule=round_robin, max_ms=100)";
+    assert_eq!(ids(&balancer, query(retry, ""), 3).await, ["a", "a", "a"]);
+    let last = balancer.pick(query(retry, "")).await.unwrap();
+    assert_eq!((&*last.instance.id, last.ticket), ("c", 5));
+    let canonical = last.rule;
+    assert_eq!(ok_picks(&balancer, "round_robin"), 4);
+    assert_eq!(ok_picks(&balancer, &canonical), 4, "four answers; the two skips are not picks");
+    let per_instance: Vec<_> =
+        balancer.instance_picks("svc").iter().map(|p| (p.instance.to_string(), p.rule == canonical, p.count)).collect();
+    assert_eq!(
+        per_instance,
+        [
+            ("a".to_owned(), true, 3),
+            ("a".to_owned(), false, 2),
+            ("b".to_owned(), false, 1),
+            ("c".to_owned(), true, 1),
+            ("c".to_owned(), false, 1)
+        ]
+    );
+    // In flight: every counted pick of an instance, less the reports for it.
+    let in_flight: Vec<u64> =
+        ["a", "b", "c"].iter().map(|id| balancer.instance_stats("svc", id).load.in_flight).collect();
+    assert_eq!(in_flight, [5, 0, 2]);
+}

@@ -78,10 +78,13 @@ impl Drop for Spawned {
     }
 }
 
-fn spawn_server() -> Result<(Spawned, String), CliError> {
+/// Starts `rota serve` on a free loopback port, allowing `streams` registration streams from
+/// this one peer.
+fn spawn_server(streams: usize) -> Result<(Spawned, String), CliError> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(["--max-registrations-per-peer", &streams.max(64).to_string()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -125,7 +128,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let (server, endpoint) = match &args.server {
         Some(server) => (None, server.clone()),
         None => {
-            let (spawned, endpoint) = spawn_server()?;
+            let (spawned, endpoint) = spawn_server(args.instances.div_ceil(1000))?;
             (Some(spawned), endpoint)
         }
     };
@@ -168,7 +171,7 @@ fn round_order(modes: &[Mode], round: u32) -> Vec<Mode> {
 
 async fn scale(args: BenchArgs) -> Result<(), CliError> {
     use crate::loadgen::scale::{ScaleConfig, compare_churn, register_all};
-    let (server, endpoint) = spawn_server()?;
+    let (server, endpoint) = spawn_server(args.scale_streams)?;
     let pid = server.0.id();
     let before = resident_bytes(pid);
     let config = ScaleConfig {

@@ -312,3 +312,47 @@ fn serve_prints_the_admin_address_second() {
     stdout.read_to_string(&mut rest).unwrap();
     assert_eq!(rest, "", "nothing after the first line");
 }
+
+#[test]
+fn bench_alternates_rounds_and_reports_ratios() {
+    let output = Command::new(BIN)
+        .args(["bench", "--modes", "health,pick", "--rounds", "2", "--duration", "300ms", "--warmup", "100ms"])
+        .args(["--callers", "4", "--connections", "1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    let windows: Vec<serde_json::Value> =
+        out.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let modes: Vec<&str> = windows.iter().map(|w| w["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["health", "pick", "pick", "health"], "the second round runs in reverse");
+    for window in &windows {
+        assert_eq!(window["errors"], 0, "{window}");
+        assert!(window["requests"].as_u64().unwrap() > 0, "{window}");
+        assert!(window["server_cpu_us_per_request"].as_f64().is_some(), "a spawned server's CPU is known: {window}");
+    }
+    let table: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("health ") || l.starts_with("pick "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(table.iter().map(|row| (row[0], row[1])).collect::<Vec<_>>(), [("health", "2"), ("pick", "2")]);
+    assert!(out.contains("Pick / baseline throughput: ") && out.contains("per round over 2 rounds"), "{out}");
+    assert!(out.contains("Server CPU per request, Pick / baseline: "), "{out}");
+}
+
+#[test]
+fn bench_scale_registers_over_more_streams_than_one_peer_may_open_by_default() {
+    let output = Command::new(BIN)
+        .args(["bench", "--scale", "--scale-instances", "1300", "--scale-services", "13", "--scale-streams", "65"])
+        .args(["--duration", "300ms", "--warmup", "100ms", "--callers", "4", "--connections", "1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(out.contains("registered 1300 instances in 13 services over 65 streams"), "{out}");
+    let picks: Vec<serde_json::Value> =
+        out.lines().filter(|l| l.starts_with("{\"mode\"")).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(picks.len(), 2, "picks without and with churn: {out}");
+    assert!(picks.iter().all(|p| p["errors"] == 0 && p["requests"].as_u64().unwrap() > 0), "{out}");
+}

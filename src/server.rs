@@ -353,5 +353,5 @@ fn guarded<S>(
     required: Required,
     service: S,
 ) -> Option<InterceptedService<S, AuthInterceptor>> {
-    auth.as_ref().map(|auth| InterceptedService::new(service, AuthInterceptor::new(Some(auth.clone()), required)))
+    auth.as_ref().map(|auth| InterceptedService::new(service, AuthInterceptor::new(auth.clone(), required)))
 }

@@ -18,23 +18,23 @@ pub enum Required {
     Admin,
 }
 
+/// Only in place when tokens are configured: without them, services are served bare.
 #[derive(Clone)]
 pub struct AuthInterceptor {
-    auth: Option<Arc<Authenticator>>,
+    auth: Arc<Authenticator>,
     required: Required,
 }
 
 impl AuthInterceptor {
-    pub fn new(auth: Option<Arc<Authenticator>>, required: Required) -> Self {
+    pub fn new(auth: Arc<Authenticator>, required: Required) -> Self {
         Self { auth, required }
     }
 }
 
 impl Interceptor for AuthInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(auth) = &self.auth else { return Ok(request) };
         let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        let principal = auth.authenticate_header(header).map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let principal = self.auth.authenticate_header(header).map_err(|e| Status::unauthenticated(e.to_string()))?;
         match self.required {
             Required::Pick if !principal.may_pick() => return Err(lacks(&principal, "pick")),
             Required::Admin if !principal.is_admin() => return Err(lacks(&principal, "admin")),

@@ -19,6 +19,11 @@ use super::PickError;
 pub const MAX_COUNTED_SERVICES: usize = 1000;
 /// The service label of picks for services beyond [`MAX_COUNTED_SERVICES`].
 pub const OTHER_SERVICE: &str = "_other";
+/// Most distinct rule labels the pick counters track (consumers use a handful; a client sending
+/// ever-new valid rule strings cannot grow the series without bound). Picks under further rules
+/// count under [`OTHER_RULE`].
+pub const MAX_COUNTED_RULES: usize = 256;
+pub use crate::state::OTHER_RULE;
 /// The rule label of picks refused before their rule was resolved (bad name, bad rule).
 pub const UNRESOLVED_RULE: &str = "_unresolved";
 
@@ -65,11 +70,42 @@ pub struct PickCount {
 
 type PickKey = (Arc<str>, Arc<str>, PickResult);
 
-pub struct PickCounters {
-    services: ConcurrentMap<Arc<str>, ()>,
-    /// Serialises admitting a new service label, so the limit is exact.
+/// A bounded set of label values: the first `limit` distinct values seen are their own label,
+/// later ones share `other`.
+struct Labels {
+    known: ConcurrentMap<Arc<str>, ()>,
+    /// Serialises admitting a new value, so the limit is exact.
     admit: Mutex<()>,
+    limit: usize,
     other: Arc<str>,
+}
+
+impl Labels {
+    fn new(limit: usize, other: &str) -> Self {
+        Self { known: ConcurrentMap::default(), admit: Mutex::new(()), limit, other: other.into() }
+    }
+
+    /// The label `value` is counted under.
+    fn label(&self, value: &str) -> Arc<str> {
+        if let Some(known) = self.known.get(value) {
+            return known.key().clone();
+        }
+        let _admitting = self.admit.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(known) = self.known.get(value) {
+            return known.key().clone();
+        }
+        if self.known.len() >= self.limit {
+            return self.other.clone();
+        }
+        let label: Arc<str> = value.into();
+        self.known.insert(label.clone(), ());
+        label
+    }
+}
+
+pub struct PickCounters {
+    services: Labels,
+    rules: Labels,
     unresolved: Arc<str>,
     picks: ConcurrentMap<PickKey, Arc<AtomicU64>>,
     fallbacks: ConcurrentMap<Arc<str>, AtomicU64>,
@@ -78,9 +114,8 @@ pub struct PickCounters {
 impl Default for PickCounters {
     fn default() -> Self {
         Self {
-            services: ConcurrentMap::default(),
-            admit: Mutex::new(()),
-            other: OTHER_SERVICE.into(),
+            services: Labels::new(MAX_COUNTED_SERVICES, OTHER_SERVICE),
+            rules: Labels::new(MAX_COUNTED_RULES, OTHER_RULE),
             unresolved: UNRESOLVED_RULE.into(),
             picks: ConcurrentMap::default(),
             fallbacks: ConcurrentMap::default(),
@@ -103,28 +138,19 @@ fn counter<K: Eq + std::hash::Hash>(map: &ConcurrentMap<K, Arc<AtomicU64>>, key:
 }
 
 impl PickCounters {
-    /// The label `service` is counted under.
     fn service_label(&self, service: &str) -> Arc<str> {
-        if let Some(known) = self.services.get(service) {
-            return known.key().clone();
-        }
-        let _admitting = self.admit.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(known) = self.services.get(service) {
-            return known.key().clone();
-        }
-        if self.services.len() >= MAX_COUNTED_SERVICES {
-            return self.other.clone();
-        }
-        let label: Arc<str> = service.into();
-        self.services.insert(label.clone(), ());
-        label
+        self.services.label(service)
+    }
+
+    fn rule_label(&self, rule: Option<&Arc<str>>) -> Arc<str> {
+        rule.map_or_else(|| self.unresolved.clone(), |rule| self.rules.label(rule))
     }
 
     /// Counts one pick (or lease) that ended with `result`. `rule` is the canonical rule when
     /// it was resolved; `fallback` marks a successful pick that took a fallback.
     pub fn record(&self, service: &str, rule: Option<&Arc<str>>, result: PickResult, fallback: bool) {
         let service = self.service_label(service);
-        let rule = rule.unwrap_or(&self.unresolved).clone();
+        let rule = self.rule_label(rule);
         if fallback {
             bump(&self.fallbacks, service.clone());
         }
@@ -133,7 +159,7 @@ impl PickCounters {
 
     /// The counter of successful picks of `service` under `rule`, for a rotation to cache.
     pub fn ok_counter(&self, service: &str, rule: &Arc<str>) -> Arc<AtomicU64> {
-        counter(&self.picks, (self.service_label(service), rule.clone(), PickResult::Ok))
+        counter(&self.picks, (self.service_label(service), self.rule_label(Some(rule)), PickResult::Ok))
     }
 
     /// Counts a successful pick's fallback (the pick itself is counted through its rotation).
@@ -201,5 +227,19 @@ mod tests {
             [("_unresolved".to_owned(), PickResult::InvalidArgument, 1), ("round_robin".to_owned(), PickResult::Ok, 3)]
         );
         assert_eq!(counters.fallbacks(), [("svc".into(), 2)]);
+    }
+
+    #[test]
+    fn rules_beyond_the_limit_share_one_label() {
+        let counters = PickCounters::default();
+        for n in 0..MAX_COUNTED_RULES + 3 {
+            let rule: Arc<str> = format!("repeat(n={})", n + 1).into();
+            counters.ok_counter("svc", &rule).fetch_add(1, Ordering::Relaxed);
+        }
+        counters.record("svc", Some(&"repeat(n=1)".into()), PickResult::Unavailable, false);
+        let picks = counters.picks();
+        assert_eq!(picks.len(), MAX_COUNTED_RULES + 2, "every admitted rule, _other, and one failure");
+        let other = picks.iter().find(|p| &*p.rule == OTHER_RULE).unwrap();
+        assert_eq!(other.count, 3);
     }
 }

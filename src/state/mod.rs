@@ -16,7 +16,8 @@ use std::time::Duration;
 
 pub use memory::{MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache};
 pub use stats::{
-    BreakerConfig, InstancePicks, InstanceReport, Load, Outcome, Stats, StatsConfig, StatsHandle, StatsSlot,
+    BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Outcome, Stats, StatsConfig,
+    StatsHandle, StatsSlot,
 };
 
 /// Identifies one shared rotation.

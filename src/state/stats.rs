@@ -167,6 +167,12 @@ pub struct InstancePicks {
     pub count: u64,
 }
 
+/// Distinct rules an instance's pick tally names at most; picks under further rules are tallied
+/// under [`OTHER_RULE`].
+pub const MAX_TALLIED_RULES: usize = 32;
+/// The rule name picks beyond the tallied rules count under.
+pub const OTHER_RULE: &str = "_other";
+
 /// Distinguishes stores, so a handle cached by one is never used by another.
 static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 
@@ -183,6 +189,7 @@ type ServiceStats = ConcurrentMap<Arc<str>, Arc<InstanceStats>>;
 #[derive(Debug)]
 pub struct Stats {
     id: u64,
+    other_rule: Arc<str>,
     origin: Instant,
     config: StatsConfig,
     services: ConcurrentMap<Arc<str>, ServiceStats>,
@@ -198,6 +205,7 @@ impl Stats {
     pub fn new(config: StatsConfig) -> Self {
         Self {
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            other_rule: OTHER_RULE.into(),
             origin: Instant::now(),
             config,
             services: ConcurrentMap::default(),
@@ -247,9 +255,14 @@ impl Stats {
             _ => inner.in_flight.push_back((second, 1)),
         }
         inner.in_flight_total += 1;
-        match inner.picks.iter_mut().find(|(r, _)| Arc::ptr_eq(r, rule) || **r == **rule) {
+        let name = if inner.picks.len() < MAX_TALLIED_RULES || inner.picks.iter().any(|(r, _)| **r == **rule) {
+            rule
+        } else {
+            &self.other_rule
+        };
+        match inner.picks.iter_mut().find(|(r, _)| Arc::ptr_eq(r, name) || **r == **name) {
             Some((_, count)) => *count += 1,
-            None => inner.picks.push((rule.clone(), 1)),
+            None => inner.picks.push((name.clone(), 1)),
         }
     }
 
@@ -565,5 +578,20 @@ mod tests {
         drop(slot);
         stats.retain(|_, _| false);
         assert_eq!(stats.load("svc", "a"), Load::default(), "forgotten once no handle remains");
+    }
+
+    #[test]
+    fn an_instance_tallies_a_bounded_number_of_rules() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        let handle = stats.handle(&service, &id);
+        for n in 0..MAX_TALLIED_RULES + 5 {
+            stats.on_pick(&handle, &format!("repeat(n={})", n + 1).into());
+        }
+        stats.on_pick(&handle, &"repeat(n=1)".into());
+        let tally = stats.instance_picks("svc");
+        assert_eq!(tally.len(), MAX_TALLIED_RULES + 1);
+        let count = |rule: &str| tally.iter().find(|p| &*p.rule == rule).map(|p| p.count);
+        assert_eq!((count(OTHER_RULE), count("repeat(n=1)")), (Some(5), Some(2)));
     }
 }

@@ -1,10 +1,11 @@
 //! The pure pick path and its neighbours, measured with criterion:
 //!
-//! - `select/<rule>/<n>` — the pure pick path: drawing a ticket from the in-memory counter
-//!   through the subset's cached handle (no lock) and running the rule over n instances
-//!   (3, 100, 10,000), with real (empty) statistics;
+//! - `select/<rule>/<n>` — the pure pick path of every rule that is a pure selection: drawing a
+//!   ticket from the in-memory counter through the subset's cached rotation (no lock) and running
+//!   the rule over n instances (3, 100, 10,000), with real (empty) statistics;
 //! - `balancer/<rule>/<n>` — the whole in-process pick: policy, snapshot, isolation, ticket,
-//!   rule, in-flight accounting (no gRPC);
+//!   rule, pick tally and in-flight accounting (no gRPC); also for `sticky` (a central table
+//!   lookup and refresh) and `retry` (a wrapper around its inner rule);
 //! - `publish/10000` — building a service snapshot of 10,000 instances;
 //! - `parse/cold` and `parse/cached` — a rule string parsed, or looked up in the cache.
 //!
@@ -29,15 +30,19 @@ mod counting_alloc;
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const SIZES: [usize; 3] = [3, 100, 10_000];
-const RULES: [&str; 8] = [
+/// Every rule whose choice is a pure function of the draw; `sticky` and `retry` wrap a selection
+/// inside the balancer and are measured there.
+const RULES: [&str; 10] = [
     "round_robin",
     "random",
     "repeat",
     "weighted",
     "consistent_hash",
+    "response_time",
     "least_request",
     "best_available",
     "availability_filtering",
+    "zone_avoidance",
 ];
 
 fn instances(service: &str, n: usize) -> Vec<Arc<Instance>> {
@@ -127,7 +132,7 @@ fn balancer_benches(c: &mut Criterion) {
     for n in SIZES {
         let (balancer, _leases) = balancer(&runtime, n);
         let _guard = runtime.enter();
-        for name in ["round_robin", "weighted", "consistent_hash"] {
+        for name in ["round_robin", "weighted", "consistent_hash", "sticky", "retry(rule=round_robin)"] {
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {

@@ -93,7 +93,12 @@ impl Balancer {
                     key: query.key.into(),
                 };
                 let remembered = match self.state.sticky_get(&key).await? {
-                    Some(id) => candidates.members.iter().find(|i| *i.id == *id),
+                    // Members are sorted by id.
+                    Some(id) => candidates
+                        .members
+                        .binary_search_by(|i| (*i.id).cmp(&*id))
+                        .ok()
+                        .and_then(|index| candidates.members.get(index)),
                     None => None,
                 };
                 match remembered.filter(|i| !stats.load(i).tripped) {

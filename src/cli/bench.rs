@@ -133,16 +133,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
     };
     let _registrations = register(&endpoint, &args.service, args.instances).await?;
-    let config = LoadConfig {
-        endpoint: endpoint.clone(),
-        connections: args.connections,
-        callers: args.callers,
-        warmup: args.warmup,
-        duration: args.duration,
-        window: args.window,
-        request: pb::PickRequest { service: args.service.clone(), rule: args.rule.clone(), ..Default::default() },
-        server_pid: server.as_ref().map(|s| s.0.id()).or(args.server_pid),
-    };
+    let server_pid = server.as_ref().map(|s| s.0.id()).or(args.server_pid);
+    let config = load_config(&args, &endpoint, &args.service, server_pid);
     let channels = loadgen::connect(&endpoint, args.connections).await.map_err(|e| CliError::Usage(e.to_string()))?;
     eprintln!(
         "rota bench: {} callers over {} connections, {} instances, rule {}, {:?} warm-up + {:?} per mode, {} round(s)",
@@ -158,6 +150,20 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     }
     loadgen::print_table(&results);
     Ok(())
+}
+
+/// The load the arguments describe: picks of `service` under `--rule`.
+fn load_config(args: &BenchArgs, endpoint: &str, service: &str, server_pid: Option<u32>) -> LoadConfig {
+    LoadConfig {
+        endpoint: endpoint.to_owned(),
+        connections: args.connections,
+        callers: args.callers,
+        warmup: args.warmup,
+        duration: args.duration,
+        window: args.window,
+        request: pb::PickRequest { service: service.to_owned(), rule: args.rule.clone(), ..Default::default() },
+        server_pid,
+    }
 }
 
 /// The modes in the order round `round` runs them: as given, then reversed, alternately.
@@ -179,16 +185,7 @@ async fn scale(args: BenchArgs) -> Result<(), CliError> {
         instances: args.scale_instances,
         services: args.scale_services,
         streams: args.scale_streams,
-        load: LoadConfig {
-            endpoint: endpoint.clone(),
-            connections: args.connections,
-            callers: args.callers,
-            warmup: args.warmup,
-            duration: args.duration,
-            window: args.window,
-            request: pb::PickRequest { service: "scale-0000".into(), rule: args.rule.clone(), ..Default::default() },
-            server_pid: Some(pid),
-        },
+        load: load_config(&args, &endpoint, "scale-0000", Some(pid)),
     };
     let failed = |e: crate::loadgen::scale::ScaleError| CliError::Usage(e.to_string());
     let (mut registrations, took) = register_all(&config).await.map_err(failed)?;

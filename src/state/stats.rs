@@ -324,20 +324,15 @@ impl Stats {
         }
     }
 
-    /// The load of one instance now.
+    /// The load of one instance now, found by name.
     pub fn load(&self, service: &str, id: &str) -> Load {
-        self.load_at(service, id, Instant::now())
-    }
-
-    /// The load of one instance at `now`; rules reading many instances take the clock once.
-    pub fn load_at(&self, service: &str, id: &str, now: Instant) -> Load {
         match self.find(service, id) {
-            Some(stats) => self.load_of(&stats, now),
+            Some(stats) => self.load_of(&stats, Instant::now()),
             None => Load::default(),
         }
     }
 
-    /// The load behind a handle at `now`.
+    /// The load behind a handle at `now`; rules reading many instances take the clock once.
     pub fn load_handle(&self, handle: &StatsHandle, now: Instant) -> Load {
         self.load_of(&handle.stats, now)
     }

@@ -356,3 +356,13 @@ fn bench_scale_registers_over_more_streams_than_one_peer_may_open_by_default() {
     assert_eq!(picks.len(), 2, "picks without and with churn: {out}");
     assert!(picks.iter().all(|p| p["errors"] == 0 && p["requests"].as_u64().unwrap() > 0), "{out}");
 }
+
+#[test]
+fn bench_refuses_bad_rounds_and_a_pid_without_a_server() {
+    let output = Command::new(BIN).args(["bench", "--rounds", "0"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("invalid value '0' for '--rounds <ROUNDS>': 0 is not in 1..=1000"));
+    let output = Command::new(BIN).args(["bench", "--server-pid", "5"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("--server <SERVER>"), "{}", text(&output.stderr));
+}

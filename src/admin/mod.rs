@@ -32,6 +32,8 @@ use tokio::task::JoinHandle;
 use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::metrics::GrpcMetrics;
+use crate::grpc::streams::OpenStreams;
+use crate::listener::Admission;
 
 /// The dashboard page, served as is.
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -53,6 +55,8 @@ pub struct AdminState {
     draining: watch::Receiver<bool>,
     /// When set, everything but the page itself and the health checks needs an admin token.
     auth: Option<Arc<Authenticator>>,
+    /// The gRPC listener's connection caps and the server's open streams, when serving.
+    limits: Option<(Arc<Admission>, Arc<OpenStreams>)>,
 }
 
 impl AdminState {
@@ -64,7 +68,13 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining, auth: None }
+        Self { balancer, grpc, stopping, draining, auth: None, limits: None }
+    }
+
+    /// Reports the connection caps and open streams in `/metrics`.
+    pub fn with_limits(mut self, connections: Arc<Admission>, streams: Arc<OpenStreams>) -> Self {
+        self.limits = Some((connections, streams));
+        self
     }
 
     /// Requires an admin token (the same check as gRPC) for the metrics and the API.

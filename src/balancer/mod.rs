@@ -222,12 +222,12 @@ impl Balancer {
         }
     }
 
-    /// Periodic upkeep: forget statistics of instances that left, drop expired assignments.
+    /// Periodic upkeep: forget statistics of instances that left, drop expired assignments and
+    /// idle rotation counters. Linear in the number of entries (one binary search in the
+    /// service's snapshot each); the server runs it off the async runtime.
     pub fn housekeeping(&self) {
         let catalog = self.registry.catalog();
-        let registered =
-            |service: &str, id: &str| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id));
-        self.stats.retain(registered);
+        self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instance(id).is_some()));
         self.state.housekeeping();
     }
 }

@@ -9,6 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peers::PeerStreams;
+use super::streams::OpenStreams;
 use super::{auth, convert, register};
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
@@ -17,13 +18,20 @@ pub struct RegistryService {
     registry: Registry,
     drain: watch::Receiver<bool>,
     peers: Arc<PeerStreams>,
+    streams: Arc<OpenStreams>,
 }
 
 impl RegistryService {
     /// `drain` turns true when the server begins a graceful shutdown; each client address may
-    /// hold at most `registrations_per_peer` registration streams.
-    pub fn new(registry: Registry, drain: watch::Receiver<bool>, registrations_per_peer: usize) -> Self {
-        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer) }
+    /// hold at most `registrations_per_peer` registration streams, and registrations and
+    /// watches take their places among the server's `streams`.
+    pub fn new(
+        registry: Registry,
+        drain: watch::Receiver<bool>,
+        registrations_per_peer: usize,
+        streams: Arc<OpenStreams>,
+    ) -> Self {
+        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer), streams }
     }
 }
 
@@ -42,8 +50,9 @@ impl pb::registry_server::Registry for RegistryService {
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
         let principal = auth::require_register(&request)?;
-        let slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
-        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slot, principal)))
+        let peer_slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
+        let slots = (peer_slot, self.streams.acquire()?);
+        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slots, principal)))
     }
 
     async fn list_services(
@@ -89,10 +98,12 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = request.into_inner().service;
         checked_service(&name)?;
+        let slot = self.streams.acquire()?;
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
             let first = pb::WatchEvent {
                 event: Some(Event::Snapshot(pb::InstanceList {

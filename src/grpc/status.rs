@@ -2,6 +2,8 @@
 
 use tonic::{Code, Status};
 
+use super::peers::TooManyRegistrations;
+use super::streams::TooManyStreams;
 use crate::balancer::PickError;
 use crate::registry::{Refused, RegistryClosed};
 use crate::state::StateError;
@@ -52,5 +54,17 @@ pub fn refusal_code(refused: &Refused) -> Code {
 impl From<RegistryClosed> for Status {
     fn from(error: RegistryClosed) -> Self {
         Status::unavailable(error.to_string())
+    }
+}
+
+impl From<TooManyStreams> for Status {
+    fn from(error: TooManyStreams) -> Self {
+        Status::resource_exhausted(error.to_string())
+    }
+}
+
+impl From<TooManyRegistrations> for Status {
+    fn from(error: TooManyRegistrations) -> Self {
+        Status::resource_exhausted(error.to_string())
     }
 }

@@ -115,6 +115,11 @@ impl ServiceSnapshot {
     pub fn up_count(&self) -> usize {
         self.up.len()
     }
+
+    /// The registered instance with this id (binary search: instances are sorted by id).
+    pub fn instance(&self, id: &str) -> Option<&Arc<Instance>> {
+        self.instances.binary_search_by(|i| (*i.id).cmp(id)).ok().map(|at| &self.instances[at])
+    }
 }
 
 /// One difference between two snapshots of a service, in the vocabulary of service discovery.

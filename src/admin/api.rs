@@ -56,8 +56,7 @@ pub fn error(status: StatusCode, message: String) -> Response {
 pub async fn services(State(state): State<AdminState>) -> Json<serde_json::Value> {
     let catalog = state.balancer.registry().catalog();
     let mut services: Vec<ServiceSummary> = catalog
-        .services
-        .values()
+        .snapshots()
         .map(|s| ServiceSummary {
             name: s.name.to_string(),
             instances: s.instances.len(),

@@ -113,7 +113,7 @@ fn render_picks(state: &AdminState, out: &mut String) {
 fn render_catalog(state: &AdminState, out: &mut String) {
     let registry = state.balancer.registry();
     let catalog = registry.catalog();
-    let mut services: Vec<_> = catalog.services.values().collect();
+    let mut services: Vec<_> = catalog.snapshots().collect();
     services.sort_by(|a, b| a.name.cmp(&b.name));
 
     header(out, "rota_instances", "gauge", "Registered instances by service and status.");

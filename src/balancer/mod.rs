@@ -28,7 +28,7 @@ use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
 pub use crate::state::InstancePicks;
-pub use counters::{PickCounters, PickResult};
+pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
@@ -129,20 +129,28 @@ impl Balancer {
         let rule = match resolved {
             Ok(rule) => rule,
             Err(error) => {
-                self.counters.record(query.service, None, PickResult::of_error(&error), false);
+                self.counters.record(self.service_label(query.service), None, PickResult::of_error(&error), false);
                 return Err(error);
             }
         };
         let result = self.pick_with(&rule, policy, query).await;
         match &result {
             // The pick itself was counted on its rotation.
-            Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(query.service),
+            Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(&picked.instance.service),
             Ok(_) => {}
             Err(error) => {
-                self.counters.record(query.service, Some(&rule.canonical), PickResult::of_error(error), false)
+                let service = self.service_label(query.service);
+                self.counters.record(service, Some(&rule.canonical), PickResult::of_error(error), false)
             }
         }
         result
+    }
+
+    /// The label a pick of `service` is counted under: its name when it is registered,
+    /// [`UNKNOWN_SERVICE`] otherwise. A name a client made up never becomes a label, so it can
+    /// neither grow the metrics nor use up the labels real services need.
+    fn service_label<'a>(&self, service: &'a str) -> &'a str {
+        if self.registry.catalog().get(service).is_some() { service } else { UNKNOWN_SERVICE }
     }
 
     /// The request's rule, or the service's policy rule when the request names none.

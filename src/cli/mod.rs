@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the rota server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Pick instances of a service.
     Pick(pick::PickArgs),
     /// Register one instance and keep it registered until Ctrl-C, then withdraw it.
@@ -135,7 +135,7 @@ impl CliError {
 
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Pick(args) => pick::run(args).await,
         Command::Register(args) => register::run(args).await,
         Command::Ls(args) => show::ls(args).await,

@@ -74,6 +74,15 @@ pub struct ServeArgs {
     /// assignments, idle counters, forgotten services) [default: 30s].
     #[arg(long, env = "ROTA_HOUSEKEEPING_INTERVAL")]
     pub housekeeping_interval: Option<String>,
+    /// A service with no instance and no watcher is forgotten after this long [default: 10m].
+    #[arg(long, env = "ROTA_SERVICE_IDLE_TIMEOUT")]
+    pub service_idle_timeout: Option<String>,
+    /// Services known at once; announcing into one more is refused [default: 100000].
+    #[arg(long, env = "ROTA_MAX_SERVICES")]
+    pub max_services: Option<String>,
+    /// Services one token's registration streams may hold instances in at once [default: 1000].
+    #[arg(long, env = "ROTA_MAX_SERVICES_PER_TOKEN")]
+    pub max_services_per_token: Option<String>,
     /// Serve on a non-loopback address although no authentication is configured.
     #[arg(long, env = "ROTA_INSECURE")]
     pub insecure: bool,
@@ -121,6 +130,9 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         max_open_streams: args.max_open_streams,
         sticky_memory_bytes: args.sticky_memory_bytes,
         housekeeping_interval: args.housekeeping_interval,
+        service_idle_timeout: args.service_idle_timeout,
+        max_services: args.max_services,
+        max_services_per_token: args.max_services_per_token,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
         tls_client_ca: args.tls_client_ca,

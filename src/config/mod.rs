@@ -18,7 +18,10 @@ use serde::Deserialize;
 use crate::auth::{Authenticator, Principal, Scope};
 
 use crate::listener::ConnectionLimits;
-use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
+use crate::registry::{
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, DEFAULT_MAX_SERVICES, DEFAULT_MAX_SERVICES_PER_TOKEN,
+    DEFAULT_SERVICE_IDLE_TIMEOUT, RegistryConfig,
+};
 use crate::server::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig,
 };
@@ -48,6 +51,9 @@ pub struct Overrides {
     pub max_open_streams: Option<String>,
     pub sticky_memory_bytes: Option<String>,
     pub housekeeping_interval: Option<String>,
+    pub service_idle_timeout: Option<String>,
+    pub max_services: Option<String>,
+    pub max_services_per_token: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub tls_client_ca: Option<String>,
@@ -128,6 +134,9 @@ struct ServerTable {
     max_open_streams: Option<u64>,
     sticky_memory_bytes: Option<u64>,
     housekeeping_interval: Option<String>,
+    service_idle_timeout: Option<String>,
+    max_services: Option<u64>,
+    max_services_per_token: Option<u64>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
@@ -340,7 +349,30 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         serve: ServeConfig {
             listen,
             admin_listen,
-            registry: RegistryConfig { heartbeat_timeout, max_instances_per_stream },
+            registry: RegistryConfig {
+                heartbeat_timeout,
+                max_instances_per_stream,
+                service_idle_timeout: duration(
+                    "server.service_idle_timeout",
+                    &overrides.service_idle_timeout,
+                    &table.service_idle_timeout,
+                    DEFAULT_SERVICE_IDLE_TIMEOUT,
+                )?,
+                max_services: integer(
+                    "server.max_services",
+                    &overrides.max_services,
+                    table.max_services,
+                    1..=100_000_000,
+                    DEFAULT_MAX_SERVICES as u64,
+                )? as usize,
+                max_services_per_token: integer(
+                    "server.max_services_per_token",
+                    &overrides.max_services_per_token,
+                    table.max_services_per_token,
+                    1..=100_000_000,
+                    DEFAULT_MAX_SERVICES_PER_TOKEN as u64,
+                )? as usize,
+            },
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
             limits,
@@ -444,7 +476,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -464,6 +496,9 @@ impl Settings {
             d(self.serve.limits.connections.idle_timeout),
             self.serve.sticky_memory_bytes,
             d(self.serve.housekeeping_interval),
+            d(self.serve.registry.service_idle_timeout),
+            self.serve.registry.max_services,
+            self.serve.registry.max_services_per_token,
         );
         if let Some(tls) = &self.serve.tls {
             // Debug formatting quotes and escapes the path as a TOML basic string needs.

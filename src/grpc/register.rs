@@ -35,7 +35,7 @@ pub fn serve(
     principal: Option<Arc<Principal>>,
 ) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
-    let lease = registry.open_lease();
+    let lease = registry.open_lease_for(principal.as_ref().map(|p| Arc::from(p.name.as_str())));
     tokio::spawn(async move {
         run(lease, inbound, tx, drain, principal).await;
         // The peer's and the server's places are free once the stream has ended.

@@ -62,8 +62,7 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let catalog = self.registry.catalog();
         let mut services: Vec<pb::ServiceSummary> = catalog
-            .services
-            .values()
+            .snapshots()
             .map(|s| pb::ServiceSummary {
                 name: s.name.to_string(),
                 instances: s.instances.len() as u32,

@@ -48,6 +48,7 @@ pub fn refusal_code(refused: &Refused) -> Code {
         Refused::NotOwned { .. } => Code::NotFound,
         Refused::ShuttingDown => Code::Unavailable,
         Refused::NotPermitted { .. } => Code::PermissionDenied,
+        Refused::TooManyServices { .. } => Code::ResourceExhausted,
     }
 }
 

@@ -33,11 +33,25 @@ use index::{Command, Index};
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Default limit on the instances one registration stream may hold.
 pub const DEFAULT_MAX_INSTANCES_PER_STREAM: usize = 1000;
+/// Default time a service with no instance (and no watcher) is remembered.
+pub const DEFAULT_SERVICE_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default limit on services known at once.
+pub const DEFAULT_MAX_SERVICES: usize = 100_000;
+/// Default limit on services one token's registration streams hold instances in.
+pub const DEFAULT_MAX_SERVICES_PER_TOKEN: usize = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegistryConfig {
     pub heartbeat_timeout: Duration,
     pub max_instances_per_stream: usize,
+    /// A service left with no instance and no watcher is forgotten after this long: picks then
+    /// answer `NOT_FOUND` for it, and it costs nothing any more.
+    pub service_idle_timeout: Duration,
+    /// Services known at once (with instances, or empty and not yet forgotten); an announce
+    /// that would add one more is refused.
+    pub max_services: usize,
+    /// Services in which the streams of one token hold instances at once.
+    pub max_services_per_token: usize,
 }
 
 impl Default for RegistryConfig {
@@ -45,6 +59,9 @@ impl Default for RegistryConfig {
         Self {
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             max_instances_per_stream: DEFAULT_MAX_INSTANCES_PER_STREAM,
+            service_idle_timeout: DEFAULT_SERVICE_IDLE_TIMEOUT,
+            max_services: DEFAULT_MAX_SERVICES,
+            max_services_per_token: DEFAULT_MAX_SERVICES_PER_TOKEN,
         }
     }
 }
@@ -104,9 +121,16 @@ impl Registry {
 
     /// Opens a lease for one registration stream.
     pub fn open_lease(&self) -> Lease {
+        self.open_lease_for(None)
+    }
+
+    /// Opens a lease for one registration stream authenticated as `token` (its name), whose
+    /// services count against that token's limit.
+    pub fn open_lease_for(&self, token: Option<Arc<str>>) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
         Lease::open(
             id,
+            token,
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,
             self.shared.config.max_instances_per_stream,

@@ -346,6 +346,70 @@ describe('when rota goes away', () => {
     }
   });
 
+  for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
+    it(`registers again when rota is stopped with ${signal} and restarted on the same port`, { timeout: 60_000 }, async () => {
+      const args = ['--shutdown-grace', '500ms'];
+      const first = await RotaServer.start({ args });
+      let second: RotaServer | undefined;
+      // The default reconnection schedule, as an application would have it.
+      const logger = new CapturingLogger();
+      const rota = new RotaClient(first.target, { logger });
+      const service = `it-restart-${signal.toLowerCase()}`;
+      try {
+        const registration = await rota.register([
+          { service, id: 'a', host: '127.0.0.1', port: 7901 },
+          { service, id: 'b', host: '127.0.0.1', port: 7902 },
+        ]);
+        await registration.update({ service, id: 'b' }, { status: 'DRAINING' });
+        assert.equal((await rota.pick(service)).instance.id, 'a');
+
+        if (signal === 'SIGTERM') {
+          // rota sends Closing on the stream, drains for its grace period and exits by itself.
+          await first.stop();
+          assert.deepEqual(first.exit, { code: 0, signal: null }, first.log);
+        } else {
+          await first.kill('SIGKILL');
+        }
+        second = await RotaServer.start({ listen: first.target, args });
+        assert.equal(second.target, first.target);
+
+        // The new server knows only what the registration announces again.
+        await waitFor(
+          async () => {
+            try {
+              const { instances } = await rota.listInstances(service);
+              return instances.map((i) => i.id).join() === 'a,b';
+            } catch {
+              return false;
+            }
+          },
+          { timeoutMs: 15_000, intervalMs: 10, what: 'the instances on the new server' },
+        );
+        assert.deepEqual(
+          (await rota.listInstances(service)).instances.map((i) => [i.id, i.status]),
+          [
+            ['a', 'UP'],
+            ['b', 'DRAINING'],
+          ],
+        );
+        const picked = await rota.pick(service);
+        assert.deepEqual([picked.instance.id, picked.ticket, picked.localFallback], ['a', 0, false]);
+        assert.ok(logger.lines.some((line) => line.startsWith('rota: registration stream lost')));
+
+        await registration.close();
+        assert.deepEqual((await rota.listInstances(service)).instances, []);
+        await assert.rejects(
+          rota.pick(service),
+          expectRotaError(status.UNAVAILABLE, (error) => assert.equal(error.unreachable, false)),
+        );
+      } finally {
+        await rota.close();
+        await first.kill();
+        await second?.kill();
+      }
+    });
+  }
+
   it('keeps a registration alive with heartbeats, and re-announces it after rota restarts', async () => {
     const port = await freePort();
     const listen = `127.0.0.1:${port}`;

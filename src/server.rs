@@ -214,6 +214,7 @@ impl Server {
             background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));
         }
         background.push(tokio::spawn(housekeeping(balancer.clone(), config.housekeeping_interval)));
+        background.push(tokio::spawn(crate::balancer::build_tables_after_publication(registry.clone())));
 
         let (drain, drain_rx) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();

@@ -1,7 +1,8 @@
 //! The JSON API: services, one service's instances with their statistics and pick counts, and
 //! the policies in force. Read-only; the same service view feeds the dashboard's event stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -79,17 +80,17 @@ pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) 
 pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     let snapshot = state.balancer.registry().service(name)?;
     let counters = state.balancer.counters();
-    let per_instance = state.balancer.instance_picks(name);
+    // One pass over the tallies, grouped by instance: the view is linear in the instances.
+    let mut per_instance: HashMap<Arc<str>, BTreeMap<String, u64>> = HashMap::new();
+    for tally in state.balancer.instance_picks(name) {
+        per_instance.entry(tally.instance).or_default().insert(tally.rule.to_string(), tally.count);
+    }
     let instances = snapshot
         .instances
         .iter()
         .map(|instance| {
             let report = state.balancer.instance_stats(name, &instance.id);
-            let picks_by_rule: BTreeMap<String, u64> = per_instance
-                .iter()
-                .filter(|p| p.instance == instance.id)
-                .map(|p| (p.rule.to_string(), p.count))
-                .collect();
+            let picks_by_rule = per_instance.remove(&instance.id).unwrap_or_default();
             InstanceView {
                 id: instance.id.to_string(),
                 host: instance.host.clone(),

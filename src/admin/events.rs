@@ -33,30 +33,46 @@ struct Feed {
     ticker: Interval,
     changes: watch::Receiver<u64>,
     stopping: watch::Receiver<bool>,
+    /// Epoch of the service in the last event sent.
+    pushed_epoch: u64,
 }
 
 impl Feed {
     /// The next snapshot, or `None` once the server is stopping.
     async fn next(&mut self) -> Option<Event> {
-        if self.state.is_stopping() {
-            return None;
-        }
-        tokio::select! {
-            biased;
-            _ = self.stopping.wait_for(|stopping| *stopping) => return None,
-            _ = self.ticker.tick() => {}
-            changed = self.changes.changed() => {
-                if changed.is_err() {
-                    return None;
+        loop {
+            if self.state.is_stopping() {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                _ = self.stopping.wait_for(|stopping| *stopping) => return None,
+                _ = self.ticker.tick() => break,
+                changed = self.changes.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    // Another service's change is not this page's news: wait for the tick.
+                    let epoch = self.state.balancer.registry().service(&self.service).map_or(0, |s| s.epoch);
+                    if epoch != self.pushed_epoch {
+                        break;
+                    }
                 }
             }
         }
-        let view = service_view(&self.state, &self.service).unwrap_or_else(|| ServiceView {
-            name: self.service.clone(),
-            epoch: 0,
-            instances: Vec::new(),
-            picks_by_rule: Default::default(),
-        });
+        // Building the view walks every instance of the service: off the runtime.
+        let (state, service) = (self.state.clone(), self.service.clone());
+        let view = tokio::task::spawn_blocking(move || {
+            service_view(&state, &service).unwrap_or_else(|| ServiceView {
+                name: service.clone(),
+                epoch: 0,
+                instances: Vec::new(),
+                picks_by_rule: Default::default(),
+            })
+        })
+        .await
+        .ok()?;
+        self.pushed_epoch = view.epoch;
         Some(Event::default().json_data(view).unwrap_or_else(|_| Event::default().data("{}")))
     }
 }
@@ -70,7 +86,7 @@ pub async fn stream(
     let mut changes = state.balancer.registry().changes();
     changes.borrow_and_update();
     let stopping = state.stopping.clone();
-    let feed = Feed { state, service: query.service, ticker, changes, stopping };
+    let feed = Feed { state, service: query.service, ticker, changes, stopping, pushed_epoch: u64::MAX };
     let events = futures_util::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
         Some((Ok(event), feed))

@@ -240,6 +240,29 @@ impl Balancer {
     }
 }
 
+/// Follows the registry's publications and builds, on a blocking thread, the lookup tables that
+/// picks used on the previous snapshot of a changed service (a Maglev table for 100,000
+/// instances has 10 million slots), so the first pick after a change does not build them.
+pub async fn build_tables_after_publication(registry: Registry) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut published = registry.published();
+    loop {
+        let names = match published.recv().await {
+            Ok(names) => names,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        for name in names.iter() {
+            let Some(snapshot) = registry.service(name) else { continue };
+            let build =
+                move || snapshot.subsets().fold(false, |built, subset| subset.tables.build_wanted(subset) | built);
+            if matches!(tokio::task::spawn_blocking(build).await, Ok(true)) {
+                tracing::debug!(service = %name, "lookup tables built after publication");
+            }
+        }
+    }
+}
+
 /// The service's snapshot. Registered names were validated on the way in, so a name is only
 /// checked (to tell `INVALID_ARGUMENT` from `NOT_FOUND`) when the lookup misses.
 fn known_service<'c>(catalog: &'c Catalog, service: &str) -> Result<&'c Arc<ServiceSnapshot>, PickError> {

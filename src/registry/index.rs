@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -85,10 +85,18 @@ pub(crate) struct Index {
     replies: Vec<(oneshot::Sender<Outcome>, Outcome)>,
     /// Bumped after every publication, for waiters that re-pick when instances change.
     generation: watch::Sender<u64>,
+    /// The services each publication changed, for work that follows a publication (building
+    /// the tables picks will want) without holding up the registry.
+    published_names: broadcast::Sender<Arc<[Arc<str>]>>,
 }
 
 impl Index {
-    pub(crate) fn new(config: RegistryConfig, catalog: Arc<ArcSwap<Catalog>>, generation: watch::Sender<u64>) -> Self {
+    pub(crate) fn new(
+        config: RegistryConfig,
+        catalog: Arc<ArcSwap<Catalog>>,
+        generation: watch::Sender<u64>,
+        published_names: broadcast::Sender<Arc<[Arc<str>]>>,
+    ) -> Self {
         Self {
             config,
             services: HashMap::new(),
@@ -103,6 +111,7 @@ impl Index {
             published: Catalog::default(),
             replies: Vec::new(),
             generation,
+            published_names,
         }
     }
 
@@ -437,11 +446,21 @@ impl Index {
         if self.dirty.is_empty() && !forgotten {
             return;
         }
-        for name in self.dirty.drain() {
+        let mut changed = Vec::with_capacity(self.dirty.len());
+        for name in std::mem::take(&mut self.dirty) {
             let Some(entry) = self.services.get_mut(&name) else { continue };
             entry.epoch += 1;
             let instances = entry.instances.values().map(|owned| owned.instance.clone()).collect();
-            let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
+            let snapshot = ServiceSnapshot::build(name.clone(), entry.epoch, instances);
+            if let Some(previous) = self.published.get(&name) {
+                for subset in snapshot.subsets() {
+                    if let Some(old) = previous.subset(&subset.label) {
+                        subset.tables.inherit_wants(&old.tables);
+                    }
+                }
+            }
+            let snapshot = Arc::new(snapshot);
+            changed.push(name.clone());
             if let Some(watcher) = self.watchers.get(&name) {
                 watcher.send_replace(snapshot.clone());
             }
@@ -449,6 +468,9 @@ impl Index {
         }
         self.catalog.store(Arc::new(self.published.clone()));
         self.generation.send_modify(|generation| *generation += 1);
+        if !changed.is_empty() && self.published_names.receiver_count() > 0 {
+            let _ = self.published_names.send(changed.into());
+        }
         // Forget watchers nobody listens to any more.
         self.watchers.retain(|_, sender| sender.receiver_count() > 0);
     }
@@ -488,7 +510,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_heartbeat_queued_when_the_deadline_is_noticed_wins() {
         let (generation, _) = watch::channel(0);
-        let mut index = Index::new(RegistryConfig::default(), Arc::default(), generation);
+        let mut index = Index::new(RegistryConfig::default(), Arc::default(), generation, broadcast::channel(1).0);
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (expired, mut expiry) = oneshot::channel();
         index.apply(Command::Open { lease: 1, token: None, expired });

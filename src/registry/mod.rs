@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub use error::{InvalidField, Refused, RegistryClosed};
 pub use instance::{
@@ -80,7 +80,12 @@ struct Shared {
     generation: watch::Receiver<u64>,
     /// Leases not yet dropped: one per open registration stream.
     open_leases: Arc<AtomicUsize>,
+    published: broadcast::Sender<Arc<[Arc<str>]>>,
 }
+
+/// Publications a slow follower of [`Registry::published`] may fall behind by before it
+/// misses some (it is told, and the tables it would have built are built by picks instead).
+const PUBLISHED_BACKLOG: usize = 1024;
 
 impl Registry {
     /// Starts the registry task on the current tokio runtime.
@@ -88,10 +93,19 @@ impl Registry {
         let catalog = Arc::new(ArcSwap::from_pointee(Catalog::default()));
         let (tx, rx) = mpsc::unbounded_channel();
         let (generation_tx, generation) = watch::channel(0);
-        tokio::spawn(Index::new(config, catalog.clone(), generation_tx).run(rx));
+        let (published, _) = broadcast::channel(PUBLISHED_BACKLOG);
+        tokio::spawn(Index::new(config, catalog.clone(), generation_tx, published.clone()).run(rx));
         let open_leases = Arc::default();
         Self {
-            shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config, generation, open_leases }),
+            shared: Arc::new(Shared {
+                tx,
+                catalog,
+                next_lease: AtomicU64::new(1),
+                config,
+                generation,
+                open_leases,
+                published,
+            }),
         }
     }
 
@@ -103,6 +117,11 @@ impl Registry {
     /// The current snapshot of one service, if it has ever been registered.
     pub fn service(&self, name: &str) -> Option<Arc<ServiceSnapshot>> {
         self.catalog().get(name).cloned()
+    }
+
+    /// The names of the services each publication changed.
+    pub fn published(&self) -> broadcast::Receiver<Arc<[Arc<str>]>> {
+        self.shared.published.subscribe()
     }
 
     /// Changes whenever a new catalog is published.

@@ -151,6 +151,16 @@ impl ServiceSnapshot {
         self.up.len()
     }
 
+    /// Every subset of the snapshot: unversioned, each version, and all UP instances.
+    pub fn subsets(&self) -> impl Iterator<Item = &Subset> {
+        std::iter::once(&self.unversioned).chain(self.versions.values()).chain(std::iter::once(&self.up))
+    }
+
+    /// The subset labelled `label`.
+    pub fn subset(&self, label: &str) -> Option<&Subset> {
+        self.subsets().find(|subset| &*subset.label == label)
+    }
+
     /// The registered instance with this id (binary search: instances are sorted by id).
     pub fn instance(&self, id: &str) -> Option<&Arc<Instance>> {
         self.instances.binary_search_by(|i| (*i.id).cmp(id)).ok().map(|at| &self.instances[at])

@@ -166,8 +166,33 @@ impl Select for Rule {
 pub struct SubsetTables {
     pub(crate) schedule: OnceLock<WeightSchedule>,
     pub(crate) maglev: OnceLock<Maglev>,
+    /// The same subset of the previous snapshot had its Maglev table built: picks use it, so
+    /// the balancer builds this one as soon as the snapshot is published, off the pick path.
+    pub(crate) maglev_wanted: std::sync::atomic::AtomicBool,
     /// The rotations drawn on this subset.
     pub rotations: crate::state::RotationCache,
+}
+
+impl SubsetTables {
+    /// Marks the tables wanted again where `previous` (the same subset, one snapshot earlier)
+    /// had them built.
+    pub fn inherit_wants(&self, previous: &SubsetTables) {
+        use std::sync::atomic::Ordering;
+        if previous.maglev.get().is_some() || previous.maglev_wanted.load(Ordering::Relaxed) {
+            self.maglev_wanted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Builds the tables marked wanted that are not built yet (the work picks would otherwise
+    /// do on first use); returns whether anything was built.
+    pub fn build_wanted(&self, subset: &crate::registry::Subset) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.maglev_wanted.load(Ordering::Relaxed) && self.maglev.get().is_none() {
+            Maglev::of(subset);
+            return true;
+        }
+        false
+    }
 }
 
 /// Position `ticket mod count` among the items for which `keep` holds, without allocating.

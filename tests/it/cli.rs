@@ -23,8 +23,13 @@ fn serve() -> Serving {
 
 /// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
 fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
+    serve_on("127.0.0.1:0", extra)
+}
+
+/// `rota serve --listen LISTEN EXTRA...`, once it has printed its address.
+fn serve_on(listen: &str, extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen, "--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -244,13 +249,16 @@ fn sigterm_drains_then_exits_zero() {
     assert!(line.starts_with("registered a in term"), "{line}");
 
     assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
-    // The provider is told to go elsewhere, and says so.
-    let registered = register.wait_with_output().unwrap();
-    assert!(!registered.status.success());
+    // The provider is told to go elsewhere, says so, and tries to register again.
+    let mut register = register;
+    let mut told = String::new();
+    BufReader::new(register.stderr.take().unwrap()).read_line(&mut told).unwrap();
     assert_eq!(
-        text(&registered.stderr),
-        "rota: the server closed the registration stream: rota is shutting down; reconnect to another replica and announce again\n"
+        told,
+        "registration lost (rota is shutting down; reconnect to another replica and announce again); registering again\n"
     );
+    let _ = register.kill();
+    let _ = register.wait();
     // During the grace period, a load of picks is answered without one failure.
     let picked = rota(&server, &["pick", "term", "-n", "300"]);
     assert!(picked.status.success(), "{}", text(&picked.stderr));
@@ -266,6 +274,34 @@ fn sigterm_drains_then_exits_zero() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// `rota register` survives a server restart: it registers again on the new server, on the
+/// same address, without being told.
+#[test]
+fn register_registers_again_after_the_server_restarts() {
+    let server = serve();
+    let (mut register, line) = register_in_background(&server, &["again", "127.0.0.1:7301", "--id", "a"]);
+    assert!(line.starts_with("registered a in again"), "{line}");
+    let listen = server.endpoint.trim_start_matches("http://").to_owned();
+    drop(server); // SIGKILL: no Closing, the stream just breaks.
+    let server = serve_on(&listen, &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let listed = rota(&server, &["ls", "again"]);
+        if text(&listed.stdout).contains("127.0.0.1:7301") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not registered again: {}", text(&listed.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut line = String::new();
+    let mut stdout = BufReader::new(register.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("registered again (lease "), "{line}");
+    assert!(Command::new("kill").args(["-INT", &register.id().to_string()]).status().unwrap().success());
+    assert!(register.wait().unwrap().success(), "register exits 0 after withdrawing");
+    assert!(!text(&rota(&server, &["ls", "again"]).stdout).contains("127.0.0.1:7301"), "withdrawn on Ctrl-C");
 }
 
 /// `rota serve` prints the admin address second, and that listener answers; `off` (here from

@@ -42,6 +42,7 @@ pub mod policy;
 pub mod registry;
 pub mod rules;
 pub mod server;
+pub mod soak;
 pub mod state;
 pub mod tls;
 

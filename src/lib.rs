@@ -45,6 +45,7 @@ pub mod policy;
 pub mod registry;
 pub mod rules;
 pub mod server;
+pub mod soak;
 pub mod state;
 pub mod tls;
 

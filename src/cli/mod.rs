@@ -7,6 +7,7 @@ mod pick;
 mod register;
 mod serve;
 mod show;
+mod soak;
 
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ pub enum Command {
     Demo,
     /// Load a server (its own by default) and print throughput and latency per mode.
     Bench(bench::BenchArgs),
+    /// Run bounded soak and fault scenarios against a loopback server; non-zero exit if a check fails.
+    Soak(soak::SoakArgs),
 }
 
 /// Where the client commands find rota.
@@ -142,6 +145,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Watch(args) => show::watch(args).await,
         Command::Demo => demo::run().await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Soak(args) => soak::run(args).await,
     }
 }
 

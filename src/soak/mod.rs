@@ -1,0 +1,230 @@
+//! `rota soak`: bounded soak and fault scenarios against a rota server on loopback, each with
+//! checks that pass or fail and the figures behind them.
+//!
+//! Every scenario starts its own `rota serve` (this binary, on 127.0.0.1:0) unless a server is
+//! given, so one scenario's leftovers never colour the next. Every loop is bounded in count and
+//! in time and stops by itself; the only addresses used are 127.0.0.1 and 127.0.0.2.
+//!
+//! - [`churn`] — providers announce, update, drain, withdraw and abruptly close while consumers
+//!   pick; the [`history`] checker then looks for picks of instances that were not live,
+//!   picks after an acknowledged removal, tickets handed out twice and inexact rotations.
+//! - [`memory`] — services, rules and sticky keys come and go while the server's RSS is
+//!   sampled; the RSS must level off.
+//! - [`scale`] — many instances in one service, then one caller's pick latency while the
+//!   server's periodic housekeeping runs; the worst pick must stay bounded.
+//! - [`connections`] — idle and slowloris connections from 127.0.0.2, plaintext and TLS, while
+//!   a probe from 127.0.0.1 connects and picks; every probe must succeed in time.
+//!
+//! `--short` sizes everything to finish in about two minutes on two cores (for CI); the default
+//! runs each scenario for minutes, for the figures in docs/reliability.md.
+
+pub mod churn;
+pub mod connections;
+pub mod history;
+pub mod memory;
+mod provider;
+pub mod scale;
+mod server;
+mod shares;
+mod slowloris;
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+pub use server::{Target, resident_bytes, serve_supports};
+
+/// The scenarios, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    Churn,
+    Memory,
+    Scale,
+    Connections,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 4] = [Scenario::Churn, Scenario::Memory, Scenario::Scale, Scenario::Connections];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Churn => "churn",
+            Scenario::Memory => "memory",
+            Scenario::Scale => "scale",
+            Scenario::Connections => "connections",
+        }
+    }
+}
+
+/// The run's monotonic clock: nanoseconds since it started, as histories record time.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    pub fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    pub fn now(&self) -> history::Nanos {
+        self.0.elapsed().as_nanos() as history::Nanos
+    }
+}
+
+/// What to run and against which server.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    pub short: bool,
+    pub scenarios: Vec<Scenario>,
+    /// A running server (`--server`) instead of one spawned per scenario, and its pid.
+    pub server: Option<(String, Option<u32>)>,
+}
+
+impl SoakOptions {
+    /// The scenario's server: the given one, or a fresh `rota serve` with `extra` flags.
+    pub fn target(&self, extra: &[String]) -> Result<Target, SoakError> {
+        match &self.server {
+            Some((url, pid)) => Ok(Target::external(url, *pid)),
+            None => Target::spawn(extra, "http"),
+        }
+    }
+
+    /// `long` normally, `short` with `--short`.
+    pub fn pick<T>(&self, short: T, long: T) -> T {
+        if self.short { short } else { long }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SoakError {
+    #[error("server: {0}")]
+    Server(String),
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// One check's verdict and the evidence for it.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub passed: bool,
+    pub evidence: String,
+}
+
+impl Check {
+    pub fn new(name: impl Into<String>, passed: bool, evidence: impl Into<String>) -> Self {
+        Self { name: name.into(), passed, evidence: evidence.into() }
+    }
+}
+
+/// What one scenario found.
+#[derive(Debug, Clone)]
+pub struct ScenarioReport {
+    pub scenario: Scenario,
+    pub checks: Vec<Check>,
+    /// Name and value, in print order; the first few make the summary table's key figures.
+    pub figures: Vec<(String, String)>,
+    pub notices: Vec<String>,
+    pub elapsed: Duration,
+}
+
+impl ScenarioReport {
+    pub fn new(scenario: Scenario) -> Self {
+        Self { scenario, checks: Vec::new(), figures: Vec::new(), notices: Vec::new(), elapsed: Duration::ZERO }
+    }
+
+    pub fn figure(&mut self, name: &str, value: impl ToString) {
+        self.figures.push((name.to_owned(), value.to_string()));
+    }
+
+    pub fn check(&mut self, check: Check) {
+        self.checks.push(check);
+    }
+
+    pub fn notice(&mut self, text: impl Into<String>) {
+        self.notices.push(text.into());
+    }
+
+    fn failed(&self) -> usize {
+        self.checks.iter().filter(|c| !c.passed).count()
+    }
+
+    /// The scenario's block: notices, figures, then one line per check.
+    pub fn render(&self) -> String {
+        let mut out = format!("== {} ({:.1} s)\n", self.scenario.name(), self.elapsed.as_secs_f64());
+        for notice in &self.notices {
+            let _ = writeln!(out, "   notice: {notice}");
+        }
+        for (name, value) in &self.figures {
+            let _ = writeln!(out, "   {name:<28} {value}");
+        }
+        for check in &self.checks {
+            let verdict = if check.passed { "PASS" } else { "FAIL" };
+            let _ = writeln!(out, "   {verdict} {}: {}", check.name, check.evidence);
+        }
+        out
+    }
+}
+
+/// Runs the chosen scenarios one after another, printing each as it ends.
+pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
+    let mut reports = Vec::new();
+    for &scenario in &options.scenarios {
+        let started = Instant::now();
+        let mut report = ScenarioReport::new(scenario);
+        let outcome = match scenario {
+            Scenario::Churn => churn::run(options, &mut report).await,
+            Scenario::Memory => memory::run(options, &mut report).await,
+            Scenario::Scale => scale::run(options, &mut report).await,
+            Scenario::Connections => connections::run(options, &mut report).await,
+        };
+        if let Err(error) = outcome {
+            report.check(Check::new("scenario ran to the end", false, error.to_string()));
+        }
+        report.elapsed = started.elapsed();
+        print!("{}", report.render());
+        reports.push(report);
+    }
+    reports
+}
+
+/// The closing table, and `N passed, N failed` (checks) as the last line. Returns the number
+/// of failed checks.
+pub fn print_summary(reports: &[ScenarioReport], total: Duration) -> usize {
+    println!();
+    println!("{:<12} {:>7} {:>8}  {:<6} key figures", "scenario", "checks", "time", "result");
+    for report in reports {
+        let passed = report.checks.len() - report.failed();
+        let key: Vec<String> = report.figures.iter().take(3).map(|(n, v)| format!("{n} {v}")).collect();
+        println!(
+            "{:<12} {:>7} {:>7.1}s  {:<6} {}",
+            report.scenario.name(),
+            format!("{passed}/{}", report.checks.len()),
+            report.elapsed.as_secs_f64(),
+            if report.failed() == 0 { "ok" } else { "FAILED" },
+            key.join("; ")
+        );
+        for check in report.checks.iter().filter(|c| !c.passed) {
+            println!("{:<12} failed check {:?}: {}", "", check.name, first_line(&check.evidence));
+        }
+    }
+    let failed: usize = reports.iter().map(ScenarioReport::failed).sum();
+    let passed: usize = reports.iter().map(|r| r.checks.len()).sum::<usize>() - failed;
+    println!("total time {:.1} s", total.as_secs_f64());
+    println!("{passed} passed, {failed} failed");
+    failed
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
+}
+
+/// Milliseconds with one decimal, for figures.
+pub(crate) fn ms(duration: Duration) -> String {
+    format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+}
+
+/// Mebibytes with one decimal, for figures.
+pub(crate) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}

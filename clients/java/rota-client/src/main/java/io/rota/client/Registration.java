@@ -190,6 +190,7 @@ public final class Registration implements AutoCloseable {
     @Override
     public void close() {
         Stream stream;
+        boolean announcing = false;
         CompletableFuture<Ack> withdrawn = null;
         synchronized (lock) {
             if (closed) {
@@ -199,18 +200,20 @@ public final class Registration implements AutoCloseable {
             cancelTimers();
             stream = current;
             current = null;
-            if (stream != null && !stream.acked) {
-                // Nothing acknowledged on this stream yet: ending it removes whatever it registered.
-                stream.cancel();
-                stream = null;
-            } else if (stream != null && !instances.isEmpty()) {
+            if (stream != null && (!stream.acked || !instances.isEmpty())) {
+                // Also when the stream's announcement (the first one, or a re-announcement after
+                // a reconnect) is still unanswered: rota answers in order, so this withdrawal
+                // removes whatever that announcement registers.
+                announcing = !stream.acked;
                 withdrawn = stream.send(RegisterRequest.newBuilder().setWithdraw(Withdraw.getDefaultInstance()).build(),
                         ack -> forget(List.of(), ack));
             }
         }
+        boolean acknowledged = false;
         if (withdrawn != null) {
             try {
                 withdrawn.get(withdrawTimeout.toNanos(), TimeUnit.NANOSECONDS);
+                acknowledged = true;
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             } catch (ExecutionException | TimeoutException e) {
@@ -218,7 +221,14 @@ public final class Registration implements AutoCloseable {
             }
         }
         if (stream != null) {
-            stream.finish();
+            if (announcing && !acknowledged) {
+                // rota was not reached in time: ending the stream removes whatever it registered.
+                synchronized (lock) {
+                    stream.cancel();
+                }
+            } else {
+                stream.finish();
+            }
         }
         firstAck.completeExceptionally(new RotaException(Status.Code.CANCELLED, "registration closed"));
         onClose.accept(this);
@@ -250,21 +260,24 @@ public final class Registration implements AutoCloseable {
 
     private void streamEnded(Stream stream, Status status, String closingReason) {
         List<CompletableFuture<Ack>> orphans;
+        boolean wasCurrent;
         synchronized (lock) {
-            if (stream != current) {
-                return;
-            }
-            current = null;
-            cancelTimers();
+            // Also for a stream that close() took over: what still waits on it fails now rather
+            // than at the end of close()'s timeout.
             orphans = stream.drain();
-            if (!closed) {
-                Duration delay = backoff.delay(Math.min(failures, MAX_BACKOFF_ATTEMPT));
-                String why = closingReason != null ? "server closed it: " + closingReason : RotaException.describe(status);
-                // Once per outage at WARNING; the failed attempts that follow at DEBUG.
-                LOG.log(failures == 0 ? Level.WARNING : Level.DEBUG, "rota registration stream lost (" + why
-                        + "); reconnecting in " + delay.toMillis() + " ms");
-                failures++;
-                retry = scheduler.schedule(this::reconnect, delay.toNanos(), TimeUnit.NANOSECONDS);
+            wasCurrent = stream == current;
+            if (wasCurrent) {
+                current = null;
+                cancelTimers();
+                if (!closed) {
+                    Duration delay = backoff.delay(Math.min(failures, MAX_BACKOFF_ATTEMPT));
+                    String why = closingReason != null ? "server closed it: " + closingReason : RotaException.describe(status);
+                    // Once per outage at WARNING; the failed attempts that follow at DEBUG.
+                    LOG.log(failures == 0 ? Level.WARNING : Level.DEBUG, "rota registration stream lost (" + why
+                            + "); reconnecting in " + delay.toMillis() + " ms");
+                    failures++;
+                    retry = scheduler.schedule(this::reconnect, delay.toNanos(), TimeUnit.NANOSECONDS);
+                }
             }
         }
         RotaException failure = new RotaException(Status.Code.UNAVAILABLE,
@@ -272,7 +285,7 @@ public final class Registration implements AutoCloseable {
         for (CompletableFuture<Ack> orphan : orphans) {
             orphan.completeExceptionally(failure);
         }
-        if (!firstAck.isDone() && !retryable(status.getCode())) {
+        if (wasCurrent && !firstAck.isDone() && !retryable(status.getCode())) {
             firstAck.completeExceptionally(new RotaException(status.getCode(), status.getDescription(), status.getCause()));
         }
     }

@@ -10,12 +10,15 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Locale;
 import java.util.logging.Handler;
 import java.util.logging.LogRecord;
 import java.util.logging.Logger;
 
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.ExtendWith;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -253,6 +256,56 @@ class ClientIntegrationTest {
             registration.close();
             RotaException gone = assertThrows(RotaException.class, () -> consumer.pick("it-reconnect"));
             assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+        }
+    }
+
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"SIGTERM", "SIGKILL"})
+    void registersAgainWhenRotaRestartsOnTheSamePort(String signal) throws Exception {
+        String service = "it-restart-" + signal.toLowerCase(Locale.ROOT);
+        InstanceRef b = InstanceRef.newBuilder().setService(service).setId("b").build();
+        RotaServer first = RotaServer.start("--shutdown-grace", "500ms");
+        RotaServer second = null;
+        // The default reconnection schedule, as an application would have it.
+        try (RotaClient rota = RotaClient.builder().target(first.target()).build()) {
+            Registration registration = rota.register(instance(service, "a", 7901), instance(service, "b", 7902));
+            registration.update(Update.newBuilder().setInstance(b).setStatus(InstanceStatus.DRAINING).build());
+            assertEquals("a", rota.pick(service).id());
+
+            if (signal.equals("SIGTERM")) {
+                // rota sends Closing on the stream, drains for its grace period and exits by itself.
+                assertEquals(0, first.terminate(Duration.ofSeconds(10)));
+            } else {
+                first.kill();
+            }
+            second = RotaServer.startOn(first.target(), "--shutdown-grace", "500ms");
+            assertEquals(first.target(), second.target());
+
+            // The new server knows only what the registration announces again.
+            Await.until("the instances on the new server", Duration.ofSeconds(15), () -> {
+                try {
+                    return rota.listInstances(service).getInstancesList().stream().map(Instance::getId).toList()
+                            .equals(List.of("a", "b"));
+                } catch (RotaException e) {
+                    return false;
+                }
+            });
+            assertEquals(List.of(InstanceStatus.UP, InstanceStatus.DRAINING),
+                    rota.listInstances(service).getInstancesList().stream().map(Instance::getStatus).toList());
+            Pick pick = rota.pick(service);
+            assertEquals("a", pick.id());
+            assertEquals(0, pick.ticket());
+            assertFalse(pick.localFallback());
+
+            registration.close();
+            assertEquals(List.of(), rota.listInstances(service).getInstancesList());
+            RotaException gone = assertThrows(RotaException.class, () -> rota.pick(service));
+            assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+        } finally {
+            first.close();
+            if (second != null) {
+                second.close();
+            }
         }
     }
 

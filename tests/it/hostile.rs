@@ -158,3 +158,26 @@ async fn silent_connections_fill_only_their_peers_share_and_are_closed_at_the_ha
     assert_eq!(value(&text, "rota_connections_refused_total{cap=\"per_peer\"}"), 12);
     assert_eq!(value(&text, "rota_connections_closed_total{reason=\"handshake_timeout\"}"), 8);
 }
+
+/// A request with large headers (here 100 KiB of metadata, in several CONTINUATION frames) is
+/// handled on its own stream; the connection, and the registration sharing it, live on.
+#[tokio::test]
+async fn large_request_headers_cost_only_their_own_stream() {
+    let server = TestServer::start().await;
+    let channel = tonic::transport::Endpoint::from_shared(server.server.endpoint()).unwrap().connect().await.unwrap();
+    let mut client = rota::client::RotaClient::from_channel(channel.clone());
+    let mut registration = client.register(vec![instance("orders", "a", 1)]).await.unwrap();
+
+    let mut request = tonic::Request::new(rota::pb::PickRequest { service: "orders".into(), ..Default::default() });
+    request.metadata_mut().insert("x-large", "v".repeat(100 << 10).parse().unwrap());
+    let picked = rota::client::RotaClient::from_channel(channel).balancer().pick(request).await;
+    assert!(picked.is_ok(), "{picked:?}");
+
+    let update = rota::pb::register_request::Msg::Update(rota::pb::Update {
+        instance: Some(rota::pb::InstanceRef { service: "orders".into(), id: "a".into() }),
+        weight: Some(7),
+        ..Default::default()
+    });
+    let ack = registration.send(update).await.expect("the registration's stream is still open");
+    assert_eq!(ack.accepted.len(), 1);
+}

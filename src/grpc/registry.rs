@@ -50,6 +50,11 @@ impl pb::registry_server::Registry for RegistryService {
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
         let principal = auth::require_register(&request)?;
+        if *self.drain.borrow() {
+            // A provider that reconnects here while this server drains would be sent away at
+            // once; tell it now, so it goes on to another replica without an announce.
+            return Err(register::Draining.into());
+        }
         let peer_slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
         let slots = (peer_slot, self.streams.acquire()?);
         Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slots, principal)))
@@ -97,6 +102,9 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = request.into_inner().service;
         checked_service(&name)?;
+        if *self.drain.borrow() {
+            return Err(register::Draining.into());
+        }
         let slot = self.streams.acquire()?;
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
@@ -138,7 +146,7 @@ impl pb::registry_server::Registry for RegistryService {
                     }
                     () = tx.closed() => break,
                     () = register::draining(&mut drain) => {
-                        let _ = tx.send(Err(Status::unavailable("rota is shutting down; watch another replica"))).await;
+                        let _ = tx.send(Err(register::Draining.into())).await;
                         break;
                     }
                 }

@@ -3,6 +3,7 @@
 use tonic::{Code, Status};
 
 use super::peers::TooManyRegistrations;
+use super::register::Draining;
 use super::streams::TooManyStreams;
 use crate::balancer::PickError;
 use crate::registry::{Refused, RegistryClosed};
@@ -67,5 +68,11 @@ impl From<TooManyStreams> for Status {
 impl From<TooManyRegistrations> for Status {
     fn from(error: TooManyRegistrations) -> Self {
         Status::resource_exhausted(error.to_string())
+    }
+}
+
+impl From<Draining> for Status {
+    fn from(error: Draining) -> Self {
+        Status::unavailable(error.to_string())
     }
 }

@@ -523,7 +523,7 @@ class AsyncRegistration:
         self._close_ack = ack if ack is not None else self._late_close_ack
         if self in self._client._registrations:
             self._client._registrations.remove(self)
-        return ack
+        return self._close_ack
 
     # -- internals -------------------------------------------------------------------------
 

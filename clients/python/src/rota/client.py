@@ -491,10 +491,13 @@ class Registration:
         # A re-announcement in flight withdraws what it registered before the keeper ends.
         self._keeper.join(timeout)
         with self._lock:
+            # When the stream in hand had already ended, a re-announcement that close() caught
+            # in flight was withdrawn on its own stream: that is the acknowledgement to return.
             self._close_ack = ack if ack is not None else self._late_close_ack
+            close_ack = self._close_ack
         if self._on_close is not None:
             self._on_close(self)
-        return ack
+        return close_ack
 
     def __enter__(self) -> Registration:
         return self

@@ -116,7 +116,7 @@ pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     Some(ServiceView { name: snapshot.name.to_string(), epoch: snapshot.epoch, instances, picks_by_rule })
 }
 
-fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
+pub(super) fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
     serde_json::json!({
         "service": service,
         "rule": &*policy.rule.canonical,
@@ -142,4 +142,20 @@ pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value
     names.sort();
     let services: Vec<_> = names.into_iter().map(|name| policy_json(Some(name), &set.services[name])).collect();
     Json(serde_json::json!({ "defaults": policy_json(None, &set.defaults), "services": services }))
+}
+
+/// A small icon for the browser tab (a ring with a marked position), so that the browser's
+/// request for `/favicon.ico` is answered.
+const FAVICON: &str = concat!(
+    r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">"##,
+    r##"<circle cx="16" cy="16" r="11" fill="none" stroke="#2f6fde" stroke-width="5"/>"##,
+    r##"<circle cx="16" cy="5" r="5" fill="#1d2330"/></svg>"##,
+);
+
+pub async fn favicon() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "image/svg+xml"), (axum::http::header::CACHE_CONTROL, "max-age=86400")],
+        FAVICON,
+    )
+        .into_response()
 }

@@ -102,8 +102,10 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AdminEr
 }
 
 pub fn router(state: AdminState) -> Router {
+    let history = events::History::start(&state);
     Router::new()
         .route("/", get(dashboard))
+        .route("/favicon.ico", get(api::favicon))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::scrape))
@@ -112,19 +114,20 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/policies", get(api::policies))
         .route("/api/events", get(events::stream))
         .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
+        .layer(axum::Extension(history))
         .with_state(state)
 }
 
 /// With authentication on, the metrics and the API need a token with the admin scope, sent as
 /// `Authorization: Bearer TOKEN` or, for the dashboard's event stream (browsers cannot set
-/// headers on it), as `?token=TOKEN`. The page itself and the health checks stay open.
+/// headers on it), as `?token=TOKEN`. The page itself, its icon and the health checks stay open.
 async fn require_admin(
     axum::extract::State(state): axum::extract::State<AdminState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let Some(auth) = &state.auth else { return next.run(request).await };
-    if matches!(request.uri().path(), "/" | "/healthz" | "/readyz") {
+    if matches!(request.uri().path(), "/" | "/favicon.ico" | "/healthz" | "/readyz") {
         return next.run(request).await;
     }
     let header = request

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
 use crate::registry::{
-    Catalog, Instance, InvalidField, MAX_NAME_LEN, Registry, ServiceSnapshot, validate_service_name,
+    Catalog, Instance, InvalidField, Registry, ServiceSnapshot, validate_optional_name, validate_service_name,
 };
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
@@ -279,12 +279,10 @@ fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {
     let too_long = |field: &str, len: usize, limit: usize| {
         PickError::Invalid(InvalidField::new(field, format!("is {len} bytes long; the limit is {limit}")))
     };
-    if query.version.len() > MAX_NAME_LEN {
-        return Err(too_long("version", query.version.len(), MAX_NAME_LEN));
-    }
-    if query.zone.len() > MAX_NAME_LEN {
-        return Err(too_long("zone", query.zone.len(), MAX_NAME_LEN));
-    }
+    // Malformed, not merely unknown: a version that could never be registered is refused
+    // rather than quietly falling back to unversioned instances.
+    validate_optional_name("version", query.version)?;
+    validate_optional_name("zone", query.zone)?;
     if query.key.len() > MAX_KEY_LEN {
         return Err(too_long("key", query.key.len(), MAX_KEY_LEN));
     }

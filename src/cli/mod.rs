@@ -157,7 +157,9 @@ pub fn init_tracing(cli: &Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal, never into a file or a log collector.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { logs.json().try_init() } else { logs.try_init() };
 }
 

@@ -77,8 +77,9 @@ fn register_pick_ls_and_withdraw_on_ctrl_c() {
     let picked = rota(&server, &["pick", "cli-svc", "--version", "zlt", "-n", "2"]);
     assert!(picked.status.success(), "{}", text(&picked.stderr));
     let out = text(&picked.stdout);
-    assert_eq!(out.lines().count(), 2, "{out}");
-    assert!(out.lines().all(|l| l.contains("127.0.0.1:7001") && l.contains("version=zlt")), "{out}");
+    assert_eq!(out.lines().count(), 3, "a header and two picks: {out}");
+    assert!(out.lines().next().unwrap().starts_with("TICKET  INSTANCE"), "{out}");
+    assert!(out.lines().skip(1).all(|l| l.contains("127.0.0.1:7001") && l.contains("version=zlt")), "{out}");
 
     let listed = rota(&server, &["ls", "cli-svc"]);
     let out = text(&listed.stdout);
@@ -107,13 +108,29 @@ fn errors_are_one_clear_line_and_a_failing_exit() {
         "rota: INVALID_ARGUMENT: rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry\n"
     );
 
+    // A malformed version is refused, not quietly treated as unknown.
+    let output = rota(&server, &["pick", "never-seen", "--version", "a b"]);
+    assert_eq!(
+        text(&output.stderr),
+        "rota: INVALID_ARGUMENT: version contains ' '; only [A-Za-z0-9._:-] are allowed\n"
+    );
+    // `watch` answers a service never seen like `ls` does, instead of waiting silently.
+    for command in ["ls", "watch"] {
+        let output = rota(&server, &[command, "never-seen"]);
+        assert!(!output.status.success());
+        assert_eq!(text(&output.stderr), "rota: NOT_FOUND: service \"never-seen\" has never been registered\n");
+    }
+    let output = rota(&server, &["pick", "never-seen", "-n", "0"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("0 is not in 1.."), "{}", text(&output.stderr));
+
     let output = rota(&server, &["register", "svc", "no-port-here"]);
     assert_eq!(text(&output.stderr), "rota: \"no-port-here\" is not HOST:PORT\n");
 
     let output = rota(&server, &["register", "svc", "127.0.0.1:0"]);
     assert_eq!(
         text(&output.stderr),
-        "rota: registration refused: announce.instances[0].port must be between 1 and 65535, got 0\n"
+        "rota: INVALID_ARGUMENT: registration refused: announce.instances[0].port must be between 1 and 65535, got 0\n"
     );
 }
 
@@ -124,7 +141,10 @@ fn unreachable_server_is_reported_not_hung() {
     let output =
         Command::new(BIN).args(["ls"]).env("ROTA_SERVER", format!("http://127.0.0.1:{port}")).output().unwrap();
     assert!(!output.status.success());
-    assert!(text(&output.stderr).starts_with("rota: cannot connect to rota"), "{}", text(&output.stderr));
+    // The message names the address and the cause, not just "transport error".
+    let said = text(&output.stderr);
+    assert!(said.starts_with(&format!("rota: cannot connect to rota at http://127.0.0.1:{port}: ")), "{said}");
+    assert!(said.contains("Connection refused"), "{said}");
 }
 
 #[test]
@@ -401,4 +421,22 @@ fn bench_refuses_bad_rounds_and_a_pid_without_a_server() {
     let output = Command::new(BIN).args(["bench", "--server-pid", "5"]).output().unwrap();
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("--server <SERVER>"), "{}", text(&output.stderr));
+}
+
+/// Logs written to a pipe or a file carry no terminal colour codes.
+#[test]
+fn serve_logs_have_no_colour_codes_off_a_terminal() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("serving"), "{line:?}");
+    assert!(!line.contains('\u{1b}'), "{line:?}");
 }

@@ -212,7 +212,7 @@ func (b *tailBuffer) String() string {
 // testContext is bounded by d and by the test.
 func testContext(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -223,9 +223,9 @@ func dial(t *testing.T, addr string, opts ...Option) *Client {
 	t.Helper()
 	defaults := []Option{
 		WithBackoff(Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}),
-		WithLogger(slog.New(slog.DiscardHandler)),
+		WithLogger(slog.New(discardHandler{})),
 	}
-	c, err := Dial(t.Context(), addr, append(defaults, opts...)...)
+	c, err := Dial(context.Background(), addr, append(defaults, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

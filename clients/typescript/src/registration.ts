@@ -84,10 +84,10 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   readonly #retryBackoff: Backoff;
   /** The instances this registration holds, as announced, by service and id. */
   readonly #held = new Map<string, InstanceSpec>();
-  readonly #inflight = new Map<number, InFlight>();
+  readonly #inflight = new Map<bigint, InFlight>();
   #stream: RegisterStream | undefined;
   #live = false;
-  #seq = 0;
+  #seq = 0n;
   #heartbeat: NodeJS.Timeout | undefined;
   #timer: NodeJS.Timeout | undefined;
   #retryTimer: NodeJS.Timeout | undefined;
@@ -131,8 +131,8 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   }
 
   /** The lease of the current (or last) stream. */
-  get leaseId(): number {
-    return this.#lastAck?.leaseId ?? 0;
+  get leaseId(): bigint {
+    return this.#lastAck?.leaseId ?? 0n;
   }
 
   /** True while a stream is open and announced; false while reconnecting and once closed. */
@@ -214,7 +214,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       throw asRotaError(error);
     }
     this.#stream = stream;
-    this.#seq = 0;
+    this.#seq = 0n;
     stream.on('data', (message: RegisterResponse__Output) => this.#onMessage(stream, message));
     // Errors also end in a 'status' event; this listener keeps them from being thrown.
     stream.on('error', () => {});
@@ -242,7 +242,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   }
 
   #send(stream: RegisterStream, message: RegisterRequest, timeoutMs: number, apply: (ack: Ack) => void): Promise<Ack> {
-    this.#seq += 1;
+    this.#seq += 1n;
     const seq = this.#seq;
     return new Promise<Ack>((resolve, reject) => {
       const entry: InFlight = {

@@ -70,7 +70,7 @@ describe('against a live rota', () => {
         { service, id: '127.0.0.1:7002' },
       ]);
       assert.deepEqual(registration.ack.refused, []);
-      assert.equal(registration.ack.seq, 1);
+      assert.equal(registration.ack.seq, 1n);
       assert.equal(registration.ack.heartbeatTimeoutMs, 15_000);
       assert.equal(registration.connected, true);
       assert.deepEqual(registration.instances, [
@@ -81,14 +81,14 @@ describe('against a live rota', () => {
       // Rotation follows id order: "127.0.0.1:7002" sorts before "p1".
       const first = await consumer.pick(service);
       assert.equal(first.instance.id, '127.0.0.1:7002');
-      assert.equal(first.ticket, 0);
+      assert.equal(first.ticket, 0n);
       const second = await consumer.pick(service);
       assert.deepEqual(second, {
         instance: plain(service, 'p1', 7001, { zone: 'z1', metadata: { build: '42' } }),
-        ticket: 1,
+        ticket: 1n,
         rule: 'round_robin',
         fallback: '',
-        epoch: 1,
+        epoch: 1n,
         localFallback: false,
       });
       const repeated = await Promise.all([1, 2, 3].map(() => consumer.pick(service, { rule: 'repeat(n=3)' })));
@@ -135,7 +135,7 @@ describe('against a live rota', () => {
     const registration = await provider.register({ service, id: 'u1', host: '127.0.0.1', port: 7201 });
     try {
       const announced: Ack = await registration.announce({ service, id: 'u2', host: '127.0.0.1', port: 7202, weight: 5 });
-      assert.equal(announced.seq, 2);
+      assert.equal(announced.seq, 2n);
       assert.deepEqual(announced.accepted, [{ service, id: 'u2' }]);
 
       const drained = await registration.update({ service, id: 'u1' }, { status: 'DRAINING', metadata: { why: 'deploy' } });
@@ -269,12 +269,12 @@ describe('against a live rota', () => {
     await registration.close();
     await watching;
     assert.deepEqual(events, [
-      { type: 'snapshot', instances: [], epoch: 0 },
-      { type: 'added', instance: plain(service, 'w1', 7601), epoch: 1 },
-      { type: 'removed', instance: { service, id: 'w1' }, epoch: 2 },
+      { type: 'snapshot', instances: [], epoch: 0n },
+      { type: 'added', instance: plain(service, 'w1', 7601), epoch: 1n },
+      { type: 'removed', instance: { service, id: 'w1' }, epoch: 2n },
     ]);
     const summary = (await consumer.listServices()).find((s) => s.name === service);
-    assert.deepEqual(summary, { name: service, instances: 0, up: 0, epoch: 2 });
+    assert.deepEqual(summary, { name: service, instances: 0, up: 0, epoch: 2n });
   });
 
   it('connect() rejects with UNAVAILABLE when nothing listens', async () => {
@@ -318,9 +318,9 @@ describe('when rota goes away', () => {
       assert.deepEqual(
         picks.map((p) => [p.instance.id, p.ticket, p.localFallback, p.rule]),
         [
-          ['a', 0, true, 'round_robin'],
-          ['b', 1, true, 'round_robin'],
-          ['a', 2, true, 'round_robin'],
+          ['a', 0n, true, 'round_robin'],
+          ['b', 1n, true, 'round_robin'],
+          ['a', 2n, true, 'round_robin'],
         ],
       );
       assert.deepEqual(picks[0]?.instance, plain(service, 'a', 7701));
@@ -393,7 +393,7 @@ describe('when rota goes away', () => {
           ],
         );
         const picked = await rota.pick(service);
-        assert.deepEqual([picked.instance.id, picked.ticket, picked.localFallback], ['a', 0, false]);
+        assert.deepEqual([picked.instance.id, picked.ticket, picked.localFallback], ['a', 0n, false]);
         assert.ok(logger.lines.some((line) => line.startsWith('rota: registration stream lost')));
 
         await registration.close();
@@ -450,7 +450,7 @@ describe('when rota goes away', () => {
         { service, id: 'r1' },
         { service, id: 'r2' },
       ]);
-      assert.equal(ack.seq, 1);
+      assert.equal(ack.seq, 1n);
       assert.equal(registration.connected, true);
       assert.deepEqual(
         (await observer.listInstances(service)).instances.map((i) => [i.id, i.status, i.version]),

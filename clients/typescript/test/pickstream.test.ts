@@ -128,7 +128,8 @@ describe('PickStream', () => {
       const counts = new Map<string, number>();
       responses.forEach((response, i) => {
         assert.equal(response.error, null, `response ${i} carries an error: ${JSON.stringify(response.error)}`);
-        assert.equal(response.ticket, i, `ticket of response ${i}`);
+        // Raw messages, decoded with the client's loader options: 64-bit integers as decimal strings.
+        assert.equal(response.ticket, String(i), `ticket of response ${i}`);
         const id = response.instance?.id ?? '';
         assert.equal(id, IDS[i % IDS.length], `instance of ticket ${i} by round robin`);
         counts.set(id, (counts.get(id) ?? 0) + 1);
@@ -142,7 +143,7 @@ describe('PickStream', () => {
       register.write({ update: { instance: { service, id: 'c' }, status: 'DRAINING' } });
       const updated = await acks.next(10_000);
       assert.equal(updated.msg, 'ack');
-      assert.equal(updated.ack?.seq, 2);
+      assert.equal(updated.ack?.seq, '2');
       assert.equal(updated.ack?.leaseId, lease);
       assert.deepEqual(
         updated.ack?.accepted.map((ref) => ref.id),

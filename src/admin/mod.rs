@@ -6,8 +6,10 @@
 //! - `/healthz` (the process answers) and `/readyz` (it is serving and not shutting down).
 //! - `/api/...` — JSON views of services, instances and policies ([`api`]).
 //! - `/api/events?service=NAME` — Server-Sent Events with a JSON snapshot of one service every
-//!   500 ms and on every registry change ([`events`]).
-//! - `/` — the dashboard: one HTML page with inline script and style, embedded in the binary.
+//!   500 ms and on every registry change, with the recent history the dashboard plots
+//!   ([`events`]).
+//! - `/` — the dashboard: one HTML page with inline script and style, embedded in the binary;
+//!   `/favicon.ico` — its icon.
 //!
 //! Everything here reads what the other layers already publish (the catalog, the balancer's
 //! counters and statistics, the gRPC metrics); the admin listener never changes state. When the

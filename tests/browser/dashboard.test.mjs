@@ -7,7 +7,7 @@
 // of 3 : 1 for requests without a version; `aaa` (first alphabetically) had one instance that
 // left. 8 picks without a version go a, b, d, c twice; 12 picks with version v2 go to d; a and b
 // get calls reported at 20 ms and 40 ms, c three failures (its breaker opens).
-import { test, after } from 'node:test';
+import { test, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -16,7 +16,7 @@ import { PATIENCE_MS, cleanup, openBrowser, startServer } from './harness.mjs';
 const OUTPUT = process.env.ROTA_TEST_OUTPUT ?? 'test-output';
 const POLICY = '[services.dash]\ngray = { unversioned = 3, versions = { v2 = 1 } }\n';
 
-after(cleanup);
+afterEach(cleanup);
 
 /** Waits until `fn` (run in the page) returns true, failing with `what` after the deadline. */
 async function until(page, what, fn, arg) {

@@ -64,7 +64,9 @@ export async function startServer(policy = '') {
   cleanups.push(async () => rmSync(dir, { recursive: true, force: true }));
   const config = join(dir, 'rota.toml');
   writeFileSync(config, policy);
-  const server = await start(['serve', '--config', config, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0'], 2);
+  const server = await start([
+    'serve', '--config', config, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--shutdown-grace', '100ms',
+  ], 2);
   cleanups.push(() => stop(server.child, 'SIGTERM'));
   const grpcAddr = server.lines[0].match(/^listening on (127\.0\.0\.1:\d+)$/)?.[1];
   const admin = server.lines[1].match(/^admin on (127\.0\.0\.1:\d+)$/)?.[1];
@@ -95,6 +97,16 @@ export async function startServer(policy = '') {
   const balancer = new proto.Balancer(grpcAddr, grpc.credentials.createInsecure());
   cleanups.push(async () => balancer.close());
 
+  /** One `Balancer.Pick` over gRPC; resolves with the response. */
+  function pickOnce(request) {
+    return new Promise((resolve, reject) => {
+      balancer.Pick(request, { deadline: Date.now() + PATIENCE_MS }, (error, response) => {
+        if (error) reject(error);
+        else resolve(response);
+      });
+    });
+  }
+
   /** Reports `count` calls to `id` taking `ms` each, `ok` or failed. */
   function report(service, id, count, ms, ok = true) {
     const outcome = {
@@ -109,7 +121,7 @@ export async function startServer(policy = '') {
     });
   }
 
-  return { admin, grpc: grpcAddr, register, pick, report };
+  return { admin, grpc: grpcAddr, register, pick, pickOnce, report };
 }
 
 /** Headless Chromium (Debian's package) with a throw-away profile; resolves with a page. */

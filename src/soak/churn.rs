@@ -175,8 +175,10 @@ fn figures(
     closes: u64,
     elapsed: f64,
 ) {
+    let rate = findings.picks as f64 / elapsed.max(1e-9);
+    report.key = format!("{} picks ({rate:.0}/s), {} registration events", findings.picks, findings.events);
     report.figure("picks", findings.picks);
-    report.figure("picks/s", format!("{:.0}", findings.picks as f64 / elapsed.max(1e-9)));
+    report.figure("picks/s", format!("{rate:.0}"));
     report.figure("registration events", findings.events);
     report.figure("picks unary / stream", format!("{} / {}", counts[0], counts[1]));
     let kinds = |f: fn(&Change) -> bool| history.events.iter().filter(|e| f(&e.change)).count();
@@ -228,7 +230,9 @@ fn checks(report: &mut ScenarioReport, findings: &Findings, consumers: &Consumer
         "registration changes applied",
         refused == 0,
         match refused {
-            0 => format!("{} changes accepted, {} closes seen applied", findings.events, providers.closes),
+            0 => {
+                format!("all {} changes accepted, all {} stream closes seen applied", findings.events, providers.closes)
+            }
             n => format!("{n} refused or lingering; first: {}", first.join("\n      ")),
         },
     ));

@@ -125,8 +125,13 @@ async fn phase(
         .figure(&format!("{label} probes ok / failed"), format!("{} / {}", under_attack.ok, under_attack.failed.len()));
     report.figure(
         &format!("{label} probe p50 / max"),
-        format!("{} / {}", ms(under_attack.quantile(0.5)), ms(under_attack.worst())),
+        match under_attack.ok {
+            0 => "no probe succeeded".to_owned(),
+            _ => format!("{} / {}", ms(under_attack.quantile(0.5)), ms(under_attack.worst())),
+        },
     );
+    let key = format!("{label}: {}/{} probes ok", under_attack.ok, under_attack.ok + under_attack.failed.len());
+    report.key = if report.key.is_empty() { key } else { format!("{}; {key}", report.key) };
     report.check(Check::new(
         format!("{label}: probe picks before the attack"),
         baseline.failed.is_empty() && baseline.ok > 0,
@@ -139,7 +144,7 @@ async fn phase(
             "{} ok, {} failed, slowest ok {}{}",
             under_attack.ok,
             under_attack.failed.len(),
-            ms(under_attack.worst()),
+            if under_attack.ok == 0 { "none".to_owned() } else { ms(under_attack.worst()) },
             under_attack.first_failure()
         ),
     ));

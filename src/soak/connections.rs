@@ -21,7 +21,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use tokio::time::Instant;
 
 use super::slowloris::{Attack, Tallies, hold};
-use super::{Check, ScenarioReport, SoakError, SoakOptions, Target, ms};
+use super::{Check, ScenarioReport, SoakError, SoakOptions, Target, bounded, ms};
 use crate::client::{PickOptions, RotaClient, TlsOptions};
 use crate::pb;
 
@@ -69,7 +69,7 @@ async fn phase(
         .addr
         .parse()
         .map_err(|_| SoakError::Setup(format!("server address {:?} is not IP:PORT", target.addr)))?;
-    let mut provider = connect(&target.endpoint, &tls).await?;
+    let mut provider = bounded("connect", connect(&target.endpoint, &tls)).await?;
     let instance = pb::Instance {
         id: "probe-0".into(),
         service: SERVICE.into(),
@@ -77,7 +77,7 @@ async fn phase(
         port: 20_000,
         ..Default::default()
     };
-    let registration = provider.register(vec![instance]).await?;
+    let registration = bounded("register the probe's instance", provider.register(vec![instance])).await?;
     registration.require_all_accepted()?;
 
     let baseline = probes(&target.endpoint, &tls, 3, Instant::now() + Duration::from_secs(10)).await;

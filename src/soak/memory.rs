@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Check, ScenarioReport, SoakError, SoakOptions, mib};
+use super::{Check, ScenarioReport, SoakError, SoakOptions, bounded, mib};
 use crate::client::{PickOptions, RotaClient};
 use crate::pb;
 
@@ -136,7 +136,7 @@ impl Totals {
 /// Rounds of fresh services, varied rules and keys, and a close, until `until`.
 async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<Totals, SoakError> {
     let mut totals = Totals::default();
-    let client = RotaClient::connect(&endpoint).await?;
+    let client = bounded("connect", RotaClient::connect(&endpoint)).await?;
     let mut round = 0u64;
     // Bounded by time, and by count should the rounds be very fast.
     while Instant::now() < until && round < 1_000_000 {
@@ -153,7 +153,8 @@ async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<
                 })
             })
             .collect();
-        let registration = RotaClient::connect(&endpoint).await?.register(instances).await?;
+        let mut provider = bounded("connect", RotaClient::connect(&endpoint)).await?;
+        let registration = bounded("register a round's services", provider.register(instances)).await?;
         registration.require_all_accepted()?;
         totals.services += services.len() as u64;
         let rules = [
@@ -168,7 +169,8 @@ async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<
             let (rule, key) = &rules[index % rules.len()];
             let mut client = client.clone();
             picks.push(async move {
-                let answer = client.pick(service, PickOptions::rule(rule.as_str()).key(key.as_str())).await;
+                let pick = client.pick(service, PickOptions::rule(rule.as_str()).key(key.as_str()));
+                let answer = bounded("pick", pick).await;
                 answer.map_err(|error| format!("{service} {rule}: {error}"))
             });
         }

@@ -93,8 +93,25 @@ impl SoakOptions {
     }
 }
 
+/// The longest the soak waits for any one answer from the server: a stalled server fails the
+/// check it stalls, and the soak still ends by itself.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `call`, given up on after [`CALL_TIMEOUT`].
+pub async fn bounded<T, E>(what: &str, call: impl Future<Output = Result<T, E>>) -> Result<T, SoakError>
+where
+    SoakError: From<E>,
+{
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(SoakError::Stalled(what.to_owned())),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SoakError {
+    #[error("no answer from the server within 10 s: {0}")]
+    Stalled(String),
     #[error("server: {0}")]
     Server(String),
     #[error(transparent)]
@@ -227,9 +244,13 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
 
-/// Milliseconds with one decimal, for figures.
+/// Milliseconds with one decimal (seconds from 10 s up), for figures.
 pub(crate) fn ms(duration: Duration) -> String {
-    format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+    if duration >= Duration::from_secs(10) {
+        format!("{:.1} s", duration.as_secs_f64())
+    } else {
+        format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+    }
 }
 
 /// Mebibytes with one decimal, for figures.

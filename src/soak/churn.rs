@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::history::{Change, Event, Findings, History, Pick, PickRule, Tally, UNKNOWN, Universe};
 use super::provider::{Owned, Provider, ProviderLog};
-use super::{Check, Clock, ScenarioReport, SoakError, SoakOptions};
+use super::{CALL_TIMEOUT, Check, Clock, ScenarioReport, SoakError, SoakOptions, bounded};
 use crate::client::{PickOptions, RotaClient};
 use crate::pb;
 
@@ -52,9 +52,10 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let (universe, anchors, owned) = plan(sizing.providers);
     let universe = Arc::new(universe);
 
-    let mut anchor_client = RotaClient::connect(&target.endpoint).await?;
+    let mut anchor_client = bounded("connect", RotaClient::connect(&target.endpoint)).await?;
     let send = clock.now();
-    let anchor_stream = anchor_client.register(anchors.iter().map(|a| a.0.clone()).collect()).await?;
+    let anchor_instances = anchors.iter().map(|a| a.0.clone()).collect();
+    let anchor_stream = bounded("register the anchors", anchor_client.register(anchor_instances)).await?;
     let ack = clock.now();
     anchor_stream.require_all_accepted()?;
     let mut events: Vec<Event> = anchors
@@ -175,8 +176,10 @@ fn figures(
     closes: u64,
     elapsed: f64,
 ) {
+    let rate = findings.picks as f64 / elapsed.max(1e-9);
+    report.key = format!("{} picks ({rate:.0}/s), {} registration events", findings.picks, findings.events);
     report.figure("picks", findings.picks);
-    report.figure("picks/s", format!("{:.0}", findings.picks as f64 / elapsed.max(1e-9)));
+    report.figure("picks/s", format!("{rate:.0}"));
     report.figure("registration events", findings.events);
     report.figure("picks unary / stream", format!("{} / {}", counts[0], counts[1]));
     let kinds = |f: fn(&Change) -> bool| history.events.iter().filter(|e| f(&e.change)).count();
@@ -228,7 +231,9 @@ fn checks(report: &mut ScenarioReport, findings: &Findings, consumers: &Consumer
         "registration changes applied",
         refused == 0,
         match refused {
-            0 => format!("{} changes accepted, {} closes seen applied", findings.events, providers.closes),
+            0 => {
+                format!("all {} changes accepted, all {} stream closes seen applied", findings.events, providers.closes)
+            }
             n => format!("{n} refused or lingering; first: {}", first.join("\n      ")),
         },
     ));
@@ -274,7 +279,7 @@ struct PickStream {
 impl Consumer {
     async fn run(self) -> Result<ConsumerLog, SoakError> {
         let mut rng = fastrand::Rng::with_seed(self.seed);
-        let mut client = RotaClient::connect(&self.endpoint).await?;
+        let mut client = bounded("connect", RotaClient::connect(&self.endpoint)).await?;
         let mut stream = None;
         let mut log = ConsumerLog::default();
         let started = Instant::now();
@@ -292,16 +297,21 @@ impl Consumer {
             let start = self.clock.now();
             let answer = if self.streamed {
                 if stream.is_none() {
-                    stream = Some(open_stream(&mut client).await?);
+                    stream = Some(bounded("open a pick stream", open_stream(&mut client)).await?);
                 }
-                let answer = pick_streamed(stream.as_mut().expect("opened"), options.request(service)).await;
+                let pick = pick_streamed(stream.as_mut().expect("opened"), options.request(service));
+                let answer = tokio::time::timeout(CALL_TIMEOUT, pick).await.unwrap_or_else(|_| Err(STALLED.into()));
                 if answer.is_err() {
                     // A broken stream is replaced; the error is counted below.
                     stream = None;
                 }
                 answer
             } else {
-                client.pick(service, options).await.map_err(|e| e.to_string())
+                let pick = client.pick(service, options);
+                match tokio::time::timeout(CALL_TIMEOUT, pick).await {
+                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Err(_) => Err(STALLED.into()),
+                }
             };
             let end = self.clock.now();
             match answer.and_then(|response| self.recorded(service, start, end, response)) {
@@ -329,6 +339,9 @@ impl Consumer {
         })
     }
 }
+
+/// A pick given up on after [`CALL_TIMEOUT`].
+const STALLED: &str = "no answer within 10 s";
 
 async fn open_stream(client: &mut RotaClient) -> Result<PickStream, SoakError> {
     let (requests, rx) = mpsc::channel(1);

@@ -21,7 +21,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use tokio::time::Instant;
 
 use super::slowloris::{Attack, Tallies, hold};
-use super::{Check, ScenarioReport, SoakError, SoakOptions, Target, ms};
+use super::{Check, ScenarioReport, SoakError, SoakOptions, Target, bounded, ms};
 use crate::client::{PickOptions, RotaClient, TlsOptions};
 use crate::pb;
 
@@ -69,7 +69,7 @@ async fn phase(
         .addr
         .parse()
         .map_err(|_| SoakError::Setup(format!("server address {:?} is not IP:PORT", target.addr)))?;
-    let mut provider = connect(&target.endpoint, &tls).await?;
+    let mut provider = bounded("connect", connect(&target.endpoint, &tls)).await?;
     let instance = pb::Instance {
         id: "probe-0".into(),
         service: SERVICE.into(),
@@ -77,7 +77,7 @@ async fn phase(
         port: 20_000,
         ..Default::default()
     };
-    let registration = provider.register(vec![instance]).await?;
+    let registration = bounded("register the probe's instance", provider.register(vec![instance])).await?;
     registration.require_all_accepted()?;
 
     let baseline = probes(&target.endpoint, &tls, 3, Instant::now() + Duration::from_secs(10)).await;
@@ -125,8 +125,13 @@ async fn phase(
         .figure(&format!("{label} probes ok / failed"), format!("{} / {}", under_attack.ok, under_attack.failed.len()));
     report.figure(
         &format!("{label} probe p50 / max"),
-        format!("{} / {}", ms(under_attack.quantile(0.5)), ms(under_attack.worst())),
+        match under_attack.ok {
+            0 => "no probe succeeded".to_owned(),
+            _ => format!("{} / {}", ms(under_attack.quantile(0.5)), ms(under_attack.worst())),
+        },
     );
+    let key = format!("{label}: {}/{} probes ok", under_attack.ok, under_attack.ok + under_attack.failed.len());
+    report.key = if report.key.is_empty() { key } else { format!("{}; {key}", report.key) };
     report.check(Check::new(
         format!("{label}: probe picks before the attack"),
         baseline.failed.is_empty() && baseline.ok > 0,
@@ -139,7 +144,7 @@ async fn phase(
             "{} ok, {} failed, slowest ok {}{}",
             under_attack.ok,
             under_attack.failed.len(),
-            ms(under_attack.worst()),
+            if under_attack.ok == 0 { "none".to_owned() } else { ms(under_attack.worst()) },
             under_attack.first_failure()
         ),
     ));

@@ -2,9 +2,9 @@
 //! memory is sampled once a second.
 //!
 //! Worker tasks repeat rounds: register a batch of services no one has used before (three
-//! instances each, on a fresh stream), pick from each under rule strings that vary from round to
-//! round (`repeat(n=…)`, `consistent_hash(balance=…)` with a key, `sticky(ttl=…)` with a new key
-//! each time), then close the stream so the services lose every instance. A server that keeps
+//! instances each, on a fresh stream), pick once from each under rule strings that vary from
+//! round to round (`repeat(n=…)`, `consistent_hash(balance=…)` with a key, `sticky(ttl=…)` with a
+//! new key each time), then close the stream so the services lose every instance. A server that keeps
 //! something per service name, per rule string or per key for ever grows by the round.
 //!
 //! Sticky assignments live a few seconds, and the server is asked to do its housekeeping every
@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Check, ScenarioReport, SoakError, SoakOptions, mib};
+use super::{Check, ScenarioReport, SoakError, SoakOptions, bounded, mib};
 use crate::client::{PickOptions, RotaClient};
 use crate::pb;
 
 /// New services per round and worker.
-const SERVICES_PER_ROUND: usize = 10;
+const SERVICES_PER_ROUND: usize = 50;
 const INSTANCES_PER_SERVICE: usize = 3;
 /// Plateau margin: relative and absolute.
 const MARGIN_RATIO: f64 = 0.10;
@@ -60,9 +60,14 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     report.figure("services registered", totals.services);
     report.figure("picks (ok / failed)", format!("{} / {}", totals.picks, totals.failed));
     if let (Some(&start), Some(&peak)) = (samples.first(), samples.iter().max()) {
-        report.figure("RSS start / peak / end", format!("{} / {} / {}", mib(start), mib(peak), mib(end.unwrap_or(0))));
+        let rss = format!("{} / {} / {}", mib(start), mib(peak), mib(end.unwrap_or(0)));
+        report.key = format!("RSS start/peak/end {rss}, {} services", totals.services);
+        report.figure("RSS start / peak / end", rss);
     }
     report.figure("RSS samples", samples.len());
+    if let Some(peaks) = peaks_by_third(&samples) {
+        report.figure("RSS peak per third", peaks.map(mib).join(" / "));
+    }
     report.check(plateau(&samples));
     report.check(Check::new(
         "picks answered",
@@ -84,9 +89,7 @@ pub fn plateau(samples: &[u64]) -> Check {
     if samples.len() < 6 {
         return Check::new(NAME, false, format!("only {} RSS samples; the run was too short to judge", samples.len()));
     }
-    let third = samples.len() / 3;
-    let middle = samples[third..2 * third].iter().copied().max().unwrap_or(0);
-    let last = samples[2 * third..].iter().copied().max().unwrap_or(0);
+    let [_, middle, last] = peaks_by_third(samples).expect("enough samples");
     let allowed = middle + (middle as f64 * MARGIN_RATIO) as u64 + MARGIN_BYTES;
     Check::new(
         NAME,
@@ -99,6 +102,16 @@ pub fn plateau(samples: &[u64]) -> Check {
             (last as f64 - middle as f64) / (1024.0 * 1024.0)
         ),
     )
+}
+
+/// The highest sample of the first, middle and last third (the last takes the remainder).
+fn peaks_by_third(samples: &[u64]) -> Option<[u64; 3]> {
+    let third = samples.len() / 3;
+    if third == 0 {
+        return None;
+    }
+    let peak = |part: &[u64]| part.iter().copied().max().unwrap_or(0);
+    Some([peak(&samples[..third]), peak(&samples[third..2 * third]), peak(&samples[2 * third..])])
 }
 
 #[derive(Debug, Default)]
@@ -123,7 +136,7 @@ impl Totals {
 /// Rounds of fresh services, varied rules and keys, and a close, until `until`.
 async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<Totals, SoakError> {
     let mut totals = Totals::default();
-    let mut client = RotaClient::connect(&endpoint).await?;
+    let client = bounded("connect", RotaClient::connect(&endpoint)).await?;
     let mut round = 0u64;
     // Bounded by time, and by count should the rounds be very fast.
     while Instant::now() < until && round < 1_000_000 {
@@ -140,7 +153,8 @@ async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<
                 })
             })
             .collect();
-        let registration = RotaClient::connect(&endpoint).await?.register(instances).await?;
+        let mut provider = bounded("connect", RotaClient::connect(&endpoint)).await?;
+        let registration = bounded("register a round's services", provider.register(instances)).await?;
         registration.require_all_accepted()?;
         totals.services += services.len() as u64;
         let rules = [
@@ -148,14 +162,24 @@ async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<
             (format!("consistent_hash(balance={:.2})", 1.0 + (round % 900) as f64 / 100.0), format!("k{round}")),
             (format!("sticky(ttl={}s)", 1 + round % 5), format!("user-{worker}-{round}")),
         ];
-        for service in &services {
-            for (rule, key) in &rules {
-                match client.pick(service, PickOptions::rule(rule.as_str()).key(key.as_str())).await {
-                    Ok(_) => totals.picks += 1,
-                    Err(error) => {
-                        totals.failed += 1;
-                        totals.first_error.get_or_insert_with(|| format!("{service} {rule}: {error}"));
-                    }
+        // One pick per service, the rules taking turns: names churn faster than picks would
+        // let them. The round's picks go out together.
+        let mut picks = Vec::new();
+        for (index, service) in services.iter().enumerate() {
+            let (rule, key) = &rules[index % rules.len()];
+            let mut client = client.clone();
+            picks.push(async move {
+                let pick = client.pick(service, PickOptions::rule(rule.as_str()).key(key.as_str()));
+                let answer = bounded("pick", pick).await;
+                answer.map_err(|error| format!("{service} {rule}: {error}"))
+            });
+        }
+        for answer in futures_util::future::join_all(picks).await {
+            match answer {
+                Ok(_) => totals.picks += 1,
+                Err(error) => {
+                    totals.failed += 1;
+                    totals.first_error.get_or_insert(error);
                 }
             }
         }

@@ -93,8 +93,25 @@ impl SoakOptions {
     }
 }
 
+/// The longest the soak waits for any one answer from the server: a stalled server fails the
+/// check it stalls, and the soak still ends by itself.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `call`, given up on after [`CALL_TIMEOUT`].
+pub async fn bounded<T, E>(what: &str, call: impl Future<Output = Result<T, E>>) -> Result<T, SoakError>
+where
+    SoakError: From<E>,
+{
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(SoakError::Stalled(what.to_owned())),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SoakError {
+    #[error("no answer from the server within 10 s: {0}")]
+    Stalled(String),
     #[error("server: {0}")]
     Server(String),
     #[error(transparent)]
@@ -122,15 +139,24 @@ impl Check {
 pub struct ScenarioReport {
     pub scenario: Scenario,
     pub checks: Vec<Check>,
-    /// Name and value, in print order; the first few make the summary table's key figures.
+    /// Name and value, in print order.
     pub figures: Vec<(String, String)>,
+    /// One short line of the figures that matter most, for the summary table.
+    pub key: String,
     pub notices: Vec<String>,
     pub elapsed: Duration,
 }
 
 impl ScenarioReport {
     pub fn new(scenario: Scenario) -> Self {
-        Self { scenario, checks: Vec::new(), figures: Vec::new(), notices: Vec::new(), elapsed: Duration::ZERO }
+        Self {
+            scenario,
+            checks: Vec::new(),
+            figures: Vec::new(),
+            key: String::new(),
+            notices: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
     }
 
     pub fn figure(&mut self, name: &str, value: impl ToString) {
@@ -156,7 +182,7 @@ impl ScenarioReport {
             let _ = writeln!(out, "   notice: {notice}");
         }
         for (name, value) in &self.figures {
-            let _ = writeln!(out, "   {name:<28} {value}");
+            let _ = writeln!(out, "   {name:<32} {value}");
         }
         for check in &self.checks {
             let verdict = if check.passed { "PASS" } else { "FAIL" };
@@ -195,14 +221,13 @@ pub fn print_summary(reports: &[ScenarioReport], total: Duration) -> usize {
     println!("{:<12} {:>7} {:>8}  {:<6} key figures", "scenario", "checks", "time", "result");
     for report in reports {
         let passed = report.checks.len() - report.failed();
-        let key: Vec<String> = report.figures.iter().take(3).map(|(n, v)| format!("{n} {v}")).collect();
         println!(
             "{:<12} {:>7} {:>7.1}s  {:<6} {}",
             report.scenario.name(),
             format!("{passed}/{}", report.checks.len()),
             report.elapsed.as_secs_f64(),
             if report.failed() == 0 { "ok" } else { "FAILED" },
-            key.join("; ")
+            report.key
         );
         for check in report.checks.iter().filter(|c| !c.passed) {
             println!("{:<12} failed check {:?}: {}", "", check.name, first_line(&check.evidence));
@@ -219,9 +244,13 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
 
-/// Milliseconds with one decimal, for figures.
+/// Milliseconds with one decimal (seconds from 10 s up), for figures.
 pub(crate) fn ms(duration: Duration) -> String {
-    format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+    if duration >= Duration::from_secs(10) {
+        format!("{:.1} s", duration.as_secs_f64())
+    } else {
+        format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+    }
 }
 
 /// Mebibytes with one decimal, for figures.

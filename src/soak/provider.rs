@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::history::{Change, Event, Universe};
-use super::{Clock, SoakError};
+use super::{Clock, SoakError, bounded};
 use crate::client::{Registration, RotaClient};
 use crate::pb::{self, register_request::Msg};
 
@@ -80,7 +80,7 @@ impl Provider {
     pub async fn run(mut self) -> Result<ProviderLog, SoakError> {
         let mut rng = fastrand::Rng::with_seed(self.seed);
         let mut log = ProviderLog::default();
-        let mut observer = RotaClient::connect(&self.endpoint).await?;
+        let mut observer = bounded("connect", RotaClient::connect(&self.endpoint)).await?;
         let mut stream = self.open(&mut rng, &mut log).await?;
         let mut changes = 0;
         while Instant::now() < self.until && changes < self.max_changes {
@@ -121,9 +121,9 @@ impl Provider {
         let chosen: Vec<usize> =
             (0..self.owned.len()).filter(|&i| i == first || (!self.owned[i].present && rng.bool())).collect();
         let instances = chosen.iter().map(|&i| self.owned[i].instance(true)).collect();
-        let mut client = RotaClient::connect(&self.endpoint).await?;
+        let mut client = bounded("connect", RotaClient::connect(&self.endpoint)).await?;
         let send = self.clock.now();
-        let registration = client.register(instances).await?;
+        let registration = bounded("open a registration stream", client.register(instances)).await?;
         let ack = self.clock.now();
         let accepted = registration.ack().clone();
         for i in chosen {
@@ -149,7 +149,7 @@ impl Provider {
         let up = rng.u32(0..10) != 0;
         let instances = chosen.iter().map(|&i| self.owned[i].instance(up)).collect();
         let send = self.clock.now();
-        let ack = registration.send(Msg::Announce(pb::Announce { instances })).await?;
+        let ack = bounded("announce", registration.send(Msg::Announce(pb::Announce { instances }))).await?;
         let at = self.clock.now();
         for i in chosen {
             self.record(i, Change::Announce { version: 0, up }, send, at, &ack, log);
@@ -182,7 +182,7 @@ impl Provider {
             None
         };
         let send = self.clock.now();
-        let ack = registration.send(Msg::Update(update)).await?;
+        let ack = bounded("update", registration.send(Msg::Update(update))).await?;
         let at = self.clock.now();
         self.record(i, Change::Update { up }, send, at, &ack, log);
         Ok(())
@@ -204,7 +204,7 @@ impl Provider {
         }
         let refs = present.iter().map(|&i| self.owned[i].reference()).collect();
         let send = self.clock.now();
-        let ack = registration.send(Msg::Withdraw(pb::Withdraw { instances: refs })).await?;
+        let ack = bounded("withdraw", registration.send(Msg::Withdraw(pb::Withdraw { instances: refs }))).await?;
         let at = self.clock.now();
         for i in present {
             self.record(i, Change::Withdraw, send, at, &ack, log);
@@ -231,7 +231,7 @@ impl Provider {
         loop {
             let mut still = Vec::new();
             for service in &services {
-                let listed = observer.list_instances(service).await?.instances;
+                let listed = bounded("list instances", observer.list_instances(service)).await?.instances;
                 still.extend(listed.into_iter().filter(|l| held.iter().any(|&i| self.owned[i].id == l.id)));
             }
             let at = self.clock.now();

@@ -88,8 +88,10 @@ async fn connect(server: SocketAddr) -> std::io::Result<TcpStream> {
 /// One attacker slot: a connection kept open (and reopened) until `until`.
 pub async fn hold(server: SocketAddr, attack: Attack, until: Instant, tallies: Arc<Tallies>) {
     let bytes = attack.bytes();
-    // Bounded by time; at most one connection attempt per 100 ms.
-    while Instant::now() < until {
+    // Bounded by time, and by count: at most one connection attempt per 100 ms anyway.
+    let mut attempts = 0;
+    while Instant::now() < until && attempts < 100_000 {
+        attempts += 1;
         let attempt = Instant::now();
         let Ok(mut stream) = connect(server).await else {
             tallies.refused.fetch_add(1, Ordering::Relaxed);

@@ -38,7 +38,7 @@ impl RegistryService {
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn checked_service(name: &str) -> Result<(), Status> {
-    validate_service_name("service", name).map_err(|e| Status::invalid_argument(e.to_string()))
+    Ok(validate_service_name("service", name)?)
 }
 
 #[tonic::async_trait]
@@ -89,7 +89,7 @@ impl pb::registry_server::Registry for RegistryService {
         let snapshot = self
             .registry
             .service(name)
-            .ok_or_else(|| Status::not_found(format!("service {name:?} has never been registered")))?;
+            .ok_or_else(|| crate::balancer::PickError::UnknownService(name.as_str().into()))?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
         Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
     }

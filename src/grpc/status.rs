@@ -1,12 +1,14 @@
-//! The one place where domain errors become gRPC status codes.
+//! The one place where domain errors become gRPC status codes: every `tonic::Status` the rota
+//! services send is built here, from an error of the layer that refused the call.
 
 use tonic::{Code, Status};
 
 use super::peers::TooManyRegistrations;
 use super::register::Draining;
 use super::streams::TooManyStreams;
+use crate::auth::AuthError;
 use crate::balancer::PickError;
-use crate::registry::{Refused, RegistryClosed};
+use crate::registry::{InvalidField, Refused, RegistryClosed};
 use crate::state::StateError;
 
 pub fn pick_error_code(error: &PickError) -> Code {
@@ -74,5 +76,33 @@ impl From<TooManyRegistrations> for Status {
 impl From<Draining> for Status {
     fn from(error: Draining) -> Self {
         Status::unavailable(error.to_string())
+    }
+}
+
+/// A field of the request breaks a documented limit.
+impl From<InvalidField> for Status {
+    fn from(error: InvalidField) -> Self {
+        Status::invalid_argument(error.to_string())
+    }
+}
+
+/// No token, or one rota does not know.
+impl From<AuthError> for Status {
+    fn from(error: AuthError) -> Self {
+        Status::unauthenticated(error.to_string())
+    }
+}
+
+/// A known token without the scope the call needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("token {principal:?} does not grant the {scope} scope")]
+pub struct MissingScope {
+    pub principal: String,
+    pub scope: &'static str,
+}
+
+impl From<MissingScope> for Status {
+    fn from(error: MissingScope) -> Self {
+        Status::permission_denied(error.to_string())
     }
 }

@@ -501,14 +501,10 @@ impl Settings {
             self.serve.registry.max_services_per_token,
         );
         if let Some(tls) = &self.serve.tls {
-            // Debug formatting quotes and escapes the path as a TOML basic string needs.
-            toml.push_str(&format!(
-                "tls_cert = {:?}\ntls_key = {:?}\n",
-                tls.cert.display().to_string(),
-                tls.key.display().to_string()
-            ));
+            let path = |p: &Path| crate::policy::file::toml_string(&p.display().to_string());
+            toml.push_str(&format!("tls_cert = {}\ntls_key = {}\n", path(&tls.cert), path(&tls.key)));
             if let Some(ca) = &tls.client_ca {
-                toml.push_str(&format!("tls_client_ca = {:?}\n", ca.display().to_string()));
+                toml.push_str(&format!("tls_client_ca = {}\n", path(ca)));
             }
         }
         toml

@@ -42,7 +42,7 @@ struct Sizing {
 
 pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(), SoakError> {
     let sizing = Sizing {
-        duration: options.pick(Duration::from_secs(30), Duration::from_secs(240)),
+        duration: options.pick(Duration::from_secs(25), Duration::from_secs(240)),
         providers: options.pick(4, 6),
         consumers: 2,
         max_picks: options.pick(1_000_000, 2_000_000),

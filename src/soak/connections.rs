@@ -40,7 +40,7 @@ struct Sizing {
 pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(), SoakError> {
     let sizing = Sizing {
         per_kind: options.pick(300, 1000),
-        window: options.pick(Duration::from_secs(14), Duration::from_secs(60)),
+        window: options.pick(Duration::from_secs(10), Duration::from_secs(60)),
     };
     let target = options.target(&[])?;
     phase(report, target, None, [Attack::Idle, Attack::SlowPreface], &sizing).await?;

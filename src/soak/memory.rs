@@ -32,7 +32,8 @@ const MARGIN_BYTES: u64 = 8 * 1024 * 1024;
 pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(), SoakError> {
     let duration = options.pick(Duration::from_secs(30), Duration::from_secs(180));
     let workers = options.pick(3, 4);
-    let mut target = options.target(&super::scale::housekeeping_flags(report))?;
+    let flags = super::scale::housekeeping_flags(report, "expired sticky assignments are dropped only every 30 s");
+    let mut target = options.target(&flags)?;
     let Some(pid) = target.pid else {
         report.notice("the server's pid is unknown (--server without --server-pid): no RSS to sample");
         return Ok(());

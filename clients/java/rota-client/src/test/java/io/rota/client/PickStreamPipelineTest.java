@@ -20,14 +20,9 @@ import org.junit.jupiter.api.Timeout;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.rota.client.testing.RotaServer;
-import io.rota.v1.Ack;
 import io.rota.v1.BalancerGrpc;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceRef;
-import io.rota.v1.InstanceStatus;
 import io.rota.v1.PickRequest;
 import io.rota.v1.PickResponse;
-import io.rota.v1.Update;
 
 /**
  * Many PickRequests pipelined on one {@code PickStream} (sent without waiting for the answers,
@@ -39,7 +34,7 @@ class PickStreamPipelineTest {
     private static final List<String> IDS = List.of("a", "b", "c");
 
     private static Instance instance(String service, String id, int port) {
-        return Instance.newBuilder().setService(service).setId(id).setHost("127.0.0.1").setPort(port).build();
+        return Instance.of(service, "127.0.0.1", port).withId(id);
     }
 
     @Test
@@ -143,10 +138,10 @@ class PickStreamPipelineTest {
             }
 
             // The registration's stream lived through the burst: an update is acknowledged on it.
-            InstanceRef c = InstanceRef.newBuilder().setService(service).setId("c").build();
-            Ack ack = registration.update(Update.newBuilder().setInstance(c).setStatus(InstanceStatus.DRAINING).build());
-            assertEquals(List.of(c), ack.getAcceptedList());
-            assertEquals(lease, ack.getLeaseId());
+            InstanceRef c = new InstanceRef(service, "c");
+            Ack ack = registration.update(Update.of(c).withStatus(InstanceStatus.DRAINING));
+            assertEquals(List.of(c), ack.accepted());
+            assertEquals(lease, ack.leaseId());
             assertEquals(lease, registration.leaseId());
             assertEquals(0, registration.reconnects());
         }

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,35 +78,6 @@ def run_quick_start(python: Path, workdir: Path, server: RotaServer) -> None:
         server.kill()  # nothing to drain
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
-    """``python -m build`` of this folder, started when the module's first test starts so that
-    it runs beside the other install; the callable waits for it and returns the output folder."""
-    dist = tmp_path_factory.mktemp("dist")
-    log = dist.parent / f"{dist.name}-build.log"
-    with log.open("w") as out:
-        # It makes the sdist, then the wheel from that sdist: both must be complete.
-        process = subprocess.Popen(
-            [sys.executable, "-m", "build", "--outdir", str(dist), str(CLIENT_ROOT)],
-            cwd=dist,
-            env=isolated_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait() -> Path:
-        code = process.wait(INSTALL_TIMEOUT)
-        assert code == 0, f"python -m build failed ({code}):\n{log.read_text()}"
-        return dist
-
-    try:
-        yield wait
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Under the system temp folder, outside the repository.
@@ -115,9 +86,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_readme_install_from_the_checkout(
-    workdir: Path, private_server: Callable[..., RotaServer], built: Callable[[], Path]
-) -> None:
+def test_readme_install_from_the_checkout(workdir: Path, private_server: Callable[..., RotaServer]) -> None:
     commands = [line for line in readme_block("## Install", "sh").splitlines() if line.strip()]
     assert commands == [f"python -m pip install {README_CHECKOUT}"], commands
     python = fresh_venv(workdir / "venv")
@@ -127,10 +96,11 @@ def test_readme_install_from_the_checkout(
     run_quick_start(python, workdir, private_server())
 
 
-def test_built_wheel_installs_and_picks(
-    workdir: Path, private_server: Callable[..., RotaServer], built: Callable[[], Path]
-) -> None:
-    dist = built()
+def test_built_wheel_installs_and_picks(workdir: Path, private_server: Callable[..., RotaServer]) -> None:
+    # `python -m build` makes the sdist, then the wheel from that sdist: both must be complete. (Not
+    # beside the other install: both write the egg-info of the source folder.)
+    dist = workdir / "dist"
+    run([sys.executable, "-m", "build", "--outdir", str(dist), str(CLIENT_ROOT)], cwd=workdir)
     wheels = sorted(dist.glob("rota_client-*.whl"))
     assert len(wheels) == 1 and len(sorted(dist.glob("rota_client-*.tar.gz"))) == 1, sorted(dist.iterdir())
     with zipfile.ZipFile(wheels[0]) as wheel:

@@ -214,7 +214,9 @@ async fn probes(endpoint: &str, tls: &Option<TlsOptions>, count: usize, until: I
                 probes.latencies.push(sent.elapsed());
             }
             Ok(Err(error)) => probes.failed.push(((sent - started).as_secs_f64(), error.to_string())),
-            Err(_) => probes.failed.push(((sent - started).as_secs_f64(), format!("no answer within {} s", PROBE_BOUND.as_secs()))),
+            Err(_) => probes
+                .failed
+                .push(((sent - started).as_secs_f64(), format!("no answer within {} s", PROBE_BOUND.as_secs()))),
         }
     }
     probes

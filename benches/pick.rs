@@ -2,7 +2,8 @@
 //!
 //! - `select/<rule>/<n>` — the pure pick path of every rule that is a pure selection: drawing a
 //!   ticket from the in-memory counter through the subset's cached rotation (no lock) and running
-//!   the rule over n instances (3, 100, 10,000), with real (empty) statistics;
+//!   the rule over n instances (3, 100, 10,000), with real (empty) statistics, excluding 0, 1 or
+//!   3 of them (`select/<rule>/excluding-k/<n>`, as a retry does);
 //! - `balancer/<rule>/<n>` — the whole in-process pick: policy, snapshot, isolation, ticket,
 //!   rule, pick tally and in-flight accounting (no gRPC); also for `sticky` (a central table
 //!   lookup and refresh) and `retry` (a wrapper around its inner rule);
@@ -20,7 +21,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery, ServiceLoad};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
-use rota::rules::{Draw, Select, parse};
+use rota::rules::{Draw, Excluded, Select, parse};
 use rota::state::{CounterKey, MemoryState, Stats};
 
 #[path = "../tests/support/counting_alloc.rs"]
@@ -30,6 +31,8 @@ mod counting_alloc;
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const SIZES: [usize; 3] = [3, 100, 10_000];
+/// Instances excluded by the pick (a retry names the ones it tried).
+const EXCLUDING: [usize; 3] = [0, 1, 3];
 /// Every rule whose choice is a pure function of the draw; `sticky` and `retry` wrap a selection
 /// inside the balancer and are measured there.
 const RULES: [&str; 10] = [
@@ -72,14 +75,21 @@ fn select_benches(c: &mut Criterion) {
     let keys = keys();
     for n in SIZES {
         let subset = Subset::new("version=", instances("svc", n));
-        for name in RULES {
+        for (name, excluding) in RULES.iter().flat_map(|name| EXCLUDING.map(|e| (*name, e))) {
+            // Retries exclude instances already tried: spread over the subset.
+            let excluded: Vec<usize> = (0..excluding).map(|e| e * n / excluding.max(1)).collect();
             let rule = parse(name).unwrap();
             let counter =
                 CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
             let picked = Arc::new(AtomicU64::new(0));
             let load = ServiceLoad::new(&stats);
             let mut rng = fastrand::Rng::with_seed(7);
-            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+            let id = if excluding == 0 {
+                BenchmarkId::new(name, n)
+            } else {
+                BenchmarkId::new(format!("{name}/excluding-{excluding}"), n)
+            };
+            group.bench_with_input(id, &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {
                     let rotation = state.rotation(
@@ -90,7 +100,14 @@ fn select_benches(c: &mut Criterion) {
                     );
                     let ticket = state.draw(&rotation);
                     k = (k + 1) & 1023;
-                    let draw = Draw { candidates: &subset, ticket, key: &keys[k], zone: "", stats: &load };
+                    let draw = Draw {
+                        candidates: &subset,
+                        ticket,
+                        key: &keys[k],
+                        zone: "",
+                        stats: &load,
+                        excluded: Excluded::new(&excluded),
+                    };
                     black_box(rule.rule.select(&draw, &mut rng))
                 })
             });

@@ -5,6 +5,8 @@
 #   ./scripts/test.sh            everything
 #   ./scripts/test.sh rust       only the Rust crate
 #   ./scripts/test.sh browser    only the dashboard in headless Chromium
+#   ./scripts/test.sh soak       only the short soak and fault scenarios (rota soak --short)
+#   ./scripts/test.sh fuzz       only a short run of every fuzz target
 #   ./scripts/test.sh python go  only those clients (after building the server)
 set -euo pipefail
 
@@ -14,13 +16,19 @@ cd "$root"
 clients=()
 run_rust=1
 run_browser=1
+run_soak=1
+run_fuzz=1
 if [ "$#" -gt 0 ]; then
   run_rust=0
   run_browser=0
+  run_soak=0
+  run_fuzz=0
   for arg in "$@"; do
     case "$arg" in
       rust) run_rust=1 ;;
       browser) run_browser=1 ;;
+      soak) run_soak=1 ;;
+      fuzz) run_fuzz=1 ;;
       *) clients+=("$arg") ;;
     esac
   done
@@ -43,6 +51,7 @@ step build cargo build --locked --bin rota
 export ROTA_BIN="$root/target/debug/rota"
 
 if [ "$run_rust" = 1 ]; then
+  step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
   step rust cargo test --locked
 fi
 for client in "${clients[@]}"; do
@@ -50,6 +59,12 @@ for client in "${clients[@]}"; do
 done
 if [ "$run_browser" = 1 ]; then
   step browser tests/browser/test.sh
+fi
+if [ "$run_soak" = 1 ]; then
+  step soak "$ROTA_BIN" soak --short
+fi
+if [ "$run_fuzz" = 1 ] && [ -x scripts/fuzz.sh ]; then
+  step fuzz scripts/fuzz.sh 20
 fi
 
 echo "==> all suites passed"

@@ -21,6 +21,8 @@
 //! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
 //!   live dashboard (axum; reads what the layers above publish, changes nothing).
 //! - [`config`] — the server's settings: file < environment < flags, validated before binding.
+//! - [`listener`] — the gRPC listener's front door: connection caps per peer and in total,
+//!   handshake and idle timeouts, `TCP_NODELAY` on every socket.
 //! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
 //! - [`loadgen`] — the load generator behind `rota bench`.
@@ -37,6 +39,7 @@ pub mod client;
 pub mod config;
 pub mod grpc;
 pub mod hash;
+pub mod listener;
 pub mod loadgen;
 pub mod policy;
 pub mod registry;

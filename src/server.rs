@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use crate::admin::{self, AdminError, AdminState};
@@ -20,7 +19,9 @@ use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
+use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService};
+use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
 use crate::registry::{Registry, RegistryConfig};
@@ -37,8 +38,23 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often statistics of departed instances and expired sticky assignments are dropped.
-const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(30);
+/// HTTP/2 flow-control windows. A stream may have 64 KiB sent and not yet read: plenty for
+/// requests of a few dozen bytes, and small enough that a stream's unread requests, however
+/// finely a client frames them, stay inside the connection's budget for small DATA frames
+/// (half the connection window), so a fast pipelining client is slowed by flow control
+/// instead of having its connection closed.
+const STREAM_WINDOW: u32 = 64 << 10;
+const CONNECTION_WINDOW: u32 = 4 << 20;
+/// Request headers accepted on one stream, advertised in SETTINGS so well-behaved clients refuse
+/// larger ones themselves. A larger header list is refused on its own stream (HTTP 431), and
+/// h2 closes the connection only for a single field larger than this, so it is generous:
+/// gRPC metadata is small, and a stray large header should not cost the connection's other
+/// streams (registrations among them).
+const MAX_HEADER_LIST_BYTES: u32 = 256 << 10;
+
+/// Default time between housekeeping rounds (statistics of departed instances, expired sticky
+/// assignments, idle rotation counters, forgotten services).
+pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -50,6 +66,10 @@ pub struct ServeConfig {
     /// Policy file (TOML), loaded before binding and reloaded on change or SIGHUP.
     pub policy_file: Option<PathBuf>,
     pub limits: Limits,
+    /// Time between housekeeping rounds.
+    pub housekeeping_interval: Duration,
+    /// Memory budget of the sticky assignments, in bytes.
+    pub sticky_memory_bytes: usize,
     /// TLS (and mTLS when a client CA is given) on the gRPC listener; `None` serves plaintext.
     pub tls: Option<TlsFiles>,
     /// Bearer tokens and their scopes; `None` serves without authentication.
@@ -68,6 +88,10 @@ pub struct Limits {
     pub concurrent_requests_per_connection: usize,
     /// HTTP/2 streams per connection (advertised in SETTINGS).
     pub streams_per_connection: u32,
+    /// Long-lived streams (`Register`, `Watch`, `PickStream`) open at once, in total.
+    pub max_open_streams: usize,
+    /// Connections in total and per peer, and how long one may stay silent.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for Limits {
@@ -77,6 +101,8 @@ impl Default for Limits {
             max_message_bytes: 4 << 20,
             concurrent_requests_per_connection: 1024,
             streams_per_connection: 1024,
+            max_open_streams: DEFAULT_MAX_OPEN_STREAMS,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -90,6 +116,8 @@ impl Default for ServeConfig {
             stats: StatsConfig::default(),
             policy_file: None,
             limits: Limits::default(),
+            housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+            sticky_memory_bytes: crate::state::DEFAULT_STICKY_MEMORY_BYTES,
             tls: None,
             auth: None,
         }
@@ -140,11 +168,18 @@ impl Drop for Server {
     }
 }
 
-async fn housekeeping(balancer: Arc<Balancer>) {
-    let mut ticker = tokio::time::interval(HOUSEKEEPING_INTERVAL);
+/// Housekeeping runs on a blocking thread: it walks every statistics entry, and however long
+/// that takes at scale, it must never hold up the runtime that answers picks and heartbeats.
+async fn housekeeping(balancer: Arc<Balancer>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
     loop {
         ticker.tick().await;
-        balancer.housekeeping();
+        let balancer = balancer.clone();
+        if tokio::task::spawn_blocking(move || balancer.housekeeping()).await.is_err() {
+            tracing::error!("housekeeping failed");
+        }
     }
 }
 
@@ -168,13 +203,18 @@ impl Server {
         };
 
         let registry = Registry::spawn(config.registry);
-        let balancer =
-            Arc::new(Balancer::new(registry.clone(), StateBackend::default(), policies.clone(), config.stats));
+        let balancer = Arc::new(Balancer::new(
+            registry.clone(),
+            StateBackend::memory(config.sticky_memory_bytes),
+            policies.clone(),
+            config.stats,
+        ));
         let mut background = Vec::new();
         if let Some(path) = &config.policy_file {
             background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));
         }
-        background.push(tokio::spawn(housekeeping(balancer.clone())));
+        background.push(tokio::spawn(housekeeping(balancer.clone(), config.housekeeping_interval)));
+        background.push(tokio::spawn(crate::balancer::build_tables_after_publication(registry.clone())));
 
         let (drain, drain_rx) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -192,14 +232,18 @@ impl Server {
 
         let grpc_metrics = Arc::new(GrpcMetrics::default());
         let limits = config.limits;
+        let streams = OpenStreams::new(limits.max_open_streams);
+        let admission = Admission::new(limits.connections);
         // With tokens configured, each rota service sits behind its scope's interceptor;
         // without, requests skip the interceptor altogether.
-        let balancer_service = pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone()))
-            .max_decoding_message_size(limits.max_message_bytes);
+        let balancer_service =
+            pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone(), streams.clone()))
+                .max_decoding_message_size(limits.max_message_bytes);
         let registry_service = pb::registry_server::RegistryServer::new(RegistryService::new(
             registry,
             drain_rx,
             limits.registrations_per_peer,
+            streams.clone(),
         ))
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
@@ -208,7 +252,9 @@ impl Server {
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-            .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
             .concurrency_limit_per_connection(limits.concurrent_requests_per_connection)
             .load_shed(true)
             .max_concurrent_streams(Some(limits.streams_per_connection))
@@ -229,9 +275,13 @@ impl Server {
         let task = match &tls {
             Some(acceptor) => {
                 background.push(acceptor.spawn_reloader());
-                tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stopped))
+                let incoming = listener::incoming(listener, admission.clone(), acceptor.handshaker());
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
             }
-            None => tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)),
+            None => {
+                let incoming = listener::incoming(listener, admission.clone(), Plaintext);
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
         };
         info!(addr = %local_addr, tls = tls.is_some(), backend = balancer.state().name(), "serving");
 
@@ -239,7 +289,8 @@ impl Server {
         let (admin_addr, admin_task) = match admin_listener {
             Some((listener, addr)) => {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
-                    .with_auth(config.auth.clone());
+                    .with_auth(config.auth.clone())
+                    .with_limits(admission, streams);
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
             }

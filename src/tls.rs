@@ -7,15 +7,12 @@
 //! reloader) and swaps in a configuration rebuilt from them. Files that do not load are logged
 //! and the configuration in force stays.
 //!
-//! Accepting: one task accepts TCP connections and hands each to a handshake task of its own,
-//! so a slow or stalled handshake never holds up the next connection; finished handshakes go
-//! through a bounded channel to the server. A failed handshake is logged at debug and dropped.
+//! Connections are accepted, capped and timed by the [listener](crate::listener); this module
+//! supplies its TLS handshake.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -25,21 +22,16 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info};
+
+use crate::listener::{Guarded, Handshake};
 
 /// How often the certificate files are checked for a change.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
-/// A handshake not finished in this time is dropped, so a silent peer holds nothing for long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most handshakes in progress at once; further connections wait to be accepted.
-const MAX_HANDSHAKES: usize = 256;
-/// Finished handshakes waiting for the server to take them.
-const READY_QUEUE: usize = 64;
 
 /// Where the PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,59 +180,30 @@ impl ReloadingAcceptor {
         })
     }
 
-    /// Accepts connections on `listener` and yields those whose handshake succeeded. The accept
-    /// task ends when the returned stream is dropped.
-    pub fn incoming(&self, listener: TcpListener) -> TlsIncoming {
-        let (ready, queue) = mpsc::channel(READY_QUEUE);
-        let config = self.config.clone();
-        tokio::spawn(async move {
-            let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-            loop {
-                let permit = tokio::select! {
-                    permit = handshakes.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-                    () = ready.closed() => return,
-                };
-                let (tcp, peer) = tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok(accepted) => accepted,
-                        Err(e) => {
-                            // Usually out of file descriptors: back off instead of spinning.
-                            warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    },
-                    () = ready.closed() => return,
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = TlsAcceptor::from(config.load_full());
-                let ready = ready.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            drop(permit);
-                            let _ = ready.send(tls).await;
-                        }
-                        Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
-                        Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        TlsIncoming { queue }
+    /// The handshake for the [listener](crate::listener): a TLS handshake with the
+    /// configuration in force when the connection was accepted.
+    pub fn handshaker(&self) -> TlsHandshake {
+        TlsHandshake { config: self.config.clone() }
     }
 }
 
-/// Connections with a finished handshake, for `serve_with_incoming`.
-pub struct TlsIncoming {
-    queue: mpsc::Receiver<TlsStream<TcpStream>>,
+/// A TLS handshake on an admitted connection.
+#[derive(Clone)]
+pub struct TlsHandshake {
+    config: Arc<ArcSwap<rustls::ServerConfig>>,
 }
 
-impl futures_util::Stream for TlsIncoming {
-    type Item = io::Result<TlsStream<TcpStream>>;
+impl Handshake for TlsHandshake {
+    type Conn = TlsStream<Guarded<TcpStream>>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.queue.poll_recv(cx).map(|tls| tls.map(Ok))
+    async fn handshake(&self, io: Guarded<TcpStream>) -> io::Result<Self::Conn> {
+        TlsAcceptor::from(self.config.load_full()).accept(io).await
+    }
+
+    /// The TLS handshake itself is bounded by the listener; after it, only the idle timeout
+    /// applies.
+    fn handshake_bytes(&self) -> u64 {
+        1
     }
 }
 

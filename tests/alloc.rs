@@ -1,5 +1,6 @@
-//! The pick path allocates nothing once warm: `Balancer::pick` for the rotation and hashing
-//! rules is counted by a wrapping global allocator (deterministic; no timing involved).
+//! The pick path allocates nothing once warm, with or without `exclude`: `Balancer::pick` for
+//! the rotation and hashing rules is counted by a wrapping global allocator (deterministic; no
+//! timing involved).
 
 use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
@@ -33,9 +34,12 @@ fn warm_picks_do_not_allocate() {
         (Balancer::with_defaults(registry), lease)
     });
     let keys: Vec<String> = (0..64).map(|k| format!("user-{k}")).collect();
-    for rule in ["round_robin", "random", "repeat", "repeat(n=5)", "weighted", "consistent_hash"] {
+    // Retries name instances already tried: excluding them must not allocate either.
+    let tried = ["i003".to_owned(), "i050".to_owned(), "no-such-id".to_owned()];
+    let rules = ["round_robin", "random", "repeat", "repeat(n=5)", "weighted", "consistent_hash"];
+    for (rule, exclude) in rules.iter().flat_map(|rule| [(*rule, &tried[..0]), (*rule, &tried[..])]) {
         let pick = |k: usize| {
-            let query = PickQuery { service: "svc", rule, key: &keys[k % 64], ..Default::default() };
+            let query = PickQuery { service: "svc", rule, key: &keys[k % 64], exclude, ..Default::default() };
             balancer.pick(query).now_or_never().expect("in-memory picks complete at once").expect("pick");
         };
         // Warm-up: lazy tables, counters, and every instance's statistics entry.
@@ -43,6 +47,7 @@ fn warm_picks_do_not_allocate() {
         let before = counting_alloc::allocations();
         (0..1000).for_each(pick);
         let allocations = counting_alloc::allocations() - before;
-        assert_eq!(allocations, 0, "{rule}: {allocations} allocations in 1000 warm picks");
+        let excluding = exclude.len();
+        assert_eq!(allocations, 0, "{rule} excluding {excluding}: {allocations} allocations in 1000 warm picks");
     }
 }

@@ -83,7 +83,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	if o.logger == nil {
-		o.logger = slog.New(slog.DiscardHandler)
+		o.logger = slog.New(discardHandler{})
 	}
 	b := o.backoff.withDefaults()
 	dialOptions := append([]grpc.DialOption{
@@ -180,3 +180,11 @@ var errClosed = &Error{Code: codes.Canceled, Message: "the client is closed"}
 func (c *Client) closed() bool {
 	return errors.Is(c.ctx.Err(), context.Canceled)
 }
+
+// discardHandler drops every record (what slog.DiscardHandler does in Go 1.24 and later).
+type discardHandler struct{}
+
+func (discardHandler) Enabled(context.Context, slog.Level) bool  { return false }
+func (discardHandler) Handle(context.Context, slog.Record) error { return nil }
+func (h discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h discardHandler) WithGroup(string) slog.Handler           { return h }

@@ -1,6 +1,7 @@
 package rota
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 
@@ -21,7 +22,7 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 			ImportPaths: []string{filepath.Join("..", "..", "proto")},
 		}),
 	}
-	files, err := compiler.Compile(t.Context(), "rota/v1/rota.proto")
+	files, err := compiler.Compile(context.Background(), "rota/v1/rota.proto")
 	if err != nil {
 		t.Fatal(err)
 	}

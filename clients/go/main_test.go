@@ -93,7 +93,13 @@ type server struct {
 // startServer runs `rota serve --listen 127.0.0.1:0` plus args and reads the bound address
 // from the first line of its output.
 func startServer(bin string, args ...string) (*server, error) {
-	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	return startServerOn(bin, "127.0.0.1:0", args...)
+}
+
+// startServerOn runs `rota serve --listen listen` plus args (listen is a loopback address;
+// port 0 picks a free one) and reads the bound address from the first line of its output.
+func startServerOn(bin, listen string, args ...string) (*server, error) {
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", listen}, args...)...)
 	setParentDeathSignal(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -133,7 +139,13 @@ func startServer(bin string, args ...string) (*server, error) {
 // startTestServer starts a server of the test's own, killed when the test ends.
 func startTestServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	s, err := startServer(rotaBin, args...)
+	return startTestServerOn(t, "127.0.0.1:0", args...)
+}
+
+// startTestServerOn starts a server of the test's own on listen, killed when the test ends.
+func startTestServerOn(t *testing.T, listen string, args ...string) *server {
+	t.Helper()
+	s, err := startServerOn(rotaBin, listen, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,14 +153,35 @@ func startTestServer(t *testing.T, args ...string) *server {
 	return s
 }
 
-// kill stops the server and waits for it to exit.
+// kill stops the server at once (SIGKILL) and waits for it to exit.
 func (s *server) kill() error {
+	return s.stop(os.Kill, 0)
+}
+
+// stop sends sig to the server and waits for it to exit; after grace (when positive) it
+// kills the server instead and reports that it had not exited.
+func (s *server) stop(sig os.Signal, grace time.Duration) error {
 	s.once.Do(func() {
-		if err := s.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			s.err = err
 			return
 		}
-		_ = s.cmd.Wait() // "signal: killed" is the expected outcome
+		exited := make(chan struct{})
+		go func() {
+			_ = s.cmd.Wait() // "signal: killed" or "terminated" are expected outcomes
+			close(exited)
+		}()
+		if grace <= 0 {
+			<-exited
+			return
+		}
+		select {
+		case <-exited:
+		case <-time.After(grace):
+			_ = s.cmd.Process.Kill()
+			<-exited
+			s.err = fmt.Errorf("rota did not exit within %s of %v", grace, sig)
+		}
 	})
 	return s.err
 }
@@ -179,7 +212,7 @@ func (b *tailBuffer) String() string {
 // testContext is bounded by d and by the test.
 func testContext(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -190,9 +223,9 @@ func dial(t *testing.T, addr string, opts ...Option) *Client {
 	t.Helper()
 	defaults := []Option{
 		WithBackoff(Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}),
-		WithLogger(slog.New(slog.DiscardHandler)),
+		WithLogger(slog.New(discardHandler{})),
 	}
-	c, err := Dial(t.Context(), addr, append(defaults, opts...)...)
+	c, err := Dial(context.Background(), addr, append(defaults, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,6 +91,8 @@ func (r *Registration) Close(ctx context.Context) error {
 	r.closeOnce.Do(func() {
 		defer r.killStreams()
 		r.stop()
+		timer := time.NewTimer(withdrawTimeout)
+		defer timer.Stop()
 		select {
 		case <-r.done:
 		case <-ctx.Done():
@@ -98,6 +100,11 @@ func (r *Registration) Close(ctx context.Context) error {
 			<-r.done
 			r.closeErr = contextError(ctx, "closing the registration")
 			return
+		case <-timer.C:
+			// A re-announcement is still unanswered: ending its stream is what removes
+			// whatever rota registered from it.
+			r.killStreams()
+			<-r.done
 		}
 		if r.live == nil || r.c.closed() {
 			return // nothing is registered: the stream was lost, or ended with the client
@@ -153,7 +160,9 @@ func (r *Registration) reconnect() (*session, bool) {
 		if !sleep(r.ctx, r.c.retryDelay(attempt)) {
 			return nil, false
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, reannounceTimeout)
+		// A stop does not abort an announcement already sent: Close waits for its
+		// acknowledgement, so that it can withdraw what rota has just registered.
+		ctx, cancel := context.WithTimeout(r.streams, reannounceTimeout)
 		s, err := r.connect(ctx)
 		cancel()
 		if err == nil {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the rota Java client (generating the gRPC stubs from proto/rota/v1/rota.proto), the
-# Spring Cloud module and the examples, and runs every test against live rota servers.
+# Spring Cloud module and the examples, runs every test against live rota servers and installs
+# the artifacts into the local Maven repository; then runs README.md's quick start in a fresh
+# Maven project that depends on the installed client (scripts/quickstart.sh).
 #
-# The tests find the server binary through ROTA_BIN (an absolute path); without it they run
-# `cargo build --bin rota` in the repository root and use target/debug/rota.
+# The server binary is ROTA_BIN (an absolute path); without it, `cargo build --bin rota` runs in
+# the repository root and target/debug/rota is used.
 set -euo pipefail
 
 # The suite runs several `rota serve` at once; their admin listeners would all want the default
@@ -16,13 +18,14 @@ cd "$here"
 command -v mvn >/dev/null || { echo "test.sh: mvn (Maven 3.8+) is required" >&2; exit 1; }
 command -v java >/dev/null || { echo "test.sh: java (17+) is required" >&2; exit 1; }
 
-args=(-B -q -ntp -Dstyle.color=never)
-if [[ -n "${ROTA_BIN:-}" ]]; then
-  args+=("-Drota.bin=${ROTA_BIN}")
+if [[ -z "${ROTA_BIN:-}" ]]; then
+  (cd ../.. && cargo build --bin rota)
+  export ROTA_BIN="$(cd ../.. && pwd)/target/debug/rota"
 fi
+args=(-B -q -ntp -Dstyle.color=never "-Drota.bin=${ROTA_BIN}")
 
 status=0
-mvn "${args[@]}" clean verify || status=$?
+mvn "${args[@]}" clean install || status=$?
 
 # Maven is quiet on success: sum the Surefire reports into one closing line.
 tests=0 failed=0 skipped=0
@@ -38,10 +41,12 @@ echo
 echo "java: $((tests - failed - skipped)) passed, ${failed} failed, ${skipped} skipped"
 
 if [[ $status -ne 0 ]]; then
-  echo "test.sh: mvn verify failed (exit $status); reports in $here/*/target/surefire-reports" >&2
+  echo "test.sh: mvn install failed (exit $status); reports in $here/*/target/surefire-reports" >&2
   exit "$status"
 fi
 if [[ $tests -eq 0 ]]; then
   echo "test.sh: no test ran" >&2
   exit 1
 fi
+
+scripts/quickstart.sh

@@ -3,9 +3,11 @@
 # asyncio clients) and the integration tests against live `rota serve` processes.
 #
 # Creates .venv here, installs the package in editable mode with its test extras from PyPI,
-# generates the protobuf/gRPC stubs into src/rota/_pb, then runs pytest (extra arguments are
-# passed on). The tests use $ROTA_BIN when set, else they run `cargo build --bin rota` in the
-# repository root.
+# then runs pytest (extra arguments are passed on). The protobuf/gRPC stubs in src/rota/_pb are
+# committed; tests/test_stubs.py fails when they differ from what proto/rota/v1/rota.proto
+# generates, and tests/test_install.py installs the package into fresh virtual environments
+# outside the repository. The tests use $ROTA_BIN when set, else they run
+# `cargo build --bin rota` in the repository root.
 set -euo pipefail
 
 # The suite runs several `rota serve` at once; their admin listeners would all want the default
@@ -20,5 +22,4 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 .venv/bin/python -m pip install --quiet --editable ".[test]"
-.venv/bin/python scripts/generate_stubs.py
 exec .venv/bin/python -m pytest "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies, generates the gRPC types, builds and runs the whole test suite
-# (unit tests, the shared conformance scenarios and the integration tests against live servers).
+# (unit tests, the shared conformance scenarios, the integration tests against live servers and
+# the install of the packed package into a fresh project).
 set -euo pipefail
 
 # The suite runs several `rota serve` at once; their admin listeners would all want the default
@@ -16,6 +17,8 @@ if [[ -z "${ROTA_BIN:-}" ]]; then
   export ROTA_BIN="$repo_root/target/debug/rota"
 fi
 
-npm ci --no-audit --no-fund
-npm run build
+# --ignore-scripts: no `prepare` build here. The suite's own build is `npm test`'s pretest
+# (sources and tests into build/); the package build (dist/) runs once, in the `npm pack` of
+# test/install.test.ts, which installs the tarball into a fresh project outside the repository.
+npm ci --ignore-scripts --no-audit --no-fund
 npm test

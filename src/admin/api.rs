@@ -1,7 +1,8 @@
 //! The JSON API: services, one service's instances with their statistics and pick counts, and
 //! the policies in force. Read-only; the same service view feeds the dashboard's event stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -56,8 +57,7 @@ pub fn error(status: StatusCode, message: String) -> Response {
 pub async fn services(State(state): State<AdminState>) -> Json<serde_json::Value> {
     let catalog = state.balancer.registry().catalog();
     let mut services: Vec<ServiceSummary> = catalog
-        .services
-        .values()
+        .snapshots()
         .map(|s| ServiceSummary {
             name: s.name.to_string(),
             instances: s.instances.len(),
@@ -80,17 +80,17 @@ pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) 
 pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     let snapshot = state.balancer.registry().service(name)?;
     let counters = state.balancer.counters();
-    let per_instance = state.balancer.instance_picks(name);
+    // One pass over the tallies, grouped by instance: the view is linear in the instances.
+    let mut per_instance: HashMap<Arc<str>, BTreeMap<String, u64>> = HashMap::new();
+    for tally in state.balancer.instance_picks(name) {
+        per_instance.entry(tally.instance).or_default().insert(tally.rule.to_string(), tally.count);
+    }
     let instances = snapshot
         .instances
         .iter()
         .map(|instance| {
             let report = state.balancer.instance_stats(name, &instance.id);
-            let picks_by_rule: BTreeMap<String, u64> = per_instance
-                .iter()
-                .filter(|p| p.instance == instance.id)
-                .map(|p| (p.rule.to_string(), p.count))
-                .collect();
+            let picks_by_rule = per_instance.remove(&instance.id).unwrap_or_default();
             InstanceView {
                 id: instance.id.to_string(),
                 host: instance.host.clone(),
@@ -116,7 +116,7 @@ pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     Some(ServiceView { name: snapshot.name.to_string(), epoch: snapshot.epoch, instances, picks_by_rule })
 }
 
-fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
+pub(super) fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
     serde_json::json!({
         "service": service,
         "rule": &*policy.rule.canonical,
@@ -142,4 +142,20 @@ pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value
     names.sort();
     let services: Vec<_> = names.into_iter().map(|name| policy_json(Some(name), &set.services[name])).collect();
     Json(serde_json::json!({ "defaults": policy_json(None, &set.defaults), "services": services }))
+}
+
+/// A small icon for the browser tab (a ring with a marked position), so that the browser's
+/// request for `/favicon.ico` is answered.
+const FAVICON: &str = concat!(
+    r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">"##,
+    r##"<circle cx="16" cy="16" r="11" fill="none" stroke="#2f6fde" stroke-width="5"/>"##,
+    r##"<circle cx="16" cy="5" r="5" fill="#1d2330"/></svg>"##,
+);
+
+pub async fn favicon() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "image/svg+xml"), (axum::http::header::CACHE_CONTROL, "max-age=86400")],
+        FAVICON,
+    )
+        .into_response()
 }

@@ -38,7 +38,57 @@ pub fn render(state: &AdminState) -> String {
     render_picks(state, &mut out);
     render_catalog(state, &mut out);
     render_grpc(state, &mut out);
+    render_limits(state, &mut out);
     out
+}
+
+fn render_limits(state: &AdminState, out: &mut String) {
+    let sticky = state.balancer.state().sticky_usage();
+    header(out, "rota_sticky_entries", "gauge", "Sticky assignments held.");
+    let _ = writeln!(out, "rota_sticky_entries {}", sticky.entries);
+    header(out, "rota_sticky_bytes", "gauge", "Memory held by sticky assignments, as accounted against its budget.");
+    let _ = writeln!(out, "rota_sticky_bytes {}", sticky.bytes);
+    header(
+        out,
+        "rota_sticky_budget_bytes",
+        "gauge",
+        "The sticky assignments' memory budget (server.sticky_memory_bytes).",
+    );
+    let _ = writeln!(out, "rota_sticky_budget_bytes {}", sticky.budget);
+    header(out, "rota_sticky_refused_total", "counter", "New sticky assignments not remembered: the budget was spent.");
+    let _ = writeln!(out, "rota_sticky_refused_total {}", sticky.refused);
+    let Some((connections, streams)) = &state.limits else { return };
+    let counts = connections.counts();
+    let limits = connections.limits();
+    header(out, "rota_connections", "gauge", "Open gRPC connections.");
+    let _ = writeln!(out, "rota_connections {}", counts.open);
+    header(
+        out,
+        "rota_connections_limit",
+        "gauge",
+        "Connection caps (server.max_connections, server.max_connections_per_peer).",
+    );
+    let _ = writeln!(out, "rota_connections_limit{{scope=\"total\"}} {}", limits.max_connections);
+    let _ = writeln!(out, "rota_connections_limit{{scope=\"per_peer\"}} {}", limits.max_connections_per_peer);
+    header(out, "rota_connections_refused_total", "counter", "Connections closed at once because a cap was reached.");
+    let _ = writeln!(out, "rota_connections_refused_total{{cap=\"total\"}} {}", counts.refused_total_cap);
+    let _ = writeln!(out, "rota_connections_refused_total{{cap=\"per_peer\"}} {}", counts.refused_peer_cap);
+    header(
+        out,
+        "rota_connections_closed_total",
+        "counter",
+        "Connections closed by rota: handshake timeout or failure, idle timeout.",
+    );
+    let _ =
+        writeln!(out, "rota_connections_closed_total{{reason=\"handshake_timeout\"}} {}", counts.handshake_timeouts);
+    let _ = writeln!(out, "rota_connections_closed_total{{reason=\"handshake_failed\"}} {}", counts.handshake_failures);
+    let _ = writeln!(out, "rota_connections_closed_total{{reason=\"idle_timeout\"}} {}", counts.idle_timeouts);
+    header(out, "rota_open_streams", "gauge", "Open Register, Watch and PickStream streams.");
+    let _ = writeln!(out, "rota_open_streams {}", streams.open());
+    header(out, "rota_open_streams_limit", "gauge", "The cap on open streams (server.max_open_streams).");
+    let _ = writeln!(out, "rota_open_streams_limit {}", streams.limit());
+    header(out, "rota_streams_refused_total", "counter", "Streams refused with RESOURCE_EXHAUSTED at the cap.");
+    let _ = writeln!(out, "rota_streams_refused_total {}", streams.refused());
 }
 
 fn render_picks(state: &AdminState, out: &mut String) {
@@ -63,7 +113,7 @@ fn render_picks(state: &AdminState, out: &mut String) {
 fn render_catalog(state: &AdminState, out: &mut String) {
     let registry = state.balancer.registry();
     let catalog = registry.catalog();
-    let mut services: Vec<_> = catalog.services.values().collect();
+    let mut services: Vec<_> = catalog.snapshots().collect();
     services.sort_by(|a, b| a.name.cmp(&b.name));
 
     header(out, "rota_instances", "gauge", "Registered instances by service and status.");

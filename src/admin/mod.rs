@@ -6,8 +6,10 @@
 //! - `/healthz` (the process answers) and `/readyz` (it is serving and not shutting down).
 //! - `/api/...` — JSON views of services, instances and policies ([`api`]).
 //! - `/api/events?service=NAME` — Server-Sent Events with a JSON snapshot of one service every
-//!   500 ms and on every registry change ([`events`]).
-//! - `/` — the dashboard: one HTML page with inline script and style, embedded in the binary.
+//!   500 ms and on every registry change, with the recent history the dashboard plots
+//!   ([`events`]).
+//! - `/` — the dashboard: one HTML page with inline script and style, embedded in the binary;
+//!   `/favicon.ico` — its icon.
 //!
 //! Everything here reads what the other layers already publish (the catalog, the balancer's
 //! counters and statistics, the gRPC metrics); the admin listener never changes state. When the
@@ -32,6 +34,8 @@ use tokio::task::JoinHandle;
 use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::metrics::GrpcMetrics;
+use crate::grpc::streams::OpenStreams;
+use crate::listener::Admission;
 
 /// The dashboard page, served as is.
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -53,6 +57,8 @@ pub struct AdminState {
     draining: watch::Receiver<bool>,
     /// When set, everything but the page itself and the health checks needs an admin token.
     auth: Option<Arc<Authenticator>>,
+    /// The gRPC listener's connection caps and the server's open streams, when serving.
+    limits: Option<(Arc<Admission>, Arc<OpenStreams>)>,
 }
 
 impl AdminState {
@@ -64,7 +70,13 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining, auth: None }
+        Self { balancer, grpc, stopping, draining, auth: None, limits: None }
+    }
+
+    /// Reports the connection caps and open streams in `/metrics`.
+    pub fn with_limits(mut self, connections: Arc<Admission>, streams: Arc<OpenStreams>) -> Self {
+        self.limits = Some((connections, streams));
+        self
     }
 
     /// Requires an admin token (the same check as gRPC) for the metrics and the API.
@@ -92,8 +104,10 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AdminEr
 }
 
 pub fn router(state: AdminState) -> Router {
+    let history = events::History::start(&state);
     Router::new()
         .route("/", get(dashboard))
+        .route("/favicon.ico", get(api::favicon))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::scrape))
@@ -102,19 +116,20 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/policies", get(api::policies))
         .route("/api/events", get(events::stream))
         .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
+        .layer(axum::Extension(history))
         .with_state(state)
 }
 
 /// With authentication on, the metrics and the API need a token with the admin scope, sent as
 /// `Authorization: Bearer TOKEN` or, for the dashboard's event stream (browsers cannot set
-/// headers on it), as `?token=TOKEN`. The page itself and the health checks stay open.
+/// headers on it), as `?token=TOKEN`. The page itself, its icon and the health checks stay open.
 async fn require_admin(
     axum::extract::State(state): axum::extract::State<AdminState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let Some(auth) = &state.auth else { return next.run(request).await };
-    if matches!(request.uri().path(), "/" | "/healthz" | "/readyz") {
+    if matches!(request.uri().path(), "/" | "/favicon.ico" | "/healthz" | "/readyz") {
         return next.run(request).await;
     }
     let header = request

@@ -88,7 +88,11 @@ impl Authenticator {
     /// The principal of an `authorization: Bearer TOKEN` header value.
     pub fn authenticate_header(&self, header: Option<&str>) -> Result<Arc<Principal>, AuthError> {
         let header = header.ok_or(AuthError::Missing)?;
-        let token = header.strip_prefix("Bearer ").ok_or(AuthError::Invalid)?;
+        // The scheme name is case-insensitive (RFC 7235 §2.1): `bearer` and `BEARER` are fine.
+        let (scheme, token) = header.trim_start().split_once(' ').ok_or(AuthError::Invalid)?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(AuthError::Invalid);
+        }
         self.authenticate(token.trim()).ok_or(AuthError::Invalid)
     }
 }
@@ -151,6 +155,10 @@ mod tests {
         assert_eq!(auth.authenticate_header(None), Err(AuthError::Missing));
         assert_eq!(auth.authenticate_header(Some("Bearer s3cre")), Err(AuthError::Invalid));
         assert_eq!(auth.authenticate_header(Some("s3cret")), Err(AuthError::Invalid));
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            assert_eq!(auth.authenticate_header(Some(&format!("{scheme} s3cret"))).unwrap().name, "ci");
+        }
+        assert_eq!(auth.authenticate_header(Some("Basic s3cret")), Err(AuthError::Invalid));
         assert!(Scope::parse("root").is_err() && Scope::parse("register:").is_err());
     }
 }

@@ -5,8 +5,9 @@
 //! A successful pick counts through the counter handle its rotation caches on the snapshot
 //! subset ([`PickCounters::ok_counter`]): one `fetch_add`, no lookup. Other results are found by
 //! one sharded-map lookup keyed by the snapshot's and the rule cache's `Arc<str>`s. Label
-//! cardinality is bounded: the first [`MAX_COUNTED_SERVICES`] service names seen get their own
-//! label; later ones share [`OTHER_SERVICE`].
+//! cardinality is bounded: callers pass registered services' names only (a pick of anything
+//! else counts under [`UNKNOWN_SERVICE`]), the first [`MAX_COUNTED_SERVICES`] names seen get
+//! their own label, and later ones share [`OTHER_SERVICE`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,9 @@ use super::PickError;
 pub const MAX_COUNTED_SERVICES: usize = 1000;
 /// The service label of picks for services beyond [`MAX_COUNTED_SERVICES`].
 pub const OTHER_SERVICE: &str = "_other";
+/// The service label of picks naming a service that is not registered (or not even a valid
+/// name): only registered services' names become labels.
+pub const UNKNOWN_SERVICE: &str = "_unknown";
 /// Most distinct rule labels the pick counters track (consumers use a handful; a client sending
 /// ever-new valid rule strings cannot grow the series without bound). Picks under further rules
 /// count under [`OTHER_RULE`].

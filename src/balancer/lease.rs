@@ -36,7 +36,7 @@ impl Balancer {
         let mut rule = None;
         let result = self.lease_uncounted(query, count, &mut rule).await;
         let fallback = result.as_ref().is_ok_and(|leased| leased.fallback.is_some());
-        self.counters.record(query.service, rule.as_ref(), PickResult::of(&result), fallback);
+        self.counters.record(self.service_label(query.service), rule.as_ref(), PickResult::of(&result), fallback);
         result
     }
 

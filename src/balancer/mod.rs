@@ -22,13 +22,13 @@ use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
 use crate::registry::{
-    Catalog, Instance, InvalidField, MAX_NAME_LEN, Registry, ServiceSnapshot, validate_service_name,
+    Catalog, Instance, InvalidField, Registry, ServiceSnapshot, validate_optional_name, validate_service_name,
 };
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
 pub use crate::state::InstancePicks;
-pub use counters::{PickCounters, PickResult};
+pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
@@ -129,20 +129,28 @@ impl Balancer {
         let rule = match resolved {
             Ok(rule) => rule,
             Err(error) => {
-                self.counters.record(query.service, None, PickResult::of_error(&error), false);
+                self.counters.record(self.service_label(query.service), None, PickResult::of_error(&error), false);
                 return Err(error);
             }
         };
         let result = self.pick_with(&rule, policy, query).await;
         match &result {
             // The pick itself was counted on its rotation.
-            Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(query.service),
+            Ok(picked) if picked.fallback.is_some() => self.counters.record_fallback(&picked.instance.service),
             Ok(_) => {}
             Err(error) => {
-                self.counters.record(query.service, Some(&rule.canonical), PickResult::of_error(error), false)
+                let service = self.service_label(query.service);
+                self.counters.record(service, Some(&rule.canonical), PickResult::of_error(error), false)
             }
         }
         result
+    }
+
+    /// The label a pick of `service` is counted under: its name when it is registered,
+    /// [`UNKNOWN_SERVICE`] otherwise. A name a client made up never becomes a label, so it can
+    /// neither grow the metrics nor use up the labels real services need.
+    fn service_label<'a>(&self, service: &'a str) -> &'a str {
+        if self.registry.catalog().get(service).is_some() { service } else { UNKNOWN_SERVICE }
     }
 
     /// The request's rule, or the service's policy rule when the request names none.
@@ -222,13 +230,36 @@ impl Balancer {
         }
     }
 
-    /// Periodic upkeep: forget statistics of instances that left, drop expired assignments.
+    /// Periodic upkeep: forget statistics of instances that left, drop expired assignments and
+    /// idle rotation counters. Linear in the number of entries (one binary search in the
+    /// service's snapshot each); the server runs it off the async runtime.
     pub fn housekeeping(&self) {
         let catalog = self.registry.catalog();
-        let registered =
-            |service: &str, id: &str| catalog.get(service).is_some_and(|s| s.instances.iter().any(|i| *i.id == *id));
-        self.stats.retain(registered);
+        self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instance(id).is_some()));
         self.state.housekeeping();
+    }
+}
+
+/// Follows the registry's publications and builds, on a blocking thread, the lookup tables that
+/// picks used on the previous snapshot of a changed service (a Maglev table for 100,000
+/// instances has 10 million slots), so the first pick after a change does not build them.
+pub async fn build_tables_after_publication(registry: Registry) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut published = registry.published();
+    loop {
+        let names = match published.recv().await {
+            Ok(names) => names,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        for name in names.iter() {
+            let Some(snapshot) = registry.service(name) else { continue };
+            let build =
+                move || snapshot.subsets().fold(false, |built, subset| subset.tables.build_wanted(subset) | built);
+            if matches!(tokio::task::spawn_blocking(build).await, Ok(true)) {
+                tracing::debug!(service = %name, "lookup tables built after publication");
+            }
+        }
     }
 }
 
@@ -248,12 +279,10 @@ fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {
     let too_long = |field: &str, len: usize, limit: usize| {
         PickError::Invalid(InvalidField::new(field, format!("is {len} bytes long; the limit is {limit}")))
     };
-    if query.version.len() > MAX_NAME_LEN {
-        return Err(too_long("version", query.version.len(), MAX_NAME_LEN));
-    }
-    if query.zone.len() > MAX_NAME_LEN {
-        return Err(too_long("zone", query.zone.len(), MAX_NAME_LEN));
-    }
+    // Malformed, not merely unknown: a version that could never be registered is refused
+    // rather than quietly falling back to unversioned instances.
+    validate_optional_name("version", query.version)?;
+    validate_optional_name("zone", query.zone)?;
     if query.key.len() > MAX_KEY_LEN {
         return Err(too_long("key", query.key.len(), MAX_KEY_LEN));
     }

@@ -68,7 +68,7 @@ impl Balancer {
         let mut summary = ReportSummary::default();
         for outcome in outcomes {
             let snapshot = catalog.get(&outcome.service);
-            let instance = snapshot.and_then(|s| s.instances.iter().find(|i| *i.id == *outcome.instance_id));
+            let instance = snapshot.and_then(|s| s.instance(&outcome.instance_id));
             match (instance, outcome.result) {
                 (Some(instance), Some(result)) => {
                     let breaker = &policies.for_service(&outcome.service).breaker;

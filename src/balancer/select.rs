@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::{Instance, ServiceSnapshot};
-use crate::rules::{Draw, Fallback, ParsedRule, Rule, Select, StatsView, isolate, without_excluded};
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, StatsView, isolate};
 use crate::state::{CounterKey, Load, Stats, StickyKey};
 
 /// The rotation gray-release tickets are drawn from.
@@ -66,10 +66,12 @@ impl Balancer {
         let version = self.requested_version(snapshot, policy, query).await?;
         let isolated = isolate(snapshot, &version, policy.isolation_fallback == IsolationFallback::Any);
         let mut fallback = isolated.fallback.map(|kind| isolation_note(kind, &version));
-        let candidates = without_excluded(isolated.subset, exclude);
-        if candidates.is_empty() {
+        let candidates = isolated.subset;
+        let excluded = excluded_positions(candidates, exclude);
+        if candidates.len() == excluded.len() {
             return Err(PickError::Unavailable(unavailable_reason(query.service, &version, !exclude.is_empty())));
         }
+        let excluded = Excluded::new(&excluded);
         let rotation = self.state.rotation(
             &candidates.tables.rotations,
             &rule.canonical,
@@ -82,7 +84,7 @@ impl Balancer {
         );
         let ticket = self.state.draw(&rotation).await?;
         let stats = ServiceLoad::new(&self.stats);
-        let draw = Draw { candidates: &candidates, ticket, key: query.key, zone: query.zone, stats: &stats };
+        let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, stats: &stats, excluded };
         let mut rng = fastrand::Rng::new();
 
         let (instance, sticky) = match selector {
@@ -93,11 +95,12 @@ impl Balancer {
                     key: query.key.into(),
                 };
                 let remembered = match self.state.sticky_get(&key).await? {
-                    // Members are sorted by id.
+                    // Members are sorted by id; an excluded instance is not kept for this pick.
                     Some(id) => candidates
                         .members
                         .binary_search_by(|i| (*i.id).cmp(&*id))
                         .ok()
+                        .filter(|&index| draw.accepts(index))
                         .and_then(|index| candidates.members.get(index)),
                     None => None,
                 };
@@ -138,6 +141,19 @@ impl Balancer {
             _ => Ok(Cow::Borrowed(query.version)),
         }
     }
+}
+
+/// Exclusions are kept on the stack for up to 8 excluded candidates: no allocation per retry.
+type Positions = smallvec::SmallVec<[usize; 8]>;
+
+/// The positions among `candidates` (sorted by id) of the ids in `exclude`, sorted, without
+/// duplicates; ids that are not candidates are ignored. One binary search per id.
+fn excluded_positions(candidates: &crate::registry::Subset, exclude: &[String]) -> Positions {
+    let mut positions: Positions =
+        exclude.iter().filter_map(|id| candidates.members.binary_search_by(|i| (*i.id).cmp(id)).ok()).collect();
+    positions.sort_unstable();
+    positions.dedup();
+    positions
 }
 
 /// The rule's choice among the draw's candidates, its fallback note added to `fallback`.

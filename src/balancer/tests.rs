@@ -138,3 +138,33 @@ async fn picks_are_counted_once_per_answer_and_per_instance() {
         ["a", "b", "c"].iter().map(|id| balancer.instance_stats("svc", id).load.in_flight).collect();
     assert_eq!(in_flight, [5, 0, 2]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hash_table_in_use_is_built_for_the_next_snapshot_before_any_pick() {
+    let (balancer, lease) = balancer_with(vec![spec("a", ""), spec("b", "")]).await;
+    let registry = balancer.registry().clone();
+    tokio::spawn(build_tables_after_publication(registry.clone()));
+    let keyed = PickQuery { key: "user-1", ..query("consistent_hash", "") };
+    balancer.pick(keyed).await.unwrap();
+    let built = |snapshot: &ServiceSnapshot| snapshot.unversioned.tables.maglev.get().is_some();
+    assert!(built(&registry.service("svc").unwrap()), "the first pick built it");
+
+    let mut changes = registry.changes();
+    changes.borrow_and_update();
+    lease.announce(vec![spec("c", "")]).await.unwrap();
+    let next = registry.service("svc").unwrap();
+    assert_eq!(next.unversioned.len(), 3);
+    // Wait (bounded) for the builder; no pick touches the new snapshot meanwhile.
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !built(&next) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("built after publication");
+    // A subset no pick hashed into is left alone.
+    lease.announce(vec![spec("v1", "v1")]).await.unwrap();
+    let later = registry.service("svc").unwrap();
+    tokio::task::yield_now().await;
+    assert!(later.versions["v1"].tables.maglev.get().is_none());
+}

@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the rota server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Pick instances of a service.
     Pick(pick::PickArgs),
     /// Register one instance and keep it registered until Ctrl-C, then withdraw it.
@@ -138,7 +138,7 @@ impl CliError {
 
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Pick(args) => pick::run(args).await,
         Command::Register(args) => register::run(args).await,
         Command::Ls(args) => show::ls(args).await,
@@ -157,7 +157,9 @@ pub fn init_tracing(cli: &Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal, never into a file or a log collector.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { logs.json().try_init() } else { logs.try_init() };
 }
 

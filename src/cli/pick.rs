@@ -24,8 +24,8 @@ pub struct PickArgs {
     /// Instance ids not to pick (repeatable).
     #[arg(long)]
     pub exclude: Vec<String>,
-    /// How many picks to make.
-    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    /// How many picks to make (at least 1).
+    #[arg(short = 'n', long = "count", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
     #[command(flatten)]
     pub server: ServerArgs,
@@ -35,6 +35,7 @@ pub async fn run(args: PickArgs) -> Result<(), CliError> {
     let mut client = args.server.connect().await?;
     let options =
         PickOptions { rule: args.rule, version: args.version, key: args.key, zone: args.zone, exclude: args.exclude };
+    println!("{}", HEADER);
     for _ in 0..args.count {
         let picked = client.pick(&args.service, options.clone()).await?;
         println!("{}", describe(&picked));
@@ -42,11 +43,14 @@ pub async fn run(args: PickArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The column names above the lines of [`describe`].
+pub const HEADER: &str = "TICKET  INSTANCE             ADDRESS          RULE  [VERSION]  [FALLBACK]";
+
 /// `ticket  id  host:port  rule  [version]  [fallback]` on one line.
 pub fn describe(picked: &pb::PickResponse) -> String {
     let instance = picked.instance.clone().unwrap_or_default();
-    let mut line =
-        format!("{:>6}  {:<20} {}:{}  {}", picked.ticket, instance.id, instance.host, instance.port, picked.rule);
+    let address = format!("{}:{}", instance.host, instance.port);
+    let mut line = format!("{:>6}  {:<20} {:<16} {}", picked.ticket, instance.id, address, picked.rule);
     if !instance.version.is_empty() {
         line.push_str(&format!("  version={}", instance.version));
     }

@@ -1,9 +1,10 @@
-//! `rota register`.
+//! `rota register`: one instance kept registered until Ctrl-C, across rota restarts.
+
+use std::time::Duration;
 
 use clap::Args;
 
 use super::{CliError, ServerArgs, shutdown_signal};
-use crate::client::ClientError;
 use crate::pb;
 
 #[derive(Debug, Args)]
@@ -58,7 +59,7 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
         status: pb::InstanceStatus::Up.into(),
     };
     let mut client = args.server.connect().await?;
-    let registration = client.register(vec![instance]).await?;
+    let mut registration = client.register(vec![instance.clone()]).await?;
     registration.require_all_accepted()?;
     for accepted in &registration.ack().accepted {
         println!(
@@ -68,12 +69,75 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
             registration.ack().lease_id
         );
     }
-    let mut registration = registration;
-    tokio::select! {
-        () = shutdown_signal() => {}
-        reason = registration.closed() => return Err(ClientError::Closed(reason).into()),
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let reason = tokio::select! {
+            () = &mut shutdown => break,
+            reason = registration.closed() => reason,
+        };
+        // rota restarted, shut down or expired the stream: register again (the instance is
+        // gone until then), with backoff, until it is accepted or Ctrl-C.
+        eprintln!("registration lost ({reason}); registering again");
+        let mut backoff = Backoff::default();
+        registration = loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = tokio::time::sleep(backoff.next()) => {}
+            }
+            match reregister(&args.server, &instance).await {
+                Ok(registration) => break registration,
+                Err(error) => eprintln!("cannot register yet: {error}"),
+            }
+        };
+        println!("registered again (lease {})", registration.ack().lease_id);
     }
     registration.close().await?;
     println!("withdrawn");
     Ok(())
+}
+
+async fn reregister(server: &ServerArgs, instance: &pb::Instance) -> Result<crate::client::Registration, CliError> {
+    let mut client = server.connect().await?;
+    let registration = client.register(vec![instance.clone()]).await?;
+    registration.require_all_accepted()?;
+    Ok(registration)
+}
+
+/// Delays between attempts: doubling from 100 ms to at most 5 s, each with up to 20% jitter so
+/// providers restarted together do not reconnect in step.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: Duration::from_millis(100) }
+    }
+}
+
+impl Backoff {
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn next(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        delay + delay.mul_f64(fastrand::f64() * 0.2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_bounded_jitter() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.next()).collect();
+        let base = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000].map(Duration::from_millis);
+        for (delay, base) in delays.iter().zip(base) {
+            assert!(*delay >= base && *delay <= base.mul_f64(1.2), "{delay:?} vs {base:?}");
+        }
+    }
 }

@@ -51,6 +51,38 @@ pub struct ServeArgs {
     /// HTTP/2 streams per connection [default: 1024].
     #[arg(long, env = "ROTA_MAX_STREAMS_PER_CONNECTION")]
     pub max_streams_per_connection: Option<String>,
+    /// gRPC connections open at once; more are closed as they arrive [default: 10000].
+    #[arg(long, env = "ROTA_MAX_CONNECTIONS")]
+    pub max_connections: Option<String>,
+    /// gRPC connections open at once from one client address [default: 256].
+    #[arg(long, env = "ROTA_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<String>,
+    /// Time a new connection has to finish its TLS handshake or send the HTTP/2 preface [default: 10s].
+    #[arg(long, env = "ROTA_HANDSHAKE_TIMEOUT")]
+    pub handshake_timeout: Option<String>,
+    /// A connection that sends nothing for this long is closed [default: 5m].
+    #[arg(long, env = "ROTA_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<String>,
+    /// Register, Watch and PickStream streams open at once; more are refused with
+    /// RESOURCE_EXHAUSTED [default: 10000].
+    #[arg(long, env = "ROTA_MAX_OPEN_STREAMS")]
+    pub max_open_streams: Option<String>,
+    /// Memory budget of sticky assignments, in bytes [default: 134217728].
+    #[arg(long, env = "ROTA_STICKY_MEMORY_BYTES")]
+    pub sticky_memory_bytes: Option<String>,
+    /// Time between housekeeping rounds (departed instances' statistics, expired sticky
+    /// assignments, idle counters, forgotten services) [default: 30s].
+    #[arg(long, env = "ROTA_HOUSEKEEPING_INTERVAL")]
+    pub housekeeping_interval: Option<String>,
+    /// A service with no instance and no watcher is forgotten after this long [default: 10m].
+    #[arg(long, env = "ROTA_SERVICE_IDLE_TIMEOUT")]
+    pub service_idle_timeout: Option<String>,
+    /// Services known at once; announcing into one more is refused [default: 100000].
+    #[arg(long, env = "ROTA_MAX_SERVICES")]
+    pub max_services: Option<String>,
+    /// Services one token's registration streams may hold instances in at once [default: 1000].
+    #[arg(long, env = "ROTA_MAX_SERVICES_PER_TOKEN")]
+    pub max_services_per_token: Option<String>,
     /// Serve on a non-loopback address although no authentication is configured.
     #[arg(long, env = "ROTA_INSECURE")]
     pub insecure: bool,
@@ -91,6 +123,16 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         max_message_bytes: args.max_message_bytes,
         max_concurrent_requests_per_connection: args.max_concurrent_requests_per_connection,
         max_streams_per_connection: args.max_streams_per_connection,
+        max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
+        handshake_timeout: args.handshake_timeout,
+        idle_timeout: args.idle_timeout,
+        max_open_streams: args.max_open_streams,
+        sticky_memory_bytes: args.sticky_memory_bytes,
+        housekeeping_interval: args.housekeeping_interval,
+        service_idle_timeout: args.service_idle_timeout,
+        max_services: args.max_services,
+        max_services_per_token: args.max_services_per_token,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
         tls_client_ca: args.tls_client_ca,

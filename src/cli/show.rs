@@ -25,6 +25,8 @@ pub async fn ls(args: LsArgs) -> Result<(), CliError> {
 
 pub async fn watch(args: WatchArgs) -> Result<(), CliError> {
     let mut client = args.server.connect().await?;
+    // A service rota has never seen gets the answer `ls` gives (NOT_FOUND), not a silent wait.
+    client.list_instances(&args.service).await?;
     let mut events = client.watch(&args.service).await?;
     while let Some(event) = events.message().await.map_err(crate::client::ClientError::from)? {
         match event.event {

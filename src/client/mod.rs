@@ -28,12 +28,14 @@ pub enum ClientError {
     Address(String),
     #[error("the token cannot be sent as a header: it contains characters outside visible ASCII")]
     Token,
-    #[error("cannot connect to rota: {0}")]
-    Connect(#[from] tonic::transport::Error),
+    #[error("cannot connect to rota at {address}: {}", causes(.source))]
+    Connect { address: String, source: tonic::transport::Error },
+    #[error("cannot set up TLS: {}", causes(.0))]
+    Tls(tonic::transport::Error),
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Status(#[from] tonic::Status),
-    #[error("registration refused: {0}")]
-    Refused(String),
+    #[error("{}: registration refused: {message}", code_name(*.code))]
+    Refused { code: tonic::Code, message: String },
     #[error("the server closed the registration stream: {0}")]
     Closed(String),
 }
@@ -46,6 +48,22 @@ impl ClientError {
             _ => None,
         }
     }
+}
+
+/// An error and its causes, `outer: inner: innermost` (tonic's transport error alone says only
+/// "transport error"; the cause — connection refused, a TLS or DNS failure — is below it).
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// `NOT_FOUND` rather than tonic's "Some requested entity was not found".
@@ -144,8 +162,9 @@ impl RotaClient {
     /// Connects to `http://HOST:PORT` (a bare `HOST:PORT` is accepted too).
     pub async fn connect(address: &str) -> Result<Self, ClientError> {
         let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
-        let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
-        Ok(Self::from_channel(endpoint.connect().await?))
+        let endpoint = Endpoint::from_shared(uri.clone()).map_err(|_| ClientError::Address(address.to_owned()))?;
+        let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { address: uri, source })?;
+        Ok(Self::from_channel(channel))
     }
 
     /// Connects to `https://HOST:PORT` (a bare `HOST:PORT` is accepted too), trusting only
@@ -159,8 +178,10 @@ impl RotaClient {
         if let Some(domain) = tls.domain {
             config = config.domain_name(domain);
         }
-        let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
-        Ok(Self::from_channel(endpoint.tls_config(config)?.connect().await?))
+        let endpoint = Endpoint::from_shared(uri.clone()).map_err(|_| ClientError::Address(address.to_owned()))?;
+        let endpoint = endpoint.tls_config(config).map_err(ClientError::Tls)?;
+        let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { address: uri, source })?;
+        Ok(Self::from_channel(channel))
     }
 
     pub fn from_channel(channel: Channel) -> Self {

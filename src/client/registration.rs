@@ -52,7 +52,10 @@ impl Registration {
     pub fn require_all_accepted(&self) -> Result<(), ClientError> {
         match self.first_ack.refused.first() {
             None => Ok(()),
-            Some(refusal) => Err(ClientError::Refused(refusal.message.clone())),
+            Some(refusal) => Err(ClientError::Refused {
+                code: tonic::Code::from_i32(refusal.code),
+                message: refusal.message.clone(),
+            }),
         }
     }
 

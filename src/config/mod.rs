@@ -17,9 +17,15 @@ use serde::Deserialize;
 
 use crate::auth::{Authenticator, Principal, Scope};
 
-use crate::registry::{DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, RegistryConfig};
-use crate::server::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig};
-use crate::state::StatsConfig;
+use crate::listener::ConnectionLimits;
+use crate::registry::{
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, DEFAULT_MAX_SERVICES, DEFAULT_MAX_SERVICES_PER_TOKEN,
+    DEFAULT_SERVICE_IDLE_TIMEOUT, RegistryConfig,
+};
+use crate::server::{
+    DEFAULT_ADMIN_LISTEN, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig,
+};
+use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StatsConfig};
 use crate::tls::TlsFiles;
 
 /// A setting given on the command line or in the environment (clap merges those two).
@@ -38,6 +44,16 @@ pub struct Overrides {
     pub max_message_bytes: Option<String>,
     pub max_concurrent_requests_per_connection: Option<String>,
     pub max_streams_per_connection: Option<String>,
+    pub max_connections: Option<String>,
+    pub max_connections_per_peer: Option<String>,
+    pub handshake_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_open_streams: Option<String>,
+    pub sticky_memory_bytes: Option<String>,
+    pub housekeeping_interval: Option<String>,
+    pub service_idle_timeout: Option<String>,
+    pub max_services: Option<String>,
+    pub max_services_per_token: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub tls_client_ca: Option<String>,
@@ -111,6 +127,16 @@ struct ServerTable {
     max_message_bytes: Option<u64>,
     max_concurrent_requests_per_connection: Option<u64>,
     max_streams_per_connection: Option<u64>,
+    max_connections: Option<u64>,
+    max_connections_per_peer: Option<u64>,
+    handshake_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_open_streams: Option<u64>,
+    sticky_memory_bytes: Option<u64>,
+    housekeeping_interval: Option<String>,
+    service_idle_timeout: Option<String>,
+    max_services: Option<u64>,
+    max_services_per_token: Option<u64>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
@@ -228,7 +254,55 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             1..=1_000_000,
             u64::from(defaults.streams_per_connection),
         )? as u32,
+        max_open_streams: integer(
+            "server.max_open_streams",
+            &overrides.max_open_streams,
+            table.max_open_streams,
+            1..=10_000_000,
+            defaults.max_open_streams as u64,
+        )? as usize,
+        connections: ConnectionLimits {
+            max_connections: integer(
+                "server.max_connections",
+                &overrides.max_connections,
+                table.max_connections,
+                1..=10_000_000,
+                defaults.connections.max_connections as u64,
+            )? as usize,
+            max_connections_per_peer: integer(
+                "server.max_connections_per_peer",
+                &overrides.max_connections_per_peer,
+                table.max_connections_per_peer,
+                1..=10_000_000,
+                defaults.connections.max_connections_per_peer as u64,
+            )? as usize,
+            handshake_timeout: duration(
+                "server.handshake_timeout",
+                &overrides.handshake_timeout,
+                &table.handshake_timeout,
+                defaults.connections.handshake_timeout,
+            )?,
+            idle_timeout: duration(
+                "server.idle_timeout",
+                &overrides.idle_timeout,
+                &table.idle_timeout,
+                defaults.connections.idle_timeout,
+            )?,
+        },
     };
+    let sticky_memory_bytes = integer(
+        "server.sticky_memory_bytes",
+        &overrides.sticky_memory_bytes,
+        table.sticky_memory_bytes,
+        (64 << 10)..=(1 << 40),
+        DEFAULT_STICKY_MEMORY_BYTES as u64,
+    )? as usize;
+    let housekeeping_interval = duration(
+        "server.housekeeping_interval",
+        &overrides.housekeeping_interval,
+        &table.housekeeping_interval,
+        DEFAULT_HOUSEKEEPING_INTERVAL,
+    )?;
     let max_instances_per_stream =
         match pick(&overrides.max_instances_per_stream, table.max_instances_per_stream.map(|n| n.to_string())) {
             None => DEFAULT_MAX_INSTANCES_PER_STREAM,
@@ -275,10 +349,35 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         serve: ServeConfig {
             listen,
             admin_listen,
-            registry: RegistryConfig { heartbeat_timeout, max_instances_per_stream },
+            registry: RegistryConfig {
+                heartbeat_timeout,
+                max_instances_per_stream,
+                service_idle_timeout: duration(
+                    "server.service_idle_timeout",
+                    &overrides.service_idle_timeout,
+                    &table.service_idle_timeout,
+                    DEFAULT_SERVICE_IDLE_TIMEOUT,
+                )?,
+                max_services: integer(
+                    "server.max_services",
+                    &overrides.max_services,
+                    table.max_services,
+                    1..=100_000_000,
+                    DEFAULT_MAX_SERVICES as u64,
+                )? as usize,
+                max_services_per_token: integer(
+                    "server.max_services_per_token",
+                    &overrides.max_services_per_token,
+                    table.max_services_per_token,
+                    1..=100_000_000,
+                    DEFAULT_MAX_SERVICES_PER_TOKEN as u64,
+                )? as usize,
+            },
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
             limits,
+            housekeeping_interval,
+            sticky_memory_bytes,
             tls,
             auth,
         },
@@ -377,7 +476,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -390,16 +489,22 @@ impl Settings {
             self.serve.limits.max_message_bytes,
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,
+            self.serve.limits.max_open_streams,
+            self.serve.limits.connections.max_connections,
+            self.serve.limits.connections.max_connections_per_peer,
+            d(self.serve.limits.connections.handshake_timeout),
+            d(self.serve.limits.connections.idle_timeout),
+            self.serve.sticky_memory_bytes,
+            d(self.serve.housekeeping_interval),
+            d(self.serve.registry.service_idle_timeout),
+            self.serve.registry.max_services,
+            self.serve.registry.max_services_per_token,
         );
         if let Some(tls) = &self.serve.tls {
-            // Debug formatting quotes and escapes the path as a TOML basic string needs.
-            toml.push_str(&format!(
-                "tls_cert = {:?}\ntls_key = {:?}\n",
-                tls.cert.display().to_string(),
-                tls.key.display().to_string()
-            ));
+            let path = |p: &Path| crate::policy::file::toml_string(&p.display().to_string());
+            toml.push_str(&format!("tls_cert = {}\ntls_key = {}\n", path(&tls.cert), path(&tls.key)));
             if let Some(ca) = &tls.client_ca {
-                toml.push_str(&format!("tls_client_ca = {:?}\n", ca.display().to_string()));
+                toml.push_str(&format!("tls_client_ca = {}\n", path(ca)));
             }
         }
         toml

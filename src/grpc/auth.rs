@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::status::MissingScope;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
@@ -34,7 +35,7 @@ impl AuthInterceptor {
 impl Interceptor for AuthInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        let principal = self.auth.authenticate_header(header).map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let principal = self.auth.authenticate_header(header)?;
         match self.required {
             Required::Pick if !principal.may_pick() => return Err(lacks(&principal, "pick")),
             Required::Admin if !principal.is_admin() => return Err(lacks(&principal, "admin")),
@@ -45,8 +46,8 @@ impl Interceptor for AuthInterceptor {
     }
 }
 
-fn lacks(principal: &Principal, scope: &str) -> Status {
-    Status::permission_denied(format!("token {:?} does not grant the {scope} scope", principal.name))
+fn lacks(principal: &Principal, scope: &'static str) -> Status {
+    MissingScope { principal: principal.name.clone(), scope }.into()
 }
 
 /// The caller, when authentication is on.

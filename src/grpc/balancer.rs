@@ -4,19 +4,31 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::streams::{OpenStreams, StreamSlot};
 use super::{convert, status};
 use crate::balancer::{Balancer, PickQuery};
 use crate::pb;
 
+/// `PickStream` requests read ahead of the picks that answer them. Reading promptly matters
+/// with clients that send each small request as its own HTTP/2 DATA frames (grpc-go does):
+/// frames left unread in the connection count against its small-frame budget, and a client
+/// pipelining faster than picks are answered would otherwise have its whole connection closed
+/// (`GOAWAY ENHANCE_YOUR_CALM`). Past this many, reading waits, and HTTP/2 flow control (the
+/// small stream window set in [`crate::server`]) holds the client back.
+const PICK_STREAM_READ_AHEAD: usize = 1024;
+
 pub struct BalancerService {
     balancer: Arc<Balancer>,
+    streams: Arc<OpenStreams>,
 }
 
 impl BalancerService {
-    pub fn new(balancer: Arc<Balancer>) -> Self {
-        Self { balancer }
+    pub fn new(balancer: Arc<Balancer>, streams: Arc<OpenStreams>) -> Self {
+        Self { balancer, streams }
     }
 }
 
@@ -74,8 +86,10 @@ impl pb::balancer_server::Balancer for BalancerService {
         &self,
         request: Request<Streaming<pb::PickRequest>>,
     ) -> Result<Response<Self::PickStreamStream>, Status> {
+        let slot = self.streams.acquire()?;
         let balancer = self.balancer.clone();
-        let responses = request.into_inner().then(move |request| {
+        let requests = read_ahead(request.into_inner(), slot);
+        let responses = requests.then(move |request| {
             let balancer = balancer.clone();
             async move {
                 let request = request?;
@@ -93,4 +107,33 @@ impl pb::balancer_server::Balancer for BalancerService {
         });
         Ok(Response::new(Box::pin(responses)))
     }
+}
+
+/// Reads `inbound` in a task of its own into a queue of [`PICK_STREAM_READ_AHEAD`] requests; a
+/// broken stream's status is passed on as the last item. The task holds the stream's `slot` and
+/// ends with the stream or when the responses are dropped.
+fn read_ahead(
+    mut inbound: Streaming<pb::PickRequest>,
+    slot: StreamSlot,
+) -> ReceiverStream<Result<pb::PickRequest, Status>> {
+    let (tx, rx) = mpsc::channel(PICK_STREAM_READ_AHEAD);
+    tokio::spawn(async move {
+        let _slot = slot;
+        loop {
+            let message = tokio::select! {
+                message = inbound.message() => message,
+                () = tx.closed() => break,
+            };
+            let next = match message {
+                Ok(Some(request)) => Ok(request),
+                Ok(None) => break,
+                Err(status) => Err(status),
+            };
+            let end = next.is_err();
+            if tx.send(next).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }

@@ -14,6 +14,7 @@ mod policies;
 mod register;
 mod registry;
 pub mod status;
+pub mod streams;
 
 pub use balancer::BalancerService;
 pub use policies::PoliciesService;

@@ -5,7 +5,16 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use tonic::Status;
+/// A peer reached its limit of registration streams.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "peer {ip} already holds {count} registration streams; the limit is {limit} (server.max_registrations_per_peer)"
+)]
+pub struct TooManyRegistrations {
+    pub ip: IpAddr,
+    pub count: usize,
+    pub limit: usize,
+}
 
 #[derive(Debug)]
 pub struct PeerStreams {
@@ -25,15 +34,12 @@ impl PeerStreams {
         Arc::new(Self { limit, open: Mutex::new(HashMap::new()) })
     }
 
-    /// Takes a slot for `ip`, or refuses with `RESOURCE_EXHAUSTED` at the limit.
-    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Result<PeerSlot, Status> {
+    /// Takes a slot for `ip`, or refuses at the limit.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Result<PeerSlot, TooManyRegistrations> {
         let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let count = open.entry(ip).or_default();
         if *count >= self.limit {
-            return Err(Status::resource_exhausted(format!(
-                "peer {ip} already holds {count} registration streams; the limit is {}",
-                self.limit
-            )));
+            return Err(TooManyRegistrations { ip, count: *count, limit: self.limit });
         }
         *count += 1;
         Ok(PeerSlot { peers: self.clone(), ip })

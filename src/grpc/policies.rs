@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::pb;
 use crate::policy::{GraySpec, IsolationFallback, Policies, Policy, PolicySpec};
-use crate::registry::validate_service_name;
+use crate::registry::{InvalidField, validate_service_name};
 
 pub struct PoliciesService {
     policies: Arc<Policies>,
@@ -47,10 +47,9 @@ fn spec(policy: &pb::Policy) -> Result<PolicySpec, Status> {
         Ok(pb::IsolationFallback::Fail) => Some(IsolationFallback::Fail),
         Ok(pb::IsolationFallback::Any) => Some(IsolationFallback::Any),
         Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "policy.isolation_fallback is {}; expected ISOLATION_FALLBACK_FAIL or ISOLATION_FALLBACK_ANY",
-                policy.isolation_fallback
-            )));
+            let problem =
+                format!("is {}; expected ISOLATION_FALLBACK_FAIL or ISOLATION_FALLBACK_ANY", policy.isolation_fallback);
+            return Err(InvalidField::new("policy.isolation_fallback", problem).into());
         }
     };
     let breaker = policy.breaker.unwrap_or_default();
@@ -72,7 +71,7 @@ fn spec(policy: &pb::Policy) -> Result<PolicySpec, Status> {
 impl pb::policies_server::Policies for PoliciesService {
     async fn get_policy(&self, request: Request<pb::GetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
         let service = &request.get_ref().service;
-        validate_service_name("service", service).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        validate_service_name("service", service)?;
         let set = self.policies.load();
         let own = set.services.get(service.as_str());
         let policy = own.unwrap_or(&set.defaults);
@@ -80,10 +79,9 @@ impl pb::policies_server::Policies for PoliciesService {
     }
 
     async fn set_policy(&self, request: Request<pb::SetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
-        let policy = request.into_inner().policy.ok_or_else(|| Status::invalid_argument("policy must be set"))?;
+        let policy = request.into_inner().policy.ok_or_else(|| InvalidField::new("policy", "must be set"))?;
         let spec = spec(&policy)?;
-        let stored =
-            self.policies.set_service(&policy.service, spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let stored = self.policies.set_service(&policy.service, spec)?;
         tracing::info!(service = %policy.service, rule = %stored.rule.canonical, "policy set");
         Ok(Response::new(to_pb(&policy.service, &stored, false)))
     }

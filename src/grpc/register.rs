@@ -13,6 +13,7 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::peers::PeerSlot;
+use super::streams::StreamSlot;
 use super::{convert, status};
 use crate::pb::{self, register_request::Msg};
 use std::sync::Arc;
@@ -26,19 +27,24 @@ const RESPONSE_BUFFER: usize = 16;
 /// Why a stream is ended when the server shuts down.
 pub const SHUTTING_DOWN: &str = "rota is shutting down; reconnect to another replica and announce again";
 
+/// A new stream asked of a server that is shutting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rota is shutting down; connect to another replica")]
+pub struct Draining;
+
 pub fn serve(
     registry: &Registry,
     inbound: Streaming<pb::RegisterRequest>,
     drain: watch::Receiver<bool>,
-    slot: Option<PeerSlot>,
+    slots: (Option<PeerSlot>, StreamSlot),
     principal: Option<Arc<Principal>>,
 ) -> ReceiverStream<Result<pb::RegisterResponse, Status>> {
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
-    let lease = registry.open_lease();
+    let lease = registry.open_lease_for(principal.as_ref().map(|p| Arc::from(p.name.as_str())));
     tokio::spawn(async move {
         run(lease, inbound, tx, drain, principal).await;
-        // The peer's slot is free once the stream has ended.
-        drop(slot);
+        // The peer's and the server's places are free once the stream has ended.
+        drop(slots);
     });
     ReceiverStream::new(rx)
 }
@@ -89,7 +95,10 @@ async fn run(
                 }
                 Ok(None) => break,
                 Err(error) => {
+                    // An undecodable or oversized message: the provider is told why (with the
+                    // code the decoder gave) rather than seeing the stream end as if closed.
                     debug!(lease = lease.id(), %error, "registration stream broken");
+                    let _ = tx.send(Err(error)).await;
                     break;
                 }
             },

@@ -9,6 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peers::PeerStreams;
+use super::streams::OpenStreams;
 use super::{auth, convert, register};
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
@@ -17,20 +18,27 @@ pub struct RegistryService {
     registry: Registry,
     drain: watch::Receiver<bool>,
     peers: Arc<PeerStreams>,
+    streams: Arc<OpenStreams>,
 }
 
 impl RegistryService {
     /// `drain` turns true when the server begins a graceful shutdown; each client address may
-    /// hold at most `registrations_per_peer` registration streams.
-    pub fn new(registry: Registry, drain: watch::Receiver<bool>, registrations_per_peer: usize) -> Self {
-        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer) }
+    /// hold at most `registrations_per_peer` registration streams, and registrations and
+    /// watches take their places among the server's `streams`.
+    pub fn new(
+        registry: Registry,
+        drain: watch::Receiver<bool>,
+        registrations_per_peer: usize,
+        streams: Arc<OpenStreams>,
+    ) -> Self {
+        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer), streams }
     }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn checked_service(name: &str) -> Result<(), Status> {
-    validate_service_name("service", name).map_err(|e| Status::invalid_argument(e.to_string()))
+    Ok(validate_service_name("service", name)?)
 }
 
 #[tonic::async_trait]
@@ -42,8 +50,14 @@ impl pb::registry_server::Registry for RegistryService {
         request: Request<Streaming<pb::RegisterRequest>>,
     ) -> Result<Response<Self::RegisterStream>, Status> {
         let principal = auth::require_register(&request)?;
-        let slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
-        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slot, principal)))
+        if *self.drain.borrow() {
+            // A provider that reconnects here while this server drains would be sent away at
+            // once; tell it now, so it goes on to another replica without an announce.
+            return Err(register::Draining.into());
+        }
+        let peer_slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
+        let slots = (peer_slot, self.streams.acquire()?);
+        Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slots, principal)))
     }
 
     async fn list_services(
@@ -53,8 +67,7 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let catalog = self.registry.catalog();
         let mut services: Vec<pb::ServiceSummary> = catalog
-            .services
-            .values()
+            .snapshots()
             .map(|s| pb::ServiceSummary {
                 name: s.name.to_string(),
                 instances: s.instances.len() as u32,
@@ -76,7 +89,7 @@ impl pb::registry_server::Registry for RegistryService {
         let snapshot = self
             .registry
             .service(name)
-            .ok_or_else(|| Status::not_found(format!("service {name:?} has never been registered")))?;
+            .ok_or_else(|| crate::balancer::PickError::UnknownService(name.as_str().into()))?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
         Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
     }
@@ -89,10 +102,15 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = request.into_inner().service;
         checked_service(&name)?;
+        if *self.drain.borrow() {
+            return Err(register::Draining.into());
+        }
+        let slot = self.streams.acquire()?;
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
             let first = pb::WatchEvent {
                 event: Some(Event::Snapshot(pb::InstanceList {
@@ -128,7 +146,7 @@ impl pb::registry_server::Registry for RegistryService {
                     }
                     () = tx.closed() => break,
                     () = register::draining(&mut drain) => {
-                        let _ = tx.send(Err(Status::unavailable("rota is shutting down; watch another replica"))).await;
+                        let _ = tx.send(Err(register::Draining.into())).await;
                         break;
                     }
                 }

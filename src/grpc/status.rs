@@ -1,9 +1,14 @@
-//! The one place where domain errors become gRPC status codes.
+//! The one place where domain errors become gRPC status codes: every `tonic::Status` the rota
+//! services send is built here, from an error of the layer that refused the call.
 
 use tonic::{Code, Status};
 
+use super::peers::TooManyRegistrations;
+use super::register::Draining;
+use super::streams::TooManyStreams;
+use crate::auth::AuthError;
 use crate::balancer::PickError;
-use crate::registry::{Refused, RegistryClosed};
+use crate::registry::{InvalidField, Refused, RegistryClosed};
 use crate::state::StateError;
 
 pub fn pick_error_code(error: &PickError) -> Code {
@@ -46,11 +51,58 @@ pub fn refusal_code(refused: &Refused) -> Code {
         Refused::NotOwned { .. } => Code::NotFound,
         Refused::ShuttingDown => Code::Unavailable,
         Refused::NotPermitted { .. } => Code::PermissionDenied,
+        Refused::TooManyServices { .. } => Code::ResourceExhausted,
     }
 }
 
 impl From<RegistryClosed> for Status {
     fn from(error: RegistryClosed) -> Self {
         Status::unavailable(error.to_string())
+    }
+}
+
+impl From<TooManyStreams> for Status {
+    fn from(error: TooManyStreams) -> Self {
+        Status::resource_exhausted(error.to_string())
+    }
+}
+
+impl From<TooManyRegistrations> for Status {
+    fn from(error: TooManyRegistrations) -> Self {
+        Status::resource_exhausted(error.to_string())
+    }
+}
+
+impl From<Draining> for Status {
+    fn from(error: Draining) -> Self {
+        Status::unavailable(error.to_string())
+    }
+}
+
+/// A field of the request breaks a documented limit.
+impl From<InvalidField> for Status {
+    fn from(error: InvalidField) -> Self {
+        Status::invalid_argument(error.to_string())
+    }
+}
+
+/// No token, or one rota does not know.
+impl From<AuthError> for Status {
+    fn from(error: AuthError) -> Self {
+        Status::unauthenticated(error.to_string())
+    }
+}
+
+/// A known token without the scope the call needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("token {principal:?} does not grant the {scope} scope")]
+pub struct MissingScope {
+    pub principal: String,
+    pub scope: &'static str,
+}
+
+impl From<MissingScope> for Status {
+    fn from(error: MissingScope) -> Self {
+        Status::permission_denied(error.to_string())
     }
 }

@@ -170,14 +170,15 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>) -> JoinHandle<()> 
 pub fn to_toml(set: &PolicySet) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let mut table = |header: &str, policy: &super::Policy| {
+    let defaults_gray = set.defaults.gray.is_some();
+    let mut table = |header: &str, policy: &super::Policy, is_service: bool| {
         let fallback = match policy.isolation_fallback {
             IsolationFallback::Fail => "fail",
             IsolationFallback::Any => "any",
         };
         let breaker = &policy.breaker;
-        let _ =
-            writeln!(out, "\n[{header}]\nrule = {:?}\nisolation_fallback = \"{fallback}\"", &*policy.rule.canonical);
+        let rule = toml_string(&policy.rule.canonical);
+        let _ = writeln!(out, "\n[{header}]\nrule = {rule}\nisolation_fallback = \"{fallback}\"");
         let _ = writeln!(
             out,
             "breaker = {{ failure_threshold = {}, blackout_base = \"{}\", blackout_max = \"{}\" }}",
@@ -185,22 +186,48 @@ pub fn to_toml(set: &PolicySet) -> String {
             humantime::format_duration(breaker.blackout_base),
             humantime::format_duration(breaker.blackout_max)
         );
-        if let Some(gray) = &policy.gray {
-            let versions: Vec<String> = gray.versions.iter().map(|(v, w)| format!("{v:?} = {w}")).collect();
-            let _ = writeln!(
-                out,
-                "gray = {{ unversioned = {}, versions = {{ {} }} }}",
-                gray.unversioned,
-                versions.join(", ")
-            );
+        match &policy.gray {
+            Some(gray) => {
+                let versions: Vec<String> =
+                    gray.versions.iter().map(|(v, w)| format!("{} = {w}", toml_string(v))).collect();
+                let _ = writeln!(
+                    out,
+                    "gray = {{ unversioned = {}, versions = {{ {} }} }}",
+                    gray.unversioned,
+                    versions.join(", ")
+                );
+            }
+            // A service without gray release under defaults that have one: say so, or the
+            // printout would read back with the defaults' gray release.
+            None if is_service && defaults_gray => {
+                let _ = writeln!(out, "gray = {{ unversioned = 1 }}");
+            }
+            None => {}
         }
     };
-    table("defaults", &set.defaults);
+    table("defaults", &set.defaults, false);
     let mut names: Vec<&String> = set.services.keys().collect();
     names.sort();
     for name in names {
-        table(&format!("services.{name:?}"), &set.services[name]);
+        table(&format!("services.{}", toml_string(name)), &set.services[name], true);
     }
+    out
+}
+
+/// `text` as a TOML basic string: quotes and backslashes escaped, control characters as
+/// `\uXXXX`, everything else as it is (Rust's `{:?}` escapes differ and are not TOML).
+pub fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
     out
 }
 
@@ -212,6 +239,28 @@ fn modified(path: &Path) -> Option<(SystemTime, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing (fuzz/regressions/policy_toml/service-turns-gray-off.toml).
+    #[test]
+    fn a_service_that_turns_gray_release_off_keeps_it_off_in_the_printout() {
+        let text = "[defaults]\ngray = { versions = { a = 1 } }\n\n[services.s]\ngray = { unversioned = 1 }\n";
+        let set = parse(text).unwrap();
+        assert!(set.defaults.gray.is_some() && set.services["s"].gray.is_none());
+        let again = parse(&to_toml(&set)).unwrap();
+        assert!(again.services["s"].gray.is_none(), "{}", to_toml(&set));
+        assert_eq!(to_toml(&again), to_toml(&set));
+    }
+
+    /// Found by fuzzing (fuzz/regressions/config_toml/tls-path-escaped-by-debug.toml): Rust's
+    /// `{:?}` writes U+00AD as `\u{ad}`, which TOML cannot read.
+    #[test]
+    fn toml_strings_read_back_as_written() {
+        for text in ["soft\u{ad}hyphen.pem", "quote\"and\\backslash", "tab\tnew\nline\u{7f}", "é 日本 🦀", ""] {
+            let line = format!("x = {}", toml_string(text));
+            let value: toml::Value = toml::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(value["x"].as_str(), Some(text), "{line}");
+        }
+    }
 
     #[test]
     fn a_full_file() {

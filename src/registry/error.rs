@@ -32,6 +32,8 @@ pub enum Refused {
     ShuttingDown,
     #[error("token {principal:?} may not register service {service:?}")]
     NotPermitted { service: String, principal: String },
+    #[error("service {service:?} would be a new service beyond {holder}'s limit of {limit} (server.{key})")]
+    TooManyServices { service: Arc<str>, holder: String, limit: usize, key: &'static str },
 }
 
 /// The registry task has stopped (the server is shutting down).

@@ -12,11 +12,11 @@
 //! The task also expires leases: every message on a stream pushes its lease's deadline forward
 //! by the heartbeat timeout, and a lease whose deadline passes loses its instances.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -33,7 +33,7 @@ pub(crate) type LeaseId = u64;
 const MAX_BATCH: usize = 1024;
 
 pub(crate) enum Command {
-    Open { lease: LeaseId, expired: oneshot::Sender<()> },
+    Open { lease: LeaseId, token: Option<Arc<str>>, expired: oneshot::Sender<()> },
     Announce { lease: LeaseId, instances: Vec<Instance>, reply: oneshot::Sender<Outcome> },
     Update { lease: LeaseId, update: ValidUpdate, reply: oneshot::Sender<Outcome> },
     Withdraw { lease: LeaseId, refs: Vec<InstanceRef>, reply: oneshot::Sender<Outcome> },
@@ -51,9 +51,13 @@ struct Owned {
 struct ServiceEntry {
     instances: BTreeMap<Arc<str>, Owned>,
     epoch: u64,
+    /// Since when the service has had no instance.
+    empty_since: Option<Instant>,
 }
 
 struct LeaseEntry {
+    /// The token the stream authenticated with, if any.
+    token: Option<Arc<str>>,
     deadline: Instant,
     /// Ordered, so a withdraw-all acknowledges instances in a stable order.
     owned: BTreeSet<(Arc<str>, Arc<str>)>,
@@ -67,6 +71,13 @@ pub(crate) struct Index {
     deadlines: BTreeSet<(Instant, LeaseId)>,
     watchers: HashMap<Arc<str>, watch::Sender<Arc<ServiceSnapshot>>>,
     dirty: HashSet<Arc<str>>,
+    /// Services that became empty, oldest first, with the moment they did; each is checked
+    /// (still empty since then, nobody watching) when its idle timeout is up.
+    emptied: VecDeque<(Instant, Arc<str>)>,
+    /// A service was forgotten since the last publication.
+    forgotten: bool,
+    /// Per token, the services its streams hold instances in, with how many.
+    token_services: HashMap<Arc<str>, HashMap<Arc<str>, usize>>,
     catalog: Arc<ArcSwap<Catalog>>,
     published: Catalog,
     /// Acknowledgements held back until the changes they report are published, so a provider
@@ -74,10 +85,18 @@ pub(crate) struct Index {
     replies: Vec<(oneshot::Sender<Outcome>, Outcome)>,
     /// Bumped after every publication, for waiters that re-pick when instances change.
     generation: watch::Sender<u64>,
+    /// The services each publication changed, for work that follows a publication (building
+    /// the tables picks will want) without holding up the registry.
+    published_names: broadcast::Sender<Arc<[Arc<str>]>>,
 }
 
 impl Index {
-    pub(crate) fn new(config: RegistryConfig, catalog: Arc<ArcSwap<Catalog>>, generation: watch::Sender<u64>) -> Self {
+    pub(crate) fn new(
+        config: RegistryConfig,
+        catalog: Arc<ArcSwap<Catalog>>,
+        generation: watch::Sender<u64>,
+        published_names: broadcast::Sender<Arc<[Arc<str>]>>,
+    ) -> Self {
         Self {
             config,
             services: HashMap::new(),
@@ -85,10 +104,14 @@ impl Index {
             deadlines: BTreeSet::new(),
             watchers: HashMap::new(),
             dirty: HashSet::new(),
+            emptied: VecDeque::new(),
+            forgotten: false,
+            token_services: HashMap::new(),
             catalog,
             published: Catalog::default(),
             replies: Vec::new(),
             generation,
+            published_names,
         }
     }
 
@@ -96,30 +119,44 @@ impl Index {
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
             let next_deadline = self.deadlines.first().map(|(deadline, _)| *deadline);
+            let next_forget = self.emptied.front().map(|(since, _)| *since + self.config.service_idle_timeout);
             tokio::select! {
                 command = rx.recv() => {
                     let Some(command) = command else { break };
                     self.apply(command);
-                    for _ in 1..MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(command) => self.apply(command),
-                            Err(_) => break,
-                        }
-                    }
+                    self.apply_queued(&mut rx);
                 }
-                () = sleep_until(next_deadline) => self.expire_due(Instant::now()),
+                () = sleep_until(next_deadline) => self.on_deadline(&mut rx, Instant::now()),
+                () = sleep_until(next_forget) => self.forget_idle_services(Instant::now()),
             }
             self.publish();
         }
         debug!("registry task stopped");
     }
 
+    /// A lease deadline passed. A heartbeat already waiting in the queue was sent before the
+    /// deadline was noticed: it wins, so the queue is applied before anything expires.
+    fn on_deadline(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>, now: Instant) {
+        self.apply_queued(rx);
+        self.expire_due(now);
+    }
+
+    /// Applies what is already queued, up to [`MAX_BATCH`] commands.
+    fn apply_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) {
+        for _ in 1..MAX_BATCH {
+            match rx.try_recv() {
+                Ok(command) => self.apply(command),
+                Err(_) => break,
+            }
+        }
+    }
+
     fn apply(&mut self, command: Command) {
         match command {
-            Command::Open { lease, expired } => {
+            Command::Open { lease, token, expired } => {
                 let deadline = Instant::now() + self.config.heartbeat_timeout;
                 self.deadlines.insert((deadline, lease));
-                let entry = LeaseEntry { deadline, owned: BTreeSet::new(), expired: Some(expired) };
+                let entry = LeaseEntry { token, deadline, owned: BTreeSet::new(), expired: Some(expired) };
                 self.leases.insert(lease, entry);
             }
             Command::Announce { lease, instances, reply } => {
@@ -174,24 +211,62 @@ impl Index {
             outcome.refuse_all(instances.iter().map(InstanceRef::of), Refused::TooManyInstances { count, limit });
             return outcome;
         }
+        let token = entry.token.clone();
         for instance in instances {
             let key = (instance.service.clone(), instance.id.clone());
+            if let Some(refusal) = self.over_service_limit(&key.0, token.as_ref()) {
+                outcome.refuse(InstanceRef::of(&instance), refusal);
+                continue;
+            }
             let service = self.services.entry(instance.service.clone()).or_default();
-            if let Some(owner) = service.instances.get(&instance.id)
+            let previous = service.instances.get(&instance.id);
+            if let Some(owner) = previous
                 && owner.lease != lease
             {
                 outcome.refuse(InstanceRef::of(&instance), Refused::OwnedElsewhere { service: key.0, id: key.1 });
                 continue;
             }
+            let is_new = previous.is_none();
             info!(service = %instance.service, id = %instance.id, lease, "registered");
             outcome.accepted.push(InstanceRef::of(&instance));
             self.dirty.insert(key.0.clone());
+            service.empty_since = None;
             service.instances.insert(key.1.clone(), Owned { lease, instance: Arc::new(instance) });
             if let Some(entry) = self.leases.get_mut(&lease) {
-                entry.owned.insert(key);
+                entry.owned.insert(key.clone());
+            }
+            if is_new && let Some(token) = &token {
+                *self.token_services.entry(token.clone()).or_default().entry(key.0).or_default() += 1;
             }
         }
         outcome
+    }
+
+    /// Why a new instance of `service` would break a service limit, if it would: a service not
+    /// known yet beyond the registry's limit, or one the token holds nothing in yet beyond the
+    /// token's limit.
+    fn over_service_limit(&self, service: &Arc<str>, token: Option<&Arc<str>>) -> Option<Refused> {
+        if !self.services.contains_key(service) && self.services.len() >= self.config.max_services {
+            let limit = self.config.max_services;
+            return Some(Refused::TooManyServices {
+                service: service.clone(),
+                holder: "the registry".into(),
+                limit,
+                key: "max_services",
+            });
+        }
+        let token = token?;
+        let held = self.token_services.get(token);
+        let limit = self.config.max_services_per_token;
+        if held.is_some_and(|held| !held.contains_key(service) && held.len() >= limit) {
+            return Some(Refused::TooManyServices {
+                service: service.clone(),
+                holder: format!("token {token:?}"),
+                limit,
+                key: "max_services_per_token",
+            });
+        }
+        None
     }
 
     fn update(&mut self, lease: LeaseId, update: ValidUpdate) -> Outcome {
@@ -266,15 +341,68 @@ impl Index {
             service.instances.remove(&key.1);
             self.dirty.insert(key.0.clone());
             info!(service = %key.0, id = %key.1, lease, why, "deregistered");
+            if service.instances.is_empty() {
+                let now = Instant::now();
+                service.empty_since = Some(now);
+                self.emptied.push_back((now, key.0.clone()));
+            }
+            let token = self.leases.get(&lease).and_then(|entry| entry.token.clone());
+            if let Some(token) = token {
+                self.release_token_service(&token, &key.0);
+            }
+        }
+    }
+
+    fn release_token_service(&mut self, token: &Arc<str>, service: &Arc<str>) {
+        let Some(held) = self.token_services.get_mut(token) else { return };
+        if let Some(count) = held.get_mut(service) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(service);
+            }
+        }
+        if held.is_empty() {
+            self.token_services.remove(token);
+        }
+    }
+
+    /// Forgets services that have been empty for the idle timeout and that nobody watches.
+    fn forget_idle_services(&mut self, now: Instant) {
+        while let Some((since, _)) = self.emptied.front() {
+            if *since + self.config.service_idle_timeout > now {
+                break;
+            }
+            let (since, name) = self.emptied.pop_front().expect("the front was just seen");
+            let watched = self.watchers.get(&name).is_some_and(|w| w.receiver_count() > 0);
+            let Some(entry) = self.services.get(&name) else { continue };
+            if entry.empty_since != Some(since) {
+                continue;
+            }
+            if watched {
+                // Checked again after another idle period.
+                self.emptied.push_back((now, name.clone()));
+                if let Some(entry) = self.services.get_mut(&name) {
+                    entry.empty_since = Some(now);
+                }
+                continue;
+            }
+            self.services.remove(&name);
+            self.dirty.remove(&name);
+            self.published.remove(&name);
+            self.forgotten = true;
+            debug!(service = %name, "forgotten: no instance for the service idle timeout");
         }
     }
 
     fn close(&mut self, lease: LeaseId, why: &'static str) {
-        let Some(entry) = self.leases.remove(&lease) else { return };
+        let Some(entry) = self.leases.get(&lease) else { return };
         self.deadlines.remove(&(entry.deadline, lease));
-        for key in &entry.owned {
+        // Removed while the lease is still known, so its token's services are released.
+        let owned: Vec<_> = entry.owned.iter().cloned().collect();
+        for key in &owned {
             self.remove_from_service(lease, key, why);
         }
+        let Some(entry) = self.leases.remove(&lease) else { return };
         if why == EXPIRED
             && let Some(expired) = entry.expired
         {
@@ -314,21 +442,35 @@ impl Index {
     }
 
     fn publish_snapshots(&mut self) {
-        if self.dirty.is_empty() {
+        let forgotten = std::mem::take(&mut self.forgotten);
+        if self.dirty.is_empty() && !forgotten {
             return;
         }
-        for name in self.dirty.drain() {
+        let mut changed = Vec::with_capacity(self.dirty.len());
+        for name in std::mem::take(&mut self.dirty) {
             let Some(entry) = self.services.get_mut(&name) else { continue };
             entry.epoch += 1;
             let instances = entry.instances.values().map(|owned| owned.instance.clone()).collect();
-            let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
+            let snapshot = ServiceSnapshot::build(name.clone(), entry.epoch, instances);
+            if let Some(previous) = self.published.get(&name) {
+                for subset in snapshot.subsets() {
+                    if let Some(old) = previous.subset(&subset.label) {
+                        subset.tables.inherit_wants(&old.tables);
+                    }
+                }
+            }
+            let snapshot = Arc::new(snapshot);
+            changed.push(name.clone());
             if let Some(watcher) = self.watchers.get(&name) {
                 watcher.send_replace(snapshot.clone());
             }
-            self.published.services.insert(name, snapshot);
+            self.published.insert(snapshot);
         }
         self.catalog.store(Arc::new(self.published.clone()));
         self.generation.send_modify(|generation| *generation += 1);
+        if !changed.is_empty() && self.published_names.receiver_count() > 0 {
+            let _ = self.published_names.send(changed.into());
+        }
         // Forget watchers nobody listens to any more.
         self.watchers.retain(|_, sender| sender.receiver_count() > 0);
     }
@@ -358,5 +500,29 @@ impl Outcome {
 impl InstanceRef {
     fn of(instance: &Instance) -> Self {
         Self { service: instance.service.to_string(), id: instance.id.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_queued_when_the_deadline_is_noticed_wins() {
+        let (generation, _) = watch::channel(0);
+        let mut index = Index::new(RegistryConfig::default(), Arc::default(), generation, broadcast::channel(1).0);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (expired, mut expiry) = oneshot::channel();
+        index.apply(Command::Open { lease: 1, token: None, expired });
+        tokio::time::advance(RegistryConfig::default().heartbeat_timeout * 2).await;
+        tx.send(Command::Touch { lease: 1 }).unwrap();
+        index.on_deadline(&mut rx, Instant::now());
+        assert!(index.leases.contains_key(&1), "the queued heartbeat kept the lease");
+        assert!(expiry.try_recv().is_err());
+        // Without a heartbeat, the next deadline expires it.
+        tokio::time::advance(RegistryConfig::default().heartbeat_timeout).await;
+        index.on_deadline(&mut rx, Instant::now());
+        assert!(!index.leases.contains_key(&1));
+        assert!(expiry.try_recv().is_ok());
     }
 }

@@ -152,6 +152,11 @@ pub fn validate_service_name(field: &str, name: &str) -> Result<(), InvalidField
     validate_token(field, name)
 }
 
+/// A version or zone as a request names it: empty, or a name like a service's.
+pub fn validate_optional_name(field: &str, value: &str) -> Result<(), InvalidField> {
+    if value.is_empty() { Ok(()) } else { validate_token(field, value) }
+}
+
 /// Ids, hosts, versions and zones follow the same alphabet and length limit as service names,
 /// so they can appear in counter keys, metric labels and Redis keys without escaping.
 fn validate_token(field: &str, value: &str) -> Result<(), InvalidField> {

@@ -63,6 +63,7 @@ pub struct Lease {
 impl Lease {
     pub(crate) fn open(
         id: LeaseId,
+        token: Option<Arc<str>>,
         tx: mpsc::UnboundedSender<Command>,
         heartbeat_timeout: Duration,
         max_instances: usize,
@@ -70,7 +71,7 @@ impl Lease {
     ) -> Self {
         let (expired_tx, expired) = oneshot::channel();
         // If the registry has stopped, `expired` resolves at once and the stream ends.
-        let _ = tx.send(Command::Open { lease: id, expired: expired_tx });
+        let _ = tx.send(Command::Open { lease: id, token, expired: expired_tx });
         open_leases.fetch_add(1, Ordering::Relaxed);
         Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
     }

@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub use error::{InvalidField, Refused, RegistryClosed};
 pub use instance::{
     DEFAULT_WEIGHT, Instance, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
-    MAX_NAME_LEN, RequestedStatus, Status, validate_service_name,
+    MAX_NAME_LEN, RequestedStatus, Status, validate_optional_name, validate_service_name,
 };
 pub use lease::{InstanceRef, InstanceUpdate, Lease, Outcome};
 pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
@@ -33,11 +33,25 @@ use index::{Command, Index};
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Default limit on the instances one registration stream may hold.
 pub const DEFAULT_MAX_INSTANCES_PER_STREAM: usize = 1000;
+/// Default time a service with no instance (and no watcher) is remembered.
+pub const DEFAULT_SERVICE_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default limit on services known at once.
+pub const DEFAULT_MAX_SERVICES: usize = 100_000;
+/// Default limit on services one token's registration streams hold instances in.
+pub const DEFAULT_MAX_SERVICES_PER_TOKEN: usize = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegistryConfig {
     pub heartbeat_timeout: Duration,
     pub max_instances_per_stream: usize,
+    /// A service left with no instance and no watcher is forgotten after this long: picks then
+    /// answer `NOT_FOUND` for it, and it costs nothing any more.
+    pub service_idle_timeout: Duration,
+    /// Services known at once (with instances, or empty and not yet forgotten); an announce
+    /// that would add one more is refused.
+    pub max_services: usize,
+    /// Services in which the streams of one token hold instances at once.
+    pub max_services_per_token: usize,
 }
 
 impl Default for RegistryConfig {
@@ -45,6 +59,9 @@ impl Default for RegistryConfig {
         Self {
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             max_instances_per_stream: DEFAULT_MAX_INSTANCES_PER_STREAM,
+            service_idle_timeout: DEFAULT_SERVICE_IDLE_TIMEOUT,
+            max_services: DEFAULT_MAX_SERVICES,
+            max_services_per_token: DEFAULT_MAX_SERVICES_PER_TOKEN,
         }
     }
 }
@@ -63,7 +80,12 @@ struct Shared {
     generation: watch::Receiver<u64>,
     /// Leases not yet dropped: one per open registration stream.
     open_leases: Arc<AtomicUsize>,
+    published: broadcast::Sender<Arc<[Arc<str>]>>,
 }
+
+/// Publications a slow follower of [`Registry::published`] may fall behind by before it
+/// misses some (it is told, and the tables it would have built are built by picks instead).
+const PUBLISHED_BACKLOG: usize = 1024;
 
 impl Registry {
     /// Starts the registry task on the current tokio runtime.
@@ -71,10 +93,19 @@ impl Registry {
         let catalog = Arc::new(ArcSwap::from_pointee(Catalog::default()));
         let (tx, rx) = mpsc::unbounded_channel();
         let (generation_tx, generation) = watch::channel(0);
-        tokio::spawn(Index::new(config, catalog.clone(), generation_tx).run(rx));
+        let (published, _) = broadcast::channel(PUBLISHED_BACKLOG);
+        tokio::spawn(Index::new(config, catalog.clone(), generation_tx, published.clone()).run(rx));
         let open_leases = Arc::default();
         Self {
-            shared: Arc::new(Shared { tx, catalog, next_lease: AtomicU64::new(1), config, generation, open_leases }),
+            shared: Arc::new(Shared {
+                tx,
+                catalog,
+                next_lease: AtomicU64::new(1),
+                config,
+                generation,
+                open_leases,
+                published,
+            }),
         }
     }
 
@@ -86,6 +117,11 @@ impl Registry {
     /// The current snapshot of one service, if it has ever been registered.
     pub fn service(&self, name: &str) -> Option<Arc<ServiceSnapshot>> {
         self.catalog().get(name).cloned()
+    }
+
+    /// The names of the services each publication changed.
+    pub fn published(&self) -> broadcast::Receiver<Arc<[Arc<str>]>> {
+        self.shared.published.subscribe()
     }
 
     /// Changes whenever a new catalog is published.
@@ -104,9 +140,16 @@ impl Registry {
 
     /// Opens a lease for one registration stream.
     pub fn open_lease(&self) -> Lease {
+        self.open_lease_for(None)
+    }
+
+    /// Opens a lease for one registration stream authenticated as `token` (its name), whose
+    /// services count against that token's limit.
+    pub fn open_lease_for(&self, token: Option<Arc<str>>) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
         Lease::open(
             id,
+            token,
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,
             self.shared.config.max_instances_per_stream,

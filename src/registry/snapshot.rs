@@ -14,15 +14,50 @@ use std::sync::Arc;
 use super::instance::Instance;
 use crate::rules::SubsetTables;
 
-/// Every service the registry has seen, by name.
-#[derive(Debug, Default, Clone)]
+/// Every service the registry knows, by name.
+///
+/// A persistent (structurally shared) map: publishing a change of one service copies a few
+/// small nodes, not the whole map, so publication costs the same with 10 services or 100,000.
+#[derive(Debug, Clone)]
 pub struct Catalog {
-    pub services: Map<Arc<str>, Arc<ServiceSnapshot>>,
+    services: imbl::GenericHashMap<
+        Arc<str>,
+        Arc<ServiceSnapshot>,
+        foldhash::fast::RandomState,
+        imbl::shared_ptr::DefaultSharedPtr,
+    >,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self { services: imbl::GenericHashMap::with_hasher(foldhash::fast::RandomState::default()) }
+    }
 }
 
 impl Catalog {
     pub fn get(&self, service: &str) -> Option<&Arc<ServiceSnapshot>> {
         self.services.get(service)
+    }
+
+    /// Every service's snapshot, in no particular order.
+    pub fn snapshots(&self) -> impl Iterator<Item = &Arc<ServiceSnapshot>> {
+        self.services.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    pub(crate) fn insert(&mut self, snapshot: Arc<ServiceSnapshot>) {
+        self.services.insert(snapshot.name.clone(), snapshot);
+    }
+
+    pub(crate) fn remove(&mut self, service: &str) {
+        self.services.remove(service);
     }
 }
 
@@ -114,6 +149,21 @@ impl ServiceSnapshot {
 
     pub fn up_count(&self) -> usize {
         self.up.len()
+    }
+
+    /// Every subset of the snapshot: unversioned, each version, and all UP instances.
+    pub fn subsets(&self) -> impl Iterator<Item = &Subset> {
+        std::iter::once(&self.unversioned).chain(self.versions.values()).chain(std::iter::once(&self.up))
+    }
+
+    /// The subset labelled `label`.
+    pub fn subset(&self, label: &str) -> Option<&Subset> {
+        self.subsets().find(|subset| &*subset.label == label)
+    }
+
+    /// The registered instance with this id (binary search: instances are sorted by id).
+    pub fn instance(&self, id: &str) -> Option<&Arc<Instance>> {
+        self.instances.binary_search_by(|i| (*i.id).cmp(id)).ok().map(|at| &self.instances[at])
     }
 }
 

@@ -172,3 +172,58 @@ async fn subscribers_see_every_published_snapshot() {
     assert_eq!(snapshot.epoch, 1);
     assert_eq!(snapshot.instances.len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn empty_services_are_forgotten_after_the_idle_timeout_unless_watched() {
+    let config = RegistryConfig { service_idle_timeout: Duration::from_secs(60), ..Default::default() };
+    let registry = Registry::spawn(config);
+    let lease = registry.open_lease();
+    let services: Vec<String> = (0..500).map(|n| format!("svc-{n}")).collect();
+    for name in &services {
+        lease.announce(vec![spec(name, "h", 1)]).await.unwrap();
+    }
+    let watched = registry.subscribe("svc-7").await.unwrap();
+    lease.withdraw(Vec::new()).await.unwrap();
+    settle(&registry).await;
+    assert_eq!(registry.catalog().len(), 500, "empty services are still known");
+
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    settle(&registry).await;
+    assert_eq!(registry.catalog().len(), 500);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle(&registry).await;
+    let catalog = registry.catalog();
+    assert_eq!(catalog.snapshots().map(|s| s.name.to_string()).collect::<Vec<_>>(), ["svc-7"], "only the watched one");
+
+    // Announcing again brings a forgotten service back.
+    let again = registry.open_lease();
+    again.announce(vec![spec("svc-3", "h", 1)]).await.unwrap();
+    assert_eq!(ids(&registry, "svc-3"), ["h:1"]);
+    drop(watched);
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_services_beyond_the_registry_and_token_limits_are_refused() {
+    let config = RegistryConfig { max_services: 5, max_services_per_token: 2, ..Default::default() };
+    let registry = Registry::spawn(config);
+    let team = registry.open_lease_for(Some("team".into()));
+    let same_team = registry.open_lease_for(Some("team".into()));
+    let outcome = team.announce(vec![spec("a", "h", 1), spec("b", "h", 1)]).await.unwrap();
+    assert_eq!(outcome.accepted.len(), 2);
+    let outcome = same_team.announce(vec![spec("a", "h", 2), spec("c", "h", 1)]).await.unwrap();
+    assert_eq!(outcome.accepted, [InstanceRef { service: "a".into(), id: "h:2".into() }], "a is held already");
+    assert!(
+        matches!(&outcome.refused[0].1, Refused::TooManyServices { key: "max_services_per_token", limit: 2, .. }),
+        "{:?}",
+        outcome.refused
+    );
+    // Once the token holds nothing in `b`, it may use a new service.
+    team.withdraw(vec![InstanceRef { service: "b".into(), id: "h:1".into() }]).await.unwrap();
+    assert_eq!(same_team.announce(vec![spec("c", "h", 1)]).await.unwrap().accepted.len(), 1);
+
+    let anyone = registry.open_lease();
+    let outcome = anyone.announce((0..4).map(|n| spec(&format!("x{n}"), "h", 1)).collect()).await.unwrap();
+    // a, b (empty, not yet forgotten) and c are known: two more fit under the limit of 5.
+    assert_eq!(outcome.accepted.len(), 2);
+    assert!(matches!(&outcome.refused[0].1, Refused::TooManyServices { key: "max_services", limit: 5, .. }));
+}

@@ -31,11 +31,10 @@ impl Select for AvailabilityFiltering {
         let members = draw.members();
         // Read each instance's load once: the stats lookups dominate this rule's cost.
         let available: Vec<bool> = members.iter().map(|i| is_available(draw.stats, i, self.limit)).collect();
-        if let Some(index) = nth_kept(&available, draw.ticket, |ok| *ok) {
+        if let Some(index) = nth_kept(&available, draw.ticket, |index, ok| *ok && draw.accepts(index)) {
             return Some(Choice::at(index));
         }
-        let n = members.len() as u64;
-        (n > 0).then(|| Choice { index: (draw.ticket % n) as usize, fallback: Some(ALL_UNAVAILABLE) })
+        draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) })
     }
 }
 

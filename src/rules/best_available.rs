@@ -16,12 +16,12 @@ impl Select for BestAvailable {
         let members = draw.members();
         // Read each instance's load once: the stats lookups dominate this rule's cost.
         let loads: Vec<crate::state::Load> = members.iter().map(|i| draw.stats.load(i)).collect();
-        let least = loads.iter().filter(|load| !load.tripped).map(|load| load.in_flight).min();
+        let usable = |index: usize, load: &crate::state::Load| !load.tripped && draw.accepts(index);
+        let least = loads.iter().enumerate().filter(|(i, load)| usable(*i, load)).map(|(_, load)| load.in_flight).min();
         let Some(least) = least else {
-            let n = members.len() as u64;
-            return (n > 0).then(|| Choice { index: (draw.ticket % n) as usize, fallback: Some(ALL_UNAVAILABLE) });
+            return draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) });
         };
-        nth_kept(&loads, draw.ticket, |load| !load.tripped && load.in_flight == least).map(Choice::at)
+        nth_kept(&loads, draw.ticket, |index, load| usable(index, load) && load.in_flight == least).map(Choice::at)
     }
 }
 

@@ -48,19 +48,22 @@ impl Select for ConsistentHash {
             return None;
         }
         let start = (hash_key(draw.key) % table.len() as u64) as usize;
+        // An excluded instance's slots are walked past, so only keys that lived on it move.
+        let first_accepted =
+            || (0..table.len()).map(|step| table[(start + step) % table.len()] as usize).find(|&i| draw.accepts(i));
         let Some(balance_milli) = self.balance_milli else {
-            return Some(Choice::at(table[start] as usize));
+            return first_accepted().map(Choice::at);
         };
         let total: u64 = members.iter().map(|i| draw.stats.load(i).in_flight).sum();
         let cap = (u128::from(balance_milli) * u128::from(total + 1)).div_ceil(1000 * members.len() as u128);
         let cap = u64::try_from(cap).unwrap_or(u64::MAX).max(1);
         for step in 0..table.len() {
             let index = table[(start + step) % table.len()] as usize;
-            if draw.stats.load(&members[index]).in_flight < cap {
+            if draw.accepts(index) && draw.stats.load(&members[index]).in_flight < cap {
                 return Some(Choice::at(index));
             }
         }
-        Some(Choice::at(table[start] as usize))
+        first_accepted().map(Choice::at)
     }
 }
 
@@ -207,6 +210,30 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn excluding_an_instance_moves_only_the_keys_that_lived_on_it(
+            n in 2usize..30,
+            excluded in proptest::collection::btree_set(0usize..30, 1..4),
+            bounded in any::<bool>(),
+        ) {
+            let candidates = subset(instances(n));
+            let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
+            prop_assume!(!excluded.is_empty() && excluded.len() < n);
+            let rule = ConsistentHash { balance_milli: bounded.then_some(1250) };
+            let mut rng = fastrand::Rng::with_seed(1);
+            for k in 0..300 {
+                let key = format!("key-{k}");
+                let draw = Draw { key: &key, ..Draw::new(&candidates, 0) };
+                let before = rule.select(&draw, &mut rng).unwrap().index;
+                let retry = Draw { excluded: crate::rules::Excluded::new(&excluded), ..draw };
+                let after = rule.select(&retry, &mut rng).unwrap().index;
+                prop_assert!(!excluded.contains(&after), "an excluded instance is never returned");
+                if !excluded.contains(&before) {
+                    prop_assert_eq!(before, after, "key {} lived elsewhere and must stay", key);
+                }
+            }
+        }
+
         #[test]
         fn same_key_same_instance(key in "[a-z0-9]{1,20}", n in 1usize..20) {
             let candidates = subset(instances(n));

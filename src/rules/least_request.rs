@@ -22,12 +22,14 @@ impl Default for LeastRequest {
 impl Select for LeastRequest {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        let n = members.len();
+        // Choices are drawn among the accepted candidates, by their rank among them.
+        let n = draw.accepted();
         if n == 0 {
             return None;
         }
-        let weight = |index: usize| {
-            let load = draw.stats.load(&members[index]);
+        let at = |rank: usize| draw.excluded.nth_accepted(rank);
+        let weight = |rank: usize| {
+            let load = draw.stats.load(&members[at(rank)]);
             (load.tripped, load.in_flight)
         };
         let k = (self.choices as usize).clamp(1, n);
@@ -41,7 +43,7 @@ impl Select for LeastRequest {
                     best_load = weight(index);
                 }
             }
-            return Some(Choice::at(best));
+            return Some(Choice::at(at(best)));
         }
         // Draw k − 1 more distinct indices (k is small: retrying duplicates is cheap).
         let mut drawn = [usize::MAX; MAX_CHOICES as usize];
@@ -60,7 +62,7 @@ impl Select for LeastRequest {
                 best_load = load;
             }
         }
-        Some(Choice::at(best))
+        Some(Choice::at(at(best)))
     }
 }
 

@@ -16,7 +16,6 @@ mod availability;
 mod best_available;
 mod cache;
 mod consistent_hash;
-mod exclude;
 mod least_request;
 mod random;
 mod repeat;
@@ -37,7 +36,6 @@ pub use availability::{AvailabilityFiltering, is_available};
 pub use best_available::BestAvailable;
 pub use cache::RuleCache;
 pub use consistent_hash::{ConsistentHash, Maglev, hash_key};
-pub use exclude::without_excluded;
 pub use least_request::LeastRequest;
 pub use random::Random;
 pub use repeat::Repeat;
@@ -63,6 +61,47 @@ impl StatsView for NoStats {
     }
 }
 
+/// Positions among the candidates that a pick must not return: the instances a call already
+/// tried (`exclude`). Sorted, without duplicates, and empty for almost every pick.
+///
+/// Exclusion is a skip over the subset's own tables, never a smaller subset with tables of its
+/// own: a retry costs what a first pick costs, and every other key keeps its instance (a
+/// consistent-hash key moves only if its instance is the excluded one).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Excluded<'a>(&'a [usize]);
+
+impl<'a> Excluded<'a> {
+    /// `positions` must be sorted and without duplicates.
+    pub fn new(positions: &'a [usize]) -> Self {
+        debug_assert!(positions.windows(2).all(|w| w[0] < w[1]), "sorted and unique");
+        Self(positions)
+    }
+
+    pub fn contains(&self, index: usize) -> bool {
+        !self.0.is_empty() && self.0.binary_search(&index).is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The `k`-th (from 0) position that is not excluded: O(excluded).
+    pub fn nth_accepted(&self, k: usize) -> usize {
+        let mut position = k;
+        for &excluded in self.0 {
+            if excluded > position {
+                break;
+            }
+            position += 1;
+        }
+        position
+    }
+}
+
 /// What a selector sees for one pick.
 #[derive(Clone, Copy)]
 pub struct Draw<'a> {
@@ -75,15 +114,33 @@ pub struct Draw<'a> {
     /// The consumer's zone.
     pub zone: &'a str,
     pub stats: &'a dyn StatsView,
+    /// Candidates this pick must skip.
+    pub excluded: Excluded<'a>,
 }
 
 impl<'a> Draw<'a> {
     pub fn new(candidates: &'a Subset, ticket: u64) -> Self {
-        Self { candidates, ticket, key: "", zone: "", stats: &NoStats }
+        Self { candidates, ticket, key: "", zone: "", stats: &NoStats, excluded: Excluded::default() }
     }
 
     pub fn members(&self) -> &'a [Arc<Instance>] {
         &self.candidates.members
+    }
+
+    /// Whether the candidate at `index` may be returned.
+    pub fn accepts(&self, index: usize) -> bool {
+        !self.excluded.contains(index)
+    }
+
+    /// How many candidates may be returned.
+    pub fn accepted(&self) -> usize {
+        self.candidates.len().saturating_sub(self.excluded.len())
+    }
+
+    /// Position `turn mod accepted` among the accepted candidates: a rotation over them.
+    pub fn rotate(&self, turn: u64) -> Option<usize> {
+        let accepted = self.accepted() as u64;
+        (accepted > 0).then(|| self.excluded.nth_accepted((turn % accepted) as usize))
     }
 }
 
@@ -166,19 +223,45 @@ impl Select for Rule {
 pub struct SubsetTables {
     pub(crate) schedule: OnceLock<WeightSchedule>,
     pub(crate) maglev: OnceLock<Maglev>,
+    /// The same subset of the previous snapshot had its Maglev table built: picks use it, so
+    /// the balancer builds this one as soon as the snapshot is published, off the pick path.
+    pub(crate) maglev_wanted: std::sync::atomic::AtomicBool,
     /// The rotations drawn on this subset.
     pub rotations: crate::state::RotationCache,
 }
 
-/// Position `ticket mod count` among the items for which `keep` holds, without allocating.
-pub(crate) fn nth_kept<T>(items: &[T], ticket: u64, mut keep: impl FnMut(&T) -> bool) -> Option<usize> {
-    let count = items.iter().filter(|item| keep(item)).count() as u64;
+impl SubsetTables {
+    /// Marks the tables wanted again where `previous` (the same subset, one snapshot earlier)
+    /// had them built.
+    pub fn inherit_wants(&self, previous: &SubsetTables) {
+        use std::sync::atomic::Ordering;
+        if previous.maglev.get().is_some() || previous.maglev_wanted.load(Ordering::Relaxed) {
+            self.maglev_wanted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Builds the tables marked wanted that are not built yet (the work picks would otherwise
+    /// do on first use); returns whether anything was built.
+    pub fn build_wanted(&self, subset: &crate::registry::Subset) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.maglev_wanted.load(Ordering::Relaxed) && self.maglev.get().is_none() {
+            Maglev::of(subset);
+            return true;
+        }
+        false
+    }
+}
+
+/// Position `ticket mod count` among the items for which `keep(index, item)` holds, without
+/// allocating.
+pub(crate) fn nth_kept<T>(items: &[T], ticket: u64, mut keep: impl FnMut(usize, &T) -> bool) -> Option<usize> {
+    let count = items.iter().enumerate().filter(|(index, item)| keep(*index, item)).count() as u64;
     if count == 0 {
         return None;
     }
     let mut target = ticket % count;
     for (index, item) in items.iter().enumerate() {
-        if keep(item) {
+        if keep(index, item) {
             if target == 0 {
                 return Some(index);
             }
@@ -186,6 +269,32 @@ pub(crate) fn nth_kept<T>(items: &[T], ticket: u64, mut keep: impl FnMut(&T) -> 
         }
     }
     None
+}
+
+#[cfg(test)]
+mod excluded_tests {
+    use proptest::prelude::*;
+
+    use super::Excluded;
+
+    proptest! {
+        #[test]
+        fn nth_accepted_counts_only_accepted_positions(
+            n in 1usize..60,
+            excluded in proptest::collection::btree_set(0usize..60, 0..10),
+        ) {
+            let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
+            let accepted: Vec<usize> = (0..n).filter(|i| !excluded.contains(i)).collect();
+            let set = Excluded::new(&excluded);
+            for (k, position) in accepted.iter().enumerate() {
+                prop_assert_eq!(set.nth_accepted(k), *position);
+                prop_assert!(!set.contains(*position));
+            }
+            for e in &excluded {
+                prop_assert!(set.contains(*e));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ pub struct Random;
 
 impl Select for Random {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
-        let n = draw.candidates.len();
-        (n > 0).then(|| Choice::at(rng.usize(..n)))
+        let accepted = draw.accepted();
+        (accepted > 0).then(|| Choice::at(draw.excluded.nth_accepted(rng.usize(..accepted))))
     }
 }
 

@@ -25,9 +25,7 @@ impl Default for Repeat {
 
 impl Select for Repeat {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
-        let len = draw.candidates.len() as u64;
-        let n = u64::from(self.n.max(1));
-        (len > 0).then(|| Choice::at(((draw.ticket / n) % len) as usize))
+        draw.rotate(draw.ticket / u64::from(self.n.max(1))).map(Choice::at)
     }
 }
 

@@ -14,7 +14,12 @@ pub struct ResponseTime;
 impl Select for ResponseTime {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        let latencies: Vec<Option<f64>> = members.iter().map(|i| draw.stats.load(i).latency_ms).collect();
+        // Excluded candidates take no part: no latency, and (below) no weight.
+        let latencies: Vec<Option<f64>> = members
+            .iter()
+            .enumerate()
+            .map(|(index, i)| if draw.accepts(index) { draw.stats.load(i).latency_ms } else { None })
+            .collect();
         let (sum, known) =
             latencies.iter().flatten().fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
         if known == 0 {
@@ -22,8 +27,8 @@ impl Select for ResponseTime {
         }
         let mean = sum / known as f64;
         let latency = |index: usize| latencies[index].unwrap_or(mean);
-        let total_latency: f64 = (0..members.len()).map(latency).sum();
-        let weight = |index: usize| (total_latency - latency(index)).max(0.0);
+        let total_latency: f64 = (0..members.len()).filter(|&index| draw.accepts(index)).map(latency).sum();
+        let weight = |index: usize| if draw.accepts(index) { (total_latency - latency(index)).max(0.0) } else { 0.0 };
         let total_weight: f64 = (0..members.len()).map(weight).sum();
         if total_weight <= f64::EPSILON {
             // One instance, or all weights zero: nothing to prefer.
@@ -36,7 +41,7 @@ impl Select for ResponseTime {
                 return Some(Choice::at(index));
             }
         }
-        Some(Choice::at(members.len() - 1))
+        (0..members.len()).rev().find(|&index| draw.accepts(index)).map(Choice::at)
     }
 }
 

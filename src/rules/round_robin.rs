@@ -11,8 +11,7 @@ pub struct RoundRobin;
 
 impl Select for RoundRobin {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
-        let n = draw.candidates.len() as u64;
-        (n > 0).then(|| Choice::at((draw.ticket % n) as usize))
+        draw.rotate(draw.ticket).map(Choice::at)
     }
 }
 
@@ -33,6 +32,22 @@ mod tests {
         let picks: Vec<usize> = (0..7).map(|ticket| pick(3, ticket).unwrap()).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2, 0]);
         assert_eq!(pick(0, 5), None);
+    }
+
+    #[test]
+    fn an_excluded_instance_is_skipped_within_the_same_rotation() {
+        let candidates = subset(instances(4));
+        let excluded = [1usize];
+        let picks: Vec<usize> = (0..6)
+            .map(|ticket| {
+                let draw = Draw { excluded: crate::rules::Excluded::new(&excluded), ..Draw::new(&candidates, ticket) };
+                RoundRobin.select(&draw, &mut fastrand::Rng::with_seed(1)).unwrap().index
+            })
+            .collect();
+        assert_eq!(picks, [0, 2, 3, 0, 2, 3]);
+        let all = [0usize, 1, 2, 3];
+        let none = Draw { excluded: crate::rules::Excluded::new(&all), ..Draw::new(&candidates, 0) };
+        assert_eq!(RoundRobin.select(&none, &mut fastrand::Rng::with_seed(1)), None);
     }
 
     proptest! {

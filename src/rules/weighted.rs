@@ -30,7 +30,12 @@ impl Select for Weighted {
         if slots.is_empty() {
             return None;
         }
-        Some(Choice::at(slots[(draw.ticket % slots.len() as u64) as usize] as usize))
+        // An excluded instance's slots are skipped: the next slot of the same schedule answers.
+        let start = (draw.ticket % slots.len() as u64) as usize;
+        (0..slots.len())
+            .map(|step| slots[(start + step) % slots.len()] as usize)
+            .find(|&index| draw.accepts(index))
+            .map(Choice::at)
     }
 }
 
@@ -113,6 +118,30 @@ impl Ord for Slot {
 impl PartialOrd for Slot {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
+    }
+}
+
+#[cfg(test)]
+mod exclusion_tests {
+    use super::*;
+    use crate::rules::Excluded;
+    use crate::rules::testing::{instance, subset};
+
+    #[test]
+    fn excluded_slots_are_skipped_and_the_rest_of_the_schedule_stays() {
+        let candidates = subset(vec![instance("a", "", 3), instance("b", "", 1), instance("c", "", 1)]);
+        let slots = WeightSchedule::of(&candidates).slots.clone();
+        let excluded = [0usize];
+        for ticket in 0..slots.len() as u64 * 2 {
+            let plain = Draw::new(&candidates, ticket);
+            let retry = Draw { excluded: Excluded::new(&excluded), ..plain };
+            let before = Weighted.select(&plain, &mut fastrand::Rng::with_seed(1)).unwrap().index;
+            let after = Weighted.select(&retry, &mut fastrand::Rng::with_seed(1)).unwrap().index;
+            assert_ne!(after, 0);
+            if before != 0 {
+                assert_eq!(before, after, "ticket {ticket}: slots of other instances do not move");
+            }
+        }
     }
 }
 

@@ -49,7 +49,7 @@ impl Select for ZoneAvoidance {
             return None;
         }
         let mut zones: Vec<ZoneStats<'_>> = Vec::new();
-        for instance in members {
+        for instance in members.iter().enumerate().filter(|(index, _)| draw.accepts(*index)).map(|(_, i)| i) {
             let load = draw.stats.load(instance);
             let zone = match zones.iter_mut().find(|z| z.zone == &*instance.zone) {
                 Some(zone) => zone,
@@ -65,13 +65,18 @@ impl Select for ZoneAvoidance {
         let allowed = available_zones(&mut zones);
         let tripped = |i: &Instance| draw.stats.load(i).tripped;
         let in_allowed = |i: &Instance| allowed.contains(&&*i.zone) && !tripped(i);
-        let preferred = !draw.zone.is_empty() && members.iter().any(|i| *i.zone == *draw.zone && in_allowed(i));
-        let kept = |i: &std::sync::Arc<Instance>| in_allowed(i) && (!preferred || *i.zone == *draw.zone);
+        let preferred = !draw.zone.is_empty()
+            && members
+                .iter()
+                .enumerate()
+                .any(|(index, i)| draw.accepts(index) && *i.zone == *draw.zone && in_allowed(i));
+        let kept = |index: usize, i: &std::sync::Arc<Instance>| {
+            draw.accepts(index) && in_allowed(i) && (!preferred || *i.zone == *draw.zone)
+        };
         if let Some(index) = nth_kept(members, draw.ticket, kept) {
             return Some(Choice::at(index));
         }
-        let n = members.len() as u64;
-        Some(Choice { index: (draw.ticket % n) as usize, fallback: Some(ALL_UNAVAILABLE) })
+        draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) })
     }
 }
 

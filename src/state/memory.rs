@@ -1,7 +1,7 @@
 //! In-process rule state: concurrent maps of atomic counters and sticky assignments.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -13,6 +13,16 @@ use super::{CounterKey, StickyKey};
 /// Sticky assignments kept at most; past this, new keys are not remembered (stickiness is
 /// best-effort affinity, never a promise) until expired entries are pruned.
 pub const MAX_STICKY_ENTRIES: usize = 1_000_000;
+/// Default memory budget of the sticky assignments (`server.sticky_memory_bytes`): keys may be
+/// up to 1 KiB, so the entry cap alone would allow about a gigabyte.
+pub const DEFAULT_STICKY_MEMORY_BYTES: usize = 128 << 20;
+/// What one sticky entry costs besides its key's bytes: the map slot, the shared names, the
+/// remembered id and its expiry (measured, rounded up).
+const STICKY_ENTRY_OVERHEAD: usize = 128;
+/// Housekeeping rounds a rotation counter may go unused (no ticket drawn, no snapshot caching
+/// it) before it is dropped: 10 minutes at the default 30 s interval. A dropped rotation starts
+/// again from ticket 0 when next used.
+const IDLE_ROUNDS: u32 = 20;
 
 /// Rotations remembered per snapshot subset (one per rule used on it); past this, picks of
 /// further rules on the subset look their counter up.
@@ -61,13 +71,57 @@ impl RotationCache {
     }
 }
 
+/// A rotation's counter as the map holds it, with what housekeeping saw of it last.
 #[derive(Debug, Default)]
+struct CounterEntry {
+    ticket: Arc<AtomicU64>,
+    /// The ticket value at the last housekeeping round.
+    seen: u64,
+    /// Consecutive rounds without a draw and without a snapshot caching the counter.
+    idle_rounds: u32,
+}
+
+/// How much of their budget the sticky assignments use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StickyUsage {
+    pub entries: usize,
+    pub bytes: usize,
+    pub budget: usize,
+    /// New assignments not remembered because the budget or the entry cap was reached.
+    pub refused: u64,
+}
+
+#[derive(Debug)]
 pub struct MemoryState {
-    counters: ConcurrentMap<CounterKey, Arc<AtomicU64>>,
+    counters: ConcurrentMap<CounterKey, CounterEntry>,
     sticky: ConcurrentMap<StickyKey, (Arc<str>, Instant)>,
+    sticky_bytes: AtomicUsize,
+    sticky_budget: usize,
+    sticky_refused: AtomicU64,
+}
+
+impl Default for MemoryState {
+    fn default() -> Self {
+        Self::new(DEFAULT_STICKY_MEMORY_BYTES)
+    }
+}
+
+fn sticky_cost(key: &StickyKey) -> usize {
+    key.key.len() + STICKY_ENTRY_OVERHEAD
 }
 
 impl MemoryState {
+    /// In-process state whose sticky assignments may use `sticky_budget` bytes.
+    pub fn new(sticky_budget: usize) -> Self {
+        Self {
+            counters: ConcurrentMap::default(),
+            sticky: ConcurrentMap::default(),
+            sticky_bytes: AtomicUsize::new(0),
+            sticky_budget,
+            sticky_refused: AtomicU64::new(0),
+        }
+    }
+
     pub fn next_ticket(&self, key: &CounterKey) -> u64 {
         self.counter(key).fetch_add(1, Ordering::Relaxed)
     }
@@ -105,9 +159,30 @@ impl MemoryState {
         // A shard read lock in the common case; the write lock only the first time a rotation
         // is used.
         if let Some(counter) = self.counters.get(key) {
-            return counter.clone();
+            return counter.ticket.clone();
         }
-        self.counters.entry(key.clone()).or_default().clone()
+        self.counters.entry(key.clone()).or_default().ticket.clone()
+    }
+
+    /// Drops rotation counters unused for [`IDLE_ROUNDS`] calls. A counter in use is one whose
+    /// ticket moved since the last call, or that a snapshot subset caches (it holds a second
+    /// reference), so nothing is added to the pick path to tell.
+    pub fn prune_counters(&self) {
+        self.counters.retain(|_, entry| {
+            let ticket = entry.ticket.load(Ordering::Relaxed);
+            if Arc::strong_count(&entry.ticket) > 1 || ticket != entry.seen {
+                entry.seen = ticket;
+                entry.idle_rounds = 0;
+                return true;
+            }
+            entry.idle_rounds += 1;
+            entry.idle_rounds < IDLE_ROUNDS
+        });
+    }
+
+    /// Rotation counters held.
+    pub fn counters_len(&self) -> usize {
+        self.counters.len()
     }
 
     pub fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
@@ -115,23 +190,53 @@ impl MemoryState {
         (entry.1 > Instant::now()).then(|| entry.0.clone())
     }
 
+    /// Remembers `key → id` for `ttl`, unless a new key would exceed the entry cap or the memory
+    /// budget even after expired entries are pruned (then the pick is simply not sticky).
     pub fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
-        if self.sticky.len() >= MAX_STICKY_ENTRIES && !self.sticky.contains_key(&key) {
+        let expires = Instant::now() + ttl;
+        if let Some(mut entry) = self.sticky.get_mut(&key) {
+            *entry = (id, expires);
+            return;
+        }
+        let cost = sticky_cost(&key);
+        if !self.sticky_fits(cost) {
             self.prune_sticky();
-            if self.sticky.len() >= MAX_STICKY_ENTRIES {
+            if !self.sticky_fits(cost) {
+                self.sticky_refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         }
-        self.sticky.insert(key, (id, Instant::now() + ttl));
+        if self.sticky.insert(key, (id, expires)).is_none() {
+            self.sticky_bytes.fetch_add(cost, Ordering::Relaxed);
+        }
+    }
+
+    fn sticky_fits(&self, cost: usize) -> bool {
+        self.sticky.len() < MAX_STICKY_ENTRIES && self.sticky_bytes.load(Ordering::Relaxed) + cost <= self.sticky_budget
     }
 
     pub fn prune_sticky(&self) {
         let now = Instant::now();
-        self.sticky.retain(|_, (_, expires)| *expires > now);
+        self.sticky.retain(|key, (_, expires)| {
+            let keep = *expires > now;
+            if !keep {
+                self.sticky_bytes.fetch_sub(sticky_cost(key), Ordering::Relaxed);
+            }
+            keep
+        });
     }
 
     pub fn sticky_len(&self) -> usize {
         self.sticky.len()
+    }
+
+    pub fn sticky_usage(&self) -> StickyUsage {
+        StickyUsage {
+            entries: self.sticky.len(),
+            bytes: self.sticky_bytes.load(Ordering::Relaxed),
+            budget: self.sticky_budget,
+            refused: self.sticky_refused.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -203,6 +308,44 @@ mod tests {
         assert!(!cached(&rules[CACHED_ROTATIONS]), "past the slots, rotations are looked up");
     }
 
+    #[test]
+    fn idle_counters_are_dropped_and_busy_or_cached_ones_kept() {
+        let state = MemoryState::default();
+        let cache = RotationCache::default();
+        let picked = Arc::new(AtomicU64::new(0));
+        state.next_ticket(&key("idle"));
+        state.next_ticket(&key("busy"));
+        draw_on(&state, &cache, "cached", &picked);
+        state.prune_counters();
+        for _ in 0..IDLE_ROUNDS - 1 {
+            state.next_ticket(&key("busy"));
+            state.prune_counters();
+        }
+        assert_eq!(state.counters_len(), 3, "nothing dropped before its idle rounds are up");
+        state.prune_counters();
+        assert_eq!(state.counters_len(), 2, "the idle counter is dropped");
+        assert_eq!(state.next_ticket(&key("idle")), 0, "and starts again from 0 when used");
+        assert_eq!(draw_on(&state, &cache, "cached", &picked), 1, "a cached rotation keeps its counter");
+        assert_eq!(state.next_ticket(&key("busy")), IDLE_ROUNDS as u64);
+    }
+
+    #[test]
+    fn sticky_assignments_stay_within_their_memory_budget() {
+        let state = MemoryState::new(10 * (STICKY_ENTRY_OVERHEAD + 100));
+        let key =
+            |n: usize| StickyKey { service: "svc".into(), subset: "version=".into(), key: format!("{n:0100}").into() };
+        for n in 0..15 {
+            state.sticky_set(key(n), "a".into(), Duration::from_secs(60));
+        }
+        let usage = state.sticky_usage();
+        assert_eq!((usage.entries, usage.refused), (10, 5));
+        assert!(usage.bytes <= usage.budget);
+        assert_eq!(state.sticky_get(&key(3)).as_deref(), Some("a"));
+        assert_eq!(state.sticky_get(&key(12)), None, "past the budget, keys are not remembered");
+        state.sticky_set(key(3), "b".into(), Duration::from_secs(60));
+        assert_eq!(state.sticky_get(&key(3)).as_deref(), Some("b"), "a known key is still refreshed");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn sticky_assignments_expire_after_their_ttl() {
         let state = MemoryState::default();
@@ -214,5 +357,6 @@ mod tests {
         assert_eq!(state.sticky_get(&key), None);
         state.prune_sticky();
         assert_eq!(state.sticky_len(), 0);
+        assert_eq!(state.sticky_usage().bytes, 0, "pruned entries give their bytes back");
     }
 }

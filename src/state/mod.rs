@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-pub use memory::{MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache};
+pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
 pub use stats::{
     BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Outcome, Stats, StatsConfig,
     StatsHandle, StatsSlot,
@@ -110,10 +110,24 @@ impl StateBackend {
         }
     }
 
-    /// Drops expired entries.
+    /// In-process state whose sticky assignments may use `sticky_budget` bytes.
+    pub fn memory(sticky_budget: usize) -> Self {
+        StateBackend::Memory(MemoryState::new(sticky_budget))
+    }
+
+    /// Drops expired sticky entries and idle rotation counters.
     pub fn housekeeping(&self) {
         match self {
-            StateBackend::Memory(memory) => memory.prune_sticky(),
+            StateBackend::Memory(memory) => {
+                memory.prune_sticky();
+                memory.prune_counters();
+            }
+        }
+    }
+
+    pub fn sticky_usage(&self) -> StickyUsage {
+        match self {
+            StateBackend::Memory(memory) => memory.sticky_usage(),
         }
     }
 

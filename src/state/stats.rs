@@ -371,11 +371,18 @@ impl Stats {
 
     /// Forgets instances for which `keep` returns false (they left the registry) once no
     /// handle to their statistics remains.
-    pub fn retain(&self, mut keep: impl FnMut(&str, &str) -> bool) {
-        self.services.retain(|service, instances| {
-            instances.retain(|id, stats| keep(service, id) || Arc::strong_count(stats) > 1);
-            !instances.is_empty()
-        });
+    /// Drops the statistics of instances that `registered(service, id)` no longer knows,
+    /// unless a handle to them is still held (instances cache theirs, so the common case needs
+    /// no lookup). Each map is locked only while its own entries are looked at — never the
+    /// whole store at once.
+    pub fn retain(&self, registered: impl Fn(&str, &str) -> bool) {
+        let services: Vec<Arc<str>> = self.services.iter().map(|entry| entry.key().clone()).collect();
+        for service in services {
+            if let Some(instances) = self.services.get(&service) {
+                instances.retain(|id, stats| Arc::strong_count(stats) > 1 || registered(&service, id));
+            }
+            self.services.remove_if(&service, |_, instances| instances.is_empty());
+        }
     }
 
     fn expire_in_flight(&self, inner: &mut Inner, second: u64) {

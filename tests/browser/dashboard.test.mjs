@@ -1,113 +1,224 @@
-// rota's dashboard in headless Chromium: a live server, three registered instances, six
-// round-robin picks; the table shows the three instances and the bars move to 2 picks each.
-import { test, after } from 'node:test';
+// rota's dashboard in headless Chromium against a live loopback server, asserting on what a
+// person sees: the service it opens on, the numbers in the table, the percentage labels and
+// bar widths, the plots after known traffic (lines read back against their labelled axes), the
+// events list, a plain "no instances" for an empty service, and no console error.
+//
+// Known traffic: service `dash` has a, b, c (no version) and d (version v2) with a gray release
+// of 3 : 1 for requests without a version; `aaa` (first alphabetically) had one instance that
+// left. 8 picks without a version go a, b, d, c twice; 12 picks with version v2 go to d; a and b
+// get calls reported at 20 ms and 40 ms, c three failures (its breaker opens).
+import { test, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFile } from 'node:child_process';
-import { createInterface } from 'node:readline';
-import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
-import { chromium } from 'playwright-core';
+import { PATIENCE_MS, cleanup, openBrowser, startServer } from './harness.mjs';
 
-const ROTA = process.env.ROTA_BIN;
 const OUTPUT = process.env.ROTA_TEST_OUTPUT ?? 'test-output';
-/** Upper bound for any single wait in this test. */
-const PATIENCE_MS = 15_000;
-const SERVICE = 'dash';
+const POLICY = '[services.dash]\ngray = { unversioned = 3, versions = { v2 = 1 } }\n';
 
-assert.ok(ROTA, 'ROTA_BIN must name the rota binary (test.sh sets it)');
+afterEach(cleanup);
 
-const children = [];
-const cleanups = [];
+/** Waits until `fn` (run in the page) returns true, failing with `what` after the deadline. */
+async function until(page, what, fn, arg) {
+  try {
+    await page.waitForFunction(fn, arg, { timeout: PATIENCE_MS });
+  } catch (error) {
+    throw new Error(`${what}: not seen within ${PATIENCE_MS} ms (${error.message.split('\n')[0]})`);
+  }
+}
 
-after(async () => {
-  for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
-  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-});
+/** The instance table as shown: one object per row, keyed by the column headings. */
+function table(page) {
+  return page.$$eval('#instance-table', ([t]) => {
+    if (!t || t.hidden) return [];
+    const heads = [...t.querySelectorAll('thead th')].map((th) => th.innerText.trim());
+    return [...t.querySelectorAll('tbody tr')].map((tr) =>
+      Object.fromEntries([...tr.children].map((td, i) => [heads[i], td.innerText.trim()])));
+  });
+}
 
-/** Starts `rota ARGS...` and resolves with the child and its first `lines` stdout lines. */
-function start(args, lines, env = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(ROTA, args, { env: { ...process.env, RUST_LOG: 'warn', ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
-    children.push(child);
-    const seen = [];
-    const timer = setTimeout(() => reject(new Error(`rota ${args.join(' ')}: no output in time (${seen})`)), PATIENCE_MS);
-    child.once('exit', (code) => reject(new Error(`rota ${args.join(' ')} exited with ${code} after ${seen.length} lines`)));
-    createInterface({ input: child.stdout }).on('line', (line) => {
-      seen.push(line);
-      if (seen.length === lines) {
-        clearTimeout(timer);
-        resolve({ child, lines: seen });
+/** A bar chart as shown: label, the value text, and the bar's width over its track's. */
+function bars(page, selector) {
+  return page.$$eval(`${selector} .bar-row`, (rows) => rows.map((row) => ({
+    label: row.querySelector('.label').innerText,
+    text: row.querySelector('.value').innerText,
+    fraction: row.querySelector('.bar').getBoundingClientRect().width / row.querySelector('.bar-track').getBoundingClientRect().width,
+  })));
+}
+
+/** The legend of a plot: series name → the figure shown next to it. */
+function keys(page, selector) {
+  return page.$$eval(`${selector} li`, (items) =>
+    Object.fromEntries(items.map((li) => [li.querySelector('.name').innerText, li.querySelector('.figure').innerText])));
+}
+
+/**
+ * One series of a plot read back as a person would: each drawn point's value, from its height
+ * between the axis' zero line and its top line and the number printed at the top.
+ */
+function plotted(page, plot, series) {
+  return page.evaluate(([plot, series]) => {
+    const svg = document.getElementById(plot);
+    const ticks = [...svg.querySelectorAll('.y-tick')].map((g) => ({
+      y: Number(g.querySelector('line').getAttribute('y1')),
+      value: parseFloat(g.querySelector('text').textContent),
+    }));
+    const zero = ticks.find((t) => t.value === 0);
+    const top = ticks.reduce((a, b) => (b.value > a.value ? b : a));
+    const points = [];
+    for (const shape of svg.querySelectorAll(`.series[data-series="${series}"] > *`)) {
+      if (shape.tagName === 'polyline') {
+        for (const pair of shape.getAttribute('points').split(' ')) points.push(pair.split(',').map(Number));
+      } else if (shape.tagName === 'circle') {
+        points.push([Number(shape.getAttribute('cx')), Number(shape.getAttribute('cy'))]);
       }
-    });
-  });
+    }
+    points.sort((a, b) => a[0] - b[0]);
+    return points.map(([x, y]) => ({ x, value: ((zero.y - y) / (zero.y - top.y)) * top.value }));
+  }, [plot, series]);
 }
 
-/** Signals `child` and waits (bounded) for it to exit. */
-function stop(child, signal) {
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); resolve(); }, PATIENCE_MS);
-    child.once('exit', () => { clearTimeout(timer); resolve(); });
-    child.kill(signal);
-  });
-}
+test('the dashboard opens on a service with instances, shows its traffic and plots it', async () => {
+  const server = await startServer(POLICY);
+  const { admin } = server;
 
-test('the dashboard lists the instances and its bars follow the picks', async () => {
-  const server = await start(['serve', '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0'], 2);
-  cleanups.push(() => stop(server.child, 'SIGTERM'));
-  const grpc = server.lines[0].match(/^listening on (127\.0\.0\.1:\d+)$/)?.[1];
-  const admin = server.lines[1].match(/^admin on (127\.0\.0\.1:\d+)$/)?.[1];
-  assert.ok(grpc && admin, `unexpected first lines: ${server.lines}`);
-  const env = { ROTA_SERVER: `http://${grpc}` };
-
-  for (const [id, port] of [['a', 7101], ['b', 7102], ['c', 7103]]) {
-    const provider = await start(['register', SERVICE, `127.0.0.1:${port}`, '--id', id], 1, env);
-    assert.match(provider.lines[0], new RegExp(`^registered .* in ${SERVICE}`));
-    cleanups.push(() => stop(provider.child, 'SIGINT'));
+  // `aaa` sorts first but has no instance left.
+  const gone = await server.register('aaa', 'gone', 7100);
+  await gone();
+  for (const [id, port, version] of [['a', 7101], ['b', 7102], ['c', 7103], ['d', 7104, 'v2']]) {
+    await server.register('dash', id, port, version ? ['--version', version] : []);
   }
 
-  const profile = mkdtempSync(join(tmpdir(), 'rota-chromium-'));
-  cleanups.push(async () => rmSync(profile, { recursive: true, force: true }));
-  const browser = await chromium.launchPersistentContext(profile, {
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-    ],
+  const page = await openBrowser();
+  const problems = [];
+  page.on('console', (message) => { if (message.type() === 'error') problems.push(`console: ${message.text()}`); });
+  page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
+  page.on('response', (response) => { if (response.status() >= 400) problems.push(`${response.status()} ${response.url()}`); });
+
+  // Opened without naming a service, the page picks the first service that has instances.
+  await page.goto(`http://${admin}/`);
+  await until(page, 'four instance rows', () => document.querySelectorAll('#instances tr').length === 4);
+  assert.equal(await page.locator('#service-title').innerText(), 'dash');
+  assert.equal(await page.locator('#services li[data-service="aaa"] .count').innerText(), 'no instances');
+  assert.equal(await page.locator('#services li[data-service="dash"] .count').innerText(), '4/4 up');
+  assert.deepEqual((await table(page)).map((row) => [row.id, row.version, row.status, row.picks]), [
+    ['a', '—', 'UP', '0'], ['b', '—', 'UP', '0'], ['c', '—', 'UP', '0'], ['d', 'v2', 'UP', '0'],
+  ]);
+
+  // "in flight" is labelled for what it counts, and explained.
+  const heading = page.locator('#in-flight-header');
+  assert.equal(await heading.innerText(), 'unreported picks');
+  assert.match(await heading.getAttribute('title'), /in-flight timeout/);
+  assert.ok(await page.locator('#in-flight-legend').isVisible());
+  assert.match(await page.locator('#in-flight-legend').innerText(), /not calls in progress/);
+  assert.match(await page.locator('#gray').innerText(), /unversioned 75% · v2 25%/);
+
+  // 8 picks without a version: the gray release sends one in four to v2, round robin the rest.
+  assert.deepEqual(await server.pick('dash', 8), ['a', 'b', 'd', 'c', 'a', 'b', 'd', 'c']);
+  await until(page, 'the table showing 8 picks', () =>
+    [...document.querySelectorAll('#instances tr td:last-child')].reduce((sum, td) => sum + Number(td.innerText), 0) === 8);
+  assert.deepEqual((await table(page)).map((row) => [row.id, row.picks, row['unreported picks']]), [
+    ['a', '2', '2'], ['b', '2', '2'], ['c', '2', '2'], ['d', '2', '2'],
+  ]);
+  for (const bar of await bars(page, '#bars')) {
+    assert.equal(bar.text, '2 (25%)', bar.label);
+    assert.ok(Math.abs(bar.fraction - 0.25) < 0.01, `${bar.label} is ${bar.fraction} of its track`);
+  }
+
+  // 12 picks of version v2 all go to d.
+  assert.deepEqual(await server.pick('dash', 12, ['--version', 'v2']), Array(12).fill('d'));
+  await until(page, 'the table showing d with 14 picks', () =>
+    document.querySelector('#instances tr[data-instance-id="d"] td:last-child')?.innerText === '14');
+  const shares = await bars(page, '#bars');
+  assert.deepEqual(shares.map((b) => [b.label, b.text]), [['a', '2 (10%)'], ['b', '2 (10%)'], ['c', '2 (10%)'], ['d', '14 (70%)']]);
+  for (const bar of shares) {
+    const expected = bar.label === 'd' ? 0.7 : 0.1;
+    assert.ok(Math.abs(bar.fraction - expected) < 0.01, `${bar.label} is ${bar.fraction} of its track, not ${expected}`);
+  }
+  assert.deepEqual((await bars(page, '#rule-bars')).map((b) => [b.label, b.text]), [['round_robin', '20 (100%)']]);
+
+  // The picks-per-second plot: every pick is plotted once, and d's line rises above zero.
+  await until(page, 'the rate legend counting all 20 picks', () =>
+    [...document.querySelectorAll('#rate-keys .figure')].reduce((sum, f) => sum + Number(f.innerText.match(/(\d+) picks? plotted/)?.[1] ?? 0), 0) === 20);
+  const rateKeys = await keys(page, '#rate-keys');
+  assert.deepEqual(Object.keys(rateKeys), ['a', 'b', 'c', 'd']);
+  assert.match(rateKeys.d, /· 14 picks plotted$/);
+  assert.match(rateKeys.a, /· 2 picks plotted$/);
+  const d = await plotted(page, 'rate-plot', 'd');
+  assert.ok(d.length >= 2, `d's line has ${d.length} points`);
+  const peak = Math.max(...d.map((p) => p.value));
+  assert.ok(peak >= 1, `d's line peaks at ${peak}/s`);
+  assert.ok(d.every((p) => p.value >= -1e-6), 'no negative rate');
+  const a = await plotted(page, 'rate-plot', 'a');
+  assert.ok(Math.max(...a.map((p) => p.value)) > 0, "a's line rose with the first 8 picks");
+  assert.ok(Math.max(...a.map((p) => p.value)) < peak, "a's peak stays under d's");
+
+  // The version plot and its shares: 6 unversioned, 14 v2.
+  await until(page, 'version shares', () => document.querySelectorAll('#version-bars .bar-row').length === 2
+    && document.querySelector('#version-bars .bar-row:last-child .value').innerText === '14 (70%)');
+  const versions = await bars(page, '#version-bars');
+  assert.deepEqual(versions.map((b) => [b.label, b.text]), [['unversioned', '6 (30%)'], ['v2', '14 (70%)']]);
+  assert.ok(Math.abs(versions[0].fraction - 0.3) < 0.01 && Math.abs(versions[1].fraction - 0.7) < 0.01, JSON.stringify(versions));
+  assert.ok(Math.max(...(await plotted(page, 'version-plot', 'version:v2')).map((p) => p.value)) >= 1);
+
+  // Reported calls: the latency column and the latency plot show the EWMA rota keeps.
+  assert.equal((await server.report('dash', 'a', 5, 20)).accepted, 5);
+  assert.equal((await server.report('dash', 'b', 5, 40)).accepted, 5);
+  assert.equal((await server.report('dash', 'c', 3, 5, false)).accepted, 3);
+  await until(page, 'latencies and the open breaker in the table', () => {
+    const cell = (id, n) => document.querySelector(`#instances tr[data-instance-id="${id}"] td:nth-child(${n})`)?.innerText;
+    return cell('a', 8) === '20.0 ms' && cell('b', 8) === '40.0 ms' && cell('c', 9) === 'open';
   });
-  cleanups.push(() => browser.close());
-  const page = browser.pages()[0] ?? (await browser.newPage());
-  await page.goto(`http://${admin}/?service=${SERVICE}`);
+  assert.deepEqual((await table(page)).map((row) => [row.id, row['unreported picks'], row['latency (EWMA)'], row.breaker]), [
+    ['a', '0', '20.0 ms', 'closed'], ['b', '0', '40.0 ms', 'closed'], ['c', '0', '5.0 ms', 'open'], ['d', '14', '—', 'closed'],
+  ]);
+  await until(page, 'the latency legend', () => document.querySelector('#latency-keys [data-series="a"] .figure')?.innerText === '20.0 ms now'
+    && document.querySelector('#latency-keys [data-series="b"] .figure')?.innerText === '40.0 ms now');
+  assert.equal((await keys(page, '#latency-keys')).d, 'no reports');
+  const latencyA = (await plotted(page, 'latency-plot', 'a')).at(-1);
+  const latencyB = (await plotted(page, 'latency-plot', 'b')).at(-1);
+  assert.ok(Math.abs(latencyA.value - 20) < 0.5, `a is drawn at ${latencyA.value} ms`);
+  assert.ok(Math.abs(latencyB.value - 40) < 0.5, `b is drawn at ${latencyB.value} ms`);
+  assert.equal((await plotted(page, 'latency-plot', 'd')).length, 0, 'no line for an instance without reports');
 
-  await page.waitForFunction(() => document.querySelectorAll('#instances tr[data-instance-id]').length === 3, null, { timeout: PATIENCE_MS });
-  const rows = await page.$$eval('#instances tr[data-instance-id]', (trs) => trs.map((tr) => tr.dataset.instanceId));
-  assert.deepEqual(rows.sort(), ['a', 'b', 'c']);
-  const picks = () => page.$$eval('#bars [data-instance-id]', (bars) =>
-    Object.fromEntries(bars.map((bar) => [bar.dataset.instanceId, Number(bar.dataset.picks)])));
-  assert.deepEqual(await picks(), { a: 0, b: 0, c: 0 });
-
-  const { stdout } = await promisify(execFile)(ROTA, ['pick', SERVICE, '-n', '6'], { env: { ...process.env, ...env }, timeout: PATIENCE_MS });
-  assert.equal(stdout.trim().split('\n').length, 6, stdout);
-
-  // The next pushed snapshot carries the picks; wait for the bars to change, then read them.
-  await page.waitForFunction(
-    () => [...document.querySelectorAll('#bars [data-instance-id]')].some((bar) => bar.dataset.picks !== '0'),
-    null,
-    { timeout: PATIENCE_MS },
-  );
-  await page.waitForFunction(
-    () => [...document.querySelectorAll('#bars [data-instance-id]')].reduce((sum, bar) => sum + Number(bar.dataset.picks), 0) === 6,
-    null,
-    { timeout: PATIENCE_MS },
-  );
-  assert.deepEqual(await picks(), { a: 2, b: 2, c: 2 });
-  const rules = await page.$$eval('#rule-bars [data-rule]', (bars) =>
-    Object.fromEntries(bars.map((bar) => [bar.dataset.rule, Number(bar.dataset.picks)])));
-  assert.deepEqual(rules, { round_robin: 6 });
+  // Breaker trips and registrations: listed, and marked on the plots' time axis.
+  await until(page, 'the breaker trip in the events list', () => document.querySelector('#events').innerText.includes('breaker opened: c'));
+  const events = await page.$$eval('#events li', (items) => items.map((li) => li.innerText.replace(/^\d\d:\d\d:\d\d\s*\S\s*/, '')));
+  assert.deepEqual(events, ['breaker opened: c', 'registered: d', 'registered: c', 'registered: b', 'registered: a']);
+  const marks = await page.$$eval('#rate-plot .marker title', (titles) => titles.map((t) => t.textContent));
+  assert.ok(marks.some((t) => t.endsWith('breaker opened: c')), marks.join('; '));
+  assert.ok(marks.some((t) => t.endsWith('registered: a')), marks.join('; '));
 
   mkdirSync(OUTPUT, { recursive: true });
   await page.screenshot({ path: join(OUTPUT, 'dashboard.png'), fullPage: true });
+
+  // A reload draws the same history at once: the server keeps it.
+  await page.reload();
+  await until(page, 'the rate legend after a reload', () =>
+    document.querySelector('#rate-keys [data-series="d"] .figure')?.innerText.endsWith('· 14 picks plotted'));
+
+  // An empty service says so plainly, with no empty table.
+  await page.locator('#services li[data-service="aaa"]').click();
+  await until(page, 'the empty service', () => !document.getElementById('empty-note').hidden
+    && document.getElementById('service-title').innerText === 'aaa');
+  assert.match(await page.locator('#empty-note').innerText(), /^No instances: aaa has no registered instances right now/);
+  assert.equal(await page.locator('#instance-table').isVisible(), false);
+  await until(page, "aaa's events", () => document.querySelector('#events').innerText.includes('left: gone'));
+
+  // The page's icon is served; nothing failed or logged an error on the way.
+  const icon = await page.request.get(`http://${admin}/favicon.ico`);
+  assert.equal(icon.status(), 200);
+  assert.equal(icon.headers()['content-type'], 'image/svg+xml');
+  assert.deepEqual(problems, []);
+});
+
+test('a page opened on a service never registered says so', async () => {
+  const server = await startServer();
+  await server.register('only', 'x', 7200);
+  const page = await openBrowser();
+  await page.goto(`http://${server.admin}/?service=nobody`);
+  await until(page, 'the note', () => !document.getElementById('empty-note').hidden
+    && document.getElementById('empty-note').innerText.startsWith('Not registered'));
+  assert.match(await page.locator('#empty-note').innerText(), /nobody has never been registered/);
+  assert.equal(await page.locator('#rate-plot .nodata').textContent(), 'No history: the service is not registered.');
 });

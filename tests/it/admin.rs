@@ -69,7 +69,7 @@ async fn metrics_count_known_traffic_exactly() {
     assert_eq!(
         series(&metrics, "rota_picks_total{"),
         [
-            r#"rota_picks_total{service="nobody",rule="round_robin",result="not_found"} 2"#,
+            r#"rota_picks_total{service="_unknown",rule="round_robin",result="not_found"} 2"#,
             r#"rota_picks_total{service="orders",rule="_unresolved",result="invalid_argument"} 1"#,
             r#"rota_picks_total{service="orders",rule="round_robin",result="ok"} 7"#,
         ]
@@ -225,7 +225,7 @@ async fn pick_stream_counts_each_pick_and_the_stream_once() {
     assert_eq!(
         series(&metrics, "rota_picks_total{"),
         [
-            r#"rota_picks_total{service="nobody",rule="round_robin",result="not_found"} 1"#,
+            r#"rota_picks_total{service="_unknown",rule="round_robin",result="not_found"} 1"#,
             r#"rota_picks_total{service="orders",rule="round_robin",result="ok"} 2"#,
         ]
     );

@@ -23,8 +23,13 @@ fn serve() -> Serving {
 
 /// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
 fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
+    serve_on("127.0.0.1:0", extra)
+}
+
+/// `rota serve --listen LISTEN EXTRA...`, once it has printed its address.
+fn serve_on(listen: &str, extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen, "--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -72,8 +77,9 @@ fn register_pick_ls_and_withdraw_on_ctrl_c() {
     let picked = rota(&server, &["pick", "cli-svc", "--version", "zlt", "-n", "2"]);
     assert!(picked.status.success(), "{}", text(&picked.stderr));
     let out = text(&picked.stdout);
-    assert_eq!(out.lines().count(), 2, "{out}");
-    assert!(out.lines().all(|l| l.contains("127.0.0.1:7001") && l.contains("version=zlt")), "{out}");
+    assert_eq!(out.lines().count(), 3, "a header and two picks: {out}");
+    assert!(out.lines().next().unwrap().starts_with("TICKET  INSTANCE"), "{out}");
+    assert!(out.lines().skip(1).all(|l| l.contains("127.0.0.1:7001") && l.contains("version=zlt")), "{out}");
 
     let listed = rota(&server, &["ls", "cli-svc"]);
     let out = text(&listed.stdout);
@@ -102,13 +108,29 @@ fn errors_are_one_clear_line_and_a_failing_exit() {
         "rota: INVALID_ARGUMENT: rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry\n"
     );
 
+    // A malformed version is refused, not quietly treated as unknown.
+    let output = rota(&server, &["pick", "never-seen", "--version", "a b"]);
+    assert_eq!(
+        text(&output.stderr),
+        "rota: INVALID_ARGUMENT: version contains ' '; only [A-Za-z0-9._:-] are allowed\n"
+    );
+    // `watch` answers a service never seen like `ls` does, instead of waiting silently.
+    for command in ["ls", "watch"] {
+        let output = rota(&server, &[command, "never-seen"]);
+        assert!(!output.status.success());
+        assert_eq!(text(&output.stderr), "rota: NOT_FOUND: service \"never-seen\" has never been registered\n");
+    }
+    let output = rota(&server, &["pick", "never-seen", "-n", "0"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("0 is not in 1.."), "{}", text(&output.stderr));
+
     let output = rota(&server, &["register", "svc", "no-port-here"]);
     assert_eq!(text(&output.stderr), "rota: \"no-port-here\" is not HOST:PORT\n");
 
     let output = rota(&server, &["register", "svc", "127.0.0.1:0"]);
     assert_eq!(
         text(&output.stderr),
-        "rota: registration refused: announce.instances[0].port must be between 1 and 65535, got 0\n"
+        "rota: INVALID_ARGUMENT: registration refused: announce.instances[0].port must be between 1 and 65535, got 0\n"
     );
 }
 
@@ -119,7 +141,10 @@ fn unreachable_server_is_reported_not_hung() {
     let output =
         Command::new(BIN).args(["ls"]).env("ROTA_SERVER", format!("http://127.0.0.1:{port}")).output().unwrap();
     assert!(!output.status.success());
-    assert!(text(&output.stderr).starts_with("rota: cannot connect to rota"), "{}", text(&output.stderr));
+    // The message names the address and the cause, not just "transport error".
+    let said = text(&output.stderr);
+    assert!(said.starts_with(&format!("rota: cannot connect to rota at http://127.0.0.1:{port}: ")), "{said}");
+    assert!(said.contains("Connection refused"), "{said}");
 }
 
 #[test]
@@ -244,13 +269,16 @@ fn sigterm_drains_then_exits_zero() {
     assert!(line.starts_with("registered a in term"), "{line}");
 
     assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
-    // The provider is told to go elsewhere, and says so.
-    let registered = register.wait_with_output().unwrap();
-    assert!(!registered.status.success());
+    // The provider is told to go elsewhere, says so, and tries to register again.
+    let mut register = register;
+    let mut told = String::new();
+    BufReader::new(register.stderr.take().unwrap()).read_line(&mut told).unwrap();
     assert_eq!(
-        text(&registered.stderr),
-        "rota: the server closed the registration stream: rota is shutting down; reconnect to another replica and announce again\n"
+        told,
+        "registration lost (rota is shutting down; reconnect to another replica and announce again); registering again\n"
     );
+    let _ = register.kill();
+    let _ = register.wait();
     // During the grace period, a load of picks is answered without one failure.
     let picked = rota(&server, &["pick", "term", "-n", "300"]);
     assert!(picked.status.success(), "{}", text(&picked.stderr));
@@ -266,6 +294,34 @@ fn sigterm_drains_then_exits_zero() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// `rota register` survives a server restart: it registers again on the new server, on the
+/// same address, without being told.
+#[test]
+fn register_registers_again_after_the_server_restarts() {
+    let server = serve();
+    let (mut register, line) = register_in_background(&server, &["again", "127.0.0.1:7301", "--id", "a"]);
+    assert!(line.starts_with("registered a in again"), "{line}");
+    let listen = server.endpoint.trim_start_matches("http://").to_owned();
+    drop(server); // SIGKILL: no Closing, the stream just breaks.
+    let server = serve_on(&listen, &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let listed = rota(&server, &["ls", "again"]);
+        if text(&listed.stdout).contains("127.0.0.1:7301") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not registered again: {}", text(&listed.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut line = String::new();
+    let mut stdout = BufReader::new(register.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("registered again (lease "), "{line}");
+    assert!(Command::new("kill").args(["-INT", &register.id().to_string()]).status().unwrap().success());
+    assert!(register.wait().unwrap().success(), "register exits 0 after withdrawing");
+    assert!(!text(&rota(&server, &["ls", "again"]).stdout).contains("127.0.0.1:7301"), "withdrawn on Ctrl-C");
 }
 
 /// `rota serve` prints the admin address second, and that listener answers; `off` (here from
@@ -365,4 +421,22 @@ fn bench_refuses_bad_rounds_and_a_pid_without_a_server() {
     let output = Command::new(BIN).args(["bench", "--server-pid", "5"]).output().unwrap();
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("--server <SERVER>"), "{}", text(&output.stderr));
+}
+
+/// Logs written to a pipe or a file carry no terminal colour codes.
+#[test]
+fn serve_logs_have_no_colour_codes_off_a_terminal() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("serving"), "{line:?}");
+    assert!(!line.contains('\u{1b}'), "{line:?}");
 }

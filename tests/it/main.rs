@@ -7,6 +7,7 @@ mod companions;
 mod conformance;
 mod errors;
 mod harness;
+mod hostile;
 mod limits;
 mod registration;
 mod rotation;

@@ -35,11 +35,13 @@ async fn draining_moves_providers_away_and_keeps_answering_picks() {
         seen.push(picked_id(&client.pick("drain", PickOptions::default()).await.expect("picks go on")));
     }
     assert_eq!(seen, ["a", "b", "a", "b"]);
-    let mut watch = client.watch("drain").await.unwrap();
-    let snapshot = watch.message().await.unwrap().expect("the snapshot comes first");
-    assert_eq!(snapshot.epoch, 1);
-    let ended = watch.message().await.expect_err("then the watch ends");
-    assert_eq!(ended.code(), tonic::Code::Unavailable);
+    // New streams are refused at once, so clients go on to another replica without a
+    // snapshot-then-close loop.
+    let refused = client.watch("drain").await.expect_err("no new watch while draining");
+    assert_eq!(refused.code(), Some(tonic::Code::Unavailable));
+    assert!(refused.to_string().contains("rota is shutting down; connect to another replica"), "{refused}");
+    let refused = client.register(vec![instance("drain", "c", 3)]).await.err().expect("no new registration");
+    assert_eq!(refused.code(), Some(tonic::Code::Unavailable));
 
     server.server.stop().await.unwrap();
     assert!(client.pick("drain", PickOptions::default()).await.is_err(), "stopped for good");

@@ -303,3 +303,35 @@ async fn the_server_refuses_a_bad_key_at_start() {
         Err(e) => assert!(e.to_string().starts_with("server.tls_key: "), "{e}"),
     }
 }
+
+/// A TLS slowloris: 300 connections from one address that never finish (or start) a
+/// handshake. They fill that address's share of connections only; a client from another
+/// address gets in at once, and the silent ones are closed at the handshake timeout.
+#[tokio::test]
+async fn silent_handshakes_from_one_address_lock_out_no_one_else() {
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("slowloris");
+    let server = TestServer::start_with(|config| {
+        config.tls = Some(dir.files(&ca.server(), None));
+        config.limits.connections.handshake_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let addr = server.server.local_addr();
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 2], 0).into()).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    for _ in 0..5 {
+        let answered = tokio::time::timeout(Duration::from_secs(5), call(&server, Some(options(&ca, None)))).await;
+        assert_eq!(answered, Ok(Ok(())), "a TLS client from another address is served");
+    }
+    let closed = silent.into_iter().map(|mut stream| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 16];
+        matches!(stream.read(&mut buf).await, Ok(0) | Err(_))
+    });
+    let closed = tokio::time::timeout(PATIENCE, futures_util::future::join_all(closed)).await.expect("closed in time");
+    assert!(closed.into_iter().all(|c| c), "every silent connection is closed");
+}

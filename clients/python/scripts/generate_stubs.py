@@ -1,6 +1,8 @@
 """Generates rota's protobuf and gRPC stubs into ``src/rota/_pb``.
 
-The stubs come from the repository's ``proto/rota/v1/rota.proto``. ``protoc`` names the
+The stubs come from the repository's ``proto/rota/v1/rota.proto`` and are committed, so that
+the package builds and installs without the proto or ``grpcio-tools``; run this after changing
+the proto (``tests/test_stubs.py`` fails until the committed stubs match it). ``protoc`` names the
 generated modules after the proto's path (``rota/v1/rota_pb2.py``) and imports them as
 ``from rota.v1 import rota_pb2``, which would collide with this package; they are therefore
 generated into a scratch directory and placed in ``rota._pb`` with that one import rewritten.

@@ -33,8 +33,8 @@ def servers(rota_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     counter = itertools.count()
     logs = tmp_path_factory.mktemp("rota-logs")
 
-    def start(*extra_args: str) -> RotaServer:
-        server = RotaServer(rota_bin, logs / f"rota-{next(counter)}.log", *extra_args)
+    def start(*extra_args: str, listen: str = "127.0.0.1:0") -> RotaServer:
+        server = RotaServer(rota_bin, logs / f"rota-{next(counter)}.log", *extra_args, listen=listen)
         started.append(server)
         return server.start()
 
@@ -66,8 +66,8 @@ def private_server(servers: Callable[..., RotaServer]) -> Iterator[Callable[...,
     """Servers owned by one test (which may kill them); stopped when the test ends."""
     mine: list[RotaServer] = []
 
-    def start(*extra_args: str) -> RotaServer:
-        server = servers(*extra_args)
+    def start(*extra_args: str, listen: str = "127.0.0.1:0") -> RotaServer:
+        server = servers(*extra_args, listen=listen)
         mine.append(server)
         return server
 

@@ -49,12 +49,17 @@ def rota_binary() -> Path:
 
 
 class RotaServer:
-    """One ``rota serve --listen 127.0.0.1:0`` process; the port comes from its first stdout line."""
+    """One ``rota serve --listen LISTEN`` process; the port comes from its first stdout line.
 
-    def __init__(self, binary: Path, log_path: Path, *extra_args: str) -> None:
+    ``listen`` is ``127.0.0.1:0`` (a free port) unless a test restarts a server on the
+    address of an earlier one.
+    """
+
+    def __init__(self, binary: Path, log_path: Path, *extra_args: str, listen: str = "127.0.0.1:0") -> None:
         self.binary = binary
         self.log_path = log_path
         self.extra_args = extra_args
+        self.listen = listen
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.port = 0
@@ -62,7 +67,7 @@ class RotaServer:
     def start(self, timeout: float = START_TIMEOUT) -> RotaServer:
         log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [str(self.binary), "serve", "--listen", "127.0.0.1:0", *self.extra_args],
+            [str(self.binary), "serve", "--listen", self.listen, *self.extra_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,

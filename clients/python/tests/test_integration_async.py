@@ -187,6 +187,45 @@ async def test_reconnects_and_announces_again_after_rota_drops_the_stream(
         assert (await rota.pick(service_name)).instance.id == "a"
 
 
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+async def test_registers_again_after_rota_restarts_on_the_same_port(
+    private_server: Callable[..., RotaServer], service_name: str, stop: str
+) -> None:
+    """See the blocking client's test of the same name."""
+    first = private_server("--shutdown-grace", "500ms")
+    async with AsyncRotaClient(first.address) as rota:
+        registration = await rota.register(instance(service_name, "a", 9001), instance(service_name, "b", 9002))
+        await registration.update(InstanceRef(service_name, "b"), status=InstanceStatus.DRAINING)
+        assert (await rota.pick(service_name)).instance.id == "a"
+
+        if stop == "sigterm":
+            await asyncio.to_thread(first.stop)
+            assert first.process is not None and first.process.returncode == 0, first.log()
+        else:
+            await asyncio.to_thread(first.kill)
+        second = private_server("--shutdown-grace", "500ms", listen=first.address)
+        assert second.address == first.address
+
+        async def registered_again() -> bool:
+            try:
+                return (await rota.list_instances(service_name, timeout=1)).ids == ["a", "b"]
+            except RotaError:
+                return False
+
+        deadline = asyncio.get_running_loop().time() + 15
+        while not await registered_again():
+            assert asyncio.get_running_loop().time() < deadline, f"not registered again within 15s:\n{second.log()}"
+            await asyncio.sleep(0.01)
+        listed = {i.id: i.status for i in (await rota.list_instances(service_name)).instances}
+        assert listed == {"a": InstanceStatus.UP, "b": InstanceStatus.DRAINING}
+        picked = await rota.pick(service_name)
+        assert (picked.instance.id, picked.ticket, picked.local_fallback) == ("a", 0, False)
+
+        ack = await registration.close()
+        assert ack is not None and sorted(r.id for r in ack.accepted) == ["a", "b"]
+        assert (await rota.list_instances(service_name)).ids == []
+
+
 async def test_version_follows_an_incoming_grpc_call_into_the_pick(rota: AsyncRotaClient, service_name: str) -> None:
     async def handle(request: bytes, context: Any) -> bytes:
         return (await rota.pick(service_name)).instance.id.encode()

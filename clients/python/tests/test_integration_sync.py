@@ -317,6 +317,49 @@ def test_reconnects_and_announces_again_after_rota_drops_the_stream(
         assert rota.list_instances(service_name).ids == []
 
 
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_registers_again_after_rota_restarts_on_the_same_port(
+    private_server: Callable[..., RotaServer], service_name: str, stop: str
+) -> None:
+    """rota stops (SIGTERM: Closing, drain, exit; SIGKILL: the connection drops) and a new
+    server starts on the same port: the registration announces its instances again, with the
+    changes made since, and closing it withdraws them from the new server."""
+    first = private_server("--shutdown-grace", "500ms")
+    # The default reconnection schedule, as an application would have it.
+    with RotaClient(first.address) as rota:
+        registration = rota.register(instance(service_name, "a", 9001), instance(service_name, "b", 9002))
+        registration.update(InstanceRef(service_name, "b"), status=InstanceStatus.DRAINING)
+        assert rota.pick(service_name).instance.id == "a"
+
+        if stop == "sigterm":
+            first.stop()
+            assert first.process is not None and first.process.returncode == 0, first.log()
+        else:
+            first.kill()
+        second = private_server("--shutdown-grace", "500ms", listen=first.address)
+        assert second.address == first.address
+
+        def registered_again() -> bool:
+            try:
+                return rota.list_instances(service_name, timeout=1).ids == ["a", "b"]
+            except RotaError:
+                return False
+
+        # The new server knows only what the registration announces again.
+        assert wait_until(registered_again, timeout=15), second.log()
+        listed = {i.id: i.status for i in rota.list_instances(service_name).instances}
+        assert listed == {"a": InstanceStatus.UP, "b": InstanceStatus.DRAINING}
+        picked = rota.pick(service_name)
+        assert (picked.instance.id, picked.ticket, picked.local_fallback) == ("a", 0, False)
+
+        ack = registration.close()
+        assert ack is not None and sorted(r.id for r in ack.accepted) == ["a", "b"]
+        assert rota.list_instances(service_name).ids == []
+        with pytest.raises(RotaError) as raised:
+            rota.pick(service_name)
+        assert (raised.value.code, raised.value.unreachable) == (grpc.StatusCode.UNAVAILABLE, False)
+
+
 def test_register_fails_fast_when_rota_is_unreachable() -> None:
     with RotaClient("127.0.0.1:1") as rota, pytest.raises(RotaError) as raised:
         rota.register(Instance("py-nowhere", "127.0.0.1", 9001))

@@ -29,6 +29,7 @@ import {
   instanceFromMessage,
   outcomeToMessage,
   pickResultFromMessage,
+  u64,
   watchEventFromMessage,
   type CallOutcome,
   type CallResult,
@@ -334,7 +335,7 @@ export class RotaClient implements AsyncDisposable {
       (metadata, callOptions, callback) => this.#registry.ListServices({}, metadata, callOptions, callback),
       this.#timeoutMs,
     );
-    return response.services.map((s) => ({ name: s.name, instances: s.instances, up: s.up, epoch: s.epoch }));
+    return response.services.map((s) => ({ name: s.name, instances: s.instances, up: s.up, epoch: u64(s.epoch) }));
   }
 
   /** A service's instances, ordered by id. */
@@ -343,7 +344,7 @@ export class RotaClient implements AsyncDisposable {
       (metadata, callOptions, callback) => this.#registry.ListInstances({ service }, metadata, callOptions, callback),
       this.#timeoutMs,
     );
-    return { instances: response.instances.map(instanceFromMessage), epoch: response.epoch };
+    return { instances: response.instances.map(instanceFromMessage), epoch: u64(response.epoch) };
   }
 
   /**

@@ -7,37 +7,37 @@ import type { Instance, InstanceRef } from './types.js';
 export interface LocalPick {
   instance: Instance;
   /** This process's own rotation counter for the subset picked from. */
-  ticket: number;
+  ticket: bigint;
   /** Why a version fallback was taken, as rota words it; empty when served as asked. */
   fallback: string;
   /** Epoch of the cached instance list. */
-  epoch: number;
+  epoch: bigint;
 }
 
 interface CachedService {
   instances: Map<string, Instance>;
-  epoch: number;
+  epoch: bigint;
 }
 
 /** Per-service instance lists, fed by watch events. */
 export class InstanceCache {
   readonly #services = new Map<string, CachedService>();
-  readonly #counters = new Map<string, number>();
+  readonly #counters = new Map<string, bigint>();
 
   /** Replaces a service's whole list (a watch snapshot). */
-  replace(service: string, instances: readonly Instance[], epoch: number): void {
+  replace(service: string, instances: readonly Instance[], epoch: bigint): void {
     this.#services.set(service, { instances: new Map(instances.map((i) => [i.id, i])), epoch });
   }
 
   /** Adds or replaces one instance (a watch `added` or `updated` event). */
-  upsert(instance: Instance, epoch: number): void {
+  upsert(instance: Instance, epoch: bigint): void {
     const cached = this.#entry(instance.service);
     cached.instances.set(instance.id, instance);
     cached.epoch = epoch;
   }
 
   /** Removes one instance (a watch `removed` event). */
-  remove(ref: InstanceRef, epoch: number): void {
+  remove(ref: InstanceRef, epoch: bigint): void {
     const cached = this.#entry(ref.service);
     cached.instances.delete(ref.id);
     cached.epoch = epoch;
@@ -64,8 +64,8 @@ export class InstanceCache {
     return cached === undefined ? [] : sortedById([...cached.instances.values()]);
   }
 
-  epoch(service: string): number {
-    return this.#services.get(service)?.epoch ?? 0;
+  epoch(service: string): bigint {
+    return this.#services.get(service)?.epoch ?? 0n;
   }
 
   /**
@@ -93,16 +93,16 @@ export class InstanceCache {
       return undefined;
     }
     const key = `${service}\0${subsetVersion}`;
-    const ticket = this.#counters.get(key) ?? 0;
-    this.#counters.set(key, ticket + 1);
-    const instance = subset[ticket % subset.length] as Instance;
+    const ticket = this.#counters.get(key) ?? 0n;
+    this.#counters.set(key, ticket + 1n);
+    const instance = subset[Number(ticket % BigInt(subset.length))] as Instance;
     return { instance, ticket, fallback, epoch: cached.epoch };
   }
 
   #entry(service: string): CachedService {
     let cached = this.#services.get(service);
     if (cached === undefined) {
-      cached = { instances: new Map(), epoch: 0 };
+      cached = { instances: new Map(), epoch: 0n };
       this.#services.set(service, cached);
     }
     return cached;

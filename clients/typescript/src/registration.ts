@@ -84,15 +84,17 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   readonly #retryBackoff: Backoff;
   /** The instances this registration holds, as announced, by service and id. */
   readonly #held = new Map<string, InstanceSpec>();
-  readonly #inflight = new Map<number, InFlight>();
+  readonly #inflight = new Map<bigint, InFlight>();
   #stream: RegisterStream | undefined;
   #live = false;
-  #seq = 0;
+  #seq = 0n;
   #heartbeat: NodeJS.Timeout | undefined;
   #timer: NodeJS.Timeout | undefined;
   #retryTimer: NodeJS.Timeout | undefined;
   #closed = false;
   #closing: Promise<void> | undefined;
+  /** The reconnection waiting for rota's acknowledgement of its announcement, if any. */
+  #reconnecting: Promise<Ack> | undefined;
   #firstAck: Ack | undefined;
   #lastAck: Ack | undefined;
 
@@ -129,8 +131,8 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   }
 
   /** The lease of the current (or last) stream. */
-  get leaseId(): number {
-    return this.#lastAck?.leaseId ?? 0;
+  get leaseId(): bigint {
+    return this.#lastAck?.leaseId ?? 0n;
   }
 
   /** True while a stream is open and announced; false while reconnecting and once closed. */
@@ -212,7 +214,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       throw asRotaError(error);
     }
     this.#stream = stream;
-    this.#seq = 0;
+    this.#seq = 0n;
     stream.on('data', (message: RegisterResponse__Output) => this.#onMessage(stream, message));
     // Errors also end in a 'status' event; this listener keeps them from being thrown.
     stream.on('error', () => {});
@@ -226,6 +228,11 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       throw error;
     });
     if (this.#closed) {
+      if (this.#stream === stream && ack.accepted.length > 0) {
+        // close() began while this announcement was being answered: rota holds the instances
+        // on this stream now, so withdraw them before ending it.
+        await this.#send(stream, { withdraw: { instances: [] } }, this.#closeTimeoutMs, () => {}).catch(() => undefined);
+      }
       this.#onLost(stream, closedError());
       throw closedError();
     }
@@ -235,7 +242,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   }
 
   #send(stream: RegisterStream, message: RegisterRequest, timeoutMs: number, apply: (ack: Ack) => void): Promise<Ack> {
-    this.#seq += 1;
+    this.#seq += 1n;
     const seq = this.#seq;
     return new Promise<Ack>((resolve, reject) => {
       const entry: InFlight = {
@@ -330,14 +337,18 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       return;
     }
     let ack: Ack;
+    const connecting = this.#connect([...this.#held.values()]);
+    this.#reconnecting = connecting;
     try {
-      ack = await this.#connect([...this.#held.values()]);
+      ack = await connecting;
     } catch (error) {
       if (!this.#closed) {
         this.#logger.warn(`rota: reconnecting the registration failed (${asRotaError(error).message}); retrying`);
         this.#scheduleReconnect();
       }
       return;
+    } finally {
+      this.#reconnecting = undefined;
     }
     this.#backoff.reset();
     this.#retryBackoff.reset();
@@ -416,6 +427,17 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     this.#closed = true;
     clearTimeout(this.#timer);
     clearTimeout(this.#retryTimer);
+    const reconnecting = this.#reconnecting;
+    if (reconnecting !== undefined) {
+      // A re-announcement is in flight: once answered, it withdraws what rota registered on
+      // its stream (see #connect). Past closeTimeoutMs the stream is ended below instead.
+      let timer: NodeJS.Timeout | undefined;
+      const timedOut = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, this.#closeTimeoutMs);
+      });
+      await Promise.race([reconnecting.then(() => undefined, () => undefined), timedOut]);
+      clearTimeout(timer);
+    }
     const stream = this.#stream;
     if (stream === undefined) {
       this.#held.clear();

@@ -62,9 +62,9 @@ export interface Refusal {
 /** rota's answer to one announce, update or withdraw on a registration stream. */
 export interface Ack {
   /** Identifies the registration stream's lease; a reconnected registration gets a new one. */
-  leaseId: number;
+  leaseId: bigint;
   /** 1 for the first message of a stream, 2 for the next, ... */
-  seq: number;
+  seq: bigint;
   accepted: InstanceRef[];
   refused: Refusal[];
   /** The stream is dropped after this long without a message. */
@@ -101,14 +101,14 @@ export interface PickOptions {
 /** The instance chosen by a pick, and how it was chosen. */
 export interface PickResult {
   instance: Instance;
-  /** The number drawn from the shared rotation counter for this pick. */
-  ticket: number;
+  /** The number drawn from the shared rotation counter for this pick (a 64-bit counter). */
+  ticket: bigint;
   /** The rule that ran, in canonical form, e.g. `"repeat(n=3)"`. */
   rule: string;
   /** Empty when served as asked; otherwise why a fallback was taken (e.g. no instance of the version). */
   fallback: string;
   /** Generation of the service's instance list this pick was made from. */
-  epoch: number;
+  epoch: bigint;
   /**
    * True when rota could not be reached and the instance was picked by this process, round
    * robin over the last instance list seen through a watch of the service.
@@ -124,7 +124,7 @@ export interface CallOutcome {
   service: string;
   instanceId: string;
   /** The ticket and rule of the pick the call followed, if any. */
-  ticket?: number;
+  ticket?: bigint;
   rule?: string;
   /** How long the call took, in microseconds. */
   latencyUs: number;
@@ -142,27 +142,43 @@ export interface ServiceSummary {
   name: string;
   instances: number;
   up: number;
-  epoch: number;
+  epoch: bigint;
 }
 
 export interface InstanceList {
   /** Ordered by id. */
   instances: Instance[];
-  epoch: number;
+  epoch: bigint;
 }
 
 /** One event of a watch: a full snapshot first, then every change. */
 export type WatchEvent =
-  | { type: 'snapshot'; instances: Instance[]; epoch: number }
-  | { type: 'added'; instance: Instance; epoch: number }
-  | { type: 'updated'; instance: Instance; epoch: number }
-  | { type: 'removed'; instance: InstanceRef; epoch: number };
+  | { type: 'snapshot'; instances: Instance[]; epoch: bigint }
+  | { type: 'added'; instance: Instance; epoch: bigint }
+  | { type: 'updated'; instance: Instance; epoch: bigint }
+  | { type: 'removed'; instance: InstanceRef; epoch: bigint };
 
 // ---------------------------------------------------------------------------------------------
 // Wire conversions (internal)
 // ---------------------------------------------------------------------------------------------
 
 const DEFAULT_WEIGHT = 100;
+
+/**
+ * A uint64 of a received message. The proto loader hands 64-bit integers over as decimal
+ * strings (see `LOADER_OPTIONS` in proto.ts), so that no value above 2^53 loses precision.
+ */
+export function u64(value: string | number): bigint {
+  return BigInt(value);
+}
+
+/** A bigint for a uint64 field of a message to send: the loader takes decimal strings. */
+function u64ToMessage(value: bigint): string {
+  if (value < 0n || value >= 1n << 64n) {
+    throw new RangeError(`${value} does not fit a uint64`);
+  }
+  return value.toString();
+}
 
 export function instanceFromMessage(message: Instance__Output): Instance {
   return {
@@ -210,15 +226,15 @@ export function refFromMessage(message: InstanceRef__Output | null): InstanceRef
 
 export function ackFromMessage(message: Ack__Output): Ack {
   return {
-    leaseId: message.leaseId,
-    seq: message.seq,
+    leaseId: u64(message.leaseId),
+    seq: u64(message.seq),
     accepted: message.accepted.map(refFromMessage),
     refused: message.refused.map((refusal) => ({
       instance: refFromMessage(refusal.instance),
       code: refusal.code as status,
       message: refusal.message,
     })),
-    heartbeatTimeoutMs: message.heartbeatTimeoutMs,
+    heartbeatTimeoutMs: Number(message.heartbeatTimeoutMs),
   };
 }
 
@@ -228,10 +244,10 @@ export function pickResultFromMessage(message: PickResponse__Output): PickResult
   }
   return {
     instance: instanceFromMessage(message.instance),
-    ticket: message.ticket,
+    ticket: u64(message.ticket),
     rule: message.rule,
     fallback: message.fallback,
-    epoch: message.epoch,
+    epoch: u64(message.epoch),
     localFallback: false,
   };
 }
@@ -250,7 +266,7 @@ export function outcomeToMessage(outcome: CallOutcome): CallOutcomeMessage {
   return {
     service: outcome.service,
     instanceId: outcome.instanceId,
-    ticket: outcome.ticket ?? 0,
+    ticket: u64ToMessage(outcome.ticket ?? 0n),
     rule: outcome.rule ?? '',
     latencyUs: Math.max(0, Math.round(outcome.latencyUs)),
     result,
@@ -258,7 +274,7 @@ export function outcomeToMessage(outcome: CallOutcome): CallOutcomeMessage {
 }
 
 export function watchEventFromMessage(message: WatchEvent__Output): WatchEvent | undefined {
-  const epoch = message.epoch;
+  const epoch = u64(message.epoch);
   switch (message.event) {
     case 'snapshot':
       return { type: 'snapshot', instances: (message.snapshot?.instances ?? []).map(instanceFromMessage), epoch };

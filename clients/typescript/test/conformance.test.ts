@@ -136,7 +136,7 @@ class ScenarioRun {
         const registration = this.#streams.get(step.stream);
         assert.ok(registration !== undefined, `no open stream named ${step.stream}`);
         const ack = await registration.withdraw();
-        assert.ok(ack.seq >= 1, 'withdraw acknowledged');
+        assert.ok(ack.seq >= 1n, 'withdraw acknowledged');
         await registration.close();
         this.#streams.delete(step.stream);
         return;
@@ -166,7 +166,7 @@ class ScenarioRun {
           assert.equal(result.fallback !== '', expect.fallback, `fallback ${JSON.stringify(result.fallback)}`);
         }
         if (expect.ticket !== undefined) {
-          assert.equal(result.ticket, expect.ticket, 'ticket');
+          assert.equal(result.ticket, BigInt(expect.ticket), 'ticket');
         }
         return;
       }

@@ -33,7 +33,7 @@ describe('InstanceCache (local fallback)', () => {
     cache.replace(
       'svc',
       [instance('c'), instance('a'), instance('drain', { status: 'DRAINING' }), instance('b'), instance('down', { status: 'DOWN' })],
-      7,
+      7n,
     );
     const picks = Array.from({ length: 5 }, () => cache.pick('svc'));
     assert.deepEqual(
@@ -42,13 +42,13 @@ describe('InstanceCache (local fallback)', () => {
     );
     assert.deepEqual(
       picks.map((p) => p?.ticket),
-      [0, 1, 2, 3, 4],
+      [0n, 1n, 2n, 3n, 4n],
     );
     assert.deepEqual(
       picks.map((p) => p?.fallback),
       ['', '', '', '', ''],
     );
-    assert.equal(picks[0]?.epoch, 7);
+    assert.equal(picks[0]?.epoch, 7n);
   });
 
   it('isolates versions the way rota does', () => {
@@ -63,7 +63,7 @@ describe('InstanceCache (local fallback)', () => {
         instance('v2-a', { version: 'v2' }),
         instance('v3-down', { version: 'v3', status: 'DOWN' }),
       ],
-      1,
+      1n,
     );
     // No version: only the unversioned instances, never a versioned one.
     assert.deepEqual(ids(cache, 3), ['plain-1', 'plain-2', 'plain-1']);
@@ -80,7 +80,7 @@ describe('InstanceCache (local fallback)', () => {
   it('answers nothing when no instance is eligible', () => {
     const cache = new InstanceCache();
     assert.equal(cache.pick('svc'), undefined, 'service not cached');
-    cache.replace('svc', [instance('v1-a', { version: 'v1' }), instance('down', { status: 'DOWN' })], 1);
+    cache.replace('svc', [instance('v1-a', { version: 'v1' }), instance('down', { status: 'DOWN' })], 1n);
     assert.equal(cache.pick('svc'), undefined, 'no unversioned UP instance');
     assert.equal(cache.pick('svc', { version: 'v9' }), undefined, 'no instance of v9 and none unversioned');
     assert.equal(cache.pick('svc', { version: 'v1', exclude: ['v1-a'] }), undefined, 'all excluded');
@@ -88,21 +88,21 @@ describe('InstanceCache (local fallback)', () => {
 
   it('skips excluded ids', () => {
     const cache = new InstanceCache();
-    cache.replace('svc', [instance('a'), instance('b'), instance('c')], 1);
+    cache.replace('svc', [instance('a'), instance('b'), instance('c')], 1n);
     assert.deepEqual(ids(cache, 3, { exclude: ['b'] }), ['a', 'c', 'a']);
   });
 
   it('follows watch events', () => {
     const cache = new InstanceCache();
-    cache.replace('svc', [instance('a'), instance('b')], 1);
-    cache.upsert(instance('c'), 2);
-    cache.upsert(instance('a', { status: 'DOWN' }), 3);
-    cache.remove({ service: 'svc', id: 'b' }, 4);
+    cache.replace('svc', [instance('a'), instance('b')], 1n);
+    cache.upsert(instance('c'), 2n);
+    cache.upsert(instance('a', { status: 'DOWN' }), 3n);
+    cache.remove({ service: 'svc', id: 'b' }, 4n);
     assert.deepEqual(
       cache.instances('svc').map((i) => `${i.id}:${i.status}`),
       ['a:DOWN', 'c:UP'],
     );
-    assert.equal(cache.epoch('svc'), 4);
+    assert.equal(cache.epoch('svc'), 4n);
     assert.deepEqual(ids(cache, 2), ['c', 'c']);
     cache.delete('svc');
     assert.equal(cache.has('svc'), false);
@@ -189,10 +189,10 @@ describe('RotaClient local fallback (scripted server)', () => {
         metadata: {},
         status: 'UP',
       });
-      assert.equal(first.ticket, 0);
+      assert.equal(first.ticket, 0n);
       assert.equal(first.rule, 'round_robin');
       assert.equal(first.fallback, '');
-      assert.equal(first.epoch, 3);
+      assert.equal(first.epoch, 3n);
       assert.equal((await client.pick('svc')).instance.id, 'b');
       assert.equal((await client.pick('svc', { version: 'v1' })).instance.id, 'v1-a');
       assert.equal((await client.pick('svc')).instance.id, 'a');

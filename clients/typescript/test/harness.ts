@@ -116,6 +116,11 @@ export class RotaServer {
     }
   }
 
+  /** How the process ended: its exit code, or the signal that ended it (null while running). */
+  get exit(): { code: number | null; signal: NodeJS.Signals | null } {
+    return { code: this.#child.exitCode, signal: this.#child.signalCode };
+  }
+
   /** The last lines the server logged (stderr), for failure messages. */
   get log(): string {
     return this.#log.text;

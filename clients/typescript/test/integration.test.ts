@@ -70,7 +70,7 @@ describe('against a live rota', () => {
         { service, id: '127.0.0.1:7002' },
       ]);
       assert.deepEqual(registration.ack.refused, []);
-      assert.equal(registration.ack.seq, 1);
+      assert.equal(registration.ack.seq, 1n);
       assert.equal(registration.ack.heartbeatTimeoutMs, 15_000);
       assert.equal(registration.connected, true);
       assert.deepEqual(registration.instances, [
@@ -81,14 +81,14 @@ describe('against a live rota', () => {
       // Rotation follows id order: "127.0.0.1:7002" sorts before "p1".
       const first = await consumer.pick(service);
       assert.equal(first.instance.id, '127.0.0.1:7002');
-      assert.equal(first.ticket, 0);
+      assert.equal(first.ticket, 0n);
       const second = await consumer.pick(service);
       assert.deepEqual(second, {
         instance: plain(service, 'p1', 7001, { zone: 'z1', metadata: { build: '42' } }),
-        ticket: 1,
+        ticket: 1n,
         rule: 'round_robin',
         fallback: '',
-        epoch: 1,
+        epoch: 1n,
         localFallback: false,
       });
       const repeated = await Promise.all([1, 2, 3].map(() => consumer.pick(service, { rule: 'repeat(n=3)' })));
@@ -135,7 +135,7 @@ describe('against a live rota', () => {
     const registration = await provider.register({ service, id: 'u1', host: '127.0.0.1', port: 7201 });
     try {
       const announced: Ack = await registration.announce({ service, id: 'u2', host: '127.0.0.1', port: 7202, weight: 5 });
-      assert.equal(announced.seq, 2);
+      assert.equal(announced.seq, 2n);
       assert.deepEqual(announced.accepted, [{ service, id: 'u2' }]);
 
       const drained = await registration.update({ service, id: 'u1' }, { status: 'DRAINING', metadata: { why: 'deploy' } });
@@ -269,12 +269,12 @@ describe('against a live rota', () => {
     await registration.close();
     await watching;
     assert.deepEqual(events, [
-      { type: 'snapshot', instances: [], epoch: 0 },
-      { type: 'added', instance: plain(service, 'w1', 7601), epoch: 1 },
-      { type: 'removed', instance: { service, id: 'w1' }, epoch: 2 },
+      { type: 'snapshot', instances: [], epoch: 0n },
+      { type: 'added', instance: plain(service, 'w1', 7601), epoch: 1n },
+      { type: 'removed', instance: { service, id: 'w1' }, epoch: 2n },
     ]);
     const summary = (await consumer.listServices()).find((s) => s.name === service);
-    assert.deepEqual(summary, { name: service, instances: 0, up: 0, epoch: 2 });
+    assert.deepEqual(summary, { name: service, instances: 0, up: 0, epoch: 2n });
   });
 
   it('connect() rejects with UNAVAILABLE when nothing listens', async () => {
@@ -318,9 +318,9 @@ describe('when rota goes away', () => {
       assert.deepEqual(
         picks.map((p) => [p.instance.id, p.ticket, p.localFallback, p.rule]),
         [
-          ['a', 0, true, 'round_robin'],
-          ['b', 1, true, 'round_robin'],
-          ['a', 2, true, 'round_robin'],
+          ['a', 0n, true, 'round_robin'],
+          ['b', 1n, true, 'round_robin'],
+          ['a', 2n, true, 'round_robin'],
         ],
       );
       assert.deepEqual(picks[0]?.instance, plain(service, 'a', 7701));
@@ -345,6 +345,70 @@ describe('when rota goes away', () => {
       await server.kill();
     }
   });
+
+  for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
+    it(`registers again when rota is stopped with ${signal} and restarted on the same port`, { timeout: 60_000 }, async () => {
+      const args = ['--shutdown-grace', '500ms'];
+      const first = await RotaServer.start({ args });
+      let second: RotaServer | undefined;
+      // The default reconnection schedule, as an application would have it.
+      const logger = new CapturingLogger();
+      const rota = new RotaClient(first.target, { logger });
+      const service = `it-restart-${signal.toLowerCase()}`;
+      try {
+        const registration = await rota.register([
+          { service, id: 'a', host: '127.0.0.1', port: 7901 },
+          { service, id: 'b', host: '127.0.0.1', port: 7902 },
+        ]);
+        await registration.update({ service, id: 'b' }, { status: 'DRAINING' });
+        assert.equal((await rota.pick(service)).instance.id, 'a');
+
+        if (signal === 'SIGTERM') {
+          // rota sends Closing on the stream, drains for its grace period and exits by itself.
+          await first.stop();
+          assert.deepEqual(first.exit, { code: 0, signal: null }, first.log);
+        } else {
+          await first.kill('SIGKILL');
+        }
+        second = await RotaServer.start({ listen: first.target, args });
+        assert.equal(second.target, first.target);
+
+        // The new server knows only what the registration announces again.
+        await waitFor(
+          async () => {
+            try {
+              const { instances } = await rota.listInstances(service);
+              return instances.map((i) => i.id).join() === 'a,b';
+            } catch {
+              return false;
+            }
+          },
+          { timeoutMs: 15_000, intervalMs: 10, what: 'the instances on the new server' },
+        );
+        assert.deepEqual(
+          (await rota.listInstances(service)).instances.map((i) => [i.id, i.status]),
+          [
+            ['a', 'UP'],
+            ['b', 'DRAINING'],
+          ],
+        );
+        const picked = await rota.pick(service);
+        assert.deepEqual([picked.instance.id, picked.ticket, picked.localFallback], ['a', 0n, false]);
+        assert.ok(logger.lines.some((line) => line.startsWith('rota: registration stream lost')));
+
+        await registration.close();
+        assert.deepEqual((await rota.listInstances(service)).instances, []);
+        await assert.rejects(
+          rota.pick(service),
+          expectRotaError(status.UNAVAILABLE, (error) => assert.equal(error.unreachable, false)),
+        );
+      } finally {
+        await rota.close();
+        await first.kill();
+        await second?.kill();
+      }
+    });
+  }
 
   it('keeps a registration alive with heartbeats, and re-announces it after rota restarts', async () => {
     const port = await freePort();
@@ -386,7 +450,7 @@ describe('when rota goes away', () => {
         { service, id: 'r1' },
         { service, id: 'r2' },
       ]);
-      assert.equal(ack.seq, 1);
+      assert.equal(ack.seq, 1n);
       assert.equal(registration.connected, true);
       assert.deepEqual(
         (await observer.listInstances(service)).instances.map((i) => [i.id, i.status, i.version]),

@@ -401,6 +401,10 @@ class AsyncRegistration:
         self._stream: _Stream | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._close_ack: Ack | None = None
+        #: The withdrawal made by a re-announcement that was answered after close() began.
+        self._late_close_ack: Ack | None = None
+        #: True while the keeper opens a new stream and waits for its acknowledgement.
+        self._reannouncing = False
         self._lease_id = 0
         self._interval = 1.0
         self.ack: Ack | None = None
@@ -508,13 +512,18 @@ class AsyncRegistration:
                 log.info("withdrawing from rota failed (%s); ending the stream", error)
             await stream.close(timeout)
         if self._keeper is not None:
+            if self._reannouncing:
+                # Let a re-announcement in flight be answered (it then withdraws what it
+                # registered) rather than cut it off with its instances still on rota.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._keeper), timeout)
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
-        self._close_ack = ack
+        self._close_ack = ack if ack is not None else self._late_close_ack
         if self in self._client._registrations:
             self._client._registrations.remove(self)
-        return ack
+        return self._close_ack
 
     # -- internals -------------------------------------------------------------------------
 
@@ -557,14 +566,24 @@ class AsyncRegistration:
             if self._stopping:
                 return
             instances = self._desired.instances() + list(self._desired.pending.values())
+            self._reannouncing = True
             try:
-                stream, ack = await self._open(instances)
-            except RotaError as error:
-                log.info("reconnecting to rota failed: %s", error)
-                continue
-            if self._stopping:
-                await stream.close(0)
-                return
+                try:
+                    stream, ack = await self._open(instances)
+                except RotaError as error:
+                    log.info("reconnecting to rota failed: %s", error)
+                    continue
+                if self._stopping:
+                    # close() began while this announcement was answered: rota holds the
+                    # instances on the new stream, so withdraw them there before ending it.
+                    try:
+                        self._late_close_ack = await stream.request(convert.withdraw(), CLOSE_TIMEOUT)
+                    except RotaError as error:
+                        log.info("withdrawing from rota failed (%s); ending the stream", error)
+                    await stream.close(0)
+                    return
+            finally:
+                self._reannouncing = False
             self._stream = stream
             self._lease_id = ack.lease_id
             self._interval = max(ack.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT, 0.01)

@@ -408,6 +408,8 @@ class Registration:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._close_ack: Ack | None = None
+        #: The withdrawal made by a re-announcement that was answered after close() began.
+        self._late_close_ack: Ack | None = None
         self.reconnects = 0
         instances = list(instances)
         self._stream, self.ack = self._open(instances)
@@ -486,12 +488,16 @@ class Registration:
         except RotaError as error:
             log.info("withdrawing from rota failed (%s); ending the stream", error)
         stream.close(timeout)
+        # A re-announcement in flight withdraws what it registered before the keeper ends.
         self._keeper.join(timeout)
         with self._lock:
-            self._close_ack = ack
+            # When the stream in hand had already ended, a re-announcement that close() caught
+            # in flight was withdrawn on its own stream: that is the acknowledgement to return.
+            self._close_ack = ack if ack is not None else self._late_close_ack
+            close_ack = self._close_ack
         if self._on_close is not None:
             self._on_close(self)
-        return ack
+        return close_ack
 
     def __enter__(self) -> Registration:
         return self
@@ -570,6 +576,15 @@ class Registration:
                     self._desired.reannounced(instances, ack)
                     self.reconnects += 1
             if stream_to_close is not None:
+                # close() began while this announcement was answered: rota holds the instances
+                # on the new stream, so withdraw them there before ending it.
+                try:
+                    late_ack: Ack | None = stream_to_close.request(convert.withdraw(), CLOSE_TIMEOUT)
+                except RotaError as error:
+                    log.info("withdrawing from rota failed (%s); ending the stream", error)
+                    late_ack = None
+                with self._lock:
+                    self._late_close_ack = late_ack
                 stream_to_close.close(0)
                 return
             self._backoff.reset()

@@ -8,8 +8,6 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceStatus;
 import io.rota.v1.PickRequest;
 
 /**
@@ -32,9 +30,7 @@ final class LocalBalancer {
         Set<String> excluded = new HashSet<>(request.getExcludeList());
         List<Instance> up = new ArrayList<>();
         for (Instance instance : instances) {
-            InstanceStatus status = instance.getStatus();
-            boolean eligible = status == InstanceStatus.UP || status == InstanceStatus.INSTANCE_STATUS_UNSPECIFIED;
-            if (eligible && !excluded.contains(instance.getId())) {
+            if (instance.status() == InstanceStatus.UP && !excluded.contains(instance.id())) {
                 up.add(instance);
             }
         }
@@ -59,7 +55,7 @@ final class LocalBalancer {
     private static List<Instance> withVersion(List<Instance> instances, String version) {
         List<Instance> matching = new ArrayList<>();
         for (Instance instance : instances) {
-            if (instance.getVersion().equals(version)) {
+            if (instance.version().equals(version)) {
                 matching.add(instance);
             }
         }

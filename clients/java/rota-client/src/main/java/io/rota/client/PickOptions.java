@@ -78,7 +78,7 @@ public final class PickOptions {
     }
 
     /** The request for {@code service}; an unset version is taken from {@link RotaVersion#current()}. */
-    public PickRequest toRequest(String service) {
+    PickRequest toRequest(String service) {
         return PickRequest.newBuilder()
                 .setService(Objects.requireNonNull(service, "service"))
                 .setRule(rule)

@@ -23,16 +23,11 @@ import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
-import io.rota.v1.Ack;
 import io.rota.v1.Announce;
 import io.rota.v1.Heartbeat;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceRef;
-import io.rota.v1.Refusal;
 import io.rota.v1.RegisterRequest;
 import io.rota.v1.RegisterResponse;
 import io.rota.v1.RegistryGrpc;
-import io.rota.v1.Update;
 import io.rota.v1.Withdraw;
 
 /**
@@ -161,14 +156,13 @@ public final class Registration implements AutoCloseable {
 
     public Ack announce(Collection<Instance> announced) {
         List<Instance> list = List.copyOf(announced);
-        return await(send(RegisterRequest.newBuilder()
-                .setAnnounce(Announce.newBuilder().addAllInstances(list)).build(),
-                ack -> remember(list, ack, false)));
+        return await(send(announcement(list), ack -> remember(list, ack, false)));
     }
 
     /** Changes one instance owned by this registration (status, weight, metadata). */
     public Ack update(Update update) {
-        return await(send(RegisterRequest.newBuilder().setUpdate(update).build(), ack -> applyUpdate(update, ack)));
+        return await(send(RegisterRequest.newBuilder().setUpdate(Wire.update(update)).build(),
+                ack -> applyUpdate(update, ack)));
     }
 
     /** Withdraws the named instances, or every instance when none is named; the stream stays open. */
@@ -179,8 +173,13 @@ public final class Registration implements AutoCloseable {
     public Ack withdraw(Collection<InstanceRef> refs) {
         List<InstanceRef> list = List.copyOf(refs);
         return await(send(RegisterRequest.newBuilder()
-                .setWithdraw(Withdraw.newBuilder().addAllInstances(list)).build(),
+                .setWithdraw(Withdraw.newBuilder().addAllInstances(Wire.refs(list))).build(),
                 ack -> forget(list, ack)));
+    }
+
+    private static RegisterRequest announcement(List<Instance> instances) {
+        return RegisterRequest.newBuilder().setAnnounce(Announce.newBuilder().addAllInstances(Wire.instances(instances)))
+                .build();
     }
 
     /**
@@ -190,6 +189,7 @@ public final class Registration implements AutoCloseable {
     @Override
     public void close() {
         Stream stream;
+        boolean announcing = false;
         CompletableFuture<Ack> withdrawn = null;
         synchronized (lock) {
             if (closed) {
@@ -199,18 +199,20 @@ public final class Registration implements AutoCloseable {
             cancelTimers();
             stream = current;
             current = null;
-            if (stream != null && !stream.acked) {
-                // Nothing acknowledged on this stream yet: ending it removes whatever it registered.
-                stream.cancel();
-                stream = null;
-            } else if (stream != null && !instances.isEmpty()) {
+            if (stream != null && (!stream.acked || !instances.isEmpty())) {
+                // Also when the stream's announcement (the first one, or a re-announcement after
+                // a reconnect) is still unanswered: rota answers in order, so this withdrawal
+                // removes whatever that announcement registers.
+                announcing = !stream.acked;
                 withdrawn = stream.send(RegisterRequest.newBuilder().setWithdraw(Withdraw.getDefaultInstance()).build(),
                         ack -> forget(List.of(), ack));
             }
         }
+        boolean acknowledged = false;
         if (withdrawn != null) {
             try {
                 withdrawn.get(withdrawTimeout.toNanos(), TimeUnit.NANOSECONDS);
+                acknowledged = true;
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             } catch (ExecutionException | TimeoutException e) {
@@ -218,7 +220,14 @@ public final class Registration implements AutoCloseable {
             }
         }
         if (stream != null) {
-            stream.finish();
+            if (announcing && !acknowledged) {
+                // rota was not reached in time: ending the stream removes whatever it registered.
+                synchronized (lock) {
+                    stream.cancel();
+                }
+            } else {
+                stream.finish();
+            }
         }
         firstAck.completeExceptionally(new RotaException(Status.Code.CANCELLED, "registration closed"));
         onClose.accept(this);
@@ -236,35 +245,36 @@ public final class Registration implements AutoCloseable {
         // The stream outlives whatever call opened the registration: never inherit its cancellation.
         Context.ROOT.run(() -> stub.register(stream));
         if (!firstAck.isDone()) {
-            stream.send(RegisterRequest.newBuilder().setAnnounce(Announce.newBuilder().addAllInstances(initial)).build(),
-                    ack -> {
-                        remember(initial, ack, false);
-                        firstAck.complete(ack);
-                    });
+            stream.send(announcement(initial), ack -> {
+                remember(initial, ack, false);
+                firstAck.complete(ack);
+            });
         } else {
             List<Instance> all = List.copyOf(instances.values());
-            stream.send(RegisterRequest.newBuilder().setAnnounce(Announce.newBuilder().addAllInstances(all)).build(),
-                    ack -> remember(all, ack, true));
+            stream.send(announcement(all), ack -> remember(all, ack, true));
         }
     }
 
     private void streamEnded(Stream stream, Status status, String closingReason) {
         List<CompletableFuture<Ack>> orphans;
+        boolean wasCurrent;
         synchronized (lock) {
-            if (stream != current) {
-                return;
-            }
-            current = null;
-            cancelTimers();
+            // Also for a stream that close() took over: what still waits on it fails now rather
+            // than at the end of close()'s timeout.
             orphans = stream.drain();
-            if (!closed) {
-                Duration delay = backoff.delay(Math.min(failures, MAX_BACKOFF_ATTEMPT));
-                String why = closingReason != null ? "server closed it: " + closingReason : RotaException.describe(status);
-                // Once per outage at WARNING; the failed attempts that follow at DEBUG.
-                LOG.log(failures == 0 ? Level.WARNING : Level.DEBUG, "rota registration stream lost (" + why
-                        + "); reconnecting in " + delay.toMillis() + " ms");
-                failures++;
-                retry = scheduler.schedule(this::reconnect, delay.toNanos(), TimeUnit.NANOSECONDS);
+            wasCurrent = stream == current;
+            if (wasCurrent) {
+                current = null;
+                cancelTimers();
+                if (!closed) {
+                    Duration delay = backoff.delay(Math.min(failures, MAX_BACKOFF_ATTEMPT));
+                    String why = closingReason != null ? "server closed it: " + closingReason : RotaException.describe(status);
+                    // Once per outage at WARNING; the failed attempts that follow at DEBUG.
+                    LOG.log(failures == 0 ? Level.WARNING : Level.DEBUG, "rota registration stream lost (" + why
+                            + "); reconnecting in " + delay.toMillis() + " ms");
+                    failures++;
+                    retry = scheduler.schedule(this::reconnect, delay.toNanos(), TimeUnit.NANOSECONDS);
+                }
             }
         }
         RotaException failure = new RotaException(Status.Code.UNAVAILABLE,
@@ -272,7 +282,7 @@ public final class Registration implements AutoCloseable {
         for (CompletableFuture<Ack> orphan : orphans) {
             orphan.completeExceptionally(failure);
         }
-        if (!firstAck.isDone() && !retryable(status.getCode())) {
+        if (wasCurrent && !firstAck.isDone() && !retryable(status.getCode())) {
             firstAck.completeExceptionally(new RotaException(status.getCode(), status.getDescription(), status.getCause()));
         }
     }
@@ -301,9 +311,9 @@ public final class Registration implements AutoCloseable {
                 return;
             }
             failures = 0;
-            stream.leaseId = ack.getLeaseId();
+            stream.leaseId = ack.leaseId();
             stream.acked = true;
-            long interval = Math.max(1, ack.getHeartbeatTimeoutMs() / HEARTBEATS_PER_TIMEOUT);
+            long interval = Math.max(1, ack.heartbeatTimeout().toMillis() / HEARTBEATS_PER_TIMEOUT);
             if (heartbeat == null || interval != heartbeatIntervalMs) {
                 if (heartbeat != null) {
                     heartbeat.cancel(false);
@@ -328,8 +338,7 @@ public final class Registration implements AutoCloseable {
                         retrying.add(instance);
                     }
                 }
-                stream.send(RegisterRequest.newBuilder().setAnnounce(Announce.newBuilder().addAllInstances(retrying))
-                        .build(), ack -> remember(retrying, ack, true));
+                stream.send(announcement(retrying), ack -> remember(retrying, ack, true));
             } else {
                 stream.send(RegisterRequest.newBuilder().setHeartbeat(Heartbeat.getDefaultInstance()).build(), null);
             }
@@ -379,20 +388,16 @@ public final class Registration implements AutoCloseable {
         return service + "/" + id;
     }
 
-    /** The id the server gives an instance announced without one. */
-    private static String effectiveId(Instance instance) {
-        return instance.getId().isEmpty() ? instance.getHost() + ":" + instance.getPort() : instance.getId();
-    }
-
     private void remember(List<Instance> announced, Ack ack, boolean again) {
         Map<String, Instance> byKey = new LinkedHashMap<>();
         for (Instance instance : announced) {
-            String id = effectiveId(instance);
-            byKey.put(key(instance.getService(), id), instance.toBuilder().setId(id).build());
+            // With the id the server gives an instance announced without one.
+            InstanceRef ref = instance.ref();
+            byKey.put(key(ref.service(), ref.id()), instance.withId(ref.id()));
         }
         synchronized (lock) {
-            for (InstanceRef ref : ack.getAcceptedList()) {
-                String key = key(ref.getService(), ref.getId());
+            for (InstanceRef ref : ack.accepted()) {
+                String key = key(ref.service(), ref.id());
                 Instance instance = byKey.get(key);
                 if (instance != null) {
                     instances.put(key, instance);
@@ -402,41 +407,31 @@ public final class Registration implements AutoCloseable {
             if (!again) {
                 return;
             }
-            for (Refusal refusal : ack.getRefusedList()) {
-                String key = key(refusal.getInstance().getService(), refusal.getInstance().getId());
-                if (refusal.getCode() == Status.Code.ALREADY_EXISTS.value()) {
+            for (Refusal refusal : ack.refused()) {
+                String key = key(refusal.instance().service(), refusal.instance().id());
+                if (refusal.code() == Status.Code.ALREADY_EXISTS) {
                     // Most likely still held by the lease of the stream that was lost: retry.
                     unconfirmed.add(key);
                 } else if (instances.remove(key) != null) {
                     unconfirmed.remove(key);
-                    LOG.log(Level.WARNING, "rota refused to register " + key + " again: " + refusal.getMessage());
+                    LOG.log(Level.WARNING, "rota refused to register " + key + " again: " + refusal.message());
                 }
             }
         }
     }
 
     private void applyUpdate(Update update, Ack ack) {
-        InstanceRef ref = update.getInstance();
+        InstanceRef ref = update.instance();
         synchronized (lock) {
-            if (!ack.getAcceptedList().contains(ref)) {
+            if (!ack.accepted().contains(ref)) {
                 return;
             }
-            String key = key(ref.getService(), ref.getId());
+            String key = key(ref.service(), ref.id());
             Instance instance = instances.get(key);
             if (instance == null) {
                 return;
             }
-            Instance.Builder changed = instance.toBuilder();
-            if (update.hasWeight()) {
-                changed.setWeight(update.getWeight());
-            }
-            if (update.getStatusValue() != 0) {
-                changed.setStatus(update.getStatus());
-            }
-            if (update.hasMetadata()) {
-                changed.clearMetadata().putAllMetadata(update.getMetadata().getEntriesMap());
-            }
-            instances.put(key, changed.build());
+            instances.put(key, update.applyTo(instance));
         }
     }
 
@@ -447,8 +442,8 @@ public final class Registration implements AutoCloseable {
                 unconfirmed.clear();
                 return;
             }
-            for (InstanceRef ref : ack.getAcceptedList()) {
-                String key = key(ref.getService(), ref.getId());
+            for (InstanceRef ref : ack.accepted()) {
+                String key = key(ref.service(), ref.id());
                 instances.remove(key);
                 unconfirmed.remove(key);
             }
@@ -522,7 +517,7 @@ public final class Registration implements AutoCloseable {
         public void onNext(RegisterResponse response) {
             switch (response.getMsgCase()) {
                 case ACK -> {
-                    Ack ack = response.getAck();
+                    Ack ack = Wire.ack(response.getAck());
                     Pending head;
                     synchronized (lock) {
                         head = pending.poll();

@@ -36,18 +36,13 @@ import io.grpc.Metadata;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.rota.v1.BalancerGrpc;
-import io.rota.v1.CallOutcome;
-import io.rota.v1.CallResult;
-import io.rota.v1.Instance;
 import io.rota.v1.ListInstancesRequest;
-import io.rota.v1.ListInstancesResponse;
 import io.rota.v1.ListServicesRequest;
 import io.rota.v1.PickRequest;
 import io.rota.v1.PickResponse;
 import io.rota.v1.RegistryGrpc;
 import io.rota.v1.ReportRequest;
 import io.rota.v1.ReportResponse;
-import io.rota.v1.ServiceSummary;
 
 /**
  * A client of one rota server: picks, outcome reports, registrations and listings.
@@ -58,6 +53,9 @@ import io.rota.v1.ServiceSummary;
  *     String body = rota.timed(pick, () -> http.get(pick.authority()));
  * }
  * }</pre>
+ *
+ * <p>Everything it takes and returns is this package's own immutable model ({@link Instance},
+ * {@link Pick}, {@link Ack}, ...); the generated wire messages stay inside the client.
  *
  * <p><b>Versions.</b> A pick with no explicit version asks for {@link RotaVersion#current()}.
  *
@@ -136,7 +134,10 @@ public final class RotaClient implements AutoCloseable {
         return new Builder();
     }
 
-    /** The channel to rota (with the builder's interceptors), e.g. for {@code PickStream}. */
+    /**
+     * The channel to rota (with the builder's interceptors), for calls this client does not
+     * wrap, e.g. {@code PickStream} through the stubs generated from {@code rota/v1/rota.proto}.
+     */
     public Channel channel() {
         return channel;
     }
@@ -148,19 +149,15 @@ public final class RotaClient implements AutoCloseable {
         return pick(service, PickOptions.defaults());
     }
 
-    public Pick pick(String service, PickOptions options) {
-        return send(options.toRequest(service));
-    }
-
     /**
-     * Picks for a request as sent on the wire; an empty version is replaced by
-     * {@link RotaVersion#current()} when there is one.
+     * Picks an instance of {@code service}; a version the options leave unset is
+     * {@link RotaVersion#current()}.
      *
      * @throws RotaException with the status the server answered, or {@code UNAVAILABLE} when rota
      *                       cannot be reached and no local fallback applies
      */
-    public Pick pick(PickRequest request) {
-        return send(withCurrentVersion(request));
+    public Pick pick(String service, PickOptions options) {
+        return send(options.toRequest(service));
     }
 
     private Pick send(PickRequest effective) {
@@ -179,11 +176,6 @@ public final class RotaClient implements AutoCloseable {
         return sendAsync(options.toRequest(service));
     }
 
-    /** {@link #pick(PickRequest)} without blocking; fails with a {@link RotaException}. */
-    public CompletableFuture<Pick> pickAsync(PickRequest request) {
-        return sendAsync(withCurrentVersion(request));
-    }
-
     private CompletableFuture<Pick> sendAsync(PickRequest effective) {
         checkOpen();
         CompletableFuture<PickResponse> call = completable(
@@ -200,19 +192,11 @@ public final class RotaClient implements AutoCloseable {
         });
     }
 
-    private static PickRequest withCurrentVersion(PickRequest request) {
-        if (!request.getVersion().isEmpty()) {
-            return request;
-        }
-        Optional<String> current = RotaVersion.current();
-        return current.isPresent() ? request.toBuilder().setVersion(current.get()).build() : request;
-    }
-
     private Pick answered(PickRequest request, PickResponse response) {
         if (servedLocally.remove(request.getService())) {
             LOG.log(Level.INFO, "rota reachable again; picks of " + request.getService() + " come from rota");
         }
-        return Pick.from(response);
+        return Wire.pick(response);
     }
 
     private Pick recover(PickRequest request, StatusRuntimeException e) {
@@ -308,7 +292,7 @@ public final class RotaClient implements AutoCloseable {
         checkOpen();
         int accepted = 0;
         int ignored = 0;
-        for (List<CallOutcome> batch : batches(outcomes)) {
+        for (List<io.rota.v1.CallOutcome> batch : batches(outcomes)) {
             try {
                 ReportResponse response = balancer.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
                         .report(ReportRequest.newBuilder().addAllOutcomes(batch).build());
@@ -330,7 +314,7 @@ public final class RotaClient implements AutoCloseable {
     public CompletableFuture<ReportResult> reportAsync(Collection<CallOutcome> outcomes) {
         checkOpen();
         List<CompletableFuture<ReportResponse>> calls = new ArrayList<>();
-        for (List<CallOutcome> batch : batches(outcomes)) {
+        for (List<io.rota.v1.CallOutcome> batch : batches(outcomes)) {
             calls.add(completable(balancerAsync.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
                     .report(ReportRequest.newBuilder().addAllOutcomes(batch).build())));
         }
@@ -358,7 +342,7 @@ public final class RotaClient implements AutoCloseable {
         long start = System.nanoTime();
         try {
             T result = call.call();
-            reportInBackground(pick, CallResult.CALL_RESULT_OK, Duration.ofNanos(System.nanoTime() - start));
+            reportInBackground(pick, CallResult.OK, Duration.ofNanos(System.nanoTime() - start));
             return result;
         } catch (Throwable t) {
             reportInBackground(pick, classify(t), Duration.ofNanos(System.nanoTime() - start));
@@ -375,10 +359,10 @@ public final class RotaClient implements AutoCloseable {
         for (int depth = 0; t != null && depth < 32; depth++, t = t.getCause()) {
             if (t instanceof ConnectException || t instanceof NoRouteToHostException
                     || t.getClass().getName().equals("java.net.http.HttpConnectTimeoutException")) {
-                return CallResult.CALL_RESULT_CONNECT_FAILURE;
+                return CallResult.CONNECT_FAILURE;
             }
         }
-        return CallResult.CALL_RESULT_ERROR;
+        return CallResult.ERROR;
     }
 
     private void reportInBackground(Pick pick, CallResult result, Duration latency) {
@@ -392,9 +376,9 @@ public final class RotaClient implements AutoCloseable {
         });
     }
 
-    private static List<List<CallOutcome>> batches(Collection<CallOutcome> outcomes) {
-        List<CallOutcome> all = List.copyOf(outcomes);
-        List<List<CallOutcome>> batches = new ArrayList<>();
+    private static List<List<io.rota.v1.CallOutcome>> batches(Collection<CallOutcome> outcomes) {
+        List<io.rota.v1.CallOutcome> all = outcomes.stream().map(Wire::outcome).toList();
+        List<List<io.rota.v1.CallOutcome>> batches = new ArrayList<>();
         for (int from = 0; from < all.size(); from += MAX_OUTCOMES_PER_REPORT) {
             batches.add(all.subList(from, Math.min(all.size(), from + MAX_OUTCOMES_PER_REPORT)));
         }
@@ -456,22 +440,24 @@ public final class RotaClient implements AutoCloseable {
         }
     }
 
+    /** The services rota knows, with their instance counts. */
     public List<ServiceSummary> listServices() {
         checkOpen();
         try {
             return registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
-                    .listServices(ListServicesRequest.getDefaultInstance()).getServicesList();
+                    .listServices(ListServicesRequest.getDefaultInstance()).getServicesList().stream()
+                    .map(Wire::service).toList();
         } catch (StatusRuntimeException e) {
             throw RotaException.from(e);
         }
     }
 
     /** The instances of one service, ordered by id, with the epoch of that list. */
-    public ListInstancesResponse listInstances(String service) {
+    public InstanceList listInstances(String service) {
         checkOpen();
         try {
-            return registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
-                    .listInstances(ListInstancesRequest.newBuilder().setService(service).build());
+            return Wire.instanceList(registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
+                    .listInstances(ListInstancesRequest.newBuilder().setService(service).build()));
         } catch (StatusRuntimeException e) {
             throw RotaException.from(e);
         }

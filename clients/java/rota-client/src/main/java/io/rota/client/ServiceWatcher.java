@@ -12,7 +12,6 @@ import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
-import io.rota.v1.Instance;
 import io.rota.v1.RegistryGrpc;
 import io.rota.v1.WatchEvent;
 import io.rota.v1.WatchRequest;
@@ -87,14 +86,14 @@ final class ServiceWatcher {
             switch (event.getEventCase()) {
                 case SNAPSHOT -> {
                     instances.clear();
-                    for (Instance instance : event.getSnapshot().getInstancesList()) {
-                        instances.put(instance.getId(), instance);
+                    for (io.rota.v1.Instance instance : event.getSnapshot().getInstancesList()) {
+                        instances.put(instance.getId(), Wire.instance(instance));
                     }
                     synced = true;
                     failures = 0;
                 }
-                case ADDED -> instances.put(event.getAdded().getId(), event.getAdded());
-                case UPDATED -> instances.put(event.getUpdated().getId(), event.getUpdated());
+                case ADDED -> instances.put(event.getAdded().getId(), Wire.instance(event.getAdded()));
+                case UPDATED -> instances.put(event.getUpdated().getId(), Wire.instance(event.getUpdated()));
                 case REMOVED -> instances.remove(event.getRemoved().getId());
                 case EVENT_NOT_SET -> {
                     return;

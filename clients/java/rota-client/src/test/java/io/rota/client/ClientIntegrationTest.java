@@ -10,12 +10,15 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Locale;
 import java.util.logging.Handler;
 import java.util.logging.LogRecord;
 import java.util.logging.Logger;
 
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.ExtendWith;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -23,21 +26,15 @@ import io.rota.client.testing.Await;
 import io.rota.client.testing.RotaServer;
 import io.rota.client.testing.SharedRotaServer;
 import io.rota.client.testing.TcpProxy;
-import io.rota.v1.Ack;
 import io.rota.v1.BalancerGrpc;
-import io.rota.v1.CallResult;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceRef;
-import io.rota.v1.InstanceStatus;
 import io.rota.v1.PickRequest;
-import io.rota.v1.Update;
 
 /** The client against live rota servers: the shared one, and private ones for tests that kill them. */
 @ExtendWith(SharedRotaServer.class)
 class ClientIntegrationTest {
 
     private static Instance instance(String service, String id, int port) {
-        return Instance.newBuilder().setService(service).setId(id).setHost("127.0.0.1").setPort(port).build();
+        return Instance.of(service, "127.0.0.1", port).withId(id);
     }
 
     @Test
@@ -46,9 +43,9 @@ class ClientIntegrationTest {
                 RotaClient consumer = RotaClient.builder().target(rota.target()).build()) {
             Registration registration = provider.register(instance("it-register", "one", 7001),
                     instance("it-register", "two", 7002));
-            assertEquals(List.of("one", "two"), registration.ack().getAcceptedList().stream().map(InstanceRef::getId).toList());
-            assertEquals(0, registration.ack().getRefusedCount());
-            assertTrue(registration.ack().getHeartbeatTimeoutMs() > 0);
+            assertEquals(List.of("one", "two"), registration.ack().acceptedIds());
+            assertEquals(List.of(), registration.ack().refused());
+            assertTrue(registration.ack().heartbeatTimeout().toMillis() > 0);
             assertTrue(registration.isConnected());
 
             Pick first = consumer.pick("it-register");
@@ -68,7 +65,7 @@ class ClientIntegrationTest {
             assertFalse(registration.isConnected());
             RotaException gone = assertThrows(RotaException.class, () -> consumer.pick("it-register"));
             assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
-            assertEquals(List.of(), consumer.listInstances("it-register").getInstancesList());
+            assertEquals(List.of(), consumer.listInstances("it-register").instances());
         }
     }
 
@@ -78,11 +75,11 @@ class ClientIntegrationTest {
             Registration registration = provider.register(instance("it-refused", "good", 7101),
                     instance("it-refused", "bad", 0));
             Ack ack = registration.ack();
-            assertEquals(List.of("good"), ack.getAcceptedList().stream().map(InstanceRef::getId).toList());
-            assertEquals(1, ack.getRefusedCount());
-            assertEquals("bad", ack.getRefused(0).getInstance().getId());
-            assertEquals(Status.Code.INVALID_ARGUMENT.value(), ack.getRefused(0).getCode());
-            assertEquals(List.of("good"), registration.instances().stream().map(Instance::getId).toList());
+            assertEquals(List.of("good"), ack.acceptedIds());
+            assertEquals(1, ack.refused().size());
+            assertEquals(new InstanceRef("it-refused", "bad"), ack.refused().get(0).instance());
+            assertEquals(Status.Code.INVALID_ARGUMENT, ack.refused().get(0).code());
+            assertEquals(List.of("good"), registration.instances().stream().map(Instance::id).toList());
             registration.close();
         }
     }
@@ -92,18 +89,18 @@ class ClientIntegrationTest {
         try (RotaClient client = RotaClient.builder().target(rota.target()).build()) {
             Registration registration = client.register(instance("it-update", "a", 7201));
             Ack added = registration.announce(instance("it-update", "b", 7202));
-            assertEquals(List.of("b"), added.getAcceptedList().stream().map(InstanceRef::getId).toList());
-            assertEquals(2, added.getSeq());
+            assertEquals(List.of("b"), added.acceptedIds());
+            assertEquals(2, added.seq());
 
-            InstanceRef a = InstanceRef.newBuilder().setService("it-update").setId("a").build();
-            Ack drained = registration.update(Update.newBuilder().setInstance(a).setStatus(InstanceStatus.DRAINING).build());
-            assertEquals(List.of(a), drained.getAcceptedList());
+            InstanceRef a = new InstanceRef("it-update", "a");
+            Ack drained = registration.update(Update.of(a).withStatus(InstanceStatus.DRAINING));
+            assertEquals(List.of(a), drained.accepted());
             assertEquals(List.of("b", "b"), List.of(client.pick("it-update").id(), client.pick("it-update").id()));
-            assertEquals(InstanceStatus.DRAINING, registration.instances().get(0).getStatus());
+            assertEquals(InstanceStatus.DRAINING, registration.instances().get(0).status());
 
-            Ack withdrawn = registration.withdraw(InstanceRef.newBuilder().setService("it-update").setId("b").build());
-            assertEquals(1, withdrawn.getAcceptedCount());
-            assertEquals(List.of("a"), registration.instances().stream().map(Instance::getId).toList());
+            Ack withdrawn = registration.withdraw(new InstanceRef("it-update", "b"));
+            assertEquals(1, withdrawn.accepted().size());
+            assertEquals(List.of("a"), registration.instances().stream().map(Instance::id).toList());
             RotaException none = assertThrows(RotaException.class, () -> client.pick("it-update"));
             assertEquals(Status.Code.UNAVAILABLE, none.getCode());
             registration.close();
@@ -116,16 +113,16 @@ class ClientIntegrationTest {
                 Registration registration = client.register(instance("it-report", "a", 7301))) {
             Pick pick = client.pick("it-report");
             ReportResult result = client.report(
-                    pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(3)),
-                    pick.outcome(CallResult.CALL_RESULT_ERROR, Duration.ofMillis(40)),
-                    pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(1)).toBuilder().setInstanceId("nobody").build());
+                    pick.outcome(CallResult.OK, Duration.ofMillis(3)),
+                    pick.outcome(CallResult.ERROR, Duration.ofMillis(40)),
+                    new CallOutcome("it-report", "nobody", pick.ticket(), pick.rule(), Duration.ofMillis(1), CallResult.OK));
             assertEquals(new ReportResult(2, 1), result);
-            assertEquals(new ReportResult(1, 0), client.report(pick, CallResult.CALL_RESULT_CONNECT_FAILURE, Duration.ofMillis(5)));
+            assertEquals(new ReportResult(1, 0), client.report(pick, CallResult.CONNECT_FAILURE, Duration.ofMillis(5)));
             assertEquals(new ReportResult(0, 0), client.report(List.of()));
 
-            List<io.rota.v1.CallOutcome> many = new ArrayList<>();
+            List<CallOutcome> many = new ArrayList<>();
             for (int i = 0; i < 2500; i++) {
-                many.add(pick.outcome(CallResult.CALL_RESULT_OK, Duration.ofMillis(1)));
+                many.add(pick.outcome(CallResult.OK, Duration.ofMillis(1)));
             }
             assertEquals(new ReportResult(2500, 0), client.report(many));
             assertEquals(new ReportResult(2500, 0), client.reportAsync(many).join());
@@ -178,7 +175,7 @@ class ClientIntegrationTest {
                 RotaClient provider = RotaClient.builder().target(rota.target()).build();
                 RotaClient consumer = RotaClient.builder().target(rota.target()).follow("it-fallback").build()) {
             provider.register(instance("it-fallback", "a", 7501), instance("it-fallback", "b", 7502),
-                    instance("it-fallback", "z", 7503).toBuilder().setVersion("zlt").build());
+                    instance("it-fallback", "z", 7503).withVersion("zlt"));
             Await.until("the watcher to see 3 instances", Duration.ofSeconds(10),
                     () -> consumer.lastKnownInstances("it-fallback").size() == 3);
             assertEquals("a", consumer.pick("it-fallback").id());
@@ -219,7 +216,7 @@ class ClientIntegrationTest {
         try (RotaServer rota = RotaServer.start("--heartbeat-timeout", "600ms");
                 RotaClient client = RotaClient.builder().target(rota.target()).build();
                 Registration registration = client.register(instance("it-heartbeat", "a", 7601))) {
-            assertEquals(600, registration.ack().getHeartbeatTimeoutMs());
+            assertEquals(Duration.ofMillis(600), registration.ack().heartbeatTimeout());
             long lease = registration.leaseId();
             // Four heartbeat timeouts: without heartbeats the lease would expire and the stream close.
             Thread.sleep(2400);
@@ -236,9 +233,7 @@ class ClientIntegrationTest {
                         .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(200))).build();
                 RotaClient consumer = RotaClient.builder().target(rota.target()).build()) {
             Registration registration = provider.register(instance("it-reconnect", "a", 7701));
-            registration.update(Update.newBuilder()
-                    .setInstance(InstanceRef.newBuilder().setService("it-reconnect").setId("a"))
-                    .setWeight(7).build());
+            registration.update(Update.of(new InstanceRef("it-reconnect", "a")).withWeight(7));
             long lease = registration.leaseId();
             assertNotEquals(0, lease);
 
@@ -249,10 +244,59 @@ class ClientIntegrationTest {
             assertEquals(1, registration.reconnects());
             Pick pick = consumer.pick("it-reconnect");
             assertEquals("a", pick.id());
-            assertEquals(7, pick.instance().getWeight());
+            assertEquals(7, pick.instance().weight());
             registration.close();
             RotaException gone = assertThrows(RotaException.class, () -> consumer.pick("it-reconnect"));
             assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+        }
+    }
+
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"SIGTERM", "SIGKILL"})
+    void registersAgainWhenRotaRestartsOnTheSamePort(String signal) throws Exception {
+        String service = "it-restart-" + signal.toLowerCase(Locale.ROOT);
+        InstanceRef b = new InstanceRef(service, "b");
+        RotaServer first = RotaServer.start("--shutdown-grace", "500ms");
+        RotaServer second = null;
+        // The default reconnection schedule, as an application would have it.
+        try (RotaClient rota = RotaClient.builder().target(first.target()).build()) {
+            Registration registration = rota.register(instance(service, "a", 7901), instance(service, "b", 7902));
+            registration.update(Update.of(b).withStatus(InstanceStatus.DRAINING));
+            assertEquals("a", rota.pick(service).id());
+
+            if (signal.equals("SIGTERM")) {
+                // rota sends Closing on the stream, drains for its grace period and exits by itself.
+                assertEquals(0, first.terminate(Duration.ofSeconds(10)));
+            } else {
+                first.kill();
+            }
+            second = RotaServer.startOn(first.target(), "--shutdown-grace", "500ms");
+            assertEquals(first.target(), second.target());
+
+            // The new server knows only what the registration announces again.
+            Await.until("the instances on the new server", Duration.ofSeconds(15), () -> {
+                try {
+                    return rota.listInstances(service).ids().equals(List.of("a", "b"));
+                } catch (RotaException e) {
+                    return false;
+                }
+            });
+            assertEquals(List.of(InstanceStatus.UP, InstanceStatus.DRAINING),
+                    rota.listInstances(service).instances().stream().map(Instance::status).toList());
+            Pick pick = rota.pick(service);
+            assertEquals("a", pick.id());
+            assertEquals(0, pick.ticket());
+            assertFalse(pick.localFallback());
+
+            registration.close();
+            assertEquals(List.of(), rota.listInstances(service).instances());
+            RotaException gone = assertThrows(RotaException.class, () -> rota.pick(service));
+            assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
+        } finally {
+            first.close();
+            if (second != null) {
+                second.close();
+            }
         }
     }
 

@@ -28,12 +28,6 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import io.grpc.Status;
 import io.rota.client.testing.RotaServer;
 import io.rota.client.testing.SharedRotaServer;
-import io.rota.v1.Ack;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceRef;
-import io.rota.v1.InstanceStatus;
-import io.rota.v1.PickRequest;
-import io.rota.v1.Refusal;
 
 /**
  * Runs every scenario of {@code clients/conformance/scenarios/} against the shared live server,
@@ -101,12 +95,11 @@ class ConformanceTest {
             }
             case "pick" -> {
                 RotaClient client = clients.get(step.path("connection").asInt(0));
-                checkPick(client, request(step.path("request")), step.path("expect"));
+                checkPick(client, PickStep.of(step.path("request")), step.path("expect"));
             }
             case "pick_sequence" -> pickSequence(step, clients);
             case "list" -> {
-                List<String> ids = clients.get(0).listInstances(step.path("service").asText()).getInstancesList()
-                        .stream().map(Instance::getId).toList();
+                List<String> ids = clients.get(0).listInstances(step.path("service").asText()).ids();
                 assertEquals(strings(step.path("expect_ids")), ids, "listed ids");
             }
             default -> fail("unknown op " + step.path("op"));
@@ -128,10 +121,10 @@ class ConformanceTest {
         } else {
             ack = open.announce(instances);
         }
-        List<String> accepted = ack.getAcceptedList().stream().map(InstanceRef::getId).toList();
+        List<String> accepted = ack.acceptedIds();
         Set<String> refused = new HashSet<>();
-        for (Refusal refusal : ack.getRefusedList()) {
-            refused.add(refusal.getInstance().getId() + "=" + refusal.getCode());
+        for (Refusal refusal : ack.refused()) {
+            refused.add(refusal.instance().id() + "=" + refusal.code().value());
         }
         if (step.has("expect_accepted") || step.has("expect_refused")) {
             assertEquals(strings(step.path("expect_accepted")), accepted, "accepted ids");
@@ -141,8 +134,7 @@ class ConformanceTest {
             }
             assertEquals(expected, refused, "refused (id=code)");
         } else {
-            List<String> ids = instances.stream()
-                    .map(i -> i.getId().isEmpty() ? i.getHost() + ":" + i.getPort() : i.getId()).toList();
+            List<String> ids = instances.stream().map(i -> i.ref().id()).toList();
             assertEquals(ids, accepted, "every instance accepted");
             assertEquals(Set.of(), refused, "nothing refused");
         }
@@ -156,12 +148,12 @@ class ConformanceTest {
         if (order.isEmpty()) {
             order.add(0);
         }
-        PickRequest request = request(step.path("request"));
+        PickStep request = PickStep.of(step.path("request"));
         int count = step.path("count").asInt();
         List<String> ids = new ArrayList<>();
         List<String> fallbacks = new ArrayList<>();
         for (int i = 0; i < count; i++) {
-            Pick pick = clients.get(order.get(i % order.size())).pick(request);
+            Pick pick = request.run(clients.get(order.get(i % order.size())));
             ids.add(pick.id());
             fallbacks.add(pick.fallback());
             assertFalse(pick.localFallback(), "answered by rota, not locally");
@@ -175,9 +167,9 @@ class ConformanceTest {
         }
     }
 
-    private static void checkPick(RotaClient client, PickRequest request, JsonNode expect) {
+    private static void checkPick(RotaClient client, PickStep request, JsonNode expect) {
         if (expect.has("error")) {
-            RotaException e = Assertions.assertThrows(RotaException.class, () -> client.pick(request));
+            RotaException e = Assertions.assertThrows(RotaException.class, () -> request.run(client));
             assertEquals(expect.path("error").asText(), e.getCode().name(), "status code (" + e.getMessage() + ")");
             if (expect.has("message_contains")) {
                 String part = expect.path("message_contains").asText();
@@ -185,7 +177,7 @@ class ConformanceTest {
             }
             return;
         }
-        Pick pick = client.pick(request);
+        Pick pick = request.run(client);
         assertFalse(pick.localFallback(), "answered by rota, not locally");
         assertEquals(expect.path("id").asText(), pick.id(), "picked id");
         if (expect.has("fallback")) {
@@ -197,32 +189,38 @@ class ConformanceTest {
     }
 
     static Instance instance(JsonNode node) {
-        Instance.Builder b = Instance.newBuilder()
-                .setId(node.path("id").asText(""))
-                .setService(node.path("service").asText(""))
-                .setHost(node.path("host").asText(""))
-                .setPort(node.path("port").asInt(0))
-                .setVersion(node.path("version").asText(""))
-                .setZone(node.path("zone").asText(""));
+        Map<String, String> metadata = new LinkedHashMap<>();
+        node.path("metadata").properties().forEach(e -> metadata.put(e.getKey(), e.getValue().asText()));
+        Instance instance = Instance.of(node.path("service").asText(""), node.path("host").asText(""),
+                node.path("port").asInt(0))
+                .withId(node.path("id").asText(""))
+                .withVersion(node.path("version").asText(""))
+                .withZone(node.path("zone").asText(""))
+                .withMetadata(metadata);
         if (node.has("weight")) {
-            b.setWeight(node.path("weight").asInt());
+            instance = instance.withWeight(node.path("weight").asInt());
         }
-        node.path("metadata").properties().forEach(e -> b.putMetadata(e.getKey(), e.getValue().asText()));
         if (node.has("status")) {
-            b.setStatus(InstanceStatus.valueOf(node.path("status").asText()));
+            instance = instance.withStatus(InstanceStatus.valueOf(node.path("status").asText()));
         }
-        return b.build();
+        return instance;
     }
 
-    static PickRequest request(JsonNode node) {
-        return PickRequest.newBuilder()
-                .setService(node.path("service").asText(""))
-                .setRule(node.path("rule").asText(""))
-                .setVersion(node.path("version").asText(""))
-                .setKey(node.path("key").asText(""))
-                .setZone(node.path("zone").asText(""))
-                .addAllExclude(strings(node.path("exclude")))
-                .build();
+    /** A step's pick request: fields left out take their proto defaults (no version, not the current one). */
+    record PickStep(String service, PickOptions options) {
+        static PickStep of(JsonNode node) {
+            return new PickStep(node.path("service").asText(""), PickOptions.builder()
+                    .rule(node.path("rule").asText(""))
+                    .version(node.path("version").asText(""))
+                    .key(node.path("key").asText(""))
+                    .zone(node.path("zone").asText(""))
+                    .exclude(strings(node.path("exclude")))
+                    .build());
+        }
+
+        Pick run(RotaClient client) {
+            return client.pick(service, options);
+        }
     }
 
     private static Status.Code code(JsonNode node) {

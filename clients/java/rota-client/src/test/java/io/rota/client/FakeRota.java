@@ -15,7 +15,6 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.stub.StreamObserver;
 import io.rota.v1.BalancerGrpc;
-import io.rota.v1.Instance;
 import io.rota.v1.InstanceList;
 import io.rota.v1.PickRequest;
 import io.rota.v1.PickResponse;
@@ -51,7 +50,8 @@ final class FakeRota implements AutoCloseable {
     }
 
     static PickResponse answer(Instance instance, long ticket) {
-        return PickResponse.newBuilder().setInstance(instance).setTicket(ticket).setRule("round_robin").setEpoch(1).build();
+        return PickResponse.newBuilder().setInstance(Wire.instance(instance)).setTicket(ticket).setRule("round_robin")
+                .setEpoch(1).build();
     }
 
     @Override
@@ -94,7 +94,7 @@ final class FakeRota implements AutoCloseable {
         @Override
         public void watch(WatchRequest request, StreamObserver<WatchEvent> response) {
             response.onNext(WatchEvent.newBuilder()
-                    .setSnapshot(InstanceList.newBuilder().addAllInstances(watched))
+                    .setSnapshot(InstanceList.newBuilder().addAllInstances(Wire.instances(watched)))
                     .setEpoch(4)
                     .build());
             // stays open, like rota's

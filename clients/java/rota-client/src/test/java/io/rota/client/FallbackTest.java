@@ -14,15 +14,13 @@ import org.junit.jupiter.api.Test;
 import io.grpc.Metadata;
 import io.grpc.Status;
 import io.rota.client.testing.Await;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceStatus;
 
 /** The watch-fed local fallback is used on transport failures and expired deadlines, never on server answers. */
 class FallbackTest {
-    private static final Instance A = Instance.newBuilder().setService("svc").setId("a").setHost("127.0.0.1").setPort(9001).build();
-    private static final Instance B = A.toBuilder().setId("b").setPort(9002).build();
-    private static final Instance Z = A.toBuilder().setId("z").setPort(9003).setVersion("zlt").build();
-    private static final Instance D = A.toBuilder().setId("c").setPort(9004).setStatus(InstanceStatus.DOWN).build();
+    private static final Instance A = Instance.of("svc", "127.0.0.1", 9001).withId("a");
+    private static final Instance B = A.withId("b").withPort(9002);
+    private static final Instance Z = A.withId("z").withPort(9003).withVersion("zlt");
+    private static final Instance D = A.withId("c").withPort(9004).withStatus(InstanceStatus.DOWN);
 
     private static RotaClient followingClient(FakeRota rota, Duration pickTimeout) throws InterruptedException {
         RotaClient client = RotaClient.builder().target(rota.target()).pickTimeout(pickTimeout).follow("svc").build();
@@ -35,7 +33,7 @@ class FallbackTest {
         try (FakeRota rota = new FakeRota()) {
             rota.watched = List.of(A, B, D, Z);
             try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
-                assertEquals(List.of("a", "b", "c", "z"), client.lastKnownInstances("svc").stream().map(Instance::getId).toList());
+                assertEquals(List.of("a", "b", "c", "z"), client.lastKnownInstances("svc").stream().map(Instance::id).toList());
                 rota.onPick = request -> {
                     throw Status.UNAVAILABLE.withDescription("no eligible instance").asRuntimeException();
                 };

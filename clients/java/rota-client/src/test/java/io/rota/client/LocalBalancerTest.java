@@ -9,21 +9,18 @@ import java.util.Optional;
 
 import org.junit.jupiter.api.Test;
 
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceStatus;
 import io.rota.v1.PickRequest;
 
 class LocalBalancerTest {
     private static final String REASON = "rota unreachable";
 
     private static Instance instance(String id, String version, InstanceStatus status) {
-        return Instance.newBuilder().setService("svc").setId(id).setHost("127.0.0.1").setPort(9000)
-                .setVersion(version).setStatus(status).build();
+        return Instance.of("svc", "127.0.0.1", 9000).withId(id).withVersion(version).withStatus(status);
     }
 
     private static final List<Instance> INSTANCES = List.of(
             instance("a", "", InstanceStatus.UP),
-            instance("b", "", InstanceStatus.INSTANCE_STATUS_UNSPECIFIED),
+            instance("b", "", InstanceStatus.UP),
             instance("c", "", InstanceStatus.DOWN),
             instance("d", "", InstanceStatus.DRAINING),
             instance("e", "", InstanceStatus.UP),

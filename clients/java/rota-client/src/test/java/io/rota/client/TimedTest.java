@@ -13,16 +13,14 @@ import java.time.Duration;
 import org.junit.jupiter.api.Test;
 
 import io.rota.client.testing.Await;
-import io.rota.v1.CallOutcome;
-import io.rota.v1.CallResult;
-import io.rota.v1.Instance;
 
 /** {@link RotaClient#timed} returns or rethrows the call's result and reports its outcome and latency. */
 class TimedTest {
-    private static final Instance A = Instance.newBuilder().setService("svc").setId("a").setHost("127.0.0.1").setPort(9001).build();
+    private static final Instance A = Instance.of("svc", "127.0.0.1", 9001).withId("a");
     private static final Pick PICK = new Pick(A, 12, "repeat(n=2)", "", 3, false);
 
-    private static CallOutcome awaitOutcome(FakeRota rota, int index) throws InterruptedException {
+    /** The outcome of the index-th report rota received, as sent on the wire. */
+    private static io.rota.v1.CallOutcome awaitOutcome(FakeRota rota, int index) throws InterruptedException {
         Await.until("report " + index, Duration.ofSeconds(10), () -> rota.reports.size() > index);
         assertEquals(1, rota.reports.get(index).getOutcomesCount());
         return rota.reports.get(index).getOutcomes(0);
@@ -39,12 +37,12 @@ class TimedTest {
                 return "body";
             });
             assertEquals("body", result);
-            CallOutcome outcome = awaitOutcome(rota, 0);
+            io.rota.v1.CallOutcome outcome = awaitOutcome(rota, 0);
             assertEquals("svc", outcome.getService());
             assertEquals("a", outcome.getInstanceId());
             assertEquals(12, outcome.getTicket());
             assertEquals("repeat(n=2)", outcome.getRule());
-            assertEquals(CallResult.CALL_RESULT_OK, outcome.getResult());
+            assertEquals(io.rota.v1.CallResult.CALL_RESULT_OK, outcome.getResult());
             assertTrue(outcome.getLatencyUs() >= 20_000 && outcome.getLatencyUs() < 10_000_000, "latency " + outcome.getLatencyUs());
         }
     }
@@ -56,34 +54,34 @@ class TimedTest {
             assertSame(boom, assertThrows(IllegalStateException.class, () -> client.timed(PICK, () -> {
                 throw boom;
             })));
-            assertEquals(CallResult.CALL_RESULT_ERROR, awaitOutcome(rota, 0).getResult());
+            assertEquals(io.rota.v1.CallResult.CALL_RESULT_ERROR, awaitOutcome(rota, 0).getResult());
 
             IOException checked = new IOException("reset");
             assertSame(checked, assertThrows(IOException.class, () -> client.timed(PICK, () -> {
                 throw checked;
             })));
-            assertEquals(CallResult.CALL_RESULT_ERROR, awaitOutcome(rota, 1).getResult());
+            assertEquals(io.rota.v1.CallResult.CALL_RESULT_ERROR, awaitOutcome(rota, 1).getResult());
 
             ConnectException refused = new ConnectException("Connection refused");
             assertSame(refused, assertThrows(ConnectException.class, () -> client.timed(PICK, () -> {
                 throw refused;
             })));
-            assertEquals(CallResult.CALL_RESULT_CONNECT_FAILURE, awaitOutcome(rota, 2).getResult());
+            assertEquals(io.rota.v1.CallResult.CALL_RESULT_CONNECT_FAILURE, awaitOutcome(rota, 2).getResult());
         }
     }
 
     @Test
     void classifiesByTheCauseChain() {
-        assertEquals(CallResult.CALL_RESULT_CONNECT_FAILURE,
-                RotaClient.classify(new UncheckedIOException(new ConnectException("refused"))));
-        assertEquals(CallResult.CALL_RESULT_ERROR, RotaClient.classify(new RuntimeException(new IOException("eof"))));
-        assertEquals(CallResult.CALL_RESULT_ERROR, RotaClient.classify(new Error("oops")));
+        assertEquals(CallResult.CONNECT_FAILURE, RotaClient.classify(new UncheckedIOException(new ConnectException("refused"))));
+        assertEquals(CallResult.ERROR, RotaClient.classify(new RuntimeException(new IOException("eof"))));
+        assertEquals(CallResult.ERROR, RotaClient.classify(new Error("oops")));
     }
 
     @Test
     void outcomeCarriesThePick() {
-        CallOutcome outcome = PICK.outcome(CallResult.CALL_RESULT_ERROR, Duration.ofMillis(7));
-        assertEquals(CallOutcome.newBuilder().setService("svc").setInstanceId("a").setTicket(12).setRule("repeat(n=2)")
-                .setLatencyUs(7000).setResult(CallResult.CALL_RESULT_ERROR).build(), outcome);
+        CallOutcome outcome = PICK.outcome(CallResult.ERROR, Duration.ofMillis(7));
+        assertEquals(new CallOutcome("svc", "a", 12, "repeat(n=2)", Duration.ofMillis(7), CallResult.ERROR), outcome);
+        assertEquals(io.rota.v1.CallOutcome.newBuilder().setService("svc").setInstanceId("a").setTicket(12).setRule("repeat(n=2)")
+                .setLatencyUs(7000).setResult(io.rota.v1.CallResult.CALL_RESULT_ERROR).build(), Wire.outcome(outcome));
     }
 }

@@ -16,12 +16,11 @@ import io.grpc.stub.MetadataUtils;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.rota.v1.BalancerGrpc;
-import io.rota.v1.Instance;
 import io.rota.v1.PickRequest;
 
 /** An incoming {@code x-rota-version} becomes the current version, which the next pick and outgoing calls carry. */
 class VersionPropagationTest {
-    private static final Instance A = Instance.newBuilder().setService("svc").setId("a").setHost("127.0.0.1").setPort(9001).build();
+    private static final Instance A = Instance.of("svc", "127.0.0.1", 9001).withId("a");
 
     @Test
     void currentVersionIsScoped() {
@@ -63,8 +62,8 @@ class VersionPropagationTest {
                 client.pick("svc");
                 client.pick("svc", PickOptions.builder().version("bob").build());
                 client.pick("svc", PickOptions.builder().version("").build());
-                client.pick(PickRequest.newBuilder().setService("svc").build());
-                client.pick(PickRequest.newBuilder().setService("svc").setVersion("v2").build());
+                client.pick("svc", PickOptions.defaults());
+                client.pick("svc", PickOptions.builder().version("v2").build());
             });
             CompletableFuture<Pick> async;
             try (RotaVersion.Scope scope = RotaVersion.open("async")) {

@@ -8,6 +8,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
@@ -51,7 +52,15 @@ public final class RotaServer implements AutoCloseable {
 
     /** Starts {@code rota serve --listen 127.0.0.1:0 ARGS...} and waits for its port. */
     public static RotaServer start(String... args) throws IOException, InterruptedException {
-        List<String> command = new ArrayList<>(List.of(binary().toString(), "serve", "--listen", "127.0.0.1:0"));
+        return startOn("127.0.0.1:0", args);
+    }
+
+    /**
+     * Starts {@code rota serve --listen LISTEN ARGS...} and waits for its port; {@code listen} is a
+     * loopback address, e.g. the {@link #target()} of a server that was stopped, to restart on its port.
+     */
+    public static RotaServer startOn(String listen, String... args) throws IOException, InterruptedException {
+        List<String> command = new ArrayList<>(List.of(binary().toString(), "serve", "--listen", listen));
         command.addAll(List.of(args));
         Path logs = Paths.get(System.getProperty("user.dir"), "target", "rota-logs");
         Files.createDirectories(logs);
@@ -118,6 +127,19 @@ public final class RotaServer implements AutoCloseable {
 
     public boolean isAlive() {
         return process.isAlive();
+    }
+
+    /**
+     * Asks the process to stop (SIGTERM: rota drains for its grace period, then exits) and waits
+     * for it; returns its exit code. Kills it if it is still running after {@code timeout}.
+     */
+    public int terminate(Duration timeout) throws InterruptedException {
+        process.destroy();
+        if (!process.waitFor(timeout.toMillis(), TimeUnit.MILLISECONDS)) {
+            kill();
+            throw new IllegalStateException("rota did not exit within " + timeout.toMillis() + " ms of SIGTERM");
+        }
+        return process.exitValue();
     }
 
     /** Kills the process at once (SIGKILL) and waits for it to be gone. */

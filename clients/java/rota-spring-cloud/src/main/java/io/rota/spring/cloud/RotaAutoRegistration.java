@@ -13,11 +13,10 @@ import org.springframework.context.ApplicationContext;
 import org.springframework.context.SmartLifecycle;
 import org.springframework.core.env.Environment;
 
+import io.rota.client.Ack;
+import io.rota.client.Instance;
 import io.rota.client.Registration;
 import io.rota.client.RotaClient;
-import io.rota.v1.Ack;
-import io.rota.v1.Instance;
-import io.rota.v1.InstanceStatus;
 
 /**
  * Registers this application with rota once its web server has started, and withdraws it when
@@ -58,19 +57,12 @@ public class RotaAutoRegistration implements SmartLifecycle {
             return null;
         }
         String host = firstNonBlank(properties.getHost(), defaultHost());
-        Instance.Builder instance = Instance.newBuilder()
-                .setService(service)
-                .setId(firstNonBlank(properties.getInstanceId(), host + ":" + port))
-                .setHost(host)
-                .setPort(port)
-                .setVersion(nullToEmpty(properties.getVersion()))
-                .setZone(nullToEmpty(properties.getZone()))
-                .putAllMetadata(properties.getMetadata())
-                .setStatus(InstanceStatus.UP);
-        if (properties.getWeight() != null) {
-            instance.setWeight(properties.getWeight());
-        }
-        return instance.build();
+        Instance instance = Instance.of(service, host, port)
+                .withId(firstNonBlank(properties.getInstanceId(), host + ":" + port))
+                .withVersion(nullToEmpty(properties.getVersion()))
+                .withZone(nullToEmpty(properties.getZone()))
+                .withMetadata(properties.getMetadata());
+        return properties.getWeight() == null ? instance : instance.withWeight(properties.getWeight());
     }
 
     @Override
@@ -85,13 +77,11 @@ public class RotaAutoRegistration implements SmartLifecycle {
         registration = started;
         started.ready().whenComplete((ack, error) -> {
             if (error != null) {
-                LOG.warn("rota registration of " + instance.getService() + "/" + instance.getId() + " failed: " + error);
-            } else if (ack.getRefusedCount() > 0) {
-                LOG.warn("rota refused " + instance.getService() + "/" + instance.getId() + ": "
-                        + ack.getRefused(0).getMessage());
+                LOG.warn("rota registration of " + instance.ref() + " failed: " + error);
+            } else if (!ack.refused().isEmpty()) {
+                LOG.warn("rota refused " + instance.ref() + ": " + ack.refused().get(0).message());
             } else {
-                LOG.info("registered with rota as " + instance.getService() + "/" + instance.getId() + " ("
-                        + instance.getHost() + ":" + instance.getPort() + ")");
+                LOG.info("registered with rota as " + instance.ref() + " (" + instance.authority() + ")");
             }
         });
     }

@@ -18,12 +18,12 @@ import org.springframework.cloud.loadbalancer.core.ReactorServiceInstanceLoadBal
 import org.springframework.http.HttpHeaders;
 
 import io.grpc.Status;
+import io.rota.client.Instance;
 import io.rota.client.Pick;
 import io.rota.client.PickOptions;
 import io.rota.client.RotaClient;
 import io.rota.client.RotaException;
 import io.rota.client.RotaVersion;
-import io.rota.v1.Instance;
 import reactor.core.publisher.Mono;
 
 /**
@@ -112,20 +112,21 @@ public class RotaLoadBalancer implements ReactorServiceInstanceLoadBalancer {
 
     static ServiceInstance serviceInstance(Pick pick) {
         Instance instance = pick.instance();
-        Map<String, String> metadata = new LinkedHashMap<>(instance.getMetadataMap());
-        metadata.put(TICKET, Long.toString(pick.ticket()));
+        Map<String, String> metadata = new LinkedHashMap<>(instance.metadata());
+        // Tickets and epochs are unsigned 64-bit numbers.
+        metadata.put(TICKET, Long.toUnsignedString(pick.ticket()));
         metadata.put(RULE, pick.rule());
-        metadata.put(EPOCH, Long.toString(pick.epoch()));
-        metadata.put(VERSION, instance.getVersion());
+        metadata.put(EPOCH, Long.toUnsignedString(pick.epoch()));
+        metadata.put(VERSION, instance.version());
         if (pick.isFallback()) {
             metadata.put(FALLBACK, pick.fallback());
         }
         if (pick.localFallback()) {
             metadata.put(LOCAL_FALLBACK, "true");
         }
-        boolean secure = Boolean.parseBoolean(instance.getMetadataMap().getOrDefault("secure", "false"));
-        return new DefaultServiceInstance(instance.getId(), instance.getService(), instance.getHost(),
-                instance.getPort(), secure, metadata);
+        boolean secure = Boolean.parseBoolean(instance.metadata().getOrDefault("secure", "false"));
+        return new DefaultServiceInstance(instance.id(), instance.service(), instance.host(), instance.port(), secure,
+                metadata);
     }
 
     @Override

@@ -17,9 +17,9 @@ import org.springframework.cloud.client.loadbalancer.TimedRequestContext;
 import org.springframework.http.HttpStatusCode;
 import org.springframework.http.client.ClientHttpResponse;
 
+import io.rota.client.CallOutcome;
+import io.rota.client.CallResult;
 import io.rota.client.RotaClient;
-import io.rota.v1.CallOutcome;
-import io.rota.v1.CallResult;
 
 /**
  * Reports the outcome and latency of each load-balanced call to rota (in the background), so
@@ -54,7 +54,7 @@ public class RotaOutcomeReporter implements LoadBalancerLifecycle<Object, Object
         }
         client.reportAsync(List.of(outcome)).whenComplete((result, error) -> {
             if (error != null && LOG.isDebugEnabled()) {
-                LOG.debug("outcome of a call to " + outcome.getInstanceId() + " not reported: " + error);
+                LOG.debug("outcome of a call to " + outcome.instanceId() + " not reported: " + error);
             }
         });
     }
@@ -78,22 +78,16 @@ public class RotaOutcomeReporter implements LoadBalancerLifecycle<Object, Object
         if (request != null && request.getContext() instanceof TimedRequestContext timed && timed.getRequestStartTime() != 0) {
             latencyNanos = Math.max(0, nowNanos - timed.getRequestStartTime());
         }
-        return CallOutcome.newBuilder()
-                .setService(instance.getServiceId())
-                .setInstanceId(instance.getInstanceId())
-                .setTicket(Long.parseLong(ticket))
-                .setRule(metadata.getOrDefault(RotaLoadBalancer.RULE, ""))
-                .setLatencyUs(Duration.ofNanos(latencyNanos).toNanos() / 1_000)
-                .setResult(result(completion))
-                .build();
+        return new CallOutcome(instance.getServiceId(), instance.getInstanceId(), Long.parseUnsignedLong(ticket),
+                metadata.getOrDefault(RotaLoadBalancer.RULE, ""), Duration.ofNanos(latencyNanos), result(completion));
     }
 
     static CallResult result(CompletionContext<Object, ServiceInstance, Object> completion) {
         if (completion.status() == CompletionContext.Status.FAILED) {
-            return completion.getThrowable() == null ? CallResult.CALL_RESULT_ERROR : RotaClient.classify(completion.getThrowable());
+            return completion.getThrowable() == null ? CallResult.ERROR : RotaClient.classify(completion.getThrowable());
         }
         HttpStatusCode status = httpStatus(completion.getClientResponse());
-        return status != null && status.is5xxServerError() ? CallResult.CALL_RESULT_ERROR : CallResult.CALL_RESULT_OK;
+        return status != null && status.is5xxServerError() ? CallResult.ERROR : CallResult.OK;
     }
 
     private static HttpStatusCode httpStatus(Object response) {

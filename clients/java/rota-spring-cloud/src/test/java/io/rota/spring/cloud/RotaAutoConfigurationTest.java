@@ -104,17 +104,16 @@ class RotaAutoConfigurationTest {
                 app.getBean(RotaAutoRegistration.class).ready().get(10, java.util.concurrent.TimeUnit.SECONDS);
                 Pick pick = client.pick("conf-spring-closing");
                 assertEquals(port, pick.port());
-                assertEquals("payments", pick.instance().getMetadataMap().get("team"));
-                assertEquals(7, pick.instance().getWeight());
-                assertEquals(List.of("127.0.0.1:" + port),
-                        client.listInstances("conf-spring-closing").getInstancesList().stream().map(i -> i.getId()).toList());
+                assertEquals("payments", pick.instance().metadata().get("team"));
+                assertEquals(7, pick.instance().weight());
+                assertEquals(List.of("127.0.0.1:" + port), client.listInstances("conf-spring-closing").ids());
             } finally {
                 app.close();
             }
             assertTrue(port > 0);
             RotaException gone = assertThrows(RotaException.class, () -> client.pick("conf-spring-closing"));
             assertEquals(Status.Code.UNAVAILABLE, gone.getCode());
-            assertEquals(List.of(), client.listInstances("conf-spring-closing").getInstancesList());
+            assertEquals(List.of(), client.listInstances("conf-spring-closing").instances());
         }
     }
 }

@@ -42,12 +42,12 @@ import org.springframework.web.bind.annotation.RestController;
 import org.springframework.web.client.RestTemplate;
 import org.springframework.web.reactive.function.client.WebClient;
 
+import io.rota.client.Instance;
 import io.rota.client.Pick;
 import io.rota.client.Registration;
 import io.rota.client.RotaClient;
 import io.rota.client.RotaVersion;
 import io.rota.client.testing.SharedRotaServer;
-import io.rota.v1.Instance;
 
 /**
  * A Spring Boot application whose {@code @LoadBalanced} clients pick through a live rota: two
@@ -123,13 +123,13 @@ class RotaLoadBalancerSpringTest {
         providerClient = RotaClient.builder().target(SharedRotaServer.server().target()).build();
         List<Instance> instances = new ArrayList<>();
         for (FakeProvider provider : PROVIDERS) {
-            instances.add(Instance.newBuilder().setService("conf-spring").setId(provider.id()).setHost("127.0.0.1")
-                    .setPort(provider.port()).setVersion(provider.id().equals("pz") ? "zlt" : "").build());
+            instances.add(Instance.of("conf-spring", "127.0.0.1", provider.port()).withId(provider.id())
+                    .withVersion(provider.id().equals("pz") ? "zlt" : ""));
         }
-        instances.add(Instance.newBuilder().setService("conf-spring-repeat").setId("r1").setHost("127.0.0.1").setPort(9901).build());
-        instances.add(Instance.newBuilder().setService("conf-spring-repeat").setId("r2").setHost("127.0.0.1").setPort(9902).build());
+        instances.add(Instance.of("conf-spring-repeat", "127.0.0.1", 9901).withId("r1"));
+        instances.add(Instance.of("conf-spring-repeat", "127.0.0.1", 9902).withId("r2"));
         registration = providerClient.register(instances);
-        assertEquals(5, registration.ack().getAcceptedCount());
+        assertEquals(5, registration.ack().accepted().size());
     }
 
     @AfterAll

@@ -25,11 +25,11 @@ import org.springframework.http.HttpHeaders;
 import org.springframework.http.HttpMethod;
 import org.springframework.util.LinkedMultiValueMap;
 
+import io.rota.client.Instance;
 import io.rota.client.Registration;
 import io.rota.client.RotaClient;
 import io.rota.client.RotaVersion;
 import io.rota.client.testing.SharedRotaServer;
-import io.rota.v1.Instance;
 
 /** {@link RotaLoadBalancer} against the live server: where the version and the exclusions come from. */
 @ExtendWith(SharedRotaServer.class)
@@ -51,8 +51,7 @@ class RotaLoadBalancerTest {
     }
 
     private static Instance instance(String id, String version) {
-        return Instance.newBuilder().setService("conf-lb").setId(id).setHost("127.0.0.1").setPort(9500 + id.length())
-                .setVersion(version).build();
+        return Instance.of("conf-lb", "127.0.0.1", 9500 + id.length()).withId(id).withVersion(version);
     }
 
     private static Request<RequestDataContext> request(String versionHeader) {

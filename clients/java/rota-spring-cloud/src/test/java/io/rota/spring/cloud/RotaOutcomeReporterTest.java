@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 
 import java.net.ConnectException;
 import java.net.URI;
+import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
 
@@ -22,8 +23,8 @@ import org.springframework.http.HttpMethod;
 import org.springframework.http.HttpStatus;
 import org.springframework.util.LinkedMultiValueMap;
 
-import io.rota.v1.CallOutcome;
-import io.rota.v1.CallResult;
+import io.rota.client.CallOutcome;
+import io.rota.client.CallResult;
 
 class RotaOutcomeReporterTest {
     private static final RequestData DATA = new RequestData(HttpMethod.GET, URI.create("http://orders/"), new HttpHeaders(),
@@ -47,8 +48,7 @@ class RotaOutcomeReporterTest {
                 startedAt(1_000_000), new DefaultResponse(picked(Map.of())),
                 new ResponseData(HttpStatus.OK, new HttpHeaders(), new LinkedMultiValueMap<>(), DATA));
         CallOutcome outcome = RotaOutcomeReporter.outcome(done, 43_000_000);
-        assertEquals(CallOutcome.newBuilder().setService("orders").setInstanceId("a").setTicket(17).setRule("repeat(n=2)")
-                .setLatencyUs(42_000).setResult(CallResult.CALL_RESULT_OK).build(), outcome);
+        assertEquals(new CallOutcome("orders", "a", 17, "repeat(n=2)", Duration.ofMillis(42), CallResult.OK), outcome);
     }
 
     @Test
@@ -56,17 +56,17 @@ class RotaOutcomeReporterTest {
         CompletionContext<Object, ServiceInstance, Object> fiveHundred = new CompletionContext<>(CompletionContext.Status.SUCCESS,
                 startedAt(1), new DefaultResponse(picked(Map.of())),
                 new ResponseData(HttpStatus.SERVICE_UNAVAILABLE, new HttpHeaders(), new LinkedMultiValueMap<>(), DATA));
-        assertEquals(CallResult.CALL_RESULT_ERROR, RotaOutcomeReporter.outcome(fiveHundred, 2).getResult());
+        assertEquals(CallResult.ERROR, RotaOutcomeReporter.outcome(fiveHundred, 2).result());
         CompletionContext<Object, ServiceInstance, Object> notFound = new CompletionContext<>(CompletionContext.Status.SUCCESS,
                 startedAt(1), new DefaultResponse(picked(Map.of())),
                 new ResponseData(HttpStatus.NOT_FOUND, new HttpHeaders(), new LinkedMultiValueMap<>(), DATA));
-        assertEquals(CallResult.CALL_RESULT_OK, RotaOutcomeReporter.outcome(notFound, 2).getResult());
+        assertEquals(CallResult.OK, RotaOutcomeReporter.outcome(notFound, 2).result());
         CompletionContext<Object, ServiceInstance, Object> refused = new CompletionContext<>(CompletionContext.Status.FAILED,
                 new IllegalStateException(new ConnectException("refused")), startedAt(1), new DefaultResponse(picked(Map.of())));
-        assertEquals(CallResult.CALL_RESULT_CONNECT_FAILURE, RotaOutcomeReporter.outcome(refused, 2).getResult());
+        assertEquals(CallResult.CONNECT_FAILURE, RotaOutcomeReporter.outcome(refused, 2).result());
         CompletionContext<Object, ServiceInstance, Object> failed = new CompletionContext<>(CompletionContext.Status.FAILED,
                 new IllegalStateException("boom"), startedAt(1), new DefaultResponse(picked(Map.of())));
-        assertEquals(CallResult.CALL_RESULT_ERROR, RotaOutcomeReporter.outcome(failed, 2).getResult());
+        assertEquals(CallResult.ERROR, RotaOutcomeReporter.outcome(failed, 2).result());
     }
 
     @Test

@@ -9,10 +9,10 @@ import java.util.concurrent.CountDownLatch;
 
 import com.sun.net.httpserver.HttpServer;
 
+import io.rota.client.Instance;
 import io.rota.client.Registration;
 import io.rota.client.RotaClient;
 import io.rota.client.RotaVersion;
-import io.rota.v1.Instance;
 
 /**
  * A plain Java HTTP service that registers itself with rota for as long as it runs.
@@ -47,13 +47,7 @@ public final class ProviderApp {
         });
         http.start();
 
-        Instance instance = Instance.newBuilder()
-                .setService(service)
-                .setId(id)
-                .setHost("127.0.0.1")
-                .setPort(http.getAddress().getPort())
-                .setVersion(version)
-                .build();
+        Instance instance = Instance.of(service, "127.0.0.1", http.getAddress().getPort()).withId(id).withVersion(version);
 
         RotaClient rota = RotaClient.builder().target(target).build();
         // Registers in the background: the service starts even while rota is down, and the

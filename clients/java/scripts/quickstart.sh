@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs README.md's quick start the way a user would, once `mvn install` has put the artifacts in
+# the local Maven repository (test.sh runs it first): a new Maven project under the system temp
+# folder with README.md's <dependency> block, README.md's quick start as its only class, compiled
+# by Maven and run against a `rota serve` started here on a free loopback port.
+#
+#   ROTA_BIN=/abs/path/to/rota scripts/quickstart.sh
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readme="$here/README.md"
+rota_bin="${ROTA_BIN:?ROTA_BIN must name the rota binary}"
+readme_target="127.0.0.1:50051"
+expected="calling 127.0.0.1:8081 (ticket 0)"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/rota-java-quickstart.XXXXXX")"
+server_pid=""
+cleanup() {
+  if [[ -n "$server_pid" ]]; then
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The body of the first ```LANG block after the line HEADING of README.md.
+readme_block() {
+  awk -v heading="$1" -v fence="\`\`\`$2" '
+    $0 == heading { in_section = 1; next }
+    in_section && !in_block && $0 == fence { in_block = 1; next }
+    in_block && $0 == "```" { found = 1; exit }
+    in_block { print }
+    END { if (!found) exit 1 }
+  ' "$readme" || { echo "quickstart.sh: README.md has no \`\`\`$2 block under \"$1\"" >&2; exit 1; }
+}
+
+dependency="$(readme_block "## Install" xml)"
+quick_start="$(readme_block "## Quick start" java)"
+class="$(sed -nE 's/^public class ([A-Za-z0-9_]+).*/\1/p' <<<"$quick_start")"
+[[ -n "$class" ]] || { echo "quickstart.sh: the quick start declares no public class" >&2; exit 1; }
+grep -qF "\"$readme_target\"" <<<"$quick_start" \
+  || { echo "quickstart.sh: the quick start does not connect to $readme_target" >&2; exit 1; }
+
+# A rota of its own, so that the quick start's pick is the first of a fresh rotation. Its first
+# line of output is "listening on 127.0.0.1:PORT".
+mkfifo "$work/rota.out"
+ROTA_ADMIN_LISTEN=off "$rota_bin" serve --listen 127.0.0.1:0 >"$work/rota.out" 2>"$work/rota.log" &
+server_pid=$!
+exec 3<"$work/rota.out"
+if ! read -r -t 30 -u 3 first; then
+  echo "quickstart.sh: rota printed no address within 30 s:" >&2
+  cat "$work/rota.log" >&2
+  exit 1
+fi
+cat <&3 >/dev/null &  # keeps the server's stdout drained
+address="${first#listening on }"
+[[ "$address" =~ ^127\.0\.0\.1:[0-9]+$ ]] || { echo "quickstart.sh: unexpected first line from rota: $first" >&2; exit 1; }
+
+app="$work/app"
+mkdir -p "$app/src/main/java"
+cat >"$app/pom.xml" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0"
+         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0 https://maven.apache.org/xsd/maven-4.0.0.xsd">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>example</groupId>
+  <artifactId>quickstart</artifactId>
+  <version>1</version>
+  <properties>
+    <maven.compiler.release>17</maven.compiler.release>
+    <project.build.sourceEncoding>UTF-8</project.build.sourceEncoding>
+  </properties>
+  <dependencies>
+$dependency
+  </dependencies>
+  <build>
+    <plugins>
+      <plugin>
+        <groupId>org.apache.maven.plugins</groupId>
+        <artifactId>maven-resources-plugin</artifactId>
+        <version>3.3.1</version>
+      </plugin>
+      <plugin>
+        <groupId>org.apache.maven.plugins</groupId>
+        <artifactId>maven-compiler-plugin</artifactId>
+        <version>3.14.1</version>
+      </plugin>
+      <plugin>
+        <groupId>org.apache.maven.plugins</groupId>
+        <artifactId>maven-dependency-plugin</artifactId>
+        <version>3.8.1</version>
+      </plugin>
+    </plugins>
+  </build>
+</project>
+EOF
+printf '%s\n' "${quick_start/"$readme_target"/$address}" >"$app/src/main/java/$class.java"
+
+# Compiles against io.rota:rota-client from the local repository, and writes the runtime classpath.
+# Both JVMs are short-lived: the C1 compiler alone (as .mvn/jvm.config has it for this build)
+# halves their time.
+quick_jvm="-XX:+TieredCompilation -XX:TieredStopAtLevel=1"
+(cd "$app" && MAVEN_OPTS="${MAVEN_OPTS:-} $quick_jvm" mvn -B -q -ntp -Dstyle.color=never compile \
+  dependency:build-classpath -Dmdep.outputFile=classpath.txt -Dmdep.includeScope=runtime)
+# shellcheck disable=SC2086 # quick_jvm is two options
+output="$(cd "$app" && timeout 60 java $quick_jvm -cp "target/classes:$(cat classpath.txt)" "$class")"
+if [[ "$output" != "$expected" ]]; then
+  echo "quickstart.sh: the quick start printed:" >&2
+  echo "$output" >&2
+  echo "expected: $expected" >&2
+  exit 1
+fi
+echo "quickstart: $output (README.md's quick start in a fresh Maven project)"

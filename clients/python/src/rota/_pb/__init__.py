@@ -1,0 +1,1 @@
+"""Stubs generated from rota/v1/rota.proto by scripts/generate_stubs.py; do not edit."""

@@ -31,7 +31,7 @@ mod slowloris;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-pub use server::{Target, resident_bytes, serve_supports};
+pub use server::{Target, flag_if_supported, resident_bytes, serve_supports};
 
 /// The scenarios, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

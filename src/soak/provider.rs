@@ -195,8 +195,8 @@ impl Provider {
         log: &mut ProviderLog,
     ) -> Result<(), SoakError> {
         let mut present: Vec<usize> = (0..self.owned.len()).filter(|&i| self.owned[i].present).collect();
-        // Keep one instance on the stream now and then, so withdrawing everything and
-        // withdrawing a few both happen.
+        // One or two at a time, at random; a stream left holding nothing stays open and
+        // announces again later.
         rng.shuffle(&mut present);
         present.truncate(rng.usize(1..=2));
         if present.is_empty() {

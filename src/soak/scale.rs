@@ -19,7 +19,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
-use super::{CALL_TIMEOUT, Check, ScenarioReport, SoakError, SoakOptions, bounded, ms, serve_supports};
+use super::{CALL_TIMEOUT, Check, ScenarioReport, SoakError, SoakOptions, bounded, flag_if_supported, ms};
 use crate::client::{PickOptions, RotaClient};
 use crate::loadgen::LoadConfig;
 use crate::loadgen::scale::{ScaleConfig, register_all};
@@ -34,26 +34,17 @@ const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the server is asked to do its housekeeping, when it can be.
 const HOUSEKEEPING: &str = "2s";
 
-/// `--housekeeping-interval 2s` when this build's `rota serve` has it; otherwise nothing, and
-/// a notice on the report (`consequence` says what that means for the scenario).
-pub fn housekeeping_flags(report: &mut ScenarioReport, consequence: &str) -> Vec<String> {
-    if serve_supports("--housekeeping-interval") {
-        vec!["--housekeeping-interval".into(), HOUSEKEEPING.into()]
-    } else {
-        report.notice(format!(
-            "rota serve has no --housekeeping-interval yet: housekeeping runs at its built-in interval \
-             (30 s, first at start); {consequence}"
-        ));
-        Vec::new()
-    }
-}
-
 pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(), SoakError> {
     let instances = options.pick(20_000, 100_000);
     let streams = options.pick(20, 100);
     let window = options.pick(Duration::from_secs(20), Duration::from_secs(120));
-    let mut flags =
-        housekeeping_flags(report, "the window is stretched to 35 s after the server started to take in one pass");
+    let mut flags = flag_if_supported(
+        report,
+        "--housekeeping-interval",
+        HOUSEKEEPING,
+        "housekeeping runs at its built-in interval (30 s, first at start), so the window is stretched \
+         to 35 s after the server started to take in one pass",
+    );
     let has_flag = !flags.is_empty();
     flags.extend(["--max-registrations-per-peer".into(), streams.max(64).to_string()]);
     let server_started = Instant::now();

@@ -107,6 +107,17 @@ pub fn resident_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// `[flag, value]` when this build's `rota serve` has `flag`; otherwise nothing, and a notice
+/// on the report saying what running without it means (`otherwise`).
+pub fn flag_if_supported(report: &mut super::ScenarioReport, flag: &str, value: &str, otherwise: &str) -> Vec<String> {
+    if serve_supports(flag) {
+        vec![flag.to_owned(), value.to_owned()]
+    } else {
+        report.notice(format!("rota serve has no {flag} yet: {otherwise}"));
+        Vec::new()
+    }
+}
+
 /// Whether `rota serve --help` lists `flag`: lets a scenario use a flag the server may not
 /// have yet, and say so when it does not.
 pub fn serve_supports(flag: &str) -> bool {

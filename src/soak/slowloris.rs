@@ -20,6 +20,10 @@ use tokio::time::Instant;
 pub const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// A dribbling connection sends one byte this often.
 const DRIBBLE_EVERY: Duration = Duration::from_secs(1);
+/// A slot connects again at most this often. A server that closes excess connections at once
+/// would otherwise see thousands of connects a second from each slot; half a second keeps its
+/// capacity for this peer refilled without turning the attack into a CPU benchmark of two cores.
+const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
 /// What an attacker connection sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +92,14 @@ async fn connect(server: SocketAddr) -> std::io::Result<TcpStream> {
 /// One attacker slot: a connection kept open (and reopened) until `until`.
 pub async fn hold(server: SocketAddr, attack: Attack, until: Instant, tallies: Arc<Tallies>) {
     let bytes = attack.bytes();
-    // Bounded by time, and by count: at most one connection attempt per 100 ms anyway.
+    // Bounded by time, and by count: at most one connection attempt per RECONNECT_EVERY anyway.
     let mut attempts = 0;
     while Instant::now() < until && attempts < 100_000 {
         attempts += 1;
         let attempt = Instant::now();
         let Ok(mut stream) = connect(server).await else {
             tallies.refused.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep_until((attempt + Duration::from_millis(100)).min(until)).await;
+            tokio::time::sleep_until((attempt + RECONNECT_EVERY).min(until)).await;
             continue;
         };
         tallies.opened();
@@ -120,7 +124,7 @@ pub async fn hold(server: SocketAddr, attack: Attack, until: Instant, tallies: A
         tallies.open.fetch_sub(1, Ordering::Relaxed);
         if closed {
             tallies.closed_by_server.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep_until((attempt + Duration::from_millis(100)).min(until)).await;
+            tokio::time::sleep_until((attempt + RECONNECT_EVERY).min(until)).await;
         }
     }
 }

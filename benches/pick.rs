@@ -2,12 +2,16 @@
 //!
 //! - `select/<rule>/<n>` — the pure pick path of every rule that is a pure selection: drawing a
 //!   ticket from the in-memory counter through the subset's cached rotation (no lock) and running
-//!   the rule over n instances (3, 100, 10,000), with real (empty) statistics, excluding 0, 1 or
-//!   3 of them (`select/<rule>/excluding-k/<n>`, as a retry does);
+//!   the rule over n instances (1,000, 10,000, 100,000) with its tables built and a load index
+//!   fed by a real statistics store, excluding 0, 1 or 3 of them
+//!   (`select/<rule>/excluding-k/<n>`, as a retry does);
 //! - `balancer/<rule>/<n>` — the whole in-process pick: policy, snapshot, isolation, ticket,
 //!   rule, pick tally and in-flight accounting (no gRPC); also for `sticky` (a central table
 //!   lookup and refresh) and `retry` (a wrapper around its inner rule);
-//! - `publish/10000` — building a service snapshot of 10,000 instances;
+//! - `publish/snapshot/<n>` — building a service snapshot of n instances;
+//! - `publish/announce/<n>` — one Announce into a service of n instances, from the provider's
+//!   call to its acknowledgement: the registry task, the snapshot and the pick view (with the
+//!   tables picks used: weight schedule, Maglev table, load index);
 //! - `parse/cold` and `parse/cached` — a rule string parsed, or looked up in the cache.
 //!
 //! Before criterion runs, it prints the heap allocations per pick counted by a wrapping global
@@ -19,10 +23,10 @@ use std::sync::atomic::AtomicU64;
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
-use rota::balancer::{Balancer, PickQuery, ServiceLoad};
+use rota::balancer::{Balancer, PickQuery};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
-use rota::rules::{Draw, Excluded, Select, parse};
-use rota::state::{CounterKey, MemoryState, Stats};
+use rota::rules::{Candidates, Draw, Excluded, LoadIndex, Needs, Select, parse};
+use rota::state::{CounterKey, MemoryState, RotationCache, Stats};
 
 #[path = "../tests/support/counting_alloc.rs"]
 mod counting_alloc;
@@ -30,7 +34,7 @@ mod counting_alloc;
 #[global_allocator]
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
-const SIZES: [usize; 3] = [3, 100, 10_000];
+const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 /// Instances excluded by the pick (a retry names the ones it tried).
 const EXCLUDING: [usize; 3] = [0, 1, 3];
 /// Every rule whose choice is a pure function of the draw; `sticky` and `retry` wrap a selection
@@ -74,15 +78,18 @@ fn select_benches(c: &mut Criterion) {
     let state = MemoryState::default();
     let keys = keys();
     for n in SIZES {
-        let subset = Subset::new("version=", instances("svc", n));
+        let candidates = Candidates::new(Subset::new("version=", instances("svc", n)));
+        candidates.build(Needs { schedule: true, maglev: true, load: false });
+        let index = Arc::new(LoadIndex::new(candidates.members()));
+        stats.attach(&index, candidates.members());
+        candidates.tables.load.store(Some(index));
+        let rotations = RotationCache::default();
         for (name, excluding) in RULES.iter().flat_map(|name| EXCLUDING.map(|e| (*name, e))) {
             // Retries exclude instances already tried: spread over the subset.
             let excluded: Vec<usize> = (0..excluding).map(|e| e * n / excluding.max(1)).collect();
             let rule = parse(name).unwrap();
-            let counter =
-                CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: subset.label.clone() };
+            let counter = CounterKey { service: "svc".into(), rule: rule.canonical.clone(), subset: "version=".into() };
             let picked = Arc::new(AtomicU64::new(0));
-            let load = ServiceLoad::new(&stats);
             let mut rng = fastrand::Rng::with_seed(7);
             let id = if excluding == 0 {
                 BenchmarkId::new(name, n)
@@ -92,20 +99,15 @@ fn select_benches(c: &mut Criterion) {
             group.bench_with_input(id, &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {
-                    let rotation = state.rotation(
-                        &subset.tables.rotations,
-                        &rule.canonical,
-                        || counter.clone(),
-                        || picked.clone(),
-                    );
+                    let rotation = state.rotation(&rotations, &rule.canonical, || counter.clone(), || picked.clone());
                     let ticket = state.draw(&rotation);
                     k = (k + 1) & 1023;
                     let draw = Draw {
-                        candidates: &subset,
+                        candidates: &candidates,
                         ticket,
                         key: &keys[k],
                         zone: "",
-                        stats: &load,
+                        now: tokio::time::Instant::now(),
                         excluded: Excluded::new(&excluded),
                     };
                     black_box(rule.rule.select(&draw, &mut rng))
@@ -149,7 +151,12 @@ fn balancer_benches(c: &mut Criterion) {
     for n in SIZES {
         let (balancer, _leases) = balancer(&runtime, n);
         let _guard = runtime.enter();
-        for name in ["round_robin", "weighted", "consistent_hash", "sticky", "retry(rule=round_robin)"] {
+        for name in
+            ["round_robin", "weighted", "consistent_hash", "best_available", "sticky", "retry(rule=round_robin)"]
+        {
+            // The first pick of a rule on a subset waits for its tables.
+            let first = PickQuery { service: "svc", rule: name, key: "warm-up", ..Default::default() };
+            runtime.block_on(balancer.pick(first)).unwrap();
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 let mut k = 0usize;
                 b.iter(|| {
@@ -164,8 +171,39 @@ fn balancer_benches(c: &mut Criterion) {
 }
 
 fn publish_benches(c: &mut Criterion) {
-    let all = instances("svc", 10_000);
-    c.bench_function("publish/10000", |b| b.iter(|| black_box(ServiceSnapshot::build("svc".into(), 1, all.clone()))));
+    let mut group = c.benchmark_group("publish");
+    for n in [10_000, 100_000] {
+        let all = instances("svc", n);
+        group.bench_with_input(BenchmarkId::new("snapshot", n), &n, |b, _| {
+            b.iter(|| black_box(ServiceSnapshot::build("svc".into(), 1, all.clone())))
+        });
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for n in [10_000, 100_000] {
+        let (balancer, _leases) = balancer(&runtime, n);
+        // Picks used these rules, so every publication builds their tables.
+        for rule in ["weighted", "consistent_hash", "best_available"] {
+            let query = PickQuery { service: "svc", rule, key: "k", ..Default::default() };
+            runtime.block_on(balancer.pick(query)).unwrap();
+        }
+        let lease = balancer.registry().open_lease();
+        let mut k = 0u32;
+        group.bench_with_input(BenchmarkId::new("announce", n), &n, |b, _| {
+            b.iter(|| {
+                k += 1;
+                let spec = InstanceSpec {
+                    id: format!("extra-{}", k % 2),
+                    service: "svc".into(),
+                    host: "10.9.9.9".into(),
+                    port: 8080,
+                    weight: Some(100 + k % 2),
+                    ..Default::default()
+                };
+                runtime.block_on(lease.announce(vec![spec])).unwrap()
+            })
+        });
+    }
+    group.finish();
 }
 
 fn parse_benches(c: &mut Criterion) {
@@ -184,7 +222,9 @@ fn print_allocations() {
     let _guard = runtime.enter();
     let keys = keys();
     println!("heap allocations per pick (Balancer::pick, 10,000 instances, after warm-up):");
-    for name in ["round_robin", "random", "repeat", "weighted", "consistent_hash"] {
+    for name in ["round_robin", "random", "repeat", "weighted", "consistent_hash", "best_available"] {
+        let first = PickQuery { service: "svc", rule: name, key: "warm-up", ..Default::default() };
+        runtime.block_on(balancer.pick(first)).unwrap();
         let pick = |k: usize| {
             let query = PickQuery { service: "svc", rule: name, key: &keys[k & 1023], ..Default::default() };
             balancer.pick(query).now_or_never().unwrap().unwrap();

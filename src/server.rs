@@ -171,14 +171,18 @@ impl Drop for Server {
 /// Housekeeping runs on a blocking thread: it walks every statistics entry, and however long
 /// that takes at scale, it must never hold up the runtime that answers picks and heartbeats.
 async fn housekeeping(balancer: Arc<Balancer>, interval: Duration) {
+    every(interval, "housekeeping", move || balancer.housekeeping()).await
+}
+
+/// Runs `work` on a blocking thread every `interval` (the first time after one interval).
+async fn every(interval: Duration, what: &'static str, work: impl Fn() + Clone + Send + 'static) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     loop {
         ticker.tick().await;
-        let balancer = balancer.clone();
-        if tokio::task::spawn_blocking(move || balancer.housekeeping()).await.is_err() {
-            tracing::error!("housekeeping failed");
+        if tokio::task::spawn_blocking(work.clone()).await.is_err() {
+            tracing::error!("{what} failed");
         }
     }
 }
@@ -214,7 +218,10 @@ impl Server {
             background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));
         }
         background.push(tokio::spawn(housekeeping(balancer.clone(), config.housekeeping_interval)));
-        background.push(tokio::spawn(crate::balancer::build_tables_after_publication(registry.clone())));
+        // Unreported picks stop counting as in flight within about a second of their timeout.
+        let expiring = balancer.clone();
+        background
+            .push(tokio::spawn(every(Duration::from_secs(1), "in-flight expiry", move || expiring.expire_in_flight())));
 
         let (drain, drain_rx) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();

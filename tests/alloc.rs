@@ -1,5 +1,5 @@
 //! The pick path allocates nothing once warm, with or without `exclude`: `Balancer::pick` for
-//! the rotation and hashing rules is counted by a wrapping global allocator (deterministic; no
+//! the rotation, hashing and load-aware rules is counted by a wrapping global allocator (deterministic; no
 //! timing involved).
 
 use futures_util::FutureExt;
@@ -36,13 +36,28 @@ fn warm_picks_do_not_allocate() {
     let keys: Vec<String> = (0..64).map(|k| format!("user-{k}")).collect();
     // Retries name instances already tried: excluding them must not allocate either.
     let tried = ["i003".to_owned(), "i050".to_owned(), "no-such-id".to_owned()];
-    let rules = ["round_robin", "random", "repeat", "repeat(n=5)", "weighted", "consistent_hash"];
+    let rules = [
+        "round_robin",
+        "random",
+        "repeat",
+        "repeat(n=5)",
+        "weighted",
+        "consistent_hash",
+        "consistent_hash(balance=1.25)",
+        "best_available",
+        "availability_filtering(limit=100000)",
+        "least_request",
+        "zone_avoidance",
+    ];
     for (rule, exclude) in rules.iter().flat_map(|rule| [(*rule, &tried[..0]), (*rule, &tried[..])]) {
         let pick = |k: usize| {
             let query = PickQuery { service: "svc", rule, key: &keys[k % 64], exclude, ..Default::default() };
             balancer.pick(query).now_or_never().expect("in-memory picks complete at once").expect("pick");
         };
-        // Warm-up: lazy tables, counters, and every instance's statistics entry.
+        // The first pick of a rule on a subset waits for its tables to be built.
+        let first = PickQuery { service: "svc", rule, key: "warm-up", exclude, ..Default::default() };
+        runtime.block_on(balancer.pick(first)).expect("first pick");
+        // Warm-up: counters, and every instance's statistics handle.
         (0..1000).for_each(pick);
         let before = counting_alloc::allocations();
         (0..1000).for_each(pick);

@@ -67,9 +67,9 @@ impl Balancer {
             )));
         }
         let catalog = self.registry.catalog();
-        let snapshot = known_service(&catalog, query.service)?;
+        let snapshot = known_service(catalog.get(query.service), query.service)?;
         let isolated =
-            isolate(snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
+            isolate(&**snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
         if isolated.subset.is_empty() {
             return Err(PickError::Unavailable(format!(
                 "service {:?} has no eligible instance for a lease",

@@ -1,7 +1,7 @@
-//! The pick path: policy → snapshot → filters → ticket → selector.
+//! The pick path: policy → view → filters → ticket → selector.
 //!
-//! A pick loads the policy set and one immutable
-//! [`ServiceSnapshot`](crate::registry::ServiceSnapshot), narrows the instances with version
+//! A pick loads the policy set and one immutable [`ServiceView`] (built when the registry
+//! published the service's snapshot, see [`view`]), narrows the instances with version
 //! isolation (and gray release) and `exclude`, draws a ticket from the shared rotation of
 //! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is
 //! shared with the registry writer. `retry` and `sticky` wrap that single selection (see
@@ -14,6 +14,7 @@ mod error;
 mod lease;
 mod report;
 mod select;
+pub mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
-use crate::registry::{
-    Catalog, Instance, InvalidField, Registry, ServiceSnapshot, validate_optional_name, validate_service_name,
-};
+use crate::registry::{Instance, InvalidField, Registry, validate_optional_name, validate_service_name};
 use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
@@ -32,7 +31,7 @@ pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
-pub use select::ServiceLoad;
+pub use view::{ServiceView, SubsetView, Views};
 
 /// Longest accepted `key`, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -66,7 +65,8 @@ pub struct Picked {
 pub struct Balancer {
     registry: Registry,
     state: StateBackend,
-    stats: Stats,
+    stats: Arc<Stats>,
+    views: Arc<Views>,
     policies: Arc<Policies>,
     rules: RuleCache,
     reports: ReportCounters,
@@ -75,10 +75,12 @@ pub struct Balancer {
 
 impl Balancer {
     pub fn new(registry: Registry, state: StateBackend, policies: Arc<Policies>, stats: StatsConfig) -> Self {
+        let stats = Arc::new(Stats::new(stats));
         Self {
+            views: Views::follow(&registry, stats.clone()),
             registry,
             state,
-            stats: Stats::new(stats),
+            stats,
             policies,
             rules: RuleCache::new(),
             reports: ReportCounters::default(),
@@ -97,6 +99,11 @@ impl Balancer {
 
     pub fn state(&self) -> &StateBackend {
         &self.state
+    }
+
+    /// The pick views of every service.
+    pub fn views(&self) -> &Arc<Views> {
+        &self.views
     }
 
     pub fn policies(&self) -> &Arc<Policies> {
@@ -163,13 +170,13 @@ impl Balancer {
         if rule.rule.needs_key() && query.key.is_empty() {
             return Err(RuleError::MissingKey { rule: rule.canonical.clone() }.into());
         }
-        let catalog = self.registry.catalog();
-        let snapshot = known_service(&catalog, query.service)?;
+        let views = self.views.load();
+        let view = known_service(views.get(query.service), query.service)?;
         let selection = match &rule.rule {
             Rule::Retry { inner, budget } => {
-                Box::pin(self.pick_with_retry(snapshot, rule, inner.as_ref(), *budget, policy, &query)).await?
+                Box::pin(self.pick_with_retry(view, rule, inner.as_ref(), *budget, policy, &query)).await?
             }
-            selector => match self.select_once(snapshot, rule, selector, policy, &query, query.exclude, false).await? {
+            selector => match self.select_once(view, rule, selector, policy, &query, query.exclude, false).await? {
                 select::Attempt::Picked(selection) => selection,
                 // Only asked for by `retry`; a plain pick takes what the rule chose.
                 select::Attempt::Tripped(id) => {
@@ -182,7 +189,7 @@ impl Balancer {
             ticket: selection.ticket,
             rule: rule.canonical.clone(),
             fallback: selection.fallback,
-            epoch: snapshot.epoch,
+            epoch: view.snapshot.epoch,
         })
     }
 
@@ -191,7 +198,7 @@ impl Balancer {
     /// until the budget runs out.
     async fn pick_with_retry(
         &self,
-        first: &Arc<ServiceSnapshot>,
+        first: &Arc<ServiceView>,
         rule: &ParsedRule,
         inner: &Rule,
         budget: Duration,
@@ -200,12 +207,12 @@ impl Balancer {
     ) -> Result<select::Selection, PickError> {
         let deadline = Instant::now() + budget;
         let mut changes = self.registry.changes();
-        let mut snapshot = first.clone();
+        let mut view = first.clone();
         loop {
             changes.borrow_and_update();
             let mut skipped: Vec<String> = query.exclude.to_vec();
             let last_error = loop {
-                match self.select_once(&snapshot, rule, inner, policy, query, &skipped, true).await {
+                match self.select_once(&view, rule, inner, policy, query, &skipped, true).await {
                     Ok(select::Attempt::Picked(selection)) => return Ok(selection),
                     // Each skip removes one more instance, so this ends.
                     Ok(select::Attempt::Tripped(id)) => skipped.push(id.to_string()),
@@ -224,8 +231,8 @@ impl Balancer {
                 () = tokio::time::sleep_until(wake) => {}
                 _ = changes.changed() => {}
             }
-            if let Some(latest) = self.registry.service(query.service) {
-                snapshot = latest;
+            if let Some(latest) = self.views.load().get(query.service) {
+                view = latest.clone();
             }
         }
     }
@@ -238,36 +245,21 @@ impl Balancer {
         self.stats.retain(|service, id| catalog.get(service).is_some_and(|s| s.instance(id).is_some()));
         self.state.housekeeping();
     }
-}
 
-/// Follows the registry's publications and builds, on a blocking thread, the lookup tables that
-/// picks used on the previous snapshot of a changed service (a Maglev table for 100,000
-/// instances has 10 million slots), so the first pick after a change does not build them.
-pub async fn build_tables_after_publication(registry: Registry) {
-    use tokio::sync::broadcast::error::RecvError;
-    let mut published = registry.published();
-    loop {
-        let names = match published.recv().await {
-            Ok(names) => names,
-            Err(RecvError::Lagged(_)) => continue,
-            Err(RecvError::Closed) => return,
-        };
-        for name in names.iter() {
-            let Some(snapshot) = registry.service(name) else { continue };
-            let build =
-                move || snapshot.subsets().fold(false, |built, subset| subset.tables.build_wanted(subset) | built);
-            if matches!(tokio::task::spawn_blocking(build).await, Ok(true)) {
-                tracing::debug!(service = %name, "lookup tables built after publication");
-            }
-        }
+    /// Stops counting picks nobody reported within the in-flight timeout (the load indexes
+    /// learn of it here). Linear in the instances with statistics; the server runs it every
+    /// second, off the async runtime.
+    pub fn expire_in_flight(&self) {
+        self.stats.expire();
     }
 }
 
-/// The service's snapshot. Registered names were validated on the way in, so a name is only
-/// checked (to tell `INVALID_ARGUMENT` from `NOT_FOUND`) when the lookup misses.
-fn known_service<'c>(catalog: &'c Catalog, service: &str) -> Result<&'c Arc<ServiceSnapshot>, PickError> {
-    match catalog.get(service) {
-        Some(snapshot) => Ok(snapshot),
+/// What was found for the service (its view or snapshot). Registered names were validated on
+/// the way in, so a name is only checked (to tell `INVALID_ARGUMENT` from `NOT_FOUND`) when the
+/// lookup misses.
+fn known_service<'v, T>(found: Option<&'v T>, service: &str) -> Result<&'v T, PickError> {
+    match found {
+        Some(found) => Ok(found),
         None => {
             validate_service_name("service", service)?;
             Err(PickError::UnknownService(service.into()))

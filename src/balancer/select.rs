@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::view::{ServiceView, SubsetView, ensure};
 use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
-use crate::registry::{Instance, ServiceSnapshot};
-use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, StatsView, isolate};
-use crate::state::{CounterKey, Load, Stats, StickyKey};
+use crate::registry::Instance;
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate};
+use crate::state::{CounterKey, StickyKey};
 
 /// The rotation gray-release tickets are drawn from.
 const GRAY_RULE: &str = "gray";
@@ -30,32 +31,13 @@ pub(super) enum Attempt {
     Tripped(Arc<str>),
 }
 
-/// Instance loads, as rules read them, at one moment.
-pub struct ServiceLoad<'a> {
-    stats: &'a Stats,
-    now: Instant,
-}
-
-impl<'a> ServiceLoad<'a> {
-    pub fn new(stats: &'a Stats) -> Self {
-        Self { stats, now: Instant::now() }
-    }
-}
-
-impl StatsView for ServiceLoad<'_> {
-    fn load(&self, instance: &Instance) -> Load {
-        let handle = self.stats.cached(&instance.stats, &instance.service, &instance.id);
-        self.stats.load_handle(&handle, self.now)
-    }
-}
-
 impl Balancer {
     /// One selection. A successful one is counted (on its rotation and its instance) and put
     /// in flight here, unless `avoid_tripped` is set and the chosen instance's breaker is open.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn select_once(
         &self,
-        snapshot: &ServiceSnapshot,
+        view: &Arc<ServiceView>,
         rule: &ParsedRule,
         selector: &Rule,
         policy: &Policy,
@@ -63,64 +45,64 @@ impl Balancer {
         exclude: &[String],
         avoid_tripped: bool,
     ) -> Result<Attempt, PickError> {
+        let snapshot = &view.snapshot;
         let version = self.requested_version(snapshot, policy, query).await?;
-        let isolated = isolate(snapshot, &version, policy.isolation_fallback == IsolationFallback::Any);
+        let isolated = isolate(&**view, &version, policy.isolation_fallback == IsolationFallback::Any);
         let mut fallback = isolated.fallback.map(|kind| isolation_note(kind, &version));
-        let candidates = isolated.subset;
-        let excluded = excluded_positions(candidates, exclude);
+        let subset: &SubsetView = isolated.subset;
+        let candidates = &subset.candidates;
+        let excluded = excluded_positions(candidates.members(), exclude);
         if candidates.len() == excluded.len() {
             return Err(PickError::Unavailable(unavailable_reason(query.service, &version, !exclude.is_empty())));
         }
+        ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
         let excluded = Excluded::new(&excluded);
         let rotation = self.state.rotation(
-            &candidates.tables.rotations,
+            &subset.rotations,
             &rule.canonical,
             || CounterKey {
                 service: snapshot.name.clone(),
                 rule: rule.canonical.clone(),
-                subset: candidates.label.clone(),
+                subset: subset.label().clone(),
             },
             || self.counters.ok_counter(&snapshot.name, &rule.canonical),
         );
         let ticket = self.state.draw(&rotation).await?;
-        let stats = ServiceLoad::new(&self.stats);
-        let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, stats: &stats, excluded };
+        let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, now: Instant::now(), excluded };
         let mut rng = fastrand::Rng::new();
 
-        let (instance, sticky) = match selector {
+        let (index, sticky) = match selector {
             Rule::Sticky { ttl } => {
-                let key = StickyKey {
-                    service: snapshot.name.clone(),
-                    subset: candidates.label.clone(),
-                    key: query.key.into(),
-                };
+                let key =
+                    StickyKey { service: snapshot.name.clone(), subset: subset.label().clone(), key: query.key.into() };
                 let remembered = match self.state.sticky_get(&key).await? {
                     // Members are sorted by id; an excluded instance is not kept for this pick.
                     Some(id) => candidates
-                        .members
+                        .members()
                         .binary_search_by(|i| (*i.id).cmp(&*id))
                         .ok()
-                        .filter(|&index| draw.accepts(index))
-                        .and_then(|index| candidates.members.get(index)),
+                        .filter(|&index| draw.accepts(index)),
                     None => None,
                 };
-                match remembered.filter(|i| !stats.load(i).tripped) {
+                let tripped = |index: usize| draw.loads(|loads| loads.load(index).tripped).unwrap_or(false);
+                match remembered.filter(|&index| !tripped(index)) {
                     // Still UP, not drained, not tripped: keep the assignment (refreshed below).
-                    Some(instance) => (instance.clone(), Some((key, *ttl))),
+                    Some(index) => (index, Some((key, *ttl))),
                     None => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
                 }
             }
             _ => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, None),
         };
-        let handle = self.stats.cached(&instance.stats, &instance.service, &instance.id);
-        if avoid_tripped && self.stats.load_handle(&handle, stats.now).tripped {
+        let instance = candidates.members()[index].clone();
+        let handle = subset.stats_handle(index, &self.stats).ok_or_else(|| no_choice(rule, candidates.len()))?;
+        if avoid_tripped && self.stats.load_handle(handle, draw.now).tripped {
             return Ok(Attempt::Tripped(instance.id.clone()));
         }
         if let Some((key, ttl)) = sticky {
             self.state.sticky_set(key, instance.id.clone(), ttl).await?;
         }
         rotation.tally();
-        self.stats.on_pick(&handle, &rule.canonical);
+        self.stats.on_pick(handle, &rule.canonical);
         Ok(Attempt::Picked(Selection { instance, ticket, fallback }))
     }
 
@@ -128,7 +110,7 @@ impl Balancer {
     /// the gray schedule assigns to the next gray ticket.
     async fn requested_version<'q>(
         &self,
-        snapshot: &ServiceSnapshot,
+        snapshot: &crate::registry::ServiceSnapshot,
         policy: &Policy,
         query: &PickQuery<'q>,
     ) -> Result<Cow<'q, str>, PickError> {
@@ -146,29 +128,29 @@ impl Balancer {
 /// Exclusions are kept on the stack for up to 8 excluded candidates: no allocation per retry.
 type Positions = smallvec::SmallVec<[usize; 8]>;
 
-/// The positions among `candidates` (sorted by id) of the ids in `exclude`, sorted, without
+/// The positions among `members` (sorted by id) of the ids in `exclude`, sorted, without
 /// duplicates; ids that are not candidates are ignored. One binary search per id.
-fn excluded_positions(candidates: &crate::registry::Subset, exclude: &[String]) -> Positions {
+fn excluded_positions(members: &[Arc<Instance>], exclude: &[String]) -> Positions {
     let mut positions: Positions =
-        exclude.iter().filter_map(|id| candidates.members.binary_search_by(|i| (*i.id).cmp(id)).ok()).collect();
+        exclude.iter().filter_map(|id| members.binary_search_by(|i| (*i.id).cmp(id)).ok()).collect();
     positions.sort_unstable();
     positions.dedup();
     positions
 }
 
-/// The rule's choice among the draw's candidates, its fallback note added to `fallback`.
+/// The rule's choice among the draw's candidates (a position), its fallback note added to
+/// `fallback`.
 fn choose(
     selector: &Rule,
     draw: &Draw<'_>,
     rng: &mut fastrand::Rng,
     fallback: &mut Option<String>,
     rule: &ParsedRule,
-) -> Result<Arc<Instance>, PickError> {
-    let choice = selector.select(draw, rng).ok_or_else(|| no_choice(rule, draw.candidates))?;
-    let instance =
-        draw.candidates.members.get(choice.index).cloned().ok_or_else(|| no_choice(rule, draw.candidates))?;
+) -> Result<usize, PickError> {
+    let count = draw.candidates.len();
+    let choice = selector.select(draw, rng).filter(|c| c.index < count).ok_or_else(|| no_choice(rule, count))?;
     add_note(fallback, choice.fallback);
-    Ok(instance)
+    Ok(choice.index)
 }
 
 fn isolation_note(kind: Fallback, version: &str) -> String {
@@ -195,12 +177,12 @@ fn add_note(fallback: &mut Option<String>, note: Option<&'static str>) {
     }
 }
 
-fn no_choice(rule: &ParsedRule, candidates: &crate::registry::Subset) -> PickError {
+fn no_choice(rule: &ParsedRule, candidates: usize) -> PickError {
     let why = match rule.rule {
         Rule::Weighted(_) => "every eligible instance has weight 0",
         _ => "the rule chose none of them",
     };
-    PickError::Unavailable(format!("{} eligible instances but {}: {why}", candidates.len(), rule.canonical))
+    PickError::Unavailable(format!("{candidates} eligible instances but {}: {why}", rule.canonical))
 }
 
 fn unavailable_reason(service: &str, version: &str, excluded: bool) -> String {

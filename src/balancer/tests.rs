@@ -139,32 +139,57 @@ async fn picks_are_counted_once_per_answer_and_per_instance() {
     assert_eq!(in_flight, [5, 0, 2]);
 }
 
+/// Whether the view of `svc` has, in the subset labelled `label`, a Maglev table built for
+/// its current members.
+fn maglev_current(balancer: &Balancer, label: &str) -> Option<bool> {
+    let views = balancer.views().load();
+    let view = views.get("svc")?;
+    let subset = view.subsets().find(|s| &**s.label() == label)?;
+    let built = subset.candidates.tables.maglev.load();
+    built.as_ref().map(|b| b.is_for(&subset.candidates.subset))
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_hash_table_in_use_is_built_for_the_next_snapshot_before_any_pick() {
+async fn a_hash_table_in_use_is_built_for_the_next_snapshot_before_its_ack() {
     let (balancer, lease) = balancer_with(vec![spec("a", ""), spec("b", "")]).await;
-    let registry = balancer.registry().clone();
-    tokio::spawn(build_tables_after_publication(registry.clone()));
+    assert_eq!(maglev_current(&balancer, "version="), None, "no table before a rule needs one");
     let keyed = PickQuery { key: "user-1", ..query("consistent_hash", "") };
     balancer.pick(keyed).await.unwrap();
-    let built = |snapshot: &ServiceSnapshot| snapshot.unversioned.tables.maglev.get().is_some();
-    assert!(built(&registry.service("svc").unwrap()), "the first pick built it");
+    assert_eq!(maglev_current(&balancer, "version="), Some(true), "the first pick had it built");
 
-    let mut changes = registry.changes();
-    changes.borrow_and_update();
     lease.announce(vec![spec("c", "")]).await.unwrap();
-    let next = registry.service("svc").unwrap();
-    assert_eq!(next.unversioned.len(), 3);
-    // Wait (bounded) for the builder; no pick touches the new snapshot meanwhile.
-    tokio::time::timeout(std::time::Duration::from_secs(5), async {
-        while !built(&next) {
-            tokio::task::yield_now().await;
+    // Acknowledged: the new view is published, with its table, before any pick.
+    let views = balancer.views().load();
+    assert_eq!(views.get("svc").unwrap().unversioned.candidates.len(), 3);
+    assert_eq!(maglev_current(&balancer, "version="), Some(true));
+    // A subset no pick hashed into is left alone.
+    lease.announce(vec![spec("v1", "v1")]).await.unwrap();
+    assert_eq!(maglev_current(&balancer, "version=v1"), None);
+}
+
+#[tokio::test]
+async fn a_large_subset_picks_from_the_previous_table_until_its_own_is_built() {
+    let registry = Registry::spawn(RegistryConfig { max_instances_per_stream: 2000, ..RegistryConfig::default() });
+    let lease = registry.open_lease();
+    let specs: Vec<InstanceSpec> = (0..view::INLINE_BUILD + 10).map(|i| spec(&format!("i{i:05}"), "")).collect();
+    lease.announce(specs).await.unwrap();
+    let balancer = Balancer::with_defaults(registry);
+    let keyed = |key: &'static str| PickQuery { key, ..query("consistent_hash", "") };
+    let before = balancer.pick(keyed("user-7")).await.unwrap();
+    // The instance holding the key leaves; the next view starts with the previous table, read
+    // through member ids, while its own is built on a blocking thread.
+    let gone = before.instance.id.to_string();
+    lease.withdraw(vec![crate::registry::InstanceRef { service: "svc".into(), id: gone.clone() }]).await.unwrap();
+    for key in ["user-7", "user-8", "user-9"] {
+        assert_ne!(&*balancer.pick(keyed(key)).await.unwrap().instance.id, gone, "a departed instance is never picked");
+    }
+    // The new table arrives (bounded wait on the blocking builder).
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while maglev_current(&balancer, "version=") != Some(true) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("built after publication");
-    // A subset no pick hashed into is left alone.
-    lease.announce(vec![spec("v1", "v1")]).await.unwrap();
-    let later = registry.service("svc").unwrap();
-    tokio::task::yield_now().await;
-    assert!(later.versions["v1"].tables.maglev.get().is_none());
+    .expect("the table of the new members is built");
+    assert_ne!(&*balancer.pick(keyed("user-7")).await.unwrap().instance.id, gone);
 }

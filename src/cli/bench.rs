@@ -161,7 +161,13 @@ fn load_config(args: &BenchArgs, endpoint: &str, service: &str, server_pid: Opti
         warmup: args.warmup,
         duration: args.duration,
         window: args.window,
-        request: pb::PickRequest { service: service.to_owned(), rule: args.rule.clone(), ..Default::default() },
+        // Every pick carries a key, so key-reading rules (`consistent_hash`, `sticky`) run too.
+        request: pb::PickRequest {
+            service: service.to_owned(),
+            rule: args.rule.clone(),
+            key: "bench-key".to_owned(),
+            ..Default::default()
+        },
         server_pid,
     }
 }

@@ -16,6 +16,7 @@ use super::{ClientError, PickOptions, RotaClient};
 use crate::grpc::convert;
 use crate::pb;
 use crate::registry::{Instance, Subset};
+use crate::rules::Candidates;
 use crate::rules::{Draw, Rule, Select};
 
 /// One locally made pick.
@@ -30,7 +31,7 @@ pub struct LocalPick {
 struct Block {
     next: u64,
     end: u64,
-    candidates: Subset,
+    candidates: Candidates,
     rule: Rule,
     canonical: Arc<str>,
     epoch: u64,
@@ -107,7 +108,7 @@ impl LeasedPicker {
             .select(&draw, &mut self.rng)
             .ok_or_else(|| ClientError::Closed(format!("{} chose no instance of the leased list", block.canonical)))?;
         Ok(LocalPick {
-            instance: block.candidates.members[choice.index].clone(),
+            instance: block.candidates.members()[choice.index].clone(),
             ticket,
             rule: block.canonical.clone(),
             epoch: block.epoch,
@@ -131,10 +132,12 @@ impl LeasedPicker {
             members.push(Arc::new(instance));
         }
         let rule = crate::rules::parse(&leased.rule).map_err(|e| ClientError::Closed(e.to_string()))?.rule;
+        let candidates = Candidates::new(Subset::new("lease", members));
+        candidates.build(rule.needs());
         Ok(Block {
             next: leased.first_ticket,
             end: leased.first_ticket + u64::from(leased.count),
-            candidates: Subset::new("lease", members),
+            candidates,
             rule,
             canonical: leased.rule.into(),
             epoch: leased.epoch,

@@ -74,8 +74,8 @@ pub(crate) struct Index {
     /// Services that became empty, oldest first, with the moment they did; each is checked
     /// (still empty since then, nobody watching) when its idle timeout is up.
     emptied: VecDeque<(Instant, Arc<str>)>,
-    /// A service was forgotten since the last publication.
-    forgotten: bool,
+    /// Services forgotten since the last publication.
+    forgotten: Vec<Arc<str>>,
     /// Per token, the services its streams hold instances in, with how many.
     token_services: HashMap<Arc<str>, HashMap<Arc<str>, usize>>,
     catalog: Arc<ArcSwap<Catalog>>,
@@ -88,6 +88,8 @@ pub(crate) struct Index {
     /// The services each publication changed, for work that follows a publication (building
     /// the tables picks will want) without holding up the registry.
     published_names: broadcast::Sender<Arc<[Arc<str>]>>,
+    /// Told of each publication before its acknowledgements go out.
+    hooks: super::Hooks,
 }
 
 impl Index {
@@ -96,6 +98,7 @@ impl Index {
         catalog: Arc<ArcSwap<Catalog>>,
         generation: watch::Sender<u64>,
         published_names: broadcast::Sender<Arc<[Arc<str>]>>,
+        hooks: super::Hooks,
     ) -> Self {
         Self {
             config,
@@ -105,13 +108,14 @@ impl Index {
             watchers: HashMap::new(),
             dirty: HashSet::new(),
             emptied: VecDeque::new(),
-            forgotten: false,
+            forgotten: Vec::new(),
             token_services: HashMap::new(),
             catalog,
             published: Catalog::default(),
             replies: Vec::new(),
             generation,
             published_names,
+            hooks,
         }
     }
 
@@ -389,7 +393,7 @@ impl Index {
             self.services.remove(&name);
             self.dirty.remove(&name);
             self.published.remove(&name);
-            self.forgotten = true;
+            self.forgotten.push(name.clone());
             debug!(service = %name, "forgotten: no instance for the service idle timeout");
         }
     }
@@ -443,7 +447,7 @@ impl Index {
 
     fn publish_snapshots(&mut self) {
         let forgotten = std::mem::take(&mut self.forgotten);
-        if self.dirty.is_empty() && !forgotten {
+        if self.dirty.is_empty() && forgotten.is_empty() {
             return;
         }
         let mut changed = Vec::with_capacity(self.dirty.len());
@@ -451,22 +455,18 @@ impl Index {
             let Some(entry) = self.services.get_mut(&name) else { continue };
             entry.epoch += 1;
             let instances = entry.instances.values().map(|owned| owned.instance.clone()).collect();
-            let snapshot = ServiceSnapshot::build(name.clone(), entry.epoch, instances);
-            if let Some(previous) = self.published.get(&name) {
-                for subset in snapshot.subsets() {
-                    if let Some(old) = previous.subset(&subset.label) {
-                        subset.tables.inherit_wants(&old.tables);
-                    }
-                }
-            }
-            let snapshot = Arc::new(snapshot);
+            let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
             changed.push(name.clone());
             if let Some(watcher) = self.watchers.get(&name) {
                 watcher.send_replace(snapshot.clone());
             }
             self.published.insert(snapshot);
         }
-        self.catalog.store(Arc::new(self.published.clone()));
+        let catalog = Arc::new(self.published.clone());
+        self.catalog.store(catalog.clone());
+        let mut touched = changed.clone();
+        touched.extend(forgotten);
+        self.hooks.published(&catalog, &touched);
         self.generation.send_modify(|generation| *generation += 1);
         if !changed.is_empty() && self.published_names.receiver_count() > 0 {
             let _ = self.published_names.send(changed.into());
@@ -510,7 +510,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_heartbeat_queued_when_the_deadline_is_noticed_wins() {
         let (generation, _) = watch::channel(0);
-        let mut index = Index::new(RegistryConfig::default(), Arc::default(), generation, broadcast::channel(1).0);
+        let mut index = Index::new(
+            RegistryConfig::default(),
+            Arc::default(),
+            generation,
+            broadcast::channel(1).0,
+            Default::default(),
+        );
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (expired, mut expiry) = oneshot::channel();
         index.apply(Command::Open { lease: 1, token: None, expired });

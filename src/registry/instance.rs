@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::error::InvalidField;
-use crate::state::StatsSlot;
 
 /// Longest service name, in bytes (the length of a DNS name).
 pub const MAX_NAME_LEN: usize = 253;
@@ -54,8 +53,6 @@ pub struct Instance {
     pub weight: u32,
     pub metadata: BTreeMap<String, String>,
     pub status: Status,
-    /// Where picks find this instance's call statistics (filled on first use).
-    pub stats: StatsSlot,
 }
 
 impl Instance {
@@ -139,7 +136,6 @@ impl InstanceSpec {
             weight: self.weight.unwrap_or(DEFAULT_WEIGHT),
             metadata: self.metadata,
             status,
-            stats: StatsSlot::default(),
         })
     }
 }

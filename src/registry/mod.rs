@@ -12,8 +12,8 @@ mod instance;
 mod lease;
 mod snapshot;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
@@ -81,10 +81,41 @@ struct Shared {
     /// Leases not yet dropped: one per open registration stream.
     open_leases: Arc<AtomicUsize>,
     published: broadcast::Sender<Arc<[Arc<str>]>>,
+    hooks: Hooks,
+}
+
+/// Work that must see a publication before the registry acknowledges the changes in it, such
+/// as the balancer's pick views: a provider holding its ack relies on every later pick seeing
+/// the change.
+pub trait PublishHook: Send + Sync {
+    /// `catalog` was just published; `services` changed in it (a name absent from the catalog
+    /// was forgotten). Runs on the registry task: keep it short, move heavy work elsewhere.
+    fn published(&self, catalog: &Catalog, services: &[Arc<str>]);
+}
+
+/// The hooks told of each publication; a hook is held weakly and forgotten once dropped.
+#[derive(Clone, Default)]
+pub(crate) struct Hooks(Arc<Mutex<Vec<Weak<dyn PublishHook>>>>);
+
+impl Hooks {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn PublishHook>>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn published(&self, catalog: &Catalog, services: &[Arc<str>]) {
+        let live: Vec<Arc<dyn PublishHook>> = {
+            let mut hooks = self.list();
+            hooks.retain(|hook| hook.strong_count() > 0);
+            hooks.iter().filter_map(Weak::upgrade).collect()
+        };
+        for hook in live {
+            hook.published(catalog, services);
+        }
+    }
 }
 
 /// Publications a slow follower of [`Registry::published`] may fall behind by before it
-/// misses some (it is told, and the tables it would have built are built by picks instead).
+/// misses some (it is told).
 const PUBLISHED_BACKLOG: usize = 1024;
 
 impl Registry {
@@ -94,7 +125,8 @@ impl Registry {
         let (tx, rx) = mpsc::unbounded_channel();
         let (generation_tx, generation) = watch::channel(0);
         let (published, _) = broadcast::channel(PUBLISHED_BACKLOG);
-        tokio::spawn(Index::new(config, catalog.clone(), generation_tx, published.clone()).run(rx));
+        let hooks = Hooks::default();
+        tokio::spawn(Index::new(config, catalog.clone(), generation_tx, published.clone(), hooks.clone()).run(rx));
         let open_leases = Arc::default();
         Self {
             shared: Arc::new(Shared {
@@ -105,6 +137,7 @@ impl Registry {
                 generation,
                 open_leases,
                 published,
+                hooks,
             }),
         }
     }
@@ -117,6 +150,14 @@ impl Registry {
     /// The current snapshot of one service, if it has ever been registered.
     pub fn service(&self, name: &str) -> Option<Arc<ServiceSnapshot>> {
         self.catalog().get(name).cloned()
+    }
+
+    /// Tells `hook` of every later publication (until it is dropped) and returns the catalog
+    /// published before: the hook's owner starts from it. A publication racing this call is
+    /// either in that catalog or told to the hook (or both).
+    pub fn add_hook(&self, hook: Weak<dyn PublishHook>) -> Arc<Catalog> {
+        self.shared.hooks.list().push(hook);
+        self.shared.catalog.load_full()
     }
 
     /// The names of the services each publication changed.

@@ -12,7 +12,6 @@ use crate::hash::Map;
 use std::sync::Arc;
 
 use super::instance::Instance;
-use crate::rules::SubsetTables;
 
 /// Every service the registry knows, by name.
 ///
@@ -63,27 +62,15 @@ impl Catalog {
 
 /// An ordered list of eligible instances with a stable label. Rule state (rotation counters) is
 /// keyed by the label, not by the members, so a rotation survives instances coming and going.
-///
-/// Tables that rules derive from the members (weight schedules, Maglev tables) are built the
-/// first time a rule needs them and then shared by every pick on this snapshot.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subset {
     pub label: Arc<str>,
     pub members: Arc<[Arc<Instance>]>,
-    pub tables: Arc<SubsetTables>,
 }
-
-impl PartialEq for Subset {
-    fn eq(&self, other: &Self) -> bool {
-        self.label == other.label && self.members == other.members
-    }
-}
-
-impl Eq for Subset {}
 
 impl Subset {
     pub fn new(label: impl Into<Arc<str>>, members: Vec<Arc<Instance>>) -> Self {
-        Self { label: label.into(), members: members.into(), tables: Arc::default() }
+        Self { label: label.into(), members: members.into() }
     }
 
     pub fn len(&self) -> usize {

@@ -2,11 +2,15 @@
 //! in-flight count reached `limit`, then round robin over the rest (Ribbon's
 //! `AvailabilityFilteringRule`, whose state here is fleet-wide).
 //!
+//! The rotation runs over the instances whose breaker is closed: ticket t takes the
+//! (t mod k)-th of those k. An instance at its in-flight limit passes its turn to the next one
+//! in position order that is under the limit (wrapping around). Both steps are O(log n) on the
+//! subset's [`LoadIndex`](super::LoadIndex), so a pick never reads every instance.
+//!
 //! When every instance is filtered out, the pick goes round robin over all of them, as Ribbon's
 //! rule fell back to its parent, and the response says so.
 
-use super::{Choice, Draw, Select, StatsView, nth_kept};
-use crate::registry::Instance;
+use super::{Choice, Draw, Select};
 
 /// Most accepted in-flight limit.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
@@ -20,57 +24,68 @@ pub struct AvailabilityFiltering {
 pub const ALL_UNAVAILABLE: &str =
     "every eligible instance is tripped or at its in-flight limit; picked ignoring availability";
 
-/// Ribbon's `AvailabilityPredicate`.
-pub fn is_available(stats: &dyn StatsView, instance: &Instance, limit: Option<u64>) -> bool {
-    let load = stats.load(instance);
-    !load.tripped && limit.is_none_or(|limit| load.in_flight < limit)
-}
-
 impl Select for AvailabilityFiltering {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
-        let members = draw.members();
-        // Read each instance's load once: the stats lookups dominate this rule's cost.
-        let available: Vec<bool> = members.iter().map(|i| is_available(draw.stats, i, self.limit)).collect();
-        if let Some(index) = nth_kept(&available, draw.ticket, |index, ok| *ok && draw.accepts(index)) {
-            return Some(Choice::at(index));
+        let available = draw.loads(|loads| {
+            let turn = loads.nth_available(draw.ticket)?;
+            match self.limit {
+                Some(limit) if loads.load(turn).in_flight >= limit => loads.next_under(turn, limit),
+                _ => Some(turn),
+            }
+        })?;
+        match available {
+            Some(index) => Some(Choice::at(index)),
+            None => draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) }),
         }
-        draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::testing::{FakeStats, instances, subset};
-    use crate::state::Load;
+    use crate::rules::Load;
+    use crate::rules::testing::{instances, subset, with_loads};
 
-    fn picks(rule: AvailabilityFiltering, stats: &FakeStats, count: u64) -> Vec<usize> {
-        let candidates = subset(instances(4));
+    fn picks(rule: AvailabilityFiltering, loads: &[(&str, Load)], count: u64) -> Vec<usize> {
+        let candidates = with_loads(subset(instances(4)), loads);
         let mut rng = fastrand::Rng::with_seed(1);
-        (0..count)
-            .map(|ticket| {
-                let draw = Draw { stats, ..Draw::new(&candidates, ticket) };
-                rule.select(&draw, &mut rng).unwrap().index
-            })
-            .collect()
+        (0..count).map(|ticket| rule.select(&Draw::new(&candidates, ticket), &mut rng).unwrap().index).collect()
     }
 
     #[test]
     fn skips_tripped_and_busy_instances_and_rotates_over_the_rest() {
-        let stats = FakeStats::default()
-            .with("i01", Load { tripped: true, ..Default::default() })
-            .with("i02", Load { in_flight: 5, ..Default::default() });
-        assert_eq!(picks(AvailabilityFiltering { limit: Some(5) }, &stats, 4), [0, 3, 0, 3]);
-        assert_eq!(picks(AvailabilityFiltering { limit: None }, &stats, 3), [0, 2, 3]);
+        let loads = [
+            ("i01", Load { tripped: true, ..Default::default() }),
+            ("i02", Load { in_flight: 5, ..Default::default() }),
+        ];
+        // Closed breakers: i00, i02, i03. i02 is at the limit: its turn goes to i03.
+        assert_eq!(picks(AvailabilityFiltering { limit: Some(5) }, &loads, 6), [0, 3, 3, 0, 3, 3]);
+        assert_eq!(picks(AvailabilityFiltering { limit: None }, &loads, 3), [0, 2, 3]);
+    }
+
+    #[test]
+    fn a_turn_passes_over_the_end_to_the_first_instance_under_the_limit() {
+        let loads = [("i03", Load { in_flight: 2, ..Default::default() })];
+        assert_eq!(picks(AvailabilityFiltering { limit: Some(2) }, &loads, 4), [0, 1, 2, 0]);
     }
 
     #[test]
     fn all_filtered_falls_back_to_round_robin_and_says_so() {
         let tripped = Load { tripped: true, ..Default::default() };
-        let stats = ["i00", "i01", "i02", "i03"].iter().fold(FakeStats::default(), |s, id| s.with(id, tripped));
-        let candidates = subset(instances(4));
-        let draw = Draw { stats: &stats, ..Draw::new(&candidates, 6) };
+        let candidates =
+            with_loads(subset(instances(4)), &[("i00", tripped), ("i01", tripped), ("i02", tripped), ("i03", tripped)]);
+        let draw = Draw::new(&candidates, 6);
         let choice = AvailabilityFiltering::default().select(&draw, &mut fastrand::Rng::with_seed(1)).unwrap();
         assert_eq!(choice, Choice { index: 2, fallback: Some(ALL_UNAVAILABLE) });
+    }
+
+    #[test]
+    fn all_at_the_limit_falls_back_too() {
+        let busy = Load { in_flight: 1, ..Default::default() };
+        let candidates = with_loads(subset(instances(2)), &[("i00", busy), ("i01", busy)]);
+        let choice = AvailabilityFiltering { limit: Some(1) }
+            .select(&Draw::new(&candidates, 1), &mut fastrand::Rng::with_seed(1))
+            .unwrap();
+        assert_eq!(choice, Choice { index: 1, fallback: Some(ALL_UNAVAILABLE) });
     }
 }

@@ -19,7 +19,6 @@
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{Choice, Draw, Select};
-use crate::registry::Subset;
 
 const KEY_SEED: u64 = 0x726f_7461_6b65_7973; // "rotakeys"
 const OFFSET_SEED: u64 = 0x726f_7461_6f66_6673; // "rotaoffs"
@@ -43,27 +42,27 @@ pub fn hash_key(key: &str) -> u64 {
 impl Select for ConsistentHash {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
-        let table = &Maglev::of(draw.candidates).table;
+        let built = draw.candidates.tables.maglev.load();
+        let built = built.as_ref()?;
+        let table = &built.table.table;
         if table.is_empty() {
             return None;
         }
         let start = (hash_key(draw.key) % table.len() as u64) as usize;
+        // A table built for an earlier snapshot's members is read through their ids.
+        let slots = (0..table.len())
+            .filter_map(|step| built.position(table[(start + step) % table.len()] as usize, &draw.candidates.subset));
         // An excluded instance's slots are walked past, so only keys that lived on it move.
-        let first_accepted =
-            || (0..table.len()).map(|step| table[(start + step) % table.len()] as usize).find(|&i| draw.accepts(i));
         let Some(balance_milli) = self.balance_milli else {
-            return first_accepted().map(Choice::at);
+            return slots.clone().find(|&i| draw.accepts(i)).map(Choice::at);
         };
-        let total: u64 = members.iter().map(|i| draw.stats.load(i).in_flight).sum();
-        let cap = (u128::from(balance_milli) * u128::from(total + 1)).div_ceil(1000 * members.len() as u128);
-        let cap = u64::try_from(cap).unwrap_or(u64::MAX).max(1);
-        for step in 0..table.len() {
-            let index = table[(start + step) % table.len()] as usize;
-            if draw.accepts(index) && draw.stats.load(&members[index]).in_flight < cap {
-                return Some(Choice::at(index));
-            }
-        }
-        first_accepted().map(Choice::at)
+        let bounded = draw.loads(|loads| {
+            let total = loads.total_in_flight();
+            let cap = (u128::from(balance_milli) * u128::from(total + 1)).div_ceil(1000 * members.len() as u128);
+            let cap = u64::try_from(cap).unwrap_or(u64::MAX).max(1);
+            slots.clone().find(|&index| draw.accepts(index) && loads.load(index).in_flight < cap)
+        })?;
+        bounded.or_else(|| slots.clone().find(|&i| draw.accepts(i))).map(Choice::at)
     }
 }
 
@@ -74,11 +73,6 @@ pub struct Maglev {
 }
 
 impl Maglev {
-    /// The subset's table, built on first use.
-    pub fn of(subset: &Subset) -> &Maglev {
-        subset.tables.maglev.get_or_init(|| Maglev::build(subset.members.iter().map(|i| &*i.id)))
-    }
-
     pub fn build<'a>(ids: impl ExactSizeIterator<Item = &'a str>) -> Self {
         let n = ids.len() as u64;
         if n == 0 {
@@ -142,8 +136,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::rules::testing::{FakeStats, instances, subset};
-    use crate::state::Load;
+    use crate::rules::Load;
+    use crate::rules::testing::{instances, set_load, subset};
 
     fn mapping(ids: &[String], keys: usize) -> Vec<String> {
         let maglev = Maglev::build(ids.iter().map(String::as_str));
@@ -193,19 +187,43 @@ mod tests {
         let mut in_flight: HashMap<String, u64> = HashMap::new();
         let mut rng = fastrand::Rng::with_seed(1);
         for k in 0..500 {
-            let stats = in_flight
-                .iter()
-                .fold(FakeStats::default(), |s, (id, n)| s.with(id, Load { in_flight: *n, ..Default::default() }));
+            for (id, n) in &in_flight {
+                set_load(&candidates, id, Load { in_flight: *n, ..Default::default() });
+            }
             let key = format!("hot-{}", k % 3); // three hot keys would pile onto ≤ 3 instances
-            let draw = Draw { key: &key, stats: &stats, ..Draw::new(&candidates, k) };
+            let draw = Draw { key: &key, ..Draw::new(&candidates, k) };
             let index = rule.select(&draw, &mut rng).unwrap().index;
             let total: u64 = in_flight.values().sum();
             let cap = (1.25 * (total + 1) as f64 / 5.0).ceil() as u64;
-            let entry = in_flight.entry(candidates.members[index].id.to_string()).or_default();
+            let entry = in_flight.entry(candidates.members()[index].id.to_string()).or_default();
             assert!(*entry < cap, "pick {k}: {entry} ≥ cap {cap}");
             *entry += 1;
         }
         assert_eq!(in_flight.len(), 5, "the load spread over every instance");
+    }
+
+    #[test]
+    fn a_table_of_earlier_members_is_read_through_their_ids_until_rebuilt() {
+        let before = subset(instances(6));
+        let key = |k: usize| format!("key-{k}");
+        let pick = |candidates: &crate::rules::Candidates, k: usize| {
+            let key = key(k);
+            let draw = Draw { key: &key, ..Draw::new(candidates, 0) };
+            let index = ConsistentHash::default().select(&draw, &mut fastrand::Rng::with_seed(1)).unwrap().index;
+            candidates.members()[index].id.to_string()
+        };
+        // i03 leaves; the new subset still reads the old table.
+        let remaining: Vec<_> = before.members().iter().filter(|i| &*i.id != "i03").cloned().collect();
+        let after = crate::rules::Candidates::new(crate::registry::Subset::new("test", remaining));
+        after.inherit(&before);
+        for k in 0..300 {
+            let (old, new) = (pick(&before, k), pick(&after, k));
+            if old != "i03" {
+                assert_eq!(old, new, "key {k} kept its instance");
+            } else {
+                assert_ne!(new, "i03");
+            }
+        }
     }
 
     proptest! {

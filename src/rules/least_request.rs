@@ -1,9 +1,9 @@
 //! `least_request(choices=k)`: the power of k choices (Mitzenmacher; Envoy's and gRPC's least
 //! request). Draw k distinct instances at random and take the one with the fewest picks in
 //! flight; a tripped breaker counts as the heaviest load. With k = 2 this gets close to
-//! least-loaded without scanning every instance and without herding.
+//! least-loaded without scanning every instance and without herding: O(k) per pick.
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Query, Select};
 
 pub const DEFAULT_CHOICES: u32 = 2;
 pub const MAX_CHOICES: u32 = 100;
@@ -21,7 +21,12 @@ impl Default for LeastRequest {
 
 impl Select for LeastRequest {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
-        let members = draw.members();
+        draw.loads(|loads| self.choose(draw, loads, rng))?
+    }
+}
+
+impl LeastRequest {
+    fn choose(&self, draw: &Draw<'_>, loads: &Query<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         // Choices are drawn among the accepted candidates, by their rank among them.
         let n = draw.accepted();
         if n == 0 {
@@ -29,7 +34,7 @@ impl Select for LeastRequest {
         }
         let at = |rank: usize| draw.excluded.nth_accepted(rank);
         let weight = |rank: usize| {
-            let load = draw.stats.load(&members[at(rank)]);
+            let load = loads.load(at(rank));
             (load.tripped, load.in_flight)
         };
         let k = (self.choices as usize).clamp(1, n);
@@ -71,18 +76,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::rules::testing::{FakeStats, instances, subset};
-    use crate::state::Load;
+    use crate::rules::Load;
+    use crate::rules::testing::{instances, set_load, subset, with_loads};
 
     proptest! {
         #[test]
         fn never_picks_the_busier_of_its_two(loads in proptest::collection::vec(0u64..5, 2..10), seed in any::<u64>()) {
-            let mut stats = FakeStats::default();
-            for (i, load) in loads.iter().enumerate() {
-                stats = stats.with(&format!("i{i:02}"), Load { in_flight: *load, ..Default::default() });
-            }
             let candidates = subset(instances(loads.len()));
-            let draw = Draw { stats: &stats, ..Draw::new(&candidates, 0) };
+            for (i, load) in loads.iter().enumerate() {
+                set_load(&candidates, &format!("i{i:02}"), Load { in_flight: *load, ..Default::default() });
+            }
+            let draw = Draw::new(&candidates, 0);
             // Replay the same random draws to learn which two were compared.
             let mut replay = fastrand::Rng::with_seed(seed);
             let first = replay.usize(..loads.len());
@@ -98,12 +102,15 @@ mod tests {
 
     #[test]
     fn tripped_instances_lose_every_comparison() {
-        let stats = FakeStats::default()
-            .with("i00", Load { tripped: true, ..Default::default() })
-            .with("i01", Load { in_flight: 50, ..Default::default() });
-        let candidates = subset(instances(2));
+        let candidates = with_loads(
+            subset(instances(2)),
+            &[
+                ("i00", Load { tripped: true, ..Default::default() }),
+                ("i01", Load { in_flight: 50, ..Default::default() }),
+            ],
+        );
         for seed in 0..20 {
-            let draw = Draw { stats: &stats, ..Draw::new(&candidates, 0) };
+            let draw = Draw::new(&candidates, 0);
             assert_eq!(LeastRequest::default().select(&draw, &mut fastrand::Rng::with_seed(seed)).unwrap().index, 1);
         }
     }

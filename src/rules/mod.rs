@@ -17,49 +17,39 @@ mod best_available;
 mod cache;
 mod consistent_hash;
 mod least_request;
+mod load;
 mod random;
 mod repeat;
 mod response_time;
 mod round_robin;
 mod spec;
+mod tables;
 mod version_isolation;
 mod weighted;
 mod zone_avoidance;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::registry::{Instance, Subset};
-use crate::state::Load;
+use tokio::time::Instant;
 
-pub use availability::{AvailabilityFiltering, is_available};
+use crate::registry::Instance;
+
+pub use availability::AvailabilityFiltering;
 pub use best_available::BestAvailable;
 pub use cache::RuleCache;
 pub use consistent_hash::{ConsistentHash, Maglev, hash_key};
 pub use least_request::LeastRequest;
+pub use load::{Load, LoadIndex, LoadSample, Query, ZoneLoad};
 pub use random::Random;
 pub use repeat::Repeat;
 pub use response_time::ResponseTime;
 pub use round_robin::RoundRobin;
 pub use spec::{KNOWN_RULES, MAX_RULE_LEN, ParsedRule, RuleError, parse};
-pub use version_isolation::{Fallback, Isolated, isolate};
+pub use tables::{Built, Candidates, Needs, Tables};
+pub use version_isolation::{Fallback, Isolated, Versions, isolate};
 pub use weighted::{WeightSchedule, Weighted};
 pub use zone_avoidance::ZoneAvoidance;
-
-/// Read-only load of instances, as load-aware selectors see it.
-pub trait StatsView: Sync {
-    fn load(&self, instance: &Instance) -> Load;
-}
-
-/// No statistics: every instance idle, no latency known, no breaker tripped.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoStats;
-
-impl StatsView for NoStats {
-    fn load(&self, _instance: &Instance) -> Load {
-        Load::default()
-    }
-}
 
 /// Positions among the candidates that a pick must not return: the instances a call already
 /// tried (`exclude`). Sorted, without duplicates, and empty for almost every pick.
@@ -89,6 +79,11 @@ impl<'a> Excluded<'a> {
         self.0.is_empty()
     }
 
+    /// The excluded positions, ascending.
+    pub fn positions(&self) -> &'a [usize] {
+        self.0
+    }
+
     /// The `k`-th (from 0) position that is not excluded: O(excluded).
     pub fn nth_accepted(&self, k: usize) -> usize {
         let mut position = k;
@@ -105,26 +100,35 @@ impl<'a> Excluded<'a> {
 /// What a selector sees for one pick.
 #[derive(Clone, Copy)]
 pub struct Draw<'a> {
-    /// Eligible instances, sorted by id.
-    pub candidates: &'a Subset,
+    /// Eligible instances, sorted by id, with their tables.
+    pub candidates: &'a Candidates,
     /// This pick's number in the shared rotation of (service, rule, subset).
     pub ticket: u64,
     /// The request's affinity key.
     pub key: &'a str,
     /// The consumer's zone.
     pub zone: &'a str,
-    pub stats: &'a dyn StatsView,
+    /// The moment the pick reads loads at.
+    pub now: Instant,
     /// Candidates this pick must skip.
     pub excluded: Excluded<'a>,
 }
 
 impl<'a> Draw<'a> {
-    pub fn new(candidates: &'a Subset, ticket: u64) -> Self {
-        Self { candidates, ticket, key: "", zone: "", stats: &NoStats, excluded: Excluded::default() }
+    pub fn new(candidates: &'a Candidates, ticket: u64) -> Self {
+        Self { candidates, ticket, key: "", zone: "", now: Instant::now(), excluded: Excluded::default() }
     }
 
     pub fn members(&self) -> &'a [Arc<Instance>] {
-        &self.candidates.members
+        self.candidates.members()
+    }
+
+    /// Runs `query` on the candidates' load index with this draw's exclusions masked; `None`
+    /// when the subset has no load index (the balancer builds one before a load-aware rule
+    /// selects).
+    pub fn loads<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
+        let index = self.candidates.tables.load.load();
+        index.as_ref().map(|index| index.query(self.now, self.excluded, query))
     }
 
     /// Whether the candidate at `index` may be returned.
@@ -198,6 +202,28 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// The tables the rule reads.
+    pub fn needs(&self) -> Needs {
+        let load = Needs { load: true, ..Needs::default() };
+        match self {
+            Rule::RoundRobin(_) | Rule::Random(_) | Rule::Repeat(_) => Needs::default(),
+            Rule::Weighted(_) => Needs { schedule: true, ..Needs::default() },
+            Rule::ConsistentHash(rule) => {
+                Needs { maglev: true, load: rule.balance_milli.is_some(), ..Needs::default() }
+            }
+            Rule::ResponseTime(_)
+            | Rule::BestAvailable(_)
+            | Rule::LeastRequest(_)
+            | Rule::AvailabilityFiltering(_)
+            | Rule::ZoneAvoidance(_)
+            | Rule::Sticky { .. } => load,
+            // `retry` reads breakers to skip tripped choices.
+            Rule::Retry { inner, .. } => inner.needs().union(load),
+        }
+    }
+}
+
 impl Select for Rule {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         match self {
@@ -216,59 +242,6 @@ impl Select for Rule {
             Rule::Retry { inner, .. } => inner.select(draw, rng),
         }
     }
-}
-
-/// Tables derived from a subset's members, built on first use and shared by later picks.
-#[derive(Debug, Default)]
-pub struct SubsetTables {
-    pub(crate) schedule: OnceLock<WeightSchedule>,
-    pub(crate) maglev: OnceLock<Maglev>,
-    /// The same subset of the previous snapshot had its Maglev table built: picks use it, so
-    /// the balancer builds this one as soon as the snapshot is published, off the pick path.
-    pub(crate) maglev_wanted: std::sync::atomic::AtomicBool,
-    /// The rotations drawn on this subset.
-    pub rotations: crate::state::RotationCache,
-}
-
-impl SubsetTables {
-    /// Marks the tables wanted again where `previous` (the same subset, one snapshot earlier)
-    /// had them built.
-    pub fn inherit_wants(&self, previous: &SubsetTables) {
-        use std::sync::atomic::Ordering;
-        if previous.maglev.get().is_some() || previous.maglev_wanted.load(Ordering::Relaxed) {
-            self.maglev_wanted.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Builds the tables marked wanted that are not built yet (the work picks would otherwise
-    /// do on first use); returns whether anything was built.
-    pub fn build_wanted(&self, subset: &crate::registry::Subset) -> bool {
-        use std::sync::atomic::Ordering;
-        if self.maglev_wanted.load(Ordering::Relaxed) && self.maglev.get().is_none() {
-            Maglev::of(subset);
-            return true;
-        }
-        false
-    }
-}
-
-/// Position `ticket mod count` among the items for which `keep(index, item)` holds, without
-/// allocating.
-pub(crate) fn nth_kept<T>(items: &[T], ticket: u64, mut keep: impl FnMut(usize, &T) -> bool) -> Option<usize> {
-    let count = items.iter().enumerate().filter(|(index, item)| keep(*index, item)).count() as u64;
-    if count == 0 {
-        return None;
-    }
-    let mut target = ticket % count;
-    for (index, item) in items.iter().enumerate() {
-        if keep(index, item) {
-            if target == 0 {
-                return Some(index);
-            }
-            target -= 1;
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -299,12 +272,13 @@ mod excluded_tests {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use std::collections::HashMap;
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use super::StatsView;
+    use tokio::time::Instant;
+
+    use super::{Candidates, Load, LoadIndex, LoadSample, Needs};
     use crate::registry::{Instance, InstanceSpec, Subset};
-    use crate::state::Load;
 
     /// `n` UP instances with ids `i00`, `i01`, ... (sorted).
     pub fn instances(n: usize) -> Vec<Arc<Instance>> {
@@ -324,24 +298,31 @@ pub(crate) mod testing {
         Arc::new(spec.validate("test").expect("valid test instance"))
     }
 
-    pub fn subset(members: Vec<Arc<Instance>>) -> Subset {
-        Subset::new("test", members)
+    /// Candidates with every table built and every instance idle.
+    pub fn subset(members: Vec<Arc<Instance>>) -> Candidates {
+        let candidates = Candidates::new(Subset::new("test", members));
+        candidates.build(Needs { schedule: true, maglev: true, load: false });
+        candidates.tables.load.store(Some(Arc::new(LoadIndex::new(candidates.members()))));
+        candidates
     }
 
-    /// Fixed loads by instance id.
-    #[derive(Default)]
-    pub struct FakeStats(pub HashMap<String, Load>);
-
-    impl FakeStats {
-        pub fn with(mut self, id: &str, load: Load) -> Self {
-            self.0.insert(id.into(), load);
-            self
-        }
+    /// Sets the load of the candidate with id `id` (a tripped one stays tripped for an hour).
+    pub fn set_load(candidates: &Candidates, id: &str, load: Load) {
+        let position = candidates.members().iter().position(|i| &*i.id == id).expect("a candidate");
+        let now = Instant::now();
+        let sample = LoadSample {
+            in_flight: load.in_flight,
+            latency_ms: load.latency_ms,
+            tripped_until: load.tripped.then(|| now + Duration::from_secs(3600)),
+        };
+        candidates.tables.load.load().as_ref().expect("built").set(position, sample, now);
     }
 
-    impl StatsView for FakeStats {
-        fn load(&self, instance: &Instance) -> Load {
-            self.0.get(&*instance.id).copied().unwrap_or_default()
+    /// Sets several loads by id.
+    pub fn with_loads(candidates: Candidates, loads: &[(&str, Load)]) -> Candidates {
+        for (id, load) in loads {
+            set_load(&candidates, id, *load);
         }
+        candidates
     }
 }

@@ -5,6 +5,9 @@
 //! is the fleet-wide EWMA (see `state::stats`), so a slow spell shows up in seconds and heals as
 //! quickly. Until any instance has a reported latency the rule is plain round robin; an instance
 //! without samples yet counts as average. Weights are sampled with the injected random source.
+//!
+//! Cost: linear in the candidates (every latency is read from the subset's load index under one
+//! lock); the one load-aware rule that still reads them all.
 
 use super::{Choice, Draw, RoundRobin, Select};
 
@@ -15,11 +18,11 @@ impl Select for ResponseTime {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
         // Excluded candidates take no part: no latency, and (below) no weight.
-        let latencies: Vec<Option<f64>> = members
-            .iter()
-            .enumerate()
-            .map(|(index, i)| if draw.accepts(index) { draw.stats.load(i).latency_ms } else { None })
-            .collect();
+        let latencies: Vec<Option<f64>> = draw.loads(|loads| {
+            (0..members.len())
+                .map(|index| if draw.accepts(index) { loads.load(index).latency_ms } else { None })
+                .collect()
+        })?;
         let (sum, known) =
             latencies.iter().flatten().fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
         if known == 0 {
@@ -48,8 +51,8 @@ impl Select for ResponseTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::testing::{FakeStats, instances, subset};
-    use crate::state::Load;
+    use crate::rules::Load;
+    use crate::rules::testing::{instances, subset, with_loads};
 
     fn latency(ms: f64) -> Load {
         Load { latency_ms: Some(ms), ..Default::default() }
@@ -67,16 +70,12 @@ mod tests {
     #[test]
     fn shares_follow_ribbon_weights() {
         // Latencies 10, 20, 70 ms: Σ = 100, weights 90, 80, 30 (of 200).
-        let stats =
-            FakeStats::default().with("i00", latency(10.0)).with("i01", latency(20.0)).with("i02", latency(70.0));
-        let candidates = subset(instances(3));
+        let candidates =
+            with_loads(subset(instances(3)), &[("i00", latency(10.0)), ("i01", latency(20.0)), ("i02", latency(70.0))]);
         let mut rng = fastrand::Rng::with_seed(11);
         let mut counts = [0u32; 3];
         for ticket in 0..20_000 {
-            counts[ResponseTime
-                .select(&Draw { stats: &stats, ..Draw::new(&candidates, ticket) }, &mut rng)
-                .unwrap()
-                .index] += 1;
+            counts[ResponseTime.select(&Draw::new(&candidates, ticket), &mut rng).unwrap().index] += 1;
         }
         let share = |c: u32| f64::from(c) / 20_000.0;
         assert!((share(counts[0]) - 0.45).abs() < 0.02, "{counts:?}");

@@ -21,24 +21,64 @@ pub enum Fallback {
     Any,
 }
 
+/// A service's UP instances grouped for isolation: a registry snapshot, or a view of one.
+pub trait Versions {
+    type Subset;
+    /// UP instances with no version.
+    fn unversioned(&self) -> &Self::Subset;
+    /// UP instances with this (non-empty) version.
+    fn version(&self, version: &str) -> Option<&Self::Subset>;
+    /// Every UP instance.
+    fn up(&self) -> &Self::Subset;
+    fn is_empty(subset: &Self::Subset) -> bool;
+}
+
+impl Versions for ServiceSnapshot {
+    type Subset = Subset;
+
+    fn unversioned(&self) -> &Subset {
+        &self.unversioned
+    }
+
+    fn version(&self, version: &str) -> Option<&Subset> {
+        self.versions.get(version)
+    }
+
+    fn up(&self) -> &Subset {
+        &self.up
+    }
+
+    fn is_empty(subset: &Subset) -> bool {
+        subset.is_empty()
+    }
+}
+
 /// The subset a request may pick from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Isolated<'s> {
-    pub subset: &'s Subset,
+#[derive(Debug, PartialEq, Eq)]
+pub struct Isolated<'s, S> {
+    pub subset: &'s S,
     pub fallback: Option<Fallback>,
 }
 
+impl<S> Clone for Isolated<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Isolated<'_, S> {}
+
 /// Chooses the subset for `version` (empty = no version). Never allocates.
-pub fn isolate<'s>(snapshot: &'s ServiceSnapshot, version: &str, fall_back_to_any: bool) -> Isolated<'s> {
-    let mut isolated = Isolated { subset: &snapshot.unversioned, fallback: None };
+pub fn isolate<'s, V: Versions>(service: &'s V, version: &str, fall_back_to_any: bool) -> Isolated<'s, V::Subset> {
+    let mut isolated = Isolated { subset: service.unversioned(), fallback: None };
     if !version.is_empty() {
-        match snapshot.versions.get(version).filter(|s| !s.is_empty()) {
+        match service.version(version).filter(|s| !V::is_empty(s)) {
             Some(subset) => return Isolated { subset, fallback: None },
             None => isolated.fallback = Some(Fallback::Unversioned),
         }
     }
-    if isolated.subset.is_empty() && fall_back_to_any && !snapshot.up.is_empty() {
-        return Isolated { subset: &snapshot.up, fallback: Some(Fallback::Any) };
+    if V::is_empty(isolated.subset) && fall_back_to_any && !V::is_empty(service.up()) {
+        return Isolated { subset: service.up(), fallback: Some(Fallback::Any) };
     }
     isolated
 }
@@ -63,7 +103,7 @@ mod tests {
         )
     }
 
-    fn ids(isolated: Isolated<'_>) -> Vec<String> {
+    fn ids(isolated: Isolated<'_, Subset>) -> Vec<String> {
         isolated.subset.members.iter().map(|i| i.id.to_string()).collect()
     }
 

@@ -7,7 +7,7 @@
 //! exactly wᵢ times per cycle. Ticket t takes slot `t mod W`, so the whole fleet of consumers
 //! walks one schedule. Weight 0 is never picked.
 //!
-//! The schedule is built once per snapshot subset (on first use) in O(W log n). If W exceeds
+//! The schedule is built once per snapshot subset, when it is published, in O(W log n). If W exceeds
 //! [`MAX_CYCLE`], weights are scaled down proportionally (never below 1 for a non-zero weight)
 //! to bound memory; shares are then exact for the scaled weights.
 
@@ -15,7 +15,6 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use super::{Choice, Draw, Select};
-use crate::registry::Subset;
 
 /// Longest schedule kept per subset (4 MiB of slots).
 pub const MAX_CYCLE: u64 = 1 << 20;
@@ -25,15 +24,17 @@ pub struct Weighted;
 
 impl Select for Weighted {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
-        let schedule = WeightSchedule::of(draw.candidates);
-        let slots = &schedule.slots;
+        let built = draw.candidates.tables.schedule.load();
+        let built = built.as_ref()?;
+        let slots = &built.table.slots;
         if slots.is_empty() {
             return None;
         }
         // An excluded instance's slots are skipped: the next slot of the same schedule answers.
+        // A schedule built for an earlier snapshot's members is read through their ids.
         let start = (draw.ticket % slots.len() as u64) as usize;
         (0..slots.len())
-            .map(|step| slots[(start + step) % slots.len()] as usize)
+            .filter_map(|step| built.position(slots[(start + step) % slots.len()] as usize, &draw.candidates.subset))
             .find(|&index| draw.accepts(index))
             .map(Choice::at)
     }
@@ -46,14 +47,6 @@ pub struct WeightSchedule {
 }
 
 impl WeightSchedule {
-    /// The subset's schedule, built on first use.
-    pub fn of(subset: &Subset) -> &WeightSchedule {
-        subset.tables.schedule.get_or_init(|| {
-            let weights: Vec<u64> = subset.members.iter().map(|i| u64::from(i.weight)).collect();
-            WeightSchedule::build(&weights)
-        })
-    }
-
     /// The earliest-deadline-first cycle for `weights`.
     pub fn build(weights: &[u64]) -> Self {
         let weights = normalize(weights);
@@ -130,7 +123,7 @@ mod exclusion_tests {
     #[test]
     fn excluded_slots_are_skipped_and_the_rest_of_the_schedule_stays() {
         let candidates = subset(vec![instance("a", "", 3), instance("b", "", 1), instance("c", "", 1)]);
-        let slots = WeightSchedule::of(&candidates).slots.clone();
+        let slots = candidates.tables.schedule.load().as_ref().unwrap().table.slots.clone();
         let excluded = [0usize];
         for ticket in 0..slots.len() as u64 * 2 {
             let plain = Draw::new(&candidates, ticket);

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
 pub use stats::{
     BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Outcome, Stats, StatsConfig,
-    StatsHandle, StatsSlot,
+    StatsHandle,
 };
 
 /// Identifies one shared rotation.

@@ -14,16 +14,22 @@
 //!   `blackout_max` from the last failure, cleared by a success.
 //!
 //! One consumer's failures therefore protect every consumer.
+//!
+//! Every change of an instance's in-flight count, latency or breaker is pushed into the
+//! [`LoadIndex`]es of the published subsets it belongs to ([`Stats::attach`]), which is what
+//! load-aware rules read; unreported picks that time out are expired by [`Stats::expire`],
+//! which the server runs every second.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use std::borrow::Cow;
+use tokio::time::Instant;
 
 use crate::hash::ConcurrentMap;
-use tokio::time::Instant;
+use crate::registry::Instance;
+pub use crate::rules::Load;
+use crate::rules::{LoadIndex, LoadSample};
 
 /// Ribbon's circuit-breaker parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +76,6 @@ impl Default for StatsConfig {
     }
 }
 
-/// What load-aware rules read about one instance.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Load {
-    pub in_flight: u64,
-    /// Recent latency; `None` until the instance has a reported call.
-    pub latency_ms: Option<f64>,
-    pub tripped: bool,
-}
-
 /// Everything known about one instance, for operators.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct InstanceReport {
@@ -116,6 +113,26 @@ struct Inner {
     tripped_until: Option<Instant>,
     /// Successful picks of the instance, per canonical rule name (a handful of rules at most).
     picks: Vec<(Arc<str>, u64)>,
+    /// The load indexes (and positions in them) this instance's changes are pushed to.
+    watchers: Vec<(Weak<LoadIndex>, u32)>,
+}
+
+impl Inner {
+    fn sample(&self) -> LoadSample {
+        LoadSample { in_flight: self.in_flight_total, latency_ms: self.ewma_ms, tripped_until: self.tripped_until }
+    }
+
+    /// Pushes the current load to every live index; forgets dead ones.
+    fn publish(&mut self, now: Instant) {
+        let sample = self.sample();
+        self.watchers.retain(|(index, position)| match index.upgrade() {
+            Some(index) => {
+                index.set(*position as usize, sample, now);
+                true
+            }
+            None => false,
+        });
+    }
 }
 
 #[derive(Debug, Default)]
@@ -123,40 +140,11 @@ struct InstanceStats {
     inner: Mutex<Inner>,
 }
 
-/// One instance's statistics, reached without a map lookup. Handles stay valid while the
-/// instance is registered; the store keeps an entry as long as any handle to it exists.
+/// One instance's statistics, reached without a map lookup. The store keeps an entry as long
+/// as any handle to it exists.
 #[derive(Debug, Clone)]
 pub struct StatsHandle {
-    /// The [`Stats`] store the handle belongs to.
-    owner: u64,
     stats: Arc<InstanceStats>,
-}
-
-/// A place for an instance's [`StatsHandle`], filled on first use and carried by the instance
-/// itself, so that a pick reaches the statistics of the instance it chose without hashing. It
-/// is a cache, not part of the instance's value: it compares equal to any other and clones
-/// empty.
-#[derive(Default)]
-pub struct StatsSlot(OnceLock<StatsHandle>);
-
-impl Clone for StatsSlot {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-impl PartialEq for StatsSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for StatsSlot {}
-
-impl std::fmt::Debug for StatsSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() { "StatsSlot(filled)" } else { "StatsSlot(empty)" })
-    }
 }
 
 /// Successful picks of one instance under one rule.
@@ -173,9 +161,6 @@ pub const MAX_TALLIED_RULES: usize = 32;
 /// The rule name picks beyond the tallied rules count under.
 pub const OTHER_RULE: &str = "_other";
 
-/// Distinguishes stores, so a handle cached by one is never used by another.
-static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
-
 impl InstanceStats {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the counters inconsistent in a way that
@@ -188,7 +173,6 @@ type ServiceStats = ConcurrentMap<Arc<str>, Arc<InstanceStats>>;
 
 #[derive(Debug)]
 pub struct Stats {
-    id: u64,
     other_rule: Arc<str>,
     origin: Instant,
     config: StatsConfig,
@@ -203,13 +187,7 @@ impl Default for Stats {
 
 impl Stats {
     pub fn new(config: StatsConfig) -> Self {
-        Self {
-            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
-            other_rule: OTHER_RULE.into(),
-            origin: Instant::now(),
-            config,
-            services: ConcurrentMap::default(),
-        }
+        Self { other_rule: OTHER_RULE.into(), origin: Instant::now(), config, services: ConcurrentMap::default() }
     }
 
     pub fn config(&self) -> StatsConfig {
@@ -227,14 +205,37 @@ impl Stats {
 
     /// The handle of one instance's statistics (an entry is made if there is none).
     pub fn handle(&self, service: &Arc<str>, id: &Arc<str>) -> StatsHandle {
-        StatsHandle { owner: self.id, stats: self.entry(service, id) }
+        StatsHandle { stats: self.entry(service, id) }
     }
 
-    /// The handle in `slot`, filled from this store on first use. A slot filled by another
-    /// store is not used (a second store over the same instances looks its entries up).
-    pub fn cached<'s>(&self, slot: &'s StatsSlot, service: &Arc<str>, id: &Arc<str>) -> Cow<'s, StatsHandle> {
-        let handle = slot.0.get_or_init(|| self.handle(service, id));
-        if handle.owner == self.id { Cow::Borrowed(handle) } else { Cow::Owned(self.handle(service, id)) }
+    /// Feeds `index` (built for `members`, in position order) from now on with the loads of
+    /// its members, starting with what is known now. O(members).
+    pub fn attach(&self, index: &Arc<LoadIndex>, members: &[Arc<Instance>]) {
+        let now = Instant::now();
+        let second = self.second(now);
+        for (position, instance) in members.iter().enumerate() {
+            let stats = self.entry(&instance.service, &instance.id);
+            let mut inner = stats.lock();
+            self.expire_in_flight(&mut inner, second);
+            inner.watchers.retain(|(index, _)| index.strong_count() > 0);
+            inner.watchers.push((Arc::downgrade(index), position as u32));
+            index.set(position, inner.sample(), now);
+        }
+    }
+
+    /// Stops counting picks nobody reported within the in-flight timeout, and tells the load
+    /// indexes. Linear in the instances with statistics; the server runs it off the runtime.
+    pub fn expire(&self) {
+        let now = Instant::now();
+        let second = self.second(now);
+        for service in self.services.iter() {
+            for instance in service.value().iter() {
+                let mut inner = instance.value().lock();
+                if self.expire_in_flight(&mut inner, second) {
+                    inner.publish(now);
+                }
+            }
+        }
     }
 
     fn find(&self, service: &str, id: &str) -> Option<Arc<InstanceStats>> {
@@ -255,6 +256,7 @@ impl Stats {
             _ => inner.in_flight.push_back((second, 1)),
         }
         inner.in_flight_total += 1;
+        inner.publish(Instant::now());
         let name = if inner.picks.len() < MAX_TALLIED_RULES || inner.picks.iter().any(|(r, _)| **r == **rule) {
             rule
         } else {
@@ -322,6 +324,7 @@ impl Stats {
                 }
             }
         }
+        inner.publish(now);
     }
 
     /// The load of one instance now, found by name.
@@ -339,7 +342,9 @@ impl Stats {
 
     fn load_of(&self, stats: &InstanceStats, now: Instant) -> Load {
         let mut inner = stats.lock();
-        self.expire_in_flight(&mut inner, self.second(now));
+        if self.expire_in_flight(&mut inner, self.second(now)) {
+            inner.publish(now);
+        }
         let tripped = inner.tripped_until.is_some_and(|until| until > now);
         Load { in_flight: inner.in_flight_total, latency_ms: inner.ewma_ms, tripped }
     }
@@ -348,7 +353,9 @@ impl Stats {
         let Some(stats) = self.find(service, id) else { return InstanceReport::default() };
         let now = Instant::now();
         let mut inner = stats.lock();
-        self.expire_in_flight(&mut inner, self.second(now));
+        if self.expire_in_flight(&mut inner, self.second(now)) {
+            inner.publish(now);
+        }
         let tripped_for = inner.tripped_until.filter(|until| *until > now).map(|until| until - now);
         let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
         let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
@@ -385,15 +392,19 @@ impl Stats {
         }
     }
 
-    fn expire_in_flight(&self, inner: &mut Inner, second: u64) {
+    /// Drops the in-flight picks older than the timeout; whether any were.
+    fn expire_in_flight(&self, inner: &mut Inner, second: u64) -> bool {
         let timeout = self.config.in_flight_timeout.as_secs().max(1);
+        let mut expired = false;
         while let Some(&(s, count)) = inner.in_flight.front() {
             if second.saturating_sub(s) < timeout {
                 break;
             }
             inner.in_flight_total -= u64::from(count);
             inner.in_flight.pop_front();
+            expired = true;
         }
+        expired
     }
 
     fn sample_latency(&self, inner: &mut Inner, now: Instant, latency: Duration) {
@@ -557,29 +568,56 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_caches_its_store_handle_and_entries_live_while_handles_do() {
+    fn entries_live_while_handles_do() {
         let stats = Stats::default();
-        let other = Stats::default();
         let (service, id) = key("a");
-        let rule: Arc<str> = "round_robin".into();
-        let slot = StatsSlot::default();
-        let first = stats.cached(&slot, &service, &id);
-        assert!(matches!(first, Cow::Borrowed(_)), "filled on first use");
-        stats.on_pick(&first, &rule);
-        assert_eq!(stats.load("svc", "a").in_flight, 1, "the cached handle is the store's entry");
-        // Another store never uses this store's handle.
-        let foreign = other.cached(&slot, &service, &id);
-        assert!(matches!(foreign, Cow::Owned(_)));
-        other.on_pick(&foreign, &rule);
-        assert_eq!((stats.load("svc", "a").in_flight, other.load("svc", "a").in_flight), (1, 1));
-        drop((first, foreign));
-
-        // The instance left, but its slot still holds a handle: the entry stays.
+        let handle = stats.handle(&service, &id);
+        stats.on_pick(&handle, &"round_robin".into());
+        // The instance left, but a handle remains: the entry stays.
         stats.retain(|_, _| false);
         assert_eq!(stats.load("svc", "a").in_flight, 1);
-        drop(slot);
+        drop(handle);
         stats.retain(|_, _| false);
         assert_eq!(stats.load("svc", "a"), Load::default(), "forgotten once no handle remains");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attached_indexes_follow_picks_reports_and_expiry() {
+        use crate::registry::InstanceSpec;
+        let stats = Stats::new(StatsConfig { in_flight_timeout: Duration::from_secs(5), ..StatsConfig::default() });
+        let members: Vec<Arc<Instance>> = ["a", "b"]
+            .iter()
+            .map(|id| {
+                let spec = InstanceSpec {
+                    id: (*id).into(),
+                    service: "svc".into(),
+                    host: "127.0.0.1".into(),
+                    port: 1000,
+                    ..Default::default()
+                };
+                Arc::new(spec.validate("test").unwrap())
+            })
+            .collect();
+        let (service, b) = key("b");
+        let handle = stats.handle(&service, &b);
+        stats.on_pick(&handle, &"best_available".into());
+        let index = Arc::new(LoadIndex::new(&members));
+        stats.attach(&index, &members);
+        let now = || Instant::now();
+        assert_eq!(index.load(1, now()).in_flight, 1, "attached with what is known");
+        stats.on_pick(&handle, &"best_available".into());
+        assert_eq!(index.load(1, now()).in_flight, 2);
+        let breaker = BreakerConfig { failure_threshold: 1, ..BreakerConfig::default() };
+        stats.on_outcome(&service, &b, Outcome::Failure, Duration::from_millis(3), &breaker);
+        let load = index.load(1, now());
+        assert_eq!((load.in_flight, load.tripped, load.latency_ms), (1, true, Some(3.0)));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        stats.expire();
+        assert_eq!(index.load(1, now()).in_flight, 0, "the unreported pick expired");
+        // A dropped index is forgotten by the next push.
+        drop(index);
+        stats.on_pick(&handle, &"best_available".into());
+        assert_eq!(stats.find("svc", "b").unwrap().lock().watchers.len(), 0);
     }
 
     #[test]

@@ -1,0 +1,534 @@
+//! What load-aware rules read about a subset's candidates, kept so that no pick scans them.
+//!
+//! A [`LoadIndex`] belongs to one subset of one published snapshot and holds, by position, each
+//! candidate's fleet-wide in-flight count, latency and breaker state. The statistics store
+//! pushes every change into it (on pick, on report, when unreported picks expire), so a pick
+//! only reads. Beside the per-position values it keeps a segment tree over the positions whose
+//! nodes hold, for the candidates that are not tripped, the least in-flight count, how many
+//! candidates have it, and how many candidates there are; and the same per zone when the subset
+//! spans several zones. That answers, in O(log n):
+//!
+//! - the `k`-th untripped candidate in position order (availability rotation);
+//! - the `k`-th among the least loaded untripped candidates (best available, ties rotated);
+//! - the first untripped candidate at or after a position whose in-flight count is under a limit;
+//! - per zone: candidates, tripped, in flight (zone avoidance), and the `k`-th untripped
+//!   candidate of a set of zones.
+//!
+//! An update costs O(log n) per tree it touches (two with several zones). A pick's excluded
+//! candidates are masked out of the trees for the duration of one query and put back, under the
+//! index's lock: O(e log n) for e excluded, no copy. Breakers close by time: each trip is queued
+//! by its end, and the queries first untrip what has expired (amortised O(log n)).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use super::Excluded;
+use crate::registry::Instance;
+
+/// What load-aware rules read about one candidate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    pub in_flight: u64,
+    /// Recent latency; `None` until the instance has a reported call.
+    pub latency_ms: Option<f64>,
+    pub tripped: bool,
+}
+
+/// One candidate's statistics as the statistics store last pushed them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadSample {
+    pub in_flight: u64,
+    pub latency_ms: Option<f64>,
+    /// The breaker is open until then.
+    pub tripped_until: Option<Instant>,
+}
+
+/// A subset's candidate loads, by position; see the module documentation.
+#[derive(Debug)]
+pub struct LoadIndex {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    leaves: Vec<LoadSample>,
+    /// Whether each leaf counts as tripped in the trees (its breaker was open when last looked at).
+    tripped: Vec<bool>,
+    all: Tree,
+    /// Zone number of each position (index into `zones`).
+    zone_of: Vec<u32>,
+    /// Each position's place among its zone's positions.
+    local_of: Vec<u32>,
+    /// Zones sorted by name; empty when every candidate is in one zone.
+    zones: Vec<Zone>,
+    /// (breaker end, position) of tripped leaves, soonest first.
+    untrip: BinaryHeap<Reverse<(Instant, u32)>>,
+}
+
+#[derive(Debug)]
+struct Zone {
+    name: Arc<str>,
+    /// Positions of the zone's candidates, ascending.
+    positions: Vec<u32>,
+    tree: Tree,
+    in_flight: u64,
+    tripped: u64,
+}
+
+/// The per-zone totals zone avoidance compares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZoneLoad<'a> {
+    pub zone: &'a str,
+    pub instances: u64,
+    pub tripped: u64,
+    pub in_flight: u64,
+}
+
+impl LoadIndex {
+    /// An index for `members` (a subset's candidates, in position order), every one idle.
+    pub fn new(members: &[Arc<Instance>]) -> Self {
+        let n = members.len();
+        let mut names: Vec<Arc<str>> = members.iter().map(|i| i.zone.clone()).collect();
+        names.sort();
+        names.dedup();
+        let zone_of: Vec<u32> =
+            members.iter().map(|i| names.binary_search(&i.zone).unwrap_or_else(|at| at) as u32).collect();
+        let mut local_of = vec![0u32; n];
+        let mut seen = vec![0u32; names.len()];
+        for (position, &zone) in zone_of.iter().enumerate() {
+            local_of[position] = seen[zone as usize];
+            seen[zone as usize] += 1;
+        }
+        let zones = if names.len() > 1 {
+            names
+                .into_iter()
+                .enumerate()
+                .map(|(number, name)| {
+                    let positions: Vec<u32> = (0..n as u32).filter(|&p| zone_of[p as usize] == number as u32).collect();
+                    Zone { name, tree: Tree::new(positions.len()), positions, in_flight: 0, tripped: 0 }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            inner: Mutex::new(Inner {
+                leaves: vec![LoadSample::default(); n],
+                tripped: vec![false; n],
+                all: Tree::new(n),
+                zone_of,
+                local_of,
+                zones,
+                untrip: BinaryHeap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every update leaves the trees consistent before it can panic; keep serving.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().leaves.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces what is known of the candidate at `position`.
+    pub fn set(&self, position: usize, sample: LoadSample, now: Instant) {
+        let mut inner = self.lock();
+        if position >= inner.leaves.len() {
+            return;
+        }
+        let previous = std::mem::replace(&mut inner.leaves[position], sample);
+        let zone_number = inner.zone_of[position] as usize;
+        if let Some(zone) = inner.zones.get_mut(zone_number) {
+            zone.in_flight = zone.in_flight - previous.in_flight + sample.in_flight;
+        }
+        if let Some(until) = sample.tripped_until.filter(|until| *until > now) {
+            inner.untrip.push(Reverse((until, position as u32)));
+        }
+        inner.refresh(position, now);
+    }
+
+    /// The load of the candidate at `position`.
+    pub fn load(&self, position: usize, now: Instant) -> Load {
+        self.lock().load(position, now)
+    }
+
+    /// Runs `query` on the index as it is at `now`, with the `excluded` candidates masked out.
+    pub fn query<T>(&self, now: Instant, excluded: Excluded<'_>, query: impl FnOnce(&Query<'_>) -> T) -> T {
+        let mut inner = self.lock();
+        inner.expire_trips(now);
+        let n = inner.leaves.len();
+        let masked = excluded.positions().iter().copied().filter(move |&p| p < n);
+        for position in masked.clone() {
+            inner.put(position, None);
+        }
+        let answer = query(&Query { inner: &inner, now });
+        for position in masked {
+            inner.refresh(position, now);
+        }
+        answer
+    }
+}
+
+impl Inner {
+    fn load(&self, position: usize, now: Instant) -> Load {
+        let Some(leaf) = self.leaves.get(position) else { return Load::default() };
+        Load {
+            in_flight: leaf.in_flight,
+            latency_ms: leaf.latency_ms,
+            tripped: leaf.tripped_until.is_some_and(|until| until > now),
+        }
+    }
+
+    /// Closes the breakers whose time is up.
+    fn expire_trips(&mut self, now: Instant) {
+        while let Some(&Reverse((until, position))) = self.untrip.peek() {
+            if until > now {
+                break;
+            }
+            self.untrip.pop();
+            self.refresh(position as usize, now);
+        }
+    }
+
+    /// Puts the leaf's current value into the trees.
+    fn refresh(&mut self, position: usize, now: Instant) {
+        let leaf = self.leaves[position];
+        let tripped = leaf.tripped_until.is_some_and(|until| until > now);
+        if let Some(zone) = self.zones.get_mut(self.zone_of[position] as usize) {
+            let was = self.tripped[position];
+            zone.tripped = zone.tripped + u64::from(tripped) - u64::from(was);
+        }
+        self.tripped[position] = tripped;
+        self.put(position, (!tripped).then_some(leaf.in_flight));
+    }
+
+    /// Sets a leaf in the trees: `Some(in flight)` when it may be chosen, `None` when not.
+    fn put(&mut self, position: usize, value: Option<u64>) {
+        self.all.set(position, value);
+        if let Some(zone) = self.zones.get_mut(self.zone_of[position] as usize) {
+            zone.tree.set(self.local_of[position] as usize, value);
+        }
+    }
+}
+
+/// The index under one lock, excluded candidates masked: what a selector asks.
+pub struct Query<'a> {
+    inner: &'a Inner,
+    now: Instant,
+}
+
+impl Query<'_> {
+    /// The load of the candidate at `position` (masking does not change it).
+    pub fn load(&self, position: usize) -> Load {
+        self.inner.load(position, self.now)
+    }
+
+    /// Candidates that are neither tripped nor excluded.
+    pub fn available(&self) -> usize {
+        self.inner.all.free()
+    }
+
+    /// Position `ticket mod available` among the available candidates, in position order.
+    pub fn nth_available(&self, ticket: u64) -> Option<usize> {
+        let available = self.available() as u64;
+        (available > 0).then(|| self.inner.all.kth_free((ticket % available) as usize))
+    }
+
+    /// Among the available candidates with the fewest picks in flight, the one at
+    /// `ticket mod (their count)`, in position order.
+    pub fn least_loaded(&self, ticket: u64) -> Option<usize> {
+        let tied = self.inner.all.min_count() as u64;
+        (tied > 0).then(|| self.inner.all.kth_min((ticket % tied) as usize))
+    }
+
+    /// The first available candidate at or after `from` (wrapping around) with fewer than
+    /// `limit` picks in flight.
+    pub fn next_under(&self, from: usize, limit: u64) -> Option<usize> {
+        let tree = &self.inner.all;
+        tree.first_under(from, limit).or_else(|| tree.first_under(0, limit))
+    }
+
+    /// Picks in flight on every candidate (excluded ones too).
+    pub fn total_in_flight(&self) -> u64 {
+        self.inner.leaves.iter().map(|leaf| leaf.in_flight).sum()
+    }
+
+    /// Zones sorted by name with their totals; empty when all candidates share one zone.
+    /// Excluded candidates are left out of the counts.
+    pub fn zones(&self, excluded: Excluded<'_>) -> Vec<ZoneLoad<'_>> {
+        let inner = self.inner;
+        let mut zones: Vec<ZoneLoad<'_>> = inner
+            .zones
+            .iter()
+            .map(|zone| ZoneLoad {
+                zone: &zone.name,
+                instances: zone.positions.len() as u64,
+                tripped: zone.tripped,
+                in_flight: zone.in_flight,
+            })
+            .collect();
+        for &position in excluded.positions() {
+            let Some(zone) = zones.get_mut(inner.zone_of.get(position).copied().unwrap_or(u32::MAX) as usize) else {
+                continue;
+            };
+            zone.instances -= 1;
+            zone.tripped -= u64::from(inner.tripped[position]);
+            zone.in_flight -= inner.leaves[position].in_flight;
+        }
+        zones
+    }
+
+    /// Available candidates in the zone named `zone`.
+    pub fn available_in(&self, zone: &str) -> usize {
+        self.zone(zone).map_or(0, |zone| zone.tree.free())
+    }
+
+    /// Position `ticket mod available` among the available candidates of `zones` (names, in
+    /// the order given), zone after zone.
+    pub fn nth_available_in(&self, zones: &[&str], ticket: u64) -> Option<usize> {
+        let total: usize = zones.iter().map(|zone| self.available_in(zone)).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut k = (ticket % total as u64) as usize;
+        for zone in zones.iter().filter_map(|name| self.zone(name)) {
+            let free = zone.tree.free();
+            if k < free {
+                return Some(zone.positions[zone.tree.kth_free(k)] as usize);
+            }
+            k -= free;
+        }
+        None
+    }
+
+    fn zone(&self, name: &str) -> Option<&Zone> {
+        let zones = &self.inner.zones;
+        zones.binary_search_by(|zone| (*zone.name).cmp(name)).ok().map(|at| &zones[at])
+    }
+
+    /// Whether candidates are spread over several zones.
+    pub fn has_zones(&self) -> bool {
+        !self.inner.zones.is_empty()
+    }
+}
+
+/// A segment tree over leaves that are either free (with an in-flight count) or not.
+#[derive(Debug)]
+struct Tree {
+    /// Leaves are at `size..size + n`; node `i` covers its children `2i`, `2i + 1`.
+    nodes: Vec<Node>,
+    size: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// Least in-flight count among free leaves (`u64::MAX` when none).
+    min: u64,
+    /// Free leaves with that count.
+    min_count: u32,
+    /// Free leaves.
+    free: u32,
+}
+
+const EMPTY: Node = Node { min: u64::MAX, min_count: 0, free: 0 };
+
+impl Node {
+    fn leaf(value: Option<u64>) -> Self {
+        match value {
+            Some(in_flight) => Node { min: in_flight, min_count: 1, free: 1 },
+            None => EMPTY,
+        }
+    }
+
+    fn join(a: Node, b: Node) -> Node {
+        let min = a.min.min(b.min);
+        let count = |n: Node| if n.min == min && n.free > 0 { n.min_count } else { 0 };
+        Node { min, min_count: count(a) + count(b), free: a.free + b.free }
+    }
+}
+
+impl Tree {
+    /// `n` free leaves, each with nothing in flight.
+    fn new(n: usize) -> Self {
+        let size = n.next_power_of_two().max(1);
+        let mut nodes = vec![EMPTY; 2 * size];
+        for leaf in &mut nodes[size..size + n] {
+            *leaf = Node::leaf(Some(0));
+        }
+        for i in (1..size).rev() {
+            nodes[i] = Node::join(nodes[2 * i], nodes[2 * i + 1]);
+        }
+        Self { nodes, size }
+    }
+
+    fn set(&mut self, position: usize, value: Option<u64>) {
+        let mut i = self.size + position;
+        self.nodes[i] = Node::leaf(value);
+        while i > 1 {
+            i /= 2;
+            self.nodes[i] = Node::join(self.nodes[2 * i], self.nodes[2 * i + 1]);
+        }
+    }
+
+    fn root(&self) -> Node {
+        self.nodes[1]
+    }
+
+    fn free(&self) -> usize {
+        self.root().free as usize
+    }
+
+    fn min_count(&self) -> usize {
+        let root = self.root();
+        if root.free == 0 { 0 } else { root.min_count as usize }
+    }
+
+    /// The `k`-th free leaf; `k < free()`.
+    fn kth_free(&self, mut k: usize) -> usize {
+        let mut i = 1;
+        while i < self.size {
+            let left = self.nodes[2 * i].free as usize;
+            if k < left {
+                i *= 2;
+            } else {
+                k -= left;
+                i = 2 * i + 1;
+            }
+        }
+        i - self.size
+    }
+
+    /// The `k`-th free leaf holding the least count; `k < min_count()`.
+    fn kth_min(&self, mut k: usize) -> usize {
+        let min = self.root().min;
+        let mut i = 1;
+        while i < self.size {
+            let left = self.nodes[2 * i];
+            let here = if left.min == min && left.free > 0 { left.min_count as usize } else { 0 };
+            if k < here {
+                i *= 2;
+            } else {
+                k -= here;
+                i = 2 * i + 1;
+            }
+        }
+        i - self.size
+    }
+
+    /// The first free leaf at or after `from` with a count under `limit`.
+    fn first_under(&self, from: usize, limit: u64) -> Option<usize> {
+        if from >= self.size {
+            return None;
+        }
+        self.first_under_in(1, 0, self.size, from, limit)
+    }
+
+    fn first_under_in(&self, node: usize, lo: usize, hi: usize, from: usize, limit: u64) -> Option<usize> {
+        if hi <= from || self.nodes[node].free == 0 || self.nodes[node].min >= limit {
+            return None;
+        }
+        if hi - lo == 1 {
+            return Some(lo);
+        }
+        let mid = (lo + hi) / 2;
+        self.first_under_in(2 * node, lo, mid, from, limit)
+            .or_else(|| self.first_under_in(2 * node + 1, mid, hi, from, limit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rules::testing::{instance, instances};
+
+    fn sample(in_flight: u64) -> LoadSample {
+        LoadSample { in_flight, ..Default::default() }
+    }
+
+    proptest! {
+        /// The index answers what a scan of the same values answers.
+        #[test]
+        fn queries_match_a_scan(
+            loads in proptest::collection::vec((0u64..4, any::<bool>()), 1..40),
+            excluded in proptest::collection::btree_set(0usize..40, 0..5),
+            ticket in 0u64..1000,
+            limit in 1u64..5,
+        ) {
+            let now = Instant::now();
+            let n = loads.len();
+            let index = LoadIndex::new(&instances(n));
+            for (position, &(in_flight, tripped)) in loads.iter().enumerate() {
+                let tripped_until = tripped.then(|| now + Duration::from_secs(5));
+                index.set(position, LoadSample { in_flight, tripped_until, ..Default::default() }, now);
+            }
+            let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
+            let usable: Vec<usize> =
+                (0..n).filter(|p| !loads[*p].1 && !excluded.contains(p)).collect();
+            let least = usable.iter().map(|&p| loads[p].0).min();
+            let tied: Vec<usize> = usable.iter().copied().filter(|&p| Some(loads[p].0) == least).collect();
+            let expect_nth = (!usable.is_empty()).then(|| usable[(ticket % usable.len() as u64) as usize]);
+            let expect_least = (!tied.is_empty()).then(|| tied[(ticket % tied.len() as u64) as usize]);
+            let from = (ticket as usize) % n;
+            let expect_under = usable.iter().copied().filter(|&p| p >= from).find(|&p| loads[p].0 < limit)
+                .or_else(|| usable.iter().copied().find(|&p| loads[p].0 < limit));
+            let (nth, least, under) = index.query(now, Excluded::new(&excluded), |q| {
+                (q.nth_available(ticket), q.least_loaded(ticket), q.next_under(from, limit))
+            });
+            prop_assert_eq!(nth, expect_nth);
+            prop_assert_eq!(least, expect_least);
+            prop_assert_eq!(under, expect_under);
+            // The mask is lifted after the query.
+            let all_untripped = loads.iter().filter(|l| !l.1).count();
+            prop_assert_eq!(index.query(now, Excluded::default(), |q| q.available()), all_untripped);
+        }
+    }
+
+    #[test]
+    fn a_breaker_closes_when_its_time_is_up() {
+        let now = Instant::now();
+        let index = LoadIndex::new(&instances(3));
+        index.set(1, LoadSample { tripped_until: Some(now + Duration::from_secs(10)), ..sample(0) }, now);
+        assert_eq!(index.query(now, Excluded::default(), |q| q.available()), 2);
+        assert!(index.load(1, now).tripped);
+        let later = now + Duration::from_secs(10);
+        assert_eq!(index.query(later, Excluded::default(), |q| q.available()), 3);
+        assert!(!index.load(1, later).tripped);
+    }
+
+    #[test]
+    fn zones_are_counted_apart_and_rotated_zone_after_zone() {
+        let members = vec![
+            instance("a1", "east", 100),
+            instance("b1", "west", 100),
+            instance("a2", "east", 100),
+            instance("c1", "north", 100),
+        ];
+        let now = Instant::now();
+        let index = LoadIndex::new(&members);
+        index.set(1, sample(4), now);
+        index.set(3, LoadSample { tripped_until: Some(now + Duration::from_secs(1)), ..sample(1) }, now);
+        let excluded = [2];
+        index.query(now, Excluded::new(&excluded), |q| {
+            let zones = q.zones(Excluded::new(&excluded));
+            let totals: Vec<_> = zones.iter().map(|z| (z.zone, z.instances, z.tripped, z.in_flight)).collect();
+            assert_eq!(totals, [("east", 1, 0, 0), ("north", 1, 1, 1), ("west", 1, 0, 4)]);
+            assert_eq!(q.available_in("east"), 1);
+            let picks: Vec<_> = (0..4).map(|t| q.nth_available_in(&["west", "east"], t).unwrap()).collect();
+            assert_eq!(picks, [1, 0, 1, 0]);
+        });
+    }
+}

@@ -1,0 +1,140 @@
+//! The candidates a rule selects from, with the tables derived from them.
+//!
+//! [`Candidates`] pairs one subset of a published snapshot (plain registry data) with the
+//! [`Tables`] rules read: a weight schedule, a Maglev table and a [`LoadIndex`]. Each table is
+//! built once per subset, by the balancer when the subset is published (or, the first time a
+//! rule asks for it on a subset, before that pick selects), never by a selector. A table may
+//! have been built for an earlier snapshot's members while the current one's is still being
+//! built; [`Built::position`] then maps its positions onto the current members by id, so
+//! picks go on with the new membership until the new table is swapped in.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use super::{LoadIndex, Maglev, WeightSchedule};
+use crate::registry::{Instance, Subset};
+
+/// A table and the members (in position order) it was built for.
+#[derive(Debug)]
+pub struct Built<T> {
+    pub table: T,
+    pub members: Arc<[Arc<Instance>]>,
+}
+
+impl<T> Built<T> {
+    pub fn new(table: T, subset: &Subset) -> Self {
+        Self { table, members: subset.members.clone() }
+    }
+
+    /// Where the instance at `position` of the table's members sits among `current`'s members:
+    /// the same position when the table was built for them, else found by id (`None` when the
+    /// instance has left).
+    pub fn position(&self, position: usize, current: &Subset) -> Option<usize> {
+        if Arc::ptr_eq(&self.members, &current.members) {
+            return Some(position);
+        }
+        let id = &self.members.get(position)?.id;
+        current.members.binary_search_by(|i| i.id.cmp(id)).ok()
+    }
+
+    /// Whether the table was built for `current`'s members.
+    pub fn is_for(&self, current: &Subset) -> bool {
+        Arc::ptr_eq(&self.members, &current.members)
+    }
+}
+
+/// Tables derived from one subset's members.
+#[derive(Debug, Default)]
+pub struct Tables {
+    pub schedule: ArcSwapOption<Built<WeightSchedule>>,
+    pub maglev: ArcSwapOption<Built<Maglev>>,
+    pub load: ArcSwapOption<LoadIndex>,
+}
+
+/// Which tables a rule reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub schedule: bool,
+    pub maglev: bool,
+    pub load: bool,
+}
+
+impl Needs {
+    pub fn any(self) -> bool {
+        self.schedule || self.maglev || self.load
+    }
+
+    pub fn union(self, other: Needs) -> Needs {
+        Needs {
+            schedule: self.schedule || other.schedule,
+            maglev: self.maglev || other.maglev,
+            load: self.load || other.load,
+        }
+    }
+}
+
+/// One subset with its tables: what a selector picks from.
+#[derive(Debug)]
+pub struct Candidates {
+    pub subset: Subset,
+    pub tables: Tables,
+}
+
+impl Candidates {
+    /// Candidates with no table built yet.
+    pub fn new(subset: Subset) -> Self {
+        Self { subset, tables: Tables::default() }
+    }
+
+    pub fn members(&self) -> &[Arc<Instance>] {
+        &self.subset.members
+    }
+
+    pub fn len(&self) -> usize {
+        self.subset.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.subset.is_empty()
+    }
+
+    /// Which of `needs` is missing or was built for other members.
+    pub fn missing(&self, needs: Needs) -> Needs {
+        let stale = |built: Option<bool>| built != Some(true);
+        Needs {
+            schedule: needs.schedule && stale(self.tables.schedule.load().as_ref().map(|b| b.is_for(&self.subset))),
+            maglev: needs.maglev && stale(self.tables.maglev.load().as_ref().map(|b| b.is_for(&self.subset))),
+            load: needs.load && self.tables.load.load().is_none(),
+        }
+    }
+
+    /// Builds the weight schedule and Maglev table named in `needs` (the load index is the
+    /// statistics store's to build: it feeds it).
+    pub fn build(&self, needs: Needs) {
+        if needs.schedule {
+            let weights: Vec<u64> = self.members().iter().map(|i| u64::from(i.weight)).collect();
+            let schedule = WeightSchedule::build(&weights);
+            self.tables.schedule.store(Some(Arc::new(Built::new(schedule, &self.subset))));
+        }
+        if needs.maglev {
+            let maglev = Maglev::build(self.members().iter().map(|i| &*i.id));
+            self.tables.maglev.store(Some(Arc::new(Built::new(maglev, &self.subset))));
+        }
+    }
+
+    /// Takes over `previous`'s tables (an earlier snapshot's subset with the same label) until
+    /// this subset's own are built; returns which tables that were.
+    pub fn inherit(&self, previous: &Candidates) -> Needs {
+        let schedule = previous.tables.schedule.load_full();
+        let maglev = previous.tables.maglev.load_full();
+        let needs = Needs {
+            schedule: schedule.is_some(),
+            maglev: maglev.is_some(),
+            load: previous.tables.load.load().is_some(),
+        };
+        self.tables.schedule.store(schedule);
+        self.tables.maglev.store(maglev);
+        needs
+    }
+}

@@ -11,14 +11,11 @@ use std::sync::Arc;
 
 use super::{Balancer, PickError, PickQuery, PickResult, check_request_limits, known_service};
 use crate::registry::{Instance, InvalidField};
-use crate::rules::{Fallback, Rule, isolate};
+use crate::rules::{Fallback, isolate, leasable_rules};
 use crate::state::CounterKey;
 
 /// Most tickets one lease may reserve.
 pub const MAX_LEASE: u32 = 65_536;
-
-/// Rules a lease may name.
-pub const LEASABLE_RULES: &str = "round_robin, repeat, weighted";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leased {
@@ -55,9 +52,9 @@ impl Balancer {
         let policy = policies.for_service(query.service);
         let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };
         *resolved_rule = Some(rule.canonical.clone());
-        if !matches!(rule.rule, Rule::RoundRobin(_) | Rule::Repeat(_) | Rule::Weighted(_)) {
+        if !rule.rule.leasable() {
             let problem =
-                format!("is {:?}, which cannot be leased; leasable rules: {LEASABLE_RULES}", &*rule.canonical);
+                format!("is {:?}, which cannot be leased; leasable rules: {}", &*rule.canonical, leasable_rules());
             return Err(InvalidField::new("rule", problem).into());
         }
         if query.version.is_empty() && policy.gray.is_some() {

@@ -23,13 +23,13 @@ use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
 use crate::registry::{Instance, InvalidField, Registry, validate_optional_name, validate_service_name};
-use crate::rules::{ParsedRule, Rule, RuleCache, RuleError};
+use crate::rules::{ParsedRule, Retry, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 
 pub use crate::state::InstancePicks;
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
-pub use lease::{LEASABLE_RULES, Leased, MAX_LEASE};
+pub use lease::{Leased, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 pub use view::{ServiceView, SubsetView, Views};
 
@@ -173,7 +173,7 @@ impl Balancer {
         let views = self.views.load();
         let view = known_service(views.get(query.service), query.service)?;
         let selection = match &rule.rule {
-            Rule::Retry { inner, budget } => {
+            Rule::Retry(Retry { inner, budget }) => {
                 Box::pin(self.pick_with_retry(view, rule, inner.as_ref(), *budget, policy, &query)).await?
             }
             selector => match self.select_once(view, rule, selector, policy, &query, query.exclude, false).await? {

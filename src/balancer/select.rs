@@ -10,7 +10,7 @@ use super::view::{ServiceView, SubsetView, ensure};
 use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::Instance;
-use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate};
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, Sticky, isolate};
 use crate::state::{CounterKey, StickyKey};
 
 /// The rotation gray-release tickets are drawn from.
@@ -72,7 +72,7 @@ impl Balancer {
         let mut rng = fastrand::Rng::new();
 
         let (index, sticky) = match selector {
-            Rule::Sticky { ttl } => {
+            Rule::Sticky(Sticky { ttl }) => {
                 let key =
                     StickyKey { service: snapshot.name.clone(), subset: subset.label().clone(), key: query.key.into() };
                 let remembered = match self.state.sticky_get(&key).await? {

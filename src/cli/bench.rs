@@ -31,7 +31,8 @@ pub struct BenchArgs {
     /// Measuring window per mode.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Modes to run, in order: health, pick, stream, pipelined, lease:K.
+    /// Modes to run, in order: health, pick, stream, pipelined, lease:K, floor (the health RPC
+    /// on a bare tonic server this command starts: what gRPC itself costs on this machine).
     #[arg(long, value_delimiter = ',', default_value = "health,pick,stream,pipelined", value_parser = Mode::parse)]
     pub modes: Vec<Mode>,
     /// Rounds of the modes: every even round runs them in reverse order, so each mode sees
@@ -81,14 +82,31 @@ impl Drop for Spawned {
 /// Starts `rota serve` on a free loopback port, allowing `streams` registration streams from
 /// this one peer.
 fn spawn_server(streams: usize) -> Result<(Spawned, String), CliError> {
+    let streams = streams.max(64).to_string();
+    spawn(&["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--max-registrations-per-peer", &streams])
+}
+
+/// Serves the floor: the gRPC health service alone on a bare tonic server (no metrics, limits,
+/// interceptors or rota services), with Nagle off as rota's listener has it. Prints
+/// `listening on ADDR` first, like `rota serve`.
+pub async fn floor_server() -> Result<(), CliError> {
+    use tonic::transport::server::TcpIncoming;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("listening on {}", listener.local_addr()?);
+    let (_health, service) = tonic_health::server::health_reporter();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming(incoming)
+        .await
+        .map_err(|e| CliError::Usage(format!("floor server: {e}")))
+}
+
+/// Starts this binary with `args`, and reads the address from its first line.
+fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(["--max-registrations-per-peer", &streams.max(64).to_string()])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
+    let mut child =
+        Command::new(exe).args(args).env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| CliError::Usage("no stdout from rota serve".into()))?;
     let spawned = Spawned(child);
     let mut first = String::new();
@@ -96,7 +114,7 @@ fn spawn_server(streams: usize) -> Result<(Spawned, String), CliError> {
     let addr = first
         .trim()
         .strip_prefix("listening on ")
-        .ok_or_else(|| CliError::Usage(format!("unexpected first line from rota serve: {first:?}")))?;
+        .ok_or_else(|| CliError::Usage(format!("unexpected first line from rota {}: {first:?}", args[0])))?;
     Ok((spawned, format!("http://{addr}")))
 }
 
@@ -135,7 +153,18 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let _registrations = register(&endpoint, &args.service, args.instances).await?;
     let server_pid = server.as_ref().map(|s| s.0.id()).or(args.server_pid);
     let config = load_config(&args, &endpoint, &args.service, server_pid);
-    let channels = loadgen::connect(&endpoint, args.connections).await.map_err(|e| CliError::Usage(e.to_string()))?;
+    let failed = |e: loadgen::LoadError| CliError::Usage(e.to_string());
+    let channels = loadgen::connect(&endpoint, args.connections).await.map_err(failed)?;
+    // The floor runs in a process of its own, as the server does, loaded the same way.
+    let floor = match args.modes.contains(&Mode::Floor) {
+        true => {
+            let (spawned, floor_endpoint) = spawn(&["floor-server"])?;
+            let floor_channels = loadgen::connect(&floor_endpoint, args.connections).await.map_err(failed)?;
+            let floor_config = LoadConfig { server_pid: Some(spawned.0.id()), ..config.clone() };
+            Some((spawned, floor_channels, floor_config))
+        }
+        false => None,
+    };
     eprintln!(
         "rota bench: {} callers over {} connections, {} instances, rule {}, {:?} warm-up + {:?} per mode, {} round(s)",
         args.callers, args.connections, args.instances, args.rule, args.warmup, args.duration, args.rounds
@@ -143,7 +172,11 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut results = Vec::new();
     for round in 0..args.rounds {
         for mode in round_order(&args.modes, round) {
-            let result = loadgen::run(&config, &channels, mode).await.map_err(|e| CliError::Usage(e.to_string()))?;
+            let (config, channels) = match (&floor, mode) {
+                (Some((_, floor_channels, floor_config)), Mode::Floor) => (floor_config, floor_channels),
+                _ => (&config, &channels),
+            };
+            let result = loadgen::run(config, channels, mode).await.map_err(failed)?;
             println!("{}", result.json());
             results.push(result);
         }

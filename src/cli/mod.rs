@@ -41,6 +41,10 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Run bounded soak and fault scenarios against a loopback server; non-zero exit if a check fails.
     Soak(soak::SoakArgs),
+    /// A bare tonic server with only the gRPC health service, on a free loopback port: the
+    /// floor `rota bench --modes floor` measures against.
+    #[command(hide = true)]
+    FloorServer,
 }
 
 /// Where the client commands find rota.
@@ -146,6 +150,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Demo => demo::run().await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,
+        Command::FloorServer => bench::floor_server().await,
     }
 }
 

@@ -39,6 +39,8 @@ pub enum Mode {
     Pipelined,
     /// Leased tickets, K per lease.
     Lease(u32),
+    /// The health RPC on a bare tonic server (`rota bench` starts one): the floor.
+    Floor,
 }
 
 impl Mode {
@@ -49,6 +51,7 @@ impl Mode {
             Mode::Stream => "stream".into(),
             Mode::Pipelined => "pipelined".into(),
             Mode::Lease(k) => format!("lease:{k}"),
+            Mode::Floor => "floor".into(),
         }
     }
 
@@ -58,10 +61,11 @@ impl Mode {
             "pick" => Ok(Mode::Pick),
             "stream" => Ok(Mode::Stream),
             "pipelined" => Ok(Mode::Pipelined),
+            "floor" => Ok(Mode::Floor),
             other => match other.strip_prefix("lease:").map(str::parse::<u32>) {
                 Some(Ok(k)) if (1..=65_536).contains(&k) => Ok(Mode::Lease(k)),
                 _ => Err(format!(
-                    "unknown mode {other:?}; modes: health, pick, stream, pipelined, lease:K (K in 1..=65536)"
+                    "unknown mode {other:?}; modes: health, pick, stream, pipelined, lease:K (K in 1..=65536), floor"
                 )),
             },
         }
@@ -115,7 +119,7 @@ pub async fn run(config: &LoadConfig, channels: &[Channel], mode: Mode) -> Resul
         callers.push(tokio::spawn(async move {
             let window_bounds = (measure_from, until);
             match mode {
-                Mode::Health => unary_health(channel, window_bounds).await,
+                Mode::Health | Mode::Floor => unary_health(channel, window_bounds).await,
                 Mode::Pick => unary_pick(channel, request, window_bounds).await,
                 Mode::Stream | Mode::Pipelined => streamed_pick(channel, request, window, window_bounds).await,
                 Mode::Lease(k) => leased_pick(channel, request, k, window_bounds).await,

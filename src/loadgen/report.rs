@@ -193,6 +193,16 @@ pub fn print_table(results: &[LoadResult]) {
             println!("Server CPU per request, Pick / baseline: {:.3} ({p:.1} µs against {h:.1} µs)", p / h);
         }
     }
+    for (mode, label) in [(Mode::Pick, "Pick"), (Mode::Health, "rota's health check")] {
+        if let (Some(measured), Some(floor)) = (find(mode), find(Mode::Floor)) {
+            let mut line = format!("{label} / floor throughput: {:.3}", measured.throughput / floor.throughput);
+            let rounds = ratios_per_round(results, mode, Mode::Floor);
+            if let Some((low, median, high)) = spread(&rounds).filter(|_| rounds.len() > 1) {
+                line.push_str(&format!(" (per round: min {low:.3}, median {median:.3}, max {high:.3})"));
+            }
+            println!("{line}");
+        }
+    }
     if let (Some(pipelined), Some(pick)) = (find(Mode::Pipelined), find(Mode::Pick)) {
         println!("PickStream (pipelined) / unary Pick throughput: {:.2}", pipelined.throughput / pick.throughput);
     }

@@ -231,6 +231,7 @@ impl Index {
                 continue;
             }
             let is_new = previous.is_none();
+            let instance = instance.registered_after(previous.map(|owned| &*owned.instance), Instant::now());
             info!(service = %instance.service, id = %instance.id, lease, "registered");
             outcome.accepted.push(InstanceRef::of(&instance));
             self.dirty.insert(key.0.clone());
@@ -293,6 +294,7 @@ impl Index {
         if let Some(status) = update.status {
             instance.status = status;
         }
+        let mut instance = instance.registered_after(Some(&owned.instance), Instant::now());
         if let Some(metadata) = update.metadata {
             instance.metadata = metadata;
         }

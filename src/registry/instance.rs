@@ -53,11 +53,26 @@ pub struct Instance {
     pub weight: u32,
     pub metadata: BTreeMap<String, String>,
     pub status: Status,
+    /// When the instance last became UP, as the registry saw it (`None` while it is not UP,
+    /// and for instances validated outside the registry). Rules that ramp traffic up after a
+    /// start read it (`slow_start`).
+    pub up_since: Option<tokio::time::Instant>,
 }
 
 impl Instance {
     pub fn is_up(&self) -> bool {
         self.status == Status::Up
+    }
+
+    /// This instance as registered at `now`, following `previous` (the same id, if it was
+    /// registered): an instance that stays UP keeps the moment it became UP.
+    pub fn registered_after(mut self, previous: Option<&Instance>, now: tokio::time::Instant) -> Self {
+        self.up_since = match (self.is_up(), previous) {
+            (false, _) => None,
+            (true, Some(previous)) if previous.is_up() => previous.up_since.or(Some(now)),
+            (true, _) => Some(now),
+        };
+        self
     }
 }
 
@@ -136,6 +151,7 @@ impl InstanceSpec {
             weight: self.weight.unwrap_or(DEFAULT_WEIGHT),
             metadata: self.metadata,
             status,
+            up_since: None,
         })
     }
 }
@@ -261,5 +277,19 @@ mod tests {
             ..spec()
         };
         assert!(ok.validate("i").is_ok());
+    }
+
+    #[test]
+    fn up_since_is_kept_while_up_and_restarts_after_a_pause() {
+        let t0 = tokio::time::Instant::now();
+        let t1 = t0 + std::time::Duration::from_secs(5);
+        let first = spec().validate("i").unwrap().registered_after(None, t0);
+        assert_eq!(first.up_since, Some(t0));
+        let again = spec().validate("i").unwrap().registered_after(Some(&first), t1);
+        assert_eq!(again.up_since, Some(t0), "re-announced while UP: the ramp goes on");
+        let draining = Instance { status: Status::Draining, ..again.clone() }.registered_after(Some(&again), t1);
+        assert_eq!(draining.up_since, None);
+        let back = Instance { status: Status::Up, ..draining.clone() }.registered_after(Some(&draining), t1);
+        assert_eq!(back.up_since, Some(t1), "UP again: the ramp starts over");
     }
 }

@@ -10,7 +10,7 @@
 //! When every instance is filtered out, the pick goes round robin over all of them, as Ribbon's
 //! rule fell back to its parent, and the response says so.
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
 
 /// Most accepted in-flight limit.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
@@ -37,6 +37,26 @@ impl Select for AvailabilityFiltering {
             Some(index) => Some(Choice::at(index)),
             None => draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) }),
         }
+    }
+}
+
+impl RuleDef for AvailabilityFiltering {
+    const NAME: &'static str = "availability_filtering";
+    const PARAMS: &'static [&'static str] = &["limit"];
+
+    fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(AvailabilityFiltering { limit: params.integer("limit", 1..=MAX_LIMIT)? })
+    }
+
+    fn canonical(&self) -> String {
+        match self.limit {
+            None => Self::NAME.to_owned(),
+            Some(limit) => format!("availability_filtering(limit={limit})"),
+        }
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { load: true, ..Needs::default() }
     }
 }
 

@@ -9,7 +9,7 @@
 //! count and the k-th of its ties, from a segment tree), O(e log n) with e excluded.
 
 use super::availability::ALL_UNAVAILABLE;
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct BestAvailable;
@@ -20,6 +20,18 @@ impl Select for BestAvailable {
             Some(index) => Some(Choice::at(index)),
             None => draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) }),
         }
+    }
+}
+
+impl RuleDef for BestAvailable {
+    const NAME: &'static str = "best_available";
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(BestAvailable)
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { load: true, ..Needs::default() }
     }
 }
 

@@ -18,7 +18,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
 
 const KEY_SEED: u64 = 0x726f_7461_6b65_7973; // "rotakeys"
 const OFFSET_SEED: u64 = 0x726f_7461_6f66_6673; // "rotaoffs"
@@ -63,6 +63,30 @@ impl Select for ConsistentHash {
             slots.clone().find(|&index| draw.accepts(index) && loads.load(index).in_flight < cap)
         })?;
         bounded.or_else(|| slots.clone().find(|&i| draw.accepts(i))).map(Choice::at)
+    }
+}
+
+impl RuleDef for ConsistentHash {
+    const NAME: &'static str = "consistent_hash";
+    const PARAMS: &'static [&'static str] = &["balance"];
+
+    fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(ConsistentHash { balance_milli: params.milli("balance", BALANCE_RANGE)? })
+    }
+
+    fn canonical(&self) -> String {
+        match self.balance_milli {
+            None => Self::NAME.to_owned(),
+            Some(milli) => format!("consistent_hash(balance={})", f64::from(milli) / 1000.0),
+        }
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { maglev: true, load: self.balance_milli.is_some(), ..Needs::default() }
+    }
+
+    fn needs_key(&self) -> bool {
+        true
     }
 }
 
@@ -137,7 +161,7 @@ mod tests {
 
     use super::*;
     use crate::rules::Load;
-    use crate::rules::testing::{instances, set_load, subset};
+    use crate::rules::testing::{hashed, instances, set_load};
 
     fn mapping(ids: &[String], keys: usize) -> Vec<String> {
         let maglev = Maglev::build(ids.iter().map(String::as_str));
@@ -182,7 +206,7 @@ mod tests {
     #[test]
     fn bounded_load_keeps_every_instance_under_its_cap() {
         // Keys all land somewhere; as picks accumulate, no instance passes ⌈1.25 (total + 1) / n⌉.
-        let candidates = subset(instances(5));
+        let candidates = hashed(instances(5));
         let rule = ConsistentHash { balance_milli: Some(1250) };
         let mut in_flight: HashMap<String, u64> = HashMap::new();
         let mut rng = fastrand::Rng::with_seed(1);
@@ -204,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_table_of_earlier_members_is_read_through_their_ids_until_rebuilt() {
-        let before = subset(instances(6));
+        let before = hashed(instances(6));
         let key = |k: usize| format!("key-{k}");
         let pick = |candidates: &crate::rules::Candidates, k: usize| {
             let key = key(k);
@@ -234,7 +258,7 @@ mod tests {
             excluded in proptest::collection::btree_set(0usize..30, 1..4),
             bounded in any::<bool>(),
         ) {
-            let candidates = subset(instances(n));
+            let candidates = hashed(instances(n));
             let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
             prop_assume!(!excluded.is_empty() && excluded.len() < n);
             let rule = ConsistentHash { balance_milli: bounded.then_some(1250) };
@@ -254,7 +278,7 @@ mod tests {
 
         #[test]
         fn same_key_same_instance(key in "[a-z0-9]{1,20}", n in 1usize..20) {
-            let candidates = subset(instances(n));
+            let candidates = hashed(instances(n));
             let mut rng = fastrand::Rng::with_seed(1);
             let first = ConsistentHash::default().select(&Draw { key: &key, ..Draw::new(&candidates, 0) }, &mut rng);
             let again = ConsistentHash::default().select(&Draw { key: &key, ..Draw::new(&candidates, 99) }, &mut rng);

@@ -3,7 +3,7 @@
 //! flight; a tripped breaker counts as the heaviest load. With k = 2 this gets close to
 //! least-loaded without scanning every instance and without herding: O(k) per pick.
 
-use super::{Choice, Draw, Query, Select};
+use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select};
 
 pub const DEFAULT_CHOICES: u32 = 2;
 pub const MAX_CHOICES: u32 = 100;
@@ -22,6 +22,24 @@ impl Default for LeastRequest {
 impl Select for LeastRequest {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         draw.loads(|loads| self.choose(draw, loads, rng))?
+    }
+}
+
+impl RuleDef for LeastRequest {
+    const NAME: &'static str = "least_request";
+    const PARAMS: &'static [&'static str] = &["choices"];
+
+    fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
+        let choices = params.integer("choices", 1..=u64::from(MAX_CHOICES))?;
+        Ok(LeastRequest { choices: choices.map_or(DEFAULT_CHOICES, |c| c as u32) })
+    }
+
+    fn canonical(&self) -> String {
+        format!("least_request(choices={})", self.choices)
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { load: true, ..Needs::default() }
     }
 }
 

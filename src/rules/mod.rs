@@ -11,45 +11,142 @@
 //! and cached ([`RuleCache`]); picks never parse. Rules that need more than one selection —
 //! `retry` (waits and re-picks) and `sticky` (remembers assignments) — are driven by the
 //! balancer around a pure inner selector.
+//!
+//! **One rule, one file.** Each rule's file declares, through [`RuleDef`], its name, its
+//! parameters with their ranges and defaults (the error text is written from the ranges), its
+//! canonical form, whether it can be leased, which tables it reads, and its selection. The
+//! [`rules!`] list below is the one place that names every rule; the enum, the parser's
+//! dispatch and [`KNOWN_RULES`] are made from it.
 
-mod availability;
-mod best_available;
 mod cache;
-mod consistent_hash;
-mod least_request;
 mod load;
-mod random;
-mod repeat;
-mod response_time;
-mod round_robin;
 mod spec;
 mod tables;
 mod version_isolation;
-mod weighted;
-mod zone_avoidance;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::registry::Instance;
 
-pub use availability::AvailabilityFiltering;
-pub use best_available::BestAvailable;
 pub use cache::RuleCache;
-pub use consistent_hash::{ConsistentHash, Maglev, hash_key};
-pub use least_request::LeastRequest;
+pub use consistent_hash::{Maglev, hash_key};
 pub use load::{Load, LoadIndex, LoadSample, Query, ZoneLoad};
-pub use random::Random;
-pub use repeat::Repeat;
-pub use response_time::ResponseTime;
-pub use round_robin::RoundRobin;
-pub use spec::{KNOWN_RULES, MAX_RULE_LEN, ParsedRule, RuleError, parse};
+pub use spec::{MAX_RULE_LEN, Params, ParsedRule, RuleError, parse, short_duration};
 pub use tables::{Built, Candidates, Needs, Tables};
 pub use version_isolation::{Fallback, Isolated, Versions, isolate};
-pub use weighted::{WeightSchedule, Weighted};
-pub use zone_avoidance::ZoneAvoidance;
+pub use weighted::WeightSchedule;
+
+/// What a rule's own file declares about it.
+pub trait RuleDef: Select + Sized {
+    /// The name requests use, e.g. `repeat`.
+    const NAME: &'static str;
+    /// The parameters it accepts, in canonical order.
+    const PARAMS: &'static [&'static str] = &[];
+    /// Whether `Lease` may hand out its tickets (the rule maps a ticket to an instance from the
+    /// instance list alone, so a client can map leased tickets exactly as rota would).
+    const LEASABLE: bool = false;
+
+    /// Reads the rule's parameters (defaults for those not given).
+    fn parse(params: &mut Params<'_>) -> Result<Self, RuleError>;
+
+    /// The canonical spelling: every parameter that has a default written out.
+    fn canonical(&self) -> String {
+        Self::NAME.to_owned()
+    }
+
+    /// The tables it reads.
+    fn needs(&self) -> Needs {
+        Needs::default()
+    }
+
+    /// Whether it reads the request's `key` (and so requires one).
+    fn needs_key(&self) -> bool {
+        false
+    }
+}
+
+/// The list of rules: `Variant(file::Type)`. Adding a rule is adding its file and a line here.
+macro_rules! rules {
+    ($($variant:ident($file:ident::$ty:ident)),* $(,)?) => {
+        $(mod $file;)*
+        $(pub use $file::$ty;)*
+
+        /// Every rule rota knows, with its parameters.
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub enum Rule {
+            $($variant($ty),)*
+        }
+
+        /// Rule names accepted in `PickRequest.rule`.
+        pub const KNOWN_RULES: &[&str] = &[$(<$ty as RuleDef>::NAME,)*];
+
+        /// Names of the rules `Lease` hands tickets out for.
+        pub const LEASABLE: &[(&str, bool)] = &[$((<$ty as RuleDef>::NAME, <$ty as RuleDef>::LEASABLE),)*];
+
+        impl Rule {
+            /// The rule named `name`, its parameters read from `params`; `None` for an unknown name.
+            fn parse_named(name: &str, params: &mut Params<'_>) -> Option<Result<Rule, RuleError>> {
+                $(
+                    if name == <$ty as RuleDef>::NAME {
+                        let parsed = <$ty as RuleDef>::parse(params.of(<$ty as RuleDef>::NAME));
+                        return Some(parsed.and_then(|rule| {
+                            params.finish(<$ty as RuleDef>::PARAMS)?;
+                            Ok(Rule::$variant(rule))
+                        }));
+                    }
+                )*
+                None
+            }
+
+            pub fn canonical(&self) -> String {
+                match self { $(Rule::$variant(rule) => rule.canonical(),)* }
+            }
+
+            /// The tables the rule reads.
+            pub fn needs(&self) -> Needs {
+                match self { $(Rule::$variant(rule) => rule.needs(),)* }
+            }
+
+            /// Whether the rule reads `key` (and so requires one).
+            pub fn needs_key(&self) -> bool {
+                match self { $(Rule::$variant(rule) => rule.needs_key(),)* }
+            }
+
+            /// Whether `Lease` may hand out this rule's tickets.
+            pub fn leasable(&self) -> bool {
+                match self { $(Rule::$variant(_) => <$ty as RuleDef>::LEASABLE,)* }
+            }
+        }
+
+        impl Select for Rule {
+            fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
+                match self { $(Rule::$variant(rule) => rule.select(draw, rng),)* }
+            }
+        }
+    };
+}
+
+rules! {
+    RoundRobin(round_robin::RoundRobin),
+    Random(random::Random),
+    Repeat(repeat::Repeat),
+    Weighted(weighted::Weighted),
+    ResponseTime(response_time::ResponseTime),
+    BestAvailable(best_available::BestAvailable),
+    LeastRequest(least_request::LeastRequest),
+    AvailabilityFiltering(availability::AvailabilityFiltering),
+    ZoneAvoidance(zone_avoidance::ZoneAvoidance),
+    ConsistentHash(consistent_hash::ConsistentHash),
+    Sticky(sticky::Sticky),
+    Retry(retry::Retry),
+}
+
+/// The leasable rules' names, for error messages.
+pub fn leasable_rules() -> String {
+    LEASABLE.iter().filter(|(_, leasable)| *leasable).map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+}
 
 /// Positions among the candidates that a pick must not return: the instances a call already
 /// tried (`exclude`). Sorted, without duplicates, and empty for almost every pick.
@@ -167,83 +264,6 @@ pub trait Select {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice>;
 }
 
-/// Every rule rota knows, with its parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Rule {
-    RoundRobin(RoundRobin),
-    Random(Random),
-    Repeat(Repeat),
-    Weighted(Weighted),
-    ResponseTime(ResponseTime),
-    BestAvailable(BestAvailable),
-    LeastRequest(LeastRequest),
-    AvailabilityFiltering(AvailabilityFiltering),
-    ZoneAvoidance(ZoneAvoidance),
-    ConsistentHash(ConsistentHash),
-    /// Key → instance remembered centrally for `ttl` (refreshed on use).
-    Sticky {
-        ttl: Duration,
-    },
-    /// Re-picks with `inner`, skipping unavailable instances, for up to `budget`.
-    Retry {
-        inner: Box<Rule>,
-        budget: Duration,
-    },
-}
-
-impl Rule {
-    /// Whether the rule reads `key` (and so requires one).
-    pub fn needs_key(&self) -> bool {
-        match self {
-            Rule::ConsistentHash(_) | Rule::Sticky { .. } => true,
-            Rule::Retry { inner, .. } => inner.needs_key(),
-            _ => false,
-        }
-    }
-}
-
-impl Rule {
-    /// The tables the rule reads.
-    pub fn needs(&self) -> Needs {
-        let load = Needs { load: true, ..Needs::default() };
-        match self {
-            Rule::RoundRobin(_) | Rule::Random(_) | Rule::Repeat(_) => Needs::default(),
-            Rule::Weighted(_) => Needs { schedule: true, ..Needs::default() },
-            Rule::ConsistentHash(rule) => {
-                Needs { maglev: true, load: rule.balance_milli.is_some(), ..Needs::default() }
-            }
-            Rule::ResponseTime(_)
-            | Rule::BestAvailable(_)
-            | Rule::LeastRequest(_)
-            | Rule::AvailabilityFiltering(_)
-            | Rule::ZoneAvoidance(_)
-            | Rule::Sticky { .. } => load,
-            // `retry` reads breakers to skip tripped choices.
-            Rule::Retry { inner, .. } => inner.needs().union(load),
-        }
-    }
-}
-
-impl Select for Rule {
-    fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
-        match self {
-            Rule::RoundRobin(rule) => rule.select(draw, rng),
-            Rule::Random(rule) => rule.select(draw, rng),
-            Rule::Repeat(rule) => rule.select(draw, rng),
-            Rule::Weighted(rule) => rule.select(draw, rng),
-            Rule::ResponseTime(rule) => rule.select(draw, rng),
-            Rule::BestAvailable(rule) => rule.select(draw, rng),
-            Rule::LeastRequest(rule) => rule.select(draw, rng),
-            Rule::AvailabilityFiltering(rule) => rule.select(draw, rng),
-            Rule::ZoneAvoidance(rule) => rule.select(draw, rng),
-            Rule::ConsistentHash(rule) => rule.select(draw, rng),
-            // New sticky assignments rotate, skipping unavailable instances.
-            Rule::Sticky { .. } => AvailabilityFiltering::default().select(draw, rng),
-            Rule::Retry { inner, .. } => inner.select(draw, rng),
-        }
-    }
-}
-
 #[cfg(test)]
 mod excluded_tests {
     use proptest::prelude::*;
@@ -298,11 +318,18 @@ pub(crate) mod testing {
         Arc::new(spec.validate("test").expect("valid test instance"))
     }
 
-    /// Candidates with every table built and every instance idle.
+    /// Candidates with a weight schedule and a load index (every instance idle).
     pub fn subset(members: Vec<Arc<Instance>>) -> Candidates {
         let candidates = Candidates::new(Subset::new("test", members));
-        candidates.build(Needs { schedule: true, maglev: true, load: false });
+        candidates.build(Needs { schedule: true, ..Needs::default() });
         candidates.tables.load.store(Some(Arc::new(LoadIndex::new(candidates.members()))));
+        candidates
+    }
+
+    /// [`subset`] with a Maglev table too.
+    pub fn hashed(members: Vec<Arc<Instance>>) -> Candidates {
+        let candidates = subset(members);
+        candidates.build(Needs { maglev: true, ..Needs::default() });
         candidates
     }
 

@@ -3,7 +3,7 @@
 //! The index is drawn over the eligible list itself, never (as Ribbon's `RandomRule` once did)
 //! with the size of the full list, which could point past the eligible ones.
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Random;
@@ -12,6 +12,14 @@ impl Select for Random {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let accepted = draw.accepted();
         (accepted > 0).then(|| Choice::at(draw.excluded.nth_accepted(rng.usize(..accepted))))
+    }
+}
+
+impl RuleDef for Random {
+    const NAME: &'static str = "random";
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(Random)
     }
 }
 

@@ -4,7 +4,7 @@
 //! so with several consumers no instance ever got its N in a row. From the shared ticket,
 //! `t → (t / N) mod n_instances` makes the sequence exact for all consumers together.
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
 
 /// Default run length.
 pub const DEFAULT_N: u32 = 3;
@@ -26,6 +26,21 @@ impl Default for Repeat {
 impl Select for Repeat {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         draw.rotate(draw.ticket / u64::from(self.n.max(1))).map(Choice::at)
+    }
+}
+
+impl RuleDef for Repeat {
+    const NAME: &'static str = "repeat";
+    const PARAMS: &'static [&'static str] = &["n"];
+    const LEASABLE: bool = true;
+
+    fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
+        let n = params.integer("n", 1..=u64::from(MAX_N))?;
+        Ok(Repeat { n: n.map_or(DEFAULT_N, |n| n as u32) })
+    }
+
+    fn canonical(&self) -> String {
+        format!("repeat(n={})", self.n)
     }
 }
 

@@ -9,7 +9,7 @@
 //! Cost: linear in the candidates (every latency is read from the subset's load index under one
 //! lock); the one load-aware rule that still reads them all.
 
-use super::{Choice, Draw, RoundRobin, Select};
+use super::{Choice, Draw, Needs, Params, RoundRobin, RuleDef, RuleError, Select};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ResponseTime;
@@ -45,6 +45,18 @@ impl Select for ResponseTime {
             }
         }
         (0..members.len()).rev().find(|&index| draw.accepts(index)).map(Choice::at)
+    }
+}
+
+impl RuleDef for ResponseTime {
+    const NAME: &'static str = "response_time";
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(ResponseTime)
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { load: true, ..Needs::default() }
     }
 }
 

@@ -4,7 +4,7 @@
 //! interleaved rotations. Here the ticket comes from one counter shared by all consumers, so the
 //! fleet as a whole visits each instance once per cycle of n picks.
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct RoundRobin;
@@ -12,6 +12,15 @@ pub struct RoundRobin;
 impl Select for RoundRobin {
     fn select(&self, draw: &Draw<'_>, _rng: &mut fastrand::Rng) -> Option<Choice> {
         draw.rotate(draw.ticket).map(Choice::at)
+    }
+}
+
+impl RuleDef for RoundRobin {
+    const NAME: &'static str = "round_robin";
+    const LEASABLE: bool = true;
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(RoundRobin)
     }
 }
 

@@ -1,46 +1,20 @@
 //! Parsing rule names: `round_robin`, `repeat(n=5)`, `retry(rule=repeat(n=3), max_ms=200)`.
 //!
 //! The grammar is `name` or `name(key=value, ...)`, where a value may itself be a rule with
-//! parameters. Each rule accepts only its own parameters, each within a stated range, and every
-//! error says which part of the string was wrong. The canonical form (`repeat(n=3)` for
+//! parameters. Each rule accepts only its own parameters, each within a stated range (declared
+//! in the rule's own file, and the error text written from it), and every error says which part
+//! of the string was wrong. The canonical form (`repeat(n=3)` for
 //! `repeat`) names the rule in responses and in counter keys, so `repeat` and `repeat(n=3)`
 //! share one rotation.
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::availability::MAX_LIMIT;
-use super::consistent_hash::BALANCE_RANGE;
-use super::least_request::MAX_CHOICES;
-use super::repeat::MAX_N;
-use super::{
-    AvailabilityFiltering, BestAvailable, ConsistentHash, LeastRequest, Random, Repeat, ResponseTime, RoundRobin, Rule,
-    Weighted, ZoneAvoidance,
-};
+use super::{KNOWN_RULES, Rule};
 
 /// Longest accepted rule string, in bytes.
 pub const MAX_RULE_LEN: usize = 256;
-
-/// Rule names accepted in `PickRequest.rule`.
-pub const KNOWN_RULES: &[&str] = &[
-    "round_robin",
-    "random",
-    "repeat",
-    "weighted",
-    "response_time",
-    "best_available",
-    "least_request",
-    "availability_filtering",
-    "zone_avoidance",
-    "consistent_hash",
-    "sticky",
-    "retry",
-];
-
-/// Default `sticky` time to live.
-pub const DEFAULT_STICKY_TTL: Duration = Duration::from_secs(600);
-/// Default `retry` time budget.
-pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_millis(500);
 
 /// A rule with its parameters, and its canonical spelling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +32,9 @@ pub enum RuleError {
     #[error("rule {name:?} is unknown; known rules: {}", KNOWN_RULES.join(", "))]
     Unknown { name: String },
     #[error("rule {rule:?}: parameter {param:?} is unknown; {rule} accepts: {accepted}")]
-    UnknownParam { rule: &'static str, param: String, accepted: &'static str },
+    UnknownParam { rule: &'static str, param: String, accepted: String },
     #[error("rule {rule:?}: parameter {param:?} {problem}, got {value:?}")]
-    BadParam { rule: &'static str, param: &'static str, problem: &'static str, value: String },
+    BadParam { rule: &'static str, param: &'static str, problem: String, value: String },
     #[error("rule {rule:?} needs a request key; set `key`")]
     MissingKey { rule: Arc<str> },
 }
@@ -70,11 +44,12 @@ pub fn parse(text: &str) -> Result<ParsedRule, RuleError> {
     if text.len() > MAX_RULE_LEN {
         return Err(RuleError::TooLong { len: text.len() });
     }
-    let rule = parse_rule(text, true)?;
-    Ok(ParsedRule { canonical: canonical(&rule).into(), rule })
+    let rule = parse_rule(text, false)?;
+    Ok(ParsedRule { canonical: rule.canonical().into(), rule })
 }
 
-fn parse_rule(text: &str, outermost: bool) -> Result<Rule, RuleError> {
+/// Parses one rule; `nested` when it is another rule's parameter.
+pub(crate) fn parse_rule(text: &str, nested: bool) -> Result<Rule, RuleError> {
     let malformed = |problem| RuleError::Malformed { rule: text.to_owned(), problem };
     let trimmed = text.trim();
     let (name, params) = match trimmed.split_once('(') {
@@ -87,156 +62,110 @@ fn parse_rule(text: &str, outermost: bool) -> Result<Rule, RuleError> {
     if name.is_empty() {
         return Err(malformed("the rule name is missing"));
     }
-    let mut params = Params { rule: "", list: params };
-    let rule = match name {
-        "round_robin" => params.none("round_robin", Rule::RoundRobin(RoundRobin))?,
-        "random" => params.none("random", Rule::Random(Random))?,
-        "weighted" => params.none("weighted", Rule::Weighted(Weighted))?,
-        "response_time" => params.none("response_time", Rule::ResponseTime(ResponseTime))?,
-        "best_available" => params.none("best_available", Rule::BestAvailable(BestAvailable))?,
-        "zone_avoidance" => params.none("zone_avoidance", Rule::ZoneAvoidance(ZoneAvoidance))?,
-        "repeat" => {
-            params.rule = "repeat";
-            let n = params.take_u64("n", "must be an integer from 1 to 1000000", 1, u64::from(MAX_N))?;
-            params.finish("n")?;
-            Rule::Repeat(Repeat { n: n.map_or(Repeat::default().n, |n| n as u32) })
-        }
-        "least_request" => {
-            params.rule = "least_request";
-            let choices = params.take_u64("choices", "must be an integer from 1 to 100", 1, u64::from(MAX_CHOICES))?;
-            params.finish("choices")?;
-            Rule::LeastRequest(LeastRequest { choices: choices.map_or(LeastRequest::default().choices, |c| c as u32) })
-        }
-        "availability_filtering" => {
-            params.rule = "availability_filtering";
-            let limit = params.take_u64("limit", "must be an integer from 1 to 1000000000", 1, MAX_LIMIT)?;
-            params.finish("limit")?;
-            Rule::AvailabilityFiltering(AvailabilityFiltering { limit })
-        }
-        "consistent_hash" => {
-            params.rule = "consistent_hash";
-            let balance = params.take_milli("balance", "must be a number from 1.0 to 100.0")?;
-            params.finish("balance")?;
-            Rule::ConsistentHash(ConsistentHash { balance_milli: balance })
-        }
-        "sticky" => {
-            params.rule = "sticky";
-            let ttl =
-                params.take_duration("ttl", "must be a duration from 1s to 7d, like 30s or 10m", 1, 7 * 86_400_000)?;
-            params.finish("ttl")?;
-            Rule::Sticky { ttl: ttl.unwrap_or(DEFAULT_STICKY_TTL) }
-        }
-        "retry" if outermost => {
-            params.rule = "retry";
-            let inner = match params.take("rule") {
-                None => Rule::RoundRobin(RoundRobin),
-                Some(value) => {
-                    let inner = parse_rule(&value, false)?;
-                    if matches!(inner, Rule::Sticky { .. }) {
-                        return Err(params.bad("rule", "must be a selector (not sticky or retry)", &value));
-                    }
-                    inner
-                }
-            };
-            let budget = params.take_u64("max_ms", "must be an integer from 1 to 60000", 1, 60_000)?;
-            params.finish("rule, max_ms")?;
-            Rule::Retry { inner: Box::new(inner), budget: budget.map_or(DEFAULT_RETRY_BUDGET, Duration::from_millis) }
-        }
-        "retry" => return Err(malformed("retry cannot wrap retry")),
-        other => return Err(RuleError::Unknown { name: other.to_owned() }),
-    };
-    Ok(rule)
-}
-
-/// The canonical spelling: every parameter that has a default is written out.
-pub fn canonical(rule: &Rule) -> String {
-    match rule {
-        Rule::RoundRobin(_) => "round_robin".into(),
-        Rule::Random(_) => "random".into(),
-        Rule::Weighted(_) => "weighted".into(),
-        Rule::ResponseTime(_) => "response_time".into(),
-        Rule::BestAvailable(_) => "best_available".into(),
-        Rule::ZoneAvoidance(_) => "zone_avoidance".into(),
-        Rule::Repeat(repeat) => format!("repeat(n={})", repeat.n),
-        Rule::LeastRequest(rule) => format!("least_request(choices={})", rule.choices),
-        Rule::AvailabilityFiltering(AvailabilityFiltering { limit: None }) => "availability_filtering".into(),
-        Rule::AvailabilityFiltering(AvailabilityFiltering { limit: Some(limit) }) => {
-            format!("availability_filtering(limit={limit})")
-        }
-        Rule::ConsistentHash(ConsistentHash { balance_milli: None }) => "consistent_hash".into(),
-        Rule::ConsistentHash(ConsistentHash { balance_milli: Some(milli) }) => {
-            format!("consistent_hash(balance={})", f64::from(*milli) / 1000.0)
-        }
-        Rule::Sticky { ttl } => format!("sticky(ttl={})", humantime::format_duration(*ttl)),
-        Rule::Retry { inner, budget } => format!("retry(rule={}, max_ms={})", canonical(inner), budget.as_millis()),
+    let mut params = Params { rule: "", list: params, nested, text };
+    match Rule::parse_named(name, &mut params) {
+        Some(rule) => rule,
+        None => Err(RuleError::Unknown { name: name.to_owned() }),
     }
 }
 
-struct Params<'a> {
+/// A rule's parameters as written, taken one by one by the rule's own parser.
+pub struct Params<'a> {
     rule: &'static str,
     list: Vec<(&'a str, &'a str)>,
+    nested: bool,
+    text: &'a str,
 }
 
 impl Params<'_> {
-    fn none(&mut self, rule: &'static str, value: Rule) -> Result<Rule, RuleError> {
+    /// Starts parsing the parameters of `rule`.
+    pub fn of(&mut self, rule: &'static str) -> &mut Self {
         self.rule = rule;
-        self.finish("no parameters")?;
-        Ok(value)
+        self
     }
 
-    fn take(&mut self, key: &str) -> Option<String> {
+    /// Whether this rule is itself another rule's parameter.
+    pub fn nested(&self) -> bool {
+        self.nested
+    }
+
+    /// The whole rule string is malformed.
+    pub fn malformed(&self, problem: &'static str) -> RuleError {
+        RuleError::Malformed { rule: self.text.to_owned(), problem }
+    }
+
+    /// The raw value of `key`, if given.
+    pub fn take(&mut self, key: &str) -> Option<String> {
         let position = self.list.iter().position(|(k, _)| *k == key)?;
         Some(self.list.remove(position).1.to_owned())
     }
 
-    fn bad(&self, param: &'static str, problem: &'static str, value: &str) -> RuleError {
-        RuleError::BadParam { rule: self.rule, param, problem, value: value.to_owned() }
+    pub fn bad(&self, param: &'static str, problem: impl Into<String>, value: &str) -> RuleError {
+        RuleError::BadParam { rule: self.rule, param, problem: problem.into(), value: value.to_owned() }
     }
 
-    fn take_u64(
-        &mut self,
-        key: &'static str,
-        problem: &'static str,
-        min: u64,
-        max: u64,
-    ) -> Result<Option<u64>, RuleError> {
+    /// An integer parameter within `range`.
+    pub fn integer(&mut self, key: &'static str, range: RangeInclusive<u64>) -> Result<Option<u64>, RuleError> {
         let Some(value) = self.take(key) else { return Ok(None) };
         match value.parse::<u64>() {
-            Ok(v) if (min..=max).contains(&v) => Ok(Some(v)),
-            _ => Err(self.bad(key, problem, &value)),
+            Ok(v) if range.contains(&v) => Ok(Some(v)),
+            _ => Err(self.bad(key, format!("must be an integer from {} to {}", range.start(), range.end()), &value)),
         }
     }
 
-    fn take_milli(&mut self, key: &'static str, problem: &'static str) -> Result<Option<u32>, RuleError> {
+    /// A decimal parameter within `range` (in thousandths), returned in thousandths.
+    pub fn milli(&mut self, key: &'static str, range: RangeInclusive<u32>) -> Result<Option<u32>, RuleError> {
         let Some(value) = self.take(key) else { return Ok(None) };
+        let problem = || {
+            let (low, high) = (f64::from(*range.start()) / 1000.0, f64::from(*range.end()) / 1000.0);
+            format!("must be a number from {low:.1} to {high:.1}")
+        };
         match value.parse::<f64>() {
-            Ok(v) if v.is_finite() && BALANCE_RANGE.contains(&((v * 1000.0).round() as u32)) => {
+            Ok(v) if v.is_finite() && v >= 0.0 && range.contains(&((v * 1000.0).round() as u32)) => {
                 Ok(Some((v * 1000.0).round() as u32))
             }
-            _ => Err(self.bad(key, problem, &value)),
+            _ => Err(self.bad(key, problem(), &value)),
         }
     }
 
-    fn take_duration(
+    /// A duration parameter within `range`.
+    pub fn duration(
         &mut self,
         key: &'static str,
-        problem: &'static str,
-        min_ms: u128,
-        max_ms: u128,
+        range: RangeInclusive<Duration>,
     ) -> Result<Option<Duration>, RuleError> {
         let Some(value) = self.take(key) else { return Ok(None) };
         match humantime::parse_duration(&value) {
-            Ok(d) if (min_ms..=max_ms).contains(&d.as_millis()) => Ok(Some(d)),
-            _ => Err(self.bad(key, problem, &value)),
+            Ok(d) if range.contains(&d) => Ok(Some(d)),
+            _ => {
+                let (low, high) = (short_duration(*range.start()), short_duration(*range.end()));
+                Err(self.bad(key, format!("must be a duration from {low} to {high}, like 30s or 10m"), &value))
+            }
         }
     }
 
-    /// Fails on any parameter not taken.
-    fn finish(&self, accepted: &'static str) -> Result<(), RuleError> {
+    /// Fails on any parameter not taken; `accepted` lists the rule's parameters.
+    pub fn finish(&self, accepted: &[&str]) -> Result<(), RuleError> {
         match self.list.first() {
-            Some((key, _)) => Err(RuleError::UnknownParam { rule: self.rule, param: (*key).to_owned(), accepted }),
+            Some((key, _)) => Err(RuleError::UnknownParam {
+                rule: self.rule,
+                param: (*key).to_owned(),
+                accepted: if accepted.is_empty() { "no parameters".to_owned() } else { accepted.join(", ") },
+            }),
             None => Ok(()),
         }
+    }
+}
+
+/// `1s`, `10m`, `7d`: the largest whole unit.
+pub fn short_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    match secs {
+        0 => format!("{}ms", duration.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -286,6 +215,7 @@ fn parse_params(inner: &str) -> Result<Vec<(&str, &str)>, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::{ConsistentHash, Random, Repeat, Retry, RoundRobin, Sticky};
 
     #[test]
     fn names_and_parameters() {
@@ -298,10 +228,10 @@ mod tests {
             parse("consistent_hash(balance=1.25)").unwrap().rule,
             Rule::ConsistentHash(ConsistentHash { balance_milli: Some(1250) })
         );
-        assert_eq!(parse("sticky(ttl=90s)").unwrap().rule, Rule::Sticky { ttl: Duration::from_secs(90) });
+        assert_eq!(parse("sticky(ttl=90s)").unwrap().rule, Rule::Sticky(Sticky { ttl: Duration::from_secs(90) }));
         assert_eq!(
             parse("retry(rule=repeat(n=2), max_ms=200)").unwrap().rule,
-            Rule::Retry { inner: Box::new(Rule::Repeat(Repeat { n: 2 })), budget: Duration::from_millis(200) }
+            Rule::Retry(Retry { inner: Box::new(Rule::Repeat(Repeat { n: 2 })), budget: Duration::from_millis(200) })
         );
     }
 

@@ -14,7 +14,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{Choice, Draw, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
 
 /// Longest schedule kept per subset (4 MiB of slots).
 pub const MAX_CYCLE: u64 = 1 << 20;
@@ -37,6 +37,19 @@ impl Select for Weighted {
             .filter_map(|step| built.position(slots[(start + step) % slots.len()] as usize, &draw.candidates.subset))
             .find(|&index| draw.accepts(index))
             .map(Choice::at)
+    }
+}
+
+impl RuleDef for Weighted {
+    const NAME: &'static str = "weighted";
+    const LEASABLE: bool = true;
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(Weighted)
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { schedule: true, ..Needs::default() }
     }
 }
 

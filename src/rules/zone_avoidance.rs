@@ -22,7 +22,7 @@
 //! over all candidates and says so.
 
 use super::availability::ALL_UNAVAILABLE;
-use super::{Choice, Draw, Query, Select, ZoneLoad};
+use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, ZoneLoad};
 
 /// Share of tripped instances at which a zone is dropped.
 pub const TRIPPED_SHARE: f64 = 0.99999;
@@ -47,6 +47,18 @@ impl Select for ZoneAvoidance {
             Some(index) => Some(Choice::at(index)),
             None => draw.rotate(draw.ticket).map(|index| Choice { index, fallback: Some(ALL_UNAVAILABLE) }),
         }
+    }
+}
+
+impl RuleDef for ZoneAvoidance {
+    const NAME: &'static str = "zone_avoidance";
+
+    fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
+        Ok(ZoneAvoidance)
+    }
+
+    fn needs(&self) -> Needs {
+        Needs { load: true, ..Needs::default() }
     }
 }
 

@@ -133,6 +133,7 @@ rules! {
     Random(random::Random),
     Repeat(repeat::Repeat),
     Weighted(weighted::Weighted),
+    SlowStart(slow_start::SlowStart),
     ResponseTime(response_time::ResponseTime),
     BestAvailable(best_available::BestAvailable),
     LeastRequest(least_request::LeastRequest),

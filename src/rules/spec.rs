@@ -266,7 +266,7 @@ mod tests {
         let cases = [
             (
                 "nope",
-                "rule \"nope\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
+                "rule \"nope\" is unknown; known rules: round_robin, random, repeat, weighted, slow_start, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
             ),
             ("repeat(n=0)", "rule \"repeat\": parameter \"n\" must be an integer from 1 to 1000000, got \"0\""),
             ("repeat(n=x)", "rule \"repeat\": parameter \"n\" must be an integer from 1 to 1000000, got \"x\""),
@@ -295,7 +295,7 @@ mod tests {
             ("retry(rule=retry)", "rule \"retry\" is malformed: retry cannot wrap retry"),
             (
                 "retry(rule=bogus)",
-                "rule \"bogus\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
+                "rule \"bogus\" is unknown; known rules: round_robin, random, repeat, weighted, slow_start, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
             ),
             ("retry(rule=repeat(n=2)", "rule \"retry(rule=repeat(n=2)\" is malformed: unbalanced parentheses"),
         ];

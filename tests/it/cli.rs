@@ -105,7 +105,7 @@ fn errors_are_one_clear_line_and_a_failing_exit() {
     let output = rota(&server, &["pick", "never-seen", "--rule", "zigzag"]);
     assert_eq!(
         text(&output.stderr),
-        "rota: INVALID_ARGUMENT: rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry\n"
+        "rota: INVALID_ARGUMENT: rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, slow_start, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry\n"
     );
 
     // A malformed version is refused, not quietly treated as unknown.

@@ -101,7 +101,7 @@ async fn bad_picks_get_precise_codes_and_leave_rotations_alone() {
             "table",
             PickOptions::rule("zigzag"),
             Code::InvalidArgument,
-            "rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
+            "rule \"zigzag\" is unknown; known rules: round_robin, random, repeat, weighted, slow_start, response_time, best_available, least_request, availability_filtering, zone_avoidance, consistent_hash, sticky, retry",
         ),
         (
             "table",

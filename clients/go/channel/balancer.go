@@ -26,6 +26,9 @@ type Config struct {
 	Rule string `json:"rule,omitempty"`
 	// Version applies to calls whose metadata names no version.
 	Version string `json:"version,omitempty"`
+	// Report, when false, turns off the reporting of call outcomes (default true). Outcomes
+	// feed rota's fleet statistics and breakers; the leasable rules do not read them.
+	Report *bool `json:"report,omitempty"`
 }
 
 func init() {
@@ -257,6 +260,7 @@ func (b *rotaBalancer) publishLocked() {
 		leases:     b.leases,
 		link:       b.link,
 		version:    b.config.Version,
+		report:     b.config.Report == nil || *b.config.Report,
 		ready:      ready,
 		connecting: connecting,
 		unsettled:  unsettled,

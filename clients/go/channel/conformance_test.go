@@ -169,6 +169,12 @@ func (r *run) step(ctx context.Context, i int, s step) {
 		}
 	case s.Kill != "":
 		r.servers[s.Kill].Kill()
+		for n := 0; n < 10; n++ {
+			if echo.Calls(ctx, r.conn, 1, "", 5*time.Second)[0].Err == nil {
+				return
+			}
+		}
+		t.Fatalf("step %d: 10 calls failed after %s was killed", i, s.Kill)
 	case s.StopRota:
 		r.rota.stop()
 	case s.RestartRota:

@@ -80,7 +80,7 @@ type leaser struct {
 
 	closed atomic.Bool
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	streams map[string]*versionStream
 	gen     uint64
 }
@@ -91,10 +91,15 @@ func newLeaser(l *link, rule string, wake func(), local func(string) *leaseView)
 
 // stream returns the version's stream, making room when MaxVersions are in use.
 func (ls *leaser) stream(version string) *versionStream {
+	ls.mu.RLock()
+	s, ok := ls.streams[version]
+	ls.mu.RUnlock()
+	if ok {
+		return s
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	s, ok := ls.streams[version]
-	if ok {
+	if s, ok := ls.streams[version]; ok {
 		return s
 	}
 	if len(ls.streams) >= MaxVersions {
@@ -192,8 +197,9 @@ func (s *versionStream) take() (d draw, ok bool, err error) {
 			b := s.cur
 			t := b.first + uint64(b.used)
 			b.used++
-			// Lease the next block once half of this one is spent.
-			if s.next == nil && !s.fetching && b.count-b.used <= b.count/2 {
+			// Keep one block ahead: the next lease has the whole of this block's life (about
+			// leaseTarget) to arrive, so calls do not wait for it even when rota is slow.
+			if s.next == nil && !s.fetching {
 				s.startFetch()
 			}
 			return draw{ticket: t, view: b.view}, true, nil

@@ -15,12 +15,15 @@ import (
 // link is one channel's connection to rota, shared by its resolver (Watch) and its policy
 // (Lease, Report). The resolver owns it and closes it.
 type link struct {
-	conn     *grpc.ClientConn
-	balancer rotapb.BalancerClient
-	service  string
-	opts     resolverOptions
-	log      *slog.Logger
-	reports  *reporter
+	conn *grpc.ClientConn
+	// reportConn carries the Report calls on a connection of their own, so that large
+	// batches never hold a Lease back behind them.
+	reportConn *grpc.ClientConn
+	balancer   rotapb.BalancerClient
+	service    string
+	opts       resolverOptions
+	log        *slog.Logger
+	reports    *reporter
 
 	published atomic.Bool
 	lost      atomic.Bool
@@ -28,18 +31,19 @@ type link struct {
 	offline atomic.Bool
 }
 
-func newLink(conn *grpc.ClientConn, service string, opts resolverOptions) *link {
+func newLink(conn, reportConn *grpc.ClientConn, service string, opts resolverOptions) *link {
 	log := opts.logger
 	if log == nil {
 		log = slog.New(discardHandler{})
 	}
-	l := &link{conn: conn, balancer: rotapb.NewBalancerClient(conn), service: service, opts: opts, log: log}
-	l.reports = newReporter(l.balancer, log)
+	l := &link{conn: conn, reportConn: reportConn, balancer: rotapb.NewBalancerClient(conn), service: service, opts: opts, log: log}
+	l.reports = newReporter(rotapb.NewBalancerClient(reportConn), service, log)
 	return l
 }
 
 func (l *link) close() {
 	l.reports.close()
+	_ = l.reportConn.Close()
 	_ = l.conn.Close()
 }
 
@@ -65,8 +69,9 @@ type reporter struct {
 	client rotapb.BalancerClient
 	log    *slog.Logger
 
+	service string
 	mu      sync.Mutex
-	pending []*rotapb.CallOutcome
+	pending []outcome
 	dropped uint64
 
 	stop chan struct{}
@@ -79,13 +84,22 @@ const (
 	maxPendingOutcomes = 20000
 )
 
-func newReporter(client rotapb.BalancerClient, log *slog.Logger) *reporter {
-	r := &reporter{client: client, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+// outcome is one call's outcome, kept small until it is sent.
+type outcome struct {
+	instance  string
+	rule      string
+	ticket    uint64
+	latencyUs uint64
+	result    rotapb.CallResult
+}
+
+func newReporter(client rotapb.BalancerClient, service string, log *slog.Logger) *reporter {
+	r := &reporter{client: client, service: service, log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
 }
 
-func (r *reporter) add(o *rotapb.CallOutcome) {
+func (r *reporter) add(o outcome) {
 	r.mu.Lock()
 	if len(r.pending) >= maxPendingOutcomes {
 		r.pending = r.pending[1:]
@@ -115,14 +129,20 @@ func (r *reporter) flush() {
 	for {
 		r.mu.Lock()
 		n := min(len(r.pending), maxReportBatch)
-		batch := append([]*rotapb.CallOutcome(nil), r.pending[:n]...)
+		batch := append([]outcome(nil), r.pending[:n]...)
 		r.pending = r.pending[n:]
 		r.mu.Unlock()
 		if n == 0 {
 			return
 		}
+		outcomes := make([]*rotapb.CallOutcome, n)
+		for i, o := range batch {
+			outcomes[i] = &rotapb.CallOutcome{
+				Service: r.service, InstanceId: o.instance, Ticket: o.ticket, Rule: o.rule, LatencyUs: o.latencyUs, Result: o.result,
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := r.client.Report(ctx, &rotapb.ReportRequest{Outcomes: batch})
+		_, err := r.client.Report(ctx, &rotapb.ReportRequest{Outcomes: outcomes})
 		cancel()
 		if err != nil {
 			r.mu.Lock()

@@ -26,6 +26,7 @@ type picker struct {
 	leases     *leaser
 	link       *link
 	version    string
+	report     bool
 	ready      map[string]balancer.SubConn
 	connecting bool
 	unsettled  bool
@@ -66,24 +67,20 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if !d.local {
 		result.Metadata = metadata.Pairs(TicketHeader, strconv.FormatUint(d.ticket, 10))
 	}
+	if !p.report {
+		return result, nil
+	}
 	start := time.Now()
 	ticket, rule, reports := d.ticket, d.view.rule, p.link.reports
 	if d.local {
 		ticket, rule = 0, ""
 	}
 	result.Done = func(done balancer.DoneInfo) {
-		outcome, report := outcomeOf(done)
+		result, report := outcomeOf(done)
 		if !report {
 			return
 		}
-		reports.add(&rotapb.CallOutcome{
-			Service:    p.link.service,
-			InstanceId: id,
-			Ticket:     ticket,
-			Rule:       rule,
-			LatencyUs:  uint64(time.Since(start).Microseconds()),
-			Result:     outcome,
-		})
+		reports.add(outcome{instance: id, rule: rule, ticket: ticket, latencyUs: uint64(time.Since(start).Microseconds()), result: result})
 	}
 	return result, nil
 }

@@ -37,6 +37,7 @@ type resolverOptions struct {
 	server      string
 	rule        string
 	version     string
+	noReports   bool
 	dialOptions []grpc.DialOption
 	logger      *slog.Logger
 	backoff     rota.Backoff
@@ -51,6 +52,9 @@ func WithRule(rule string) Option { return func(o *resolverOptions) { o.rule = r
 
 // WithVersion sets the version of calls that name none in their metadata.
 func WithVersion(version string) Option { return func(o *resolverOptions) { o.version = version } }
+
+// WithReports turns the reporting of call outcomes on (the default) or off; see Config.Report.
+func WithReports(on bool) Option { return func(o *resolverOptions) { o.noReports = !on } }
 
 // WithRotaDialOptions adds dial options for the connection to rota (after a plaintext
 // transport): pass grpc.WithTransportCredentials for TLS.
@@ -102,11 +106,16 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	if err != nil {
 		return nil, fmt.Errorf("rota: connecting to %s: %w", server, err)
 	}
-	conn.Connect()
-	l := newLink(conn, service, b.opts)
-	config := cc.ParseServiceConfig(serviceConfigJSON(b.opts.rule, b.opts.version))
-	if config.Err != nil {
+	reportConn, err := grpc.NewClient(server, dial...)
+	if err != nil {
 		_ = conn.Close()
+		return nil, fmt.Errorf("rota: connecting to %s: %w", server, err)
+	}
+	conn.Connect()
+	l := newLink(conn, reportConn, service, b.opts)
+	config := cc.ParseServiceConfig(serviceConfigJSON(b.opts.rule, b.opts.version, !b.opts.noReports))
+	if config.Err != nil {
+		l.close()
 		return nil, config.Err
 	}
 	r := &watchResolver{cc: cc, link: l, config: config}
@@ -117,8 +126,8 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 }
 
 // serviceConfigJSON selects the rota policy with the resolver's rule and version.
-func serviceConfigJSON(rule, version string) string {
-	return fmt.Sprintf(`{"loadBalancingConfig":[{%q:{"rule":%q,"version":%q}}]}`, PolicyName, rule, version)
+func serviceConfigJSON(rule, version string, report bool) string {
+	return fmt.Sprintf(`{"loadBalancingConfig":[{%q:{"rule":%q,"version":%q,"report":%t}}]}`, PolicyName, rule, version, report)
 }
 
 // watchResolver follows one service through Watch and hands its UP instances to the channel.

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -36,7 +37,18 @@ func main() {
 	roundLen := flag.Duration("round", 2*time.Second, "length of one round")
 	workers := flag.Int("workers", 16, "concurrent callers")
 	bin := flag.String("rota", os.Getenv("ROTA_BIN"), "rota binary (default $ROTA_BIN)")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the rounds to this file")
 	flag.Parse()
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *bin == "" {
 		log.Fatal("set -rota or ROTA_BIN")
 	}
@@ -70,6 +82,9 @@ func main() {
 	resolver := channel.NewResolver(channel.WithServer(addr), channel.WithRotaDialOptions(countLeases))
 	rotaConn := mustConn(grpc.WithResolvers(resolver))
 	defer rotaConn.Close()
+	quiet := channel.NewResolver(channel.WithServer(addr), channel.WithReports(false))
+	quietConn := mustConn(grpc.WithResolvers(quiet))
+	defer quietConn.Close()
 	rrConn := mustConn(grpc.WithResolvers(resolver), grpc.WithDisableServiceConfig(),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
 	defer rrConn.Close()
@@ -77,8 +92,9 @@ func main() {
 	// Warm up both channels (connections, first leases).
 	round(rotaConn, *workers, 300*time.Millisecond)
 	round(rrConn, *workers, 300*time.Millisecond)
+	round(quietConn, *workers, 300*time.Millisecond)
 
-	var rotaRuns, rrRuns []result
+	var rotaRuns, rrRuns, quietRuns []result
 	var rotaLeases int64
 	for i := 0; i < *rounds; i++ {
 		before := leases.Load()
@@ -86,9 +102,12 @@ func main() {
 		rotaLeases += leases.Load() - before
 		rotaRuns = append(rotaRuns, r)
 		rrRuns = append(rrRuns, round(rrConn, *workers, *roundLen))
-		fmt.Printf("round %d: rota %8.0f rps p99 %6.0f µs | round_robin %8.0f rps p99 %6.0f µs\n",
-			i+1, rotaRuns[i].rps, rotaRuns[i].p99, rrRuns[i].rps, rrRuns[i].p99)
+		quietRuns = append(quietRuns, round(quietConn, *workers, *roundLen))
+		fmt.Printf("round %d: rota %6.0f rps p99 %6.0f µs | round_robin %6.0f rps p99 %6.0f µs | rota without reports %6.0f rps p99 %6.0f µs\n",
+			i+1, rotaRuns[i].rps, rotaRuns[i].p99, rrRuns[i].rps, rrRuns[i].p99, quietRuns[i].rps, quietRuns[i].p99)
 	}
+	quietRPS := median(quietRuns, func(r result) float64 { return r.rps })
+	quietP99 := median(quietRuns, func(r result) float64 { return r.p99 })
 	rotaRPS, rrRPS := median(rotaRuns, func(r result) float64 { return r.rps }), median(rrRuns, func(r result) float64 { return r.rps })
 	rotaP99, rrP99 := median(rotaRuns, func(r result) float64 { return r.p99 }), median(rrRuns, func(r result) float64 { return r.p99 })
 	var rotaCalls int64
@@ -96,7 +115,9 @@ func main() {
 		rotaCalls += r.calls
 	}
 	fmt.Printf("median: rota %.0f rps, p99 %.0f µs; round_robin %.0f rps, p99 %.0f µs\n", rotaRPS, rotaP99, rrRPS, rrP99)
+	fmt.Printf("median: rota without reports %.0f rps, p99 %.0f µs\n", quietRPS, quietP99)
 	fmt.Printf("throughput ratio rota/round_robin %.3f; p99 ratio %.3f\n", rotaRPS/rrRPS, rotaP99/rrP99)
+	fmt.Printf("throughput ratio rota without reports/round_robin %.3f; p99 ratio %.3f\n", quietRPS/rrRPS, quietP99/rrP99)
 	fmt.Printf("leases %d for %d RPCs: %.0f RPCs per Lease\n", rotaLeases, rotaCalls, float64(rotaCalls)/float64(max(rotaLeases, 1)))
 }
 

@@ -147,6 +147,7 @@ func (r *run) step(ctx context.Context, i int, s step) {
 		if err := reg.Close(ctx); err != nil {
 			t.Fatalf("step %d: withdrawing %s: %v", i, s.Withdraw, err)
 		}
+		delete(r.regs, s.Withdraw)
 		withdrawn := time.Now()
 		bound := time.Duration(s.WithinMS) * time.Millisecond
 		var late []string
@@ -179,6 +180,11 @@ func (r *run) step(ctx context.Context, i int, s step) {
 		r.rota.stop()
 	case s.RestartRota:
 		r.rota = restartRota(t, r.rota)
+		open := len(r.regs)
+		waitFor(t, 20*time.Second, "every registration back in the restarted rota", func() bool {
+			list, err := r.client.Instances(ctx, "echo")
+			return err == nil && len(list) == open
+		})
 	case s.AwaitLeases:
 		before := r.log.Len()
 		waitFor(t, time.Duration(s.WithinMS)*time.Millisecond, "leased call", func() bool {

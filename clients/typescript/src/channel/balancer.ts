@@ -26,11 +26,16 @@ export const TICKET_HEADER = 'x-rota-ticket';
 
 const LEASABLE = /^(round_robin|weighted|repeat(\(n=\d+\))?)$/;
 
-/** The policy's service-config entry: `{"rota": {"rule": "repeat(n=3)", "version": "v2"}}`. */
+/**
+ * The policy's service-config entry: `{"rota": {"rule": "repeat(n=3)", "version": "v2"}}`.
+ * `"report": false` turns off the reporting of call outcomes (they feed rota's statistics and
+ * breakers; the leasable rules do not read them).
+ */
 export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
   constructor(
     readonly rule: string,
     readonly version: string,
+    readonly report: boolean = true,
   ) {}
 
   getLoadBalancerName(): string {
@@ -38,17 +43,17 @@ export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
   }
 
   toJsonObject(): object {
-    return { [POLICY_NAME]: { rule: this.rule, version: this.version } };
+    return { [POLICY_NAME]: { rule: this.rule, version: this.version, report: this.report } };
   }
 
   static createFromJson(obj: unknown): RotaLoadBalancingConfig {
-    const o = (obj ?? {}) as { rule?: unknown; version?: unknown };
+    const o = (obj ?? {}) as { rule?: unknown; version?: unknown; report?: unknown };
     const rule = typeof o.rule === 'string' ? o.rule : '';
     const version = typeof o.version === 'string' ? o.version : '';
     if (rule !== '' && !LEASABLE.test(rule)) {
       throw new Error(`rota: rule ${JSON.stringify(rule)} cannot be leased; use round_robin, repeat(n=N) or weighted`);
     }
-    return new RotaLoadBalancingConfig(rule, version);
+    return new RotaLoadBalancingConfig(rule, version, o.report !== false);
   }
 }
 
@@ -200,7 +205,7 @@ export class RotaLoadBalancer implements LoadBalancer {
       }
     }
     const state = ready.size > 0 ? connectivityState.READY : connecting ? connectivityState.CONNECTING : connectivityState.TRANSIENT_FAILURE;
-    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, ready, connecting, unsettled);
+    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, this.#config.report, ready, connecting, unsettled);
     this.#helper.updateState(state, picker, state === connectivityState.TRANSIENT_FAILURE ? 'no instance is reachable' : null);
   }
 
@@ -241,6 +246,7 @@ class RotaPicker implements Picker {
     readonly leases: Leaser,
     readonly service: string,
     readonly version: string,
+    readonly report: boolean,
     readonly ready: ReadonlyMap<string, SubchannelInterface>,
     readonly connecting: boolean,
     readonly unsettled: boolean,
@@ -276,6 +282,9 @@ class RotaPicker implements Picker {
     }
     if (!draw.local) {
       args.metadata.set(TICKET_HEADER, draw.ticket.toString());
+    }
+    if (!this.report) {
+      return { pickResultType: PickResultType.COMPLETE, subchannel, status: null, onCallStarted: null, onCallEnded: null };
     }
     const id = draw.view.ids[position!]!;
     const ticket = draw.local ? '0' : draw.ticket.toString();

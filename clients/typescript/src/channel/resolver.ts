@@ -21,6 +21,8 @@ import { RotaLink } from './link.js';
 export const OPTION_SERVER = 'rota.server';
 export const OPTION_RULE = 'rota.rule';
 export const OPTION_VERSION = 'rota.version';
+/** `false` turns off the reporting of call outcomes. */
+export const OPTION_REPORT = 'rota.report';
 export const OPTION_LOGGER = 'rota.logger';
 export const OPTION_BACKOFF = 'rota.backoff';
 /** The attribute that hands the channel's rota link from the resolver to the policy. */
@@ -74,7 +76,15 @@ export class RotaResolver implements Resolver {
       options['grpc.service_config'] !== undefined
         ? null
         : {
-            loadBalancingConfig: [{ rota: { rule: (options[OPTION_RULE] as string | undefined) ?? '', version: (options[OPTION_VERSION] as string | undefined) ?? '' } }],
+            loadBalancingConfig: [
+              {
+                rota: {
+                  rule: (options[OPTION_RULE] as string | undefined) ?? '',
+                  version: (options[OPTION_VERSION] as string | undefined) ?? '',
+                  report: options[OPTION_REPORT] !== false,
+                },
+              },
+            ],
             methodConfig: [],
           };
     if (service === '' || server === '') {

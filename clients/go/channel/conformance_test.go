@@ -239,14 +239,20 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 		results = append(results, more...)
 	}
 	calls := r.log.Calls()[before:]
-	if err := checkExpect(r.sc.Rule, s.Expect, results, calls); err != nil {
+	weights := map[string]uint64{}
+	for _, inst := range r.sc.Instances {
+		if inst.Weight != nil {
+			weights[inst.ID] = uint64(*inst.Weight)
+		}
+	}
+	if err := checkExpect(r.sc.Rule, s.Expect, weights, results, calls); err != nil {
 		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, max(s.Consumers, 1), err)
 	}
 }
 
 // checkExpect checks a calls step's expectations against what the consumers saw (results)
 // and what the instances answered (calls).
-func checkExpect(ruleName string, e *expectInfo, results []echo.Result, calls []echo.Call) error {
+func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, results []echo.Result, calls []echo.Call) error {
 	if e == nil {
 		return nil
 	}
@@ -305,7 +311,7 @@ func checkExpect(ruleName string, e *expectInfo, results []echo.Result, calls []
 		}
 	}
 	if len(e.Rotation) > 0 {
-		if err := checkRotation(ruleName, e.Rotation, calls); err != nil {
+		if err := checkRotation(ruleName, e.Rotation, weights, calls); err != nil {
 			return err
 		}
 	}
@@ -337,7 +343,7 @@ func checkExpect(ruleName string, e *expectInfo, results []echo.Result, calls []
 }
 
 // checkRotation: every call has a distinct ticket and reached the instance the rule maps it to.
-func checkRotation(ruleName string, ids []string, calls []echo.Call) error {
+func checkRotation(ruleName string, ids []string, weightOf map[string]uint64, calls []echo.Call) error {
 	sorted := append([]string(nil), ids...)
 	sort.Strings(sorted)
 	canonical := ruleName
@@ -349,8 +355,11 @@ func checkRotation(ruleName string, ids []string, calls []echo.Call) error {
 		return err
 	}
 	weights := make([]uint64, len(sorted))
-	for i := range weights {
+	for i, id := range sorted {
 		weights[i] = 100
+		if w, ok := weightOf[id]; ok {
+			weights[i] = w
+		}
 	}
 	m := newTicketMap(rule, weights)
 	seen := map[int64]string{}

@@ -192,7 +192,7 @@ function runProcess(command: string, args: string[]): Promise<EchoResult[]> {
   });
 }
 
-function checkExpect(rule: string, e: Expect | undefined, results: EchoResult[], calls: EchoCall[]): void {
+function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[]): void {
   if (e === undefined) {
     return;
   }
@@ -225,7 +225,7 @@ function checkExpect(rule: string, e: Expect | undefined, results: EchoResult[],
   }
   if (e.rotation !== undefined) {
     const ids = [...e.rotation].sort();
-    const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map(() => 100));
+    const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map((id) => weights.get(id) ?? 100));
     const seen = new Map<bigint, string>();
     for (const c of calls) {
       assert.ok(c.ticket >= 0n, `a call to ${c.instance} carried no ticket`);
@@ -295,7 +295,8 @@ describe(`channel scenarios (second consumer: ${consumer.language} process)`, { 
             for (const r of theirs) {
               assert.equal(r.length, s.calls, `step ${i}: a consumer process made ${r.length} calls`);
             }
-            checkExpect(sc.rule, s.expect, [...mine, ...theirs.flat()], log.slice(before));
+            const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
+            checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
           } else if (s.withdraw !== undefined) {
             await regs.get(s.withdraw)!.close();
             regs.delete(s.withdraw);

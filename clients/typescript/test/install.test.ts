@@ -4,12 +4,14 @@
 
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { RotaServer, packageDir, repoRoot } from './harness.js';
+import { RotaClient } from '../src/index.js';
+import { EchoServer, type EchoCall } from './echo.js';
+import { RotaServer, packageDir, repoRoot, silentLogger } from './harness.js';
 
 const README_TARGET = '127.0.0.1:50051';
 const COMMAND_TIMEOUT_MS = 180_000;
@@ -126,5 +128,24 @@ describe('the packed package, installed as README.md says', { timeout: 600_000 }
     await run(join(project, 'node_modules', '.bin', 'tsc'), ['-p', '.'], project);
     const output = await run(process.execPath, [join('out', 'quickstart.js')], project);
     assert.equal(output, 'calling 127.0.0.1:8080 (ticket 0)\n');
+  });
+
+  it('runs the gRPC channel example: rota:/// through the installed @rota/client/channel', async () => {
+    const log: EchoCall[] = [];
+    const echoes = await Promise.all(['orders-a', 'orders-b', 'orders-c'].map((id) => EchoServer.start(id, log)));
+    const provider = new RotaClient(server.target, { logger: silentLogger });
+    const registration = await provider.register(echoes.map((e) => ({ id: e.id, service: 'orders', host: '127.0.0.1', port: e.port })));
+    try {
+      copyFileSync(join(repoRoot, 'clients', 'conformance', 'channel', 'echo.proto'), join(project, 'echo.proto'));
+      writeFileSync(join(project, 'channel.ts'), readmeBlock('## gRPC channels', 'ts'));
+      await run(join(project, 'node_modules', '.bin', 'tsc'), ['--target', 'ES2022', '--module', 'NodeNext', '--moduleResolution', 'NodeNext', '--strict', '--skipLibCheck', '--types', 'node', '--outDir', 'out', 'channel.ts'], project);
+      process.env['ROTA_SERVER'] = server.target;
+      const output = await run(process.execPath, [join('out', 'channel.js')], project).finally(() => delete process.env['ROTA_SERVER']);
+      assert.equal(output, 'orders-a\norders-b\norders-c\n');
+    } finally {
+      await registration.close();
+      provider.close();
+      echoes.forEach((e) => e.kill());
+    }
   });
 });

@@ -1,0 +1,325 @@
+// The `rota` load-balancing policy: one subchannel per instance, each call mapped to its
+// instance by the next leased ticket of its version.
+
+import { Metadata, connectivityState, status, type ChannelOptions } from '@grpc/grpc-js';
+import {
+  PickResultType,
+  type ChannelControlHelper,
+  type Endpoint,
+  type LoadBalancer,
+  type PickArgs,
+  type PickResult,
+  type Picker,
+  type SubchannelInterface,
+  type TypedLoadBalancingConfig,
+} from '@grpc/grpc-js/build/src/experimental.js';
+import type { StatusOr } from '@grpc/grpc-js/build/src/call-interface.js';
+
+import { VERSION_HEADER } from '../version.js';
+import { Leaser, type LeaseView } from './lease.js';
+import { TicketMap, parseLeasedRule } from './mapping.js';
+import { LINK_ATTRIBUTE, type KnownInstance, type ResolvedService } from './resolver.js';
+
+export const POLICY_NAME = 'rota';
+/** Metadata added to every call routed by a leased ticket. */
+export const TICKET_HEADER = 'x-rota-ticket';
+
+const LEASABLE = /^(round_robin|weighted|repeat(\(n=\d+\))?)$/;
+
+/**
+ * The policy's service-config entry: `{"rota": {"rule": "repeat(n=3)", "version": "v2"}}`.
+ * `"report": false` turns off the reporting of call outcomes (they feed rota's statistics and
+ * breakers; the leasable rules do not read them).
+ */
+export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
+  constructor(
+    readonly rule: string,
+    readonly version: string,
+    readonly report: boolean = true,
+  ) {}
+
+  getLoadBalancerName(): string {
+    return POLICY_NAME;
+  }
+
+  toJsonObject(): object {
+    return { [POLICY_NAME]: { rule: this.rule, version: this.version, report: this.report } };
+  }
+
+  static createFromJson(obj: unknown): RotaLoadBalancingConfig {
+    const o = (obj ?? {}) as { rule?: unknown; version?: unknown; report?: unknown };
+    const rule = typeof o.rule === 'string' ? o.rule : '';
+    const version = typeof o.version === 'string' ? o.version : '';
+    if (rule !== '' && !LEASABLE.test(rule)) {
+      throw new Error(`rota: rule ${JSON.stringify(rule)} cannot be leased; use round_robin, repeat(n=N) or weighted`);
+    }
+    return new RotaLoadBalancingConfig(rule, version, o.report !== false);
+  }
+}
+
+interface Sub {
+  key: string;
+  info: KnownInstance;
+  subchannel: SubchannelInterface;
+  state: connectivityState;
+  /** The first connection attempt ended; until all have, calls wait rather than skip. */
+  settled: boolean;
+}
+
+function subKey(id: string, addr: string): string {
+  return `${id}\u0000${addr}`;
+}
+
+export class RotaLoadBalancer implements LoadBalancer {
+  readonly #helper: ChannelControlHelper;
+  readonly #subs = new Map<string, Sub>();
+  #resolved: ResolvedService | undefined;
+  #config = new RotaLoadBalancingConfig('', '');
+  #leases: Leaser | undefined;
+  #known: readonly KnownInstance[] = [];
+  #watch = 0;
+  #destroyed = false;
+
+  constructor(helper: ChannelControlHelper) {
+    this.#helper = helper;
+  }
+
+  updateAddressList(endpoints: StatusOr<Endpoint[]>, config: TypedLoadBalancingConfig, options: ChannelOptions): boolean {
+    const resolved = options[LINK_ATTRIBUTE] as ResolvedService | undefined;
+    if (!endpoints.ok) {
+      if (this.#subs.size === 0) {
+        this.#fail(endpoints.error.code, endpoints.error.details);
+      }
+      return true;
+    }
+    if (resolved === undefined) {
+      this.#fail(status.FAILED_PRECONDITION, 'rota: the rota policy needs a rota:///SERVICE target');
+      return false;
+    }
+    const c = config instanceof RotaLoadBalancingConfig ? config : new RotaLoadBalancingConfig('', '');
+    if (this.#resolved?.link !== resolved.link || this.#config.rule !== c.rule) {
+      this.#leases?.close();
+      this.#leases = new Leaser(resolved.link, c.rule, () => this.#publish(), (v) => this.#localView(v));
+    }
+    this.#resolved = resolved;
+    this.#config = c;
+    this.#known = resolved.instances;
+    const seen = new Set<string>();
+    let changed = false;
+    for (const info of resolved.instances) {
+      const key = subKey(info.id, info.addr);
+      seen.add(key);
+      const existing = this.#subs.get(key);
+      if (existing !== undefined) {
+        if (existing.info.version !== info.version || existing.info.weight !== info.weight) {
+          existing.info = info;
+          changed = true;
+        }
+        continue;
+      }
+      const [host, port] = splitAddr(info.addr);
+      const subchannel = this.#helper.createSubchannel({ host, port }, options);
+      const sub: Sub = { key, info, subchannel, state: connectivityState.IDLE, settled: false };
+      subchannel.ref();
+      subchannel.addConnectivityStateListener((_s, _prev, next) => {
+        if (this.#subs.get(key) !== sub || this.#destroyed) {
+          return;
+        }
+        sub.state = next;
+        if (next === connectivityState.READY || next === connectivityState.TRANSIENT_FAILURE) {
+          sub.settled = true;
+        }
+        if (next === connectivityState.IDLE) {
+          subchannel.startConnecting();
+        }
+        this.#publish();
+      });
+      this.#subs.set(key, sub);
+      subchannel.startConnecting();
+      changed = true;
+    }
+    for (const [key, sub] of this.#subs) {
+      if (!seen.has(key)) {
+        this.#subs.delete(key);
+        sub.subchannel.unref();
+        changed = true;
+      }
+    }
+    if (changed || this.#watch !== resolved.watch) {
+      this.#watch = resolved.watch;
+      this.#leases!.invalidate();
+    }
+    this.#publish();
+    return true;
+  }
+
+  exitIdle(): void {
+    for (const sub of this.#subs.values()) {
+      if (sub.state === connectivityState.IDLE) {
+        sub.subchannel.startConnecting();
+      }
+    }
+  }
+
+  resetBackoff(): void {}
+
+  destroy(): void {
+    this.#destroyed = true;
+    this.#leases?.close();
+    for (const sub of this.#subs.values()) {
+      sub.subchannel.unref();
+    }
+    this.#subs.clear();
+  }
+
+  getTypeName(): string {
+    return POLICY_NAME;
+  }
+
+  #fail(code: status, details: string): void {
+    const picker: Picker = {
+      pick: (): PickResult => ({
+        pickResultType: PickResultType.TRANSIENT_FAILURE,
+        subchannel: null,
+        status: { code, details, metadata: new Metadata() },
+        onCallStarted: null,
+        onCallEnded: null,
+      }),
+    };
+    this.#helper.updateState(connectivityState.TRANSIENT_FAILURE, picker, details);
+  }
+
+  #publish(): void {
+    if (this.#destroyed || this.#leases === undefined || this.#resolved === undefined) {
+      return;
+    }
+    const ready = new Map<string, SubchannelInterface>();
+    let connecting = false;
+    let unsettled = false;
+    for (const sub of this.#subs.values()) {
+      unsettled ||= !sub.settled;
+      if (sub.state === connectivityState.READY) {
+        ready.set(sub.key, sub.subchannel);
+      } else if (sub.state === connectivityState.IDLE || sub.state === connectivityState.CONNECTING) {
+        connecting = true;
+      }
+    }
+    const state = ready.size > 0 ? connectivityState.READY : connecting ? connectivityState.CONNECTING : connectivityState.TRANSIENT_FAILURE;
+    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, this.#config.report, ready, connecting, unsettled);
+    this.#helper.updateState(state, picker, state === connectivityState.TRANSIENT_FAILURE ? 'no instance is reachable' : null);
+  }
+
+  /** The version's instances as the channel knows them (rota's isolation: else the unversioned). */
+  #localView(version: string): LeaseView | undefined {
+    const of = (v: string): LeaseView | undefined => {
+      const members = this.#known.filter((i) => i.version === v);
+      if (members.length === 0) {
+        return undefined;
+      }
+      let rule;
+      try {
+        rule = parseLeasedRule(this.#config.rule);
+      } catch {
+        rule = parseLeasedRule('round_robin');
+      }
+      return {
+        rule: 'round_robin',
+        ids: members.map((i) => i.id),
+        addrs: members.map((i) => i.addr),
+        map: new TicketMap(rule, members.map((i) => i.weight)),
+      };
+    };
+    return of(version) ?? (version === '' ? undefined : of(''));
+  }
+}
+
+function splitAddr(addr: string): [string, number] {
+  const i = addr.lastIndexOf(':');
+  const host = addr.slice(0, i).replace(/^\[(.*)\]$/, '$1');
+  return [host, Number(addr.slice(i + 1))];
+}
+
+const QUEUE: PickResult = { pickResultType: PickResultType.QUEUE, subchannel: null, status: null, onCallStarted: null, onCallEnded: null };
+
+class RotaPicker implements Picker {
+  constructor(
+    readonly leases: Leaser,
+    readonly service: string,
+    readonly version: string,
+    readonly report: boolean,
+    readonly ready: ReadonlyMap<string, SubchannelInterface>,
+    readonly connecting: boolean,
+    readonly unsettled: boolean,
+  ) {}
+
+  pick(args: PickArgs): PickResult {
+    if (this.unsettled) {
+      return QUEUE;
+    }
+    const asked = args.metadata.get(VERSION_HEADER)[0];
+    const version = typeof asked === 'string' ? asked : this.version;
+    const stream = this.leases.stream(version);
+    let taken = stream.take();
+    if (taken.kind !== 'ticket') {
+      return taken.kind === 'wait' ? QUEUE : this.#failure(taken.code, taken.details);
+    }
+    let { draw } = taken;
+    let position = draw.view.map.position(draw.ticket);
+    let subchannel = this.#at(draw.view, position);
+    if (subchannel === undefined) {
+      // Not READY: skipped as `exclude` skips it, with the next ticket over the ready ones.
+      taken = stream.take();
+      if (taken.kind !== 'ticket') {
+        return taken.kind === 'wait' ? QUEUE : this.#failure(taken.code, taken.details);
+      }
+      draw = taken.draw;
+      const view = draw.view;
+      position = view.map.position(draw.ticket, (p) => this.#at(view, p) === undefined);
+      subchannel = this.#at(view, position);
+      if (subchannel === undefined) {
+        return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
+      }
+    }
+    if (!draw.local) {
+      args.metadata.set(TICKET_HEADER, draw.ticket.toString());
+    }
+    if (!this.report) {
+      return { pickResultType: PickResultType.COMPLETE, subchannel, status: null, onCallStarted: null, onCallEnded: null };
+    }
+    const id = draw.view.ids[position!]!;
+    const ticket = draw.local ? '0' : draw.ticket.toString();
+    const rule = draw.local ? '' : draw.view.rule;
+    const link = this.leases.link;
+    const started = performance.now();
+    return {
+      pickResultType: PickResultType.COMPLETE,
+      subchannel,
+      status: null,
+      onCallStarted: null,
+      onCallEnded: (code: status) => {
+        if (code === status.CANCELLED) {
+          return;
+        }
+        link.report({
+          service: this.service,
+          instanceId: id,
+          ticket,
+          rule,
+          latencyUs: Math.round((performance.now() - started) * 1000).toString(),
+          result: code === status.OK ? 'CALL_RESULT_OK' : code === status.UNAVAILABLE ? 'CALL_RESULT_CONNECT_FAILURE' : 'CALL_RESULT_ERROR',
+        });
+      },
+    };
+  }
+
+  #at(view: LeaseView, position: number | undefined): SubchannelInterface | undefined {
+    if (position === undefined) {
+      return undefined;
+    }
+    return this.ready.get(subKey(view.ids[position]!, view.addrs[position]!));
+  }
+
+  #failure(code: status, details: string): PickResult {
+    return { pickResultType: PickResultType.TRANSIENT_FAILURE, subchannel: null, status: { code, details, metadata: new Metadata() }, onCallStarted: null, onCallEnded: null };
+  }
+}

@@ -1,0 +1,34 @@
+// rota inside @grpc/grpc-js channels: importing this module registers the `rota` resolver
+// scheme and the `rota` load-balancing policy, so that
+//
+//   new Client('rota:///orders', credentials.createInsecure())
+//
+// routes every call of the client by rota's rotation for the service "orders". Leases of
+// consecutive tickets (Balancer.Lease) keep the rotation exact across every consumer while
+// each call costs a local pick; see docs/channels.md.
+
+import { registerLoadBalancerType, registerResolver } from '@grpc/grpc-js/build/src/experimental.js';
+
+import { POLICY_NAME, RotaLoadBalancer, RotaLoadBalancingConfig } from './balancer.js';
+import { RotaResolver } from './resolver.js';
+
+export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.js';
+export { LEASE_TARGET_MS, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
+export { TicketMap, parseLeasedRule, weightSchedule, type LeasedRule } from './mapping.js';
+export { OPTION_BACKOFF, OPTION_LOGGER, OPTION_REPORT, OPTION_RULE, OPTION_SERVER, OPTION_VERSION, SERVER_ENV } from './resolver.js';
+
+/** The target scheme: `rota:///SERVICE` or `rota://HOST:PORT/SERVICE`. */
+export const SCHEME = 'rota';
+
+let registered = false;
+
+/** Registers the scheme and the policy with grpc-js (done on import; calling again is a no-op). */
+export function registerChannel(): void {
+  if (!registered) {
+    registered = true;
+    registerResolver(SCHEME, RotaResolver);
+    registerLoadBalancerType(POLICY_NAME, RotaLoadBalancer, RotaLoadBalancingConfig);
+  }
+}
+
+registerChannel();

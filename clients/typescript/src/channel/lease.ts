@@ -1,0 +1,290 @@
+// Ticket leases, one stream per version in use: a block of consecutive tickets of rota's
+// rotation, handed out one call at a time, the next block leased before this one runs out.
+
+import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
+
+import { Backoff } from '../backoff.js';
+import type { LeaseResponse__Output } from '../generated/rota/v1/LeaseResponse.js';
+import type { RotaLink } from './link.js';
+import { TicketMap, parseLeasedRule } from './mapping.js';
+
+/** Bounds of the tickets of one lease (rota accepts at most 65,536). */
+export const MIN_LEASE = 1;
+export const MAX_LEASE = 65_536;
+/** One lease should last about this long at the measured call rate. */
+export const LEASE_TARGET_MS = 75;
+/** Versions with a lease stream of their own; the least recently used one is dropped. */
+export const MAX_VERSIONS = 32;
+const INITIAL_LEASE = 16;
+const LEASE_TIMEOUT_MS = 3_000;
+/** How long a refusal by rota (no eligible instance, ...) answers calls before a new attempt. */
+const REFUSAL_MS = 500;
+
+/** One lease's instance list and ticket map. */
+export interface LeaseView {
+  readonly rule: string;
+  readonly ids: readonly string[];
+  readonly addrs: readonly string[];
+  readonly map: TicketMap;
+}
+
+export function sameView(a: LeaseView | undefined, b: LeaseView): boolean {
+  return (
+    a !== undefined &&
+    a.rule === b.rule &&
+    a.ids.length === b.ids.length &&
+    a.ids.every((id, i) => id === b.ids[i] && a.addrs[i] === b.addrs[i])
+  );
+}
+
+export function hostPort(host: string, port: number): string {
+  return host.includes(':') && !host.startsWith('[') ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/** The view of a lease answer; throws for a rule the channel cannot map. */
+export function viewOf(response: LeaseResponse__Output): LeaseView {
+  const rule = parseLeasedRule(response.rule);
+  return {
+    rule: response.rule,
+    ids: response.instances.map((i) => i.id),
+    addrs: response.instances.map((i) => hostPort(i.host, i.port)),
+    map: new TicketMap(rule, response.instances.map((i) => i.weight ?? 100)),
+  };
+}
+
+interface Block {
+  first: bigint;
+  count: number;
+  used: number;
+  view: LeaseView;
+}
+
+/** One ticket for one call; `local` when it came from the local rotation. */
+export interface Draw {
+  ticket: bigint;
+  view: LeaseView;
+  local: boolean;
+}
+
+export type Take = { kind: 'ticket'; draw: Draw } | { kind: 'wait' } | { kind: 'error'; code: status; details: string };
+
+/** The lease streams of one channel. */
+export class Leaser {
+  readonly #streams = new Map<string, VersionStream>();
+  #generation = 0;
+  #closed = false;
+
+  constructor(
+    readonly link: RotaLink,
+    readonly rule: string,
+    /** Republishes the picker, so that queued calls are picked again. */
+    readonly wake: () => void,
+    /** The view to rotate over when rota was never reached for a version. */
+    readonly localView: (version: string) => LeaseView | undefined,
+  ) {}
+
+  get generation(): number {
+    return this.#generation;
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  stream(version: string): VersionStream {
+    let s = this.#streams.get(version);
+    if (s === undefined) {
+      if (this.#streams.size >= MAX_VERSIONS) {
+        let oldest: VersionStream | undefined;
+        for (const c of this.#streams.values()) {
+          if (oldest === undefined || c.lastUse < oldest.lastUse) {
+            oldest = c;
+          }
+        }
+        this.#streams.delete(oldest!.version);
+      }
+      s = new VersionStream(this, version);
+      this.#streams.set(version, s);
+    }
+    return s;
+  }
+
+  /** The instance list changed: unused tickets are dropped, the next lease maps over the new list. */
+  invalidate(): void {
+    this.#generation++;
+    for (const s of this.#streams.values()) {
+      s.reset();
+    }
+  }
+
+  close(): void {
+    this.#closed = true;
+    for (const s of this.#streams.values()) {
+      s.close();
+    }
+  }
+}
+
+export class VersionStream {
+  lastUse = 0;
+  #cur: Block | undefined;
+  #next: Block | undefined;
+  #fetching = false;
+  #k = INITIAL_LEASE;
+  #activated = 0;
+  #last: LeaseView | undefined;
+  #offline = false;
+  #localTicket = 0n;
+  #refused: { code: status; details: string; until: number } | undefined;
+  #waiting = false;
+  readonly #backoff: Backoff;
+  #retry: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly owner: Leaser,
+    readonly version: string,
+  ) {
+    this.#backoff = new Backoff(owner.link.backoff);
+  }
+
+  /** The size of the next lease. */
+  get leaseSize(): number {
+    return this.#k;
+  }
+
+  reset(): void {
+    this.#cur = undefined;
+    this.#next = undefined;
+    this.#refused = undefined;
+  }
+
+  close(): void {
+    clearTimeout(this.#retry);
+  }
+
+  take(): Take {
+    const now = performance.now();
+    this.lastUse = now;
+    if (this.#offline) {
+      const view = this.#last ?? this.owner.localView(this.version);
+      if (view === undefined) {
+        return { kind: 'error', code: status.UNAVAILABLE, details: `rota is unreachable and no instance of "${this.owner.link.service}" is known` };
+      }
+      const ticket = this.#localTicket;
+      this.#localTicket++;
+      return { kind: 'ticket', draw: { ticket, view, local: true } };
+    }
+    for (;;) {
+      const cur = this.#cur;
+      if (cur !== undefined && cur.used < cur.count) {
+        const ticket = cur.first + BigInt(cur.used);
+        cur.used++;
+        // Lease the next block once half of this one is spent.
+        if (this.#next === undefined && !this.#fetching && cur.count - cur.used <= cur.count >> 1) {
+          this.#fetch();
+        }
+        return { kind: 'ticket', draw: { ticket, view: cur.view, local: false } };
+      }
+      if (this.#next !== undefined) {
+        this.#activate(this.#next, now);
+        this.#next = undefined;
+        continue;
+      }
+      if (this.#refused !== undefined && now < this.#refused.until) {
+        return { kind: 'error', code: this.#refused.code, details: this.#refused.details };
+      }
+      if (!this.#fetching) {
+        this.#fetch();
+      }
+      this.#waiting = true;
+      return { kind: 'wait' };
+    }
+  }
+
+  /** Makes `block` current; sizes the next lease from how fast the previous block was spent. */
+  #activate(block: Block, now: number): void {
+    const prev = this.#cur;
+    if (prev !== undefined && this.#activated > 0) {
+      const elapsed = Math.max(now - this.#activated, 0.001);
+      const want = Math.min((prev.count * LEASE_TARGET_MS) / elapsed, this.#k * 16);
+      this.#k = Math.round(Math.min(Math.max(want, MIN_LEASE), MAX_LEASE));
+    }
+    this.#cur = block;
+    this.#activated = now;
+  }
+
+  #fetch(): void {
+    this.#fetching = true;
+    const generation = this.owner.generation;
+    const link = this.owner.link;
+    link.balancer.Lease(
+      { service: link.service, rule: this.owner.rule, version: this.version, count: this.#k },
+      new Metadata(),
+      { deadline: Date.now() + LEASE_TIMEOUT_MS },
+      (error: ServiceError | null, response?: LeaseResponse__Output) => this.#leased(generation, error, response),
+    );
+  }
+
+  #leased(generation: number, error: ServiceError | null, response: LeaseResponse__Output | undefined): void {
+    this.#fetching = false;
+    let wake = this.#waiting;
+    this.#waiting = false;
+    const link = this.owner.link;
+    if (this.owner.closed) {
+      return;
+    }
+    if (generation !== this.owner.generation) {
+      this.#fetch();
+      return;
+    }
+    let view: LeaseView | undefined;
+    let refusal: { code: status; details: string } | undefined;
+    if (error === null && response !== undefined) {
+      try {
+        view = viewOf(response);
+      } catch (e) {
+        refusal = { code: status.INVALID_ARGUMENT, details: (e as Error).message };
+      }
+    } else if (error !== null && error.metadata?.get('rota-error').length > 0) {
+      refusal = { code: error.code, details: error.details };
+    }
+    if (view !== undefined && response !== undefined) {
+      this.#backoff.reset();
+      this.#refused = undefined;
+      if (this.#offline) {
+        this.#offline = false;
+        link.online();
+      }
+      if (sameView(this.#last, view)) {
+        view = this.#last!;
+      }
+      this.#last = view;
+      const block: Block = { first: BigInt(response.firstTicket), count: response.count, used: 0, view };
+      if (this.#cur === undefined || this.#cur.used >= this.#cur.count) {
+        this.#activate(block, performance.now());
+      } else {
+        this.#next = block;
+      }
+    } else if (refusal !== undefined) {
+      this.#refused = { ...refusal, until: performance.now() + REFUSAL_MS };
+    } else {
+      if (!this.#offline) {
+        this.#offline = true;
+        // Tickets held from before the outage are dropped: a restarted rota counts from 0 again.
+        this.#cur = undefined;
+        this.#next = undefined;
+        link.offline(error?.details ?? 'no answer');
+      }
+      wake = true;
+      this.#retry = setTimeout(() => {
+        if (!this.#fetching && this.#offline && !this.owner.closed) {
+          this.#fetch();
+        }
+      }, this.#backoff.next());
+      this.#retry.unref();
+    }
+    if (wake) {
+      this.owner.wake();
+    }
+  }
+}

@@ -1,0 +1,85 @@
+// One channel's connection to rota, shared by its resolver (Watch) and its policy (Lease,
+// Report), with the batching of call outcomes.
+
+import { Channel, credentials as grpcCredentials, type ChannelCredentials } from '@grpc/grpc-js';
+
+import type { BackoffOptions } from '../backoff.js';
+import type { BalancerClient } from '../generated/rota/v1/Balancer.js';
+import type { CallOutcome } from '../generated/rota/v1/CallOutcome.js';
+import type { RegistryClient } from '../generated/rota/v1/Registry.js';
+import type { Logger } from '../logger.js';
+import { rotaV1 } from '../proto.js';
+
+const REPORT_INTERVAL_MS = 100;
+const MAX_REPORT_BATCH = 1_000;
+const MAX_PENDING_OUTCOMES = 20_000;
+
+export class RotaLink {
+  readonly balancer: BalancerClient;
+  readonly registry: RegistryClient;
+  readonly #channel: Channel;
+  #pending: CallOutcome[] = [];
+  #reporting = false;
+  #timer: NodeJS.Timeout;
+  #offline = false;
+  #closed = false;
+
+  constructor(
+    readonly server: string,
+    readonly service: string,
+    readonly logger: Logger,
+    readonly backoff: BackoffOptions,
+    credentials: ChannelCredentials = grpcCredentials.createInsecure(),
+  ) {
+    const rota = rotaV1();
+    this.#channel = new Channel(server, credentials, {});
+    this.balancer = new rota.Balancer(server, credentials, { channelOverride: this.#channel });
+    this.registry = new rota.Registry(server, credentials, { channelOverride: this.#channel });
+    this.#timer = setInterval(() => this.#flush(), REPORT_INTERVAL_MS);
+    this.#timer.unref();
+  }
+
+  /** Queues a call outcome; the oldest are dropped past MAX_PENDING_OUTCOMES. */
+  report(outcome: CallOutcome): void {
+    if (this.#pending.length >= MAX_PENDING_OUTCOMES) {
+      this.#pending.shift();
+    }
+    this.#pending.push(outcome);
+  }
+
+  #flush(): void {
+    if (this.#reporting || this.#pending.length === 0) {
+      return;
+    }
+    const batch = this.#pending.splice(0, MAX_REPORT_BATCH);
+    this.#reporting = true;
+    this.balancer.Report({ outcomes: batch }, { deadline: Date.now() + 2_000 }, (error) => {
+      this.#reporting = false;
+      if (error !== null && !this.#closed) {
+        this.#pending = batch.concat(this.#pending).slice(-MAX_PENDING_OUTCOMES);
+      }
+    });
+  }
+
+  /** A lease failed for lack of rota: logged once until rota answers again. */
+  offline(reason: string): void {
+    if (!this.#offline) {
+      this.#offline = true;
+      this.logger.warn(`rota: unreachable (${reason}); routing calls to "${this.service}" over the last known instances with a local rotation`);
+    }
+  }
+
+  online(): void {
+    if (this.#offline) {
+      this.#offline = false;
+      this.logger.warn(`rota: reachable again; calls to "${this.service}" follow leases again`);
+    }
+  }
+
+  close(): void {
+    this.#closed = true;
+    clearInterval(this.#timer);
+    this.#flush();
+    this.#channel.close();
+  }
+}

@@ -1,0 +1,201 @@
+// The `rota` resolver scheme: `rota:///SERVICE` (rota's address from the channel option
+// `rota.server` or ROTA_SERVER) or `rota://HOST:PORT/SERVICE`. It follows the service with
+// Watch and hands its UP instances to the channel.
+
+import { Metadata, status, type ChannelOptions, type ClientReadableStream, type ServiceError } from '@grpc/grpc-js';
+import {
+  type Endpoint,
+  type GrpcUri,
+  type Resolver,
+  type ResolverListener,
+} from '@grpc/grpc-js/build/src/experimental.js';
+
+import type { BackoffOptions } from '../backoff.js';
+import { Backoff } from '../backoff.js';
+import type { Instance__Output } from '../generated/rota/v1/Instance.js';
+import type { WatchEvent__Output } from '../generated/rota/v1/WatchEvent.js';
+import { consoleLogger, type Logger } from '../logger.js';
+import { RotaLink } from './link.js';
+
+/** Channel options read by the rota resolver and policy. */
+export const OPTION_SERVER = 'rota.server';
+export const OPTION_RULE = 'rota.rule';
+export const OPTION_VERSION = 'rota.version';
+/** `false` turns off the reporting of call outcomes. */
+export const OPTION_REPORT = 'rota.report';
+export const OPTION_LOGGER = 'rota.logger';
+export const OPTION_BACKOFF = 'rota.backoff';
+/** The attribute that hands the channel's rota link from the resolver to the policy. */
+export const LINK_ATTRIBUTE = 'rota.link';
+export const SERVER_ENV = 'ROTA_SERVER';
+
+/** What the policy needs to know of an instance, by "host:port". */
+export interface KnownInstance {
+  id: string;
+  addr: string;
+  version: string;
+  weight: number;
+}
+
+/** The link plus the resolver's current instance list. */
+export interface ResolvedService {
+  link: RotaLink;
+  /** Counts Watch streams: a new one may follow a restarted rota, whose counters started over. */
+  watch: number;
+  instances: readonly KnownInstance[];
+}
+
+export class RotaResolver implements Resolver {
+  readonly #listener: ResolverListener;
+  readonly #link: RotaLink;
+  readonly #serviceConfig: { loadBalancingConfig: object[]; methodConfig: [] } | null;
+  readonly #backoff: Backoff;
+  readonly #instances = new Map<string, Instance__Output>();
+  #call: ClientReadableStream<WatchEvent__Output> | undefined;
+  #retry: NodeJS.Timeout | undefined;
+  #published = false;
+  #watches = 0;
+  #lost = false;
+  #destroyed = false;
+
+  static getDefaultAuthority(target: GrpcUri): string {
+    return target.path.replace(/^\//, '');
+  }
+
+  constructor(target: GrpcUri, listener: ResolverListener, options: ChannelOptions) {
+    this.#listener = listener;
+    const service = target.path.replace(/^\//, '');
+    const server = target.authority || (options[OPTION_SERVER] as string | undefined) || process.env[SERVER_ENV] || '';
+    const logger = (options[OPTION_LOGGER] as Logger | undefined) ?? consoleLogger;
+    const backoff = (options[OPTION_BACKOFF] as BackoffOptions | undefined) ?? { initialMs: 100, maxMs: 2_000 };
+    this.#backoff = new Backoff(backoff);
+    this.#link = new RotaLink(server || '127.0.0.1:0', service, logger, backoff);
+    // A service config given to the channel (grpc.service_config) wins; otherwise the policy is
+    // rota with the rule and version of the channel options.
+    this.#serviceConfig =
+      options['grpc.service_config'] !== undefined
+        ? null
+        : {
+            loadBalancingConfig: [
+              {
+                rota: {
+                  rule: (options[OPTION_RULE] as string | undefined) ?? '',
+                  version: (options[OPTION_VERSION] as string | undefined) ?? '',
+                  report: options[OPTION_REPORT] !== false,
+                },
+              },
+            ],
+            methodConfig: [],
+          };
+    if (service === '' || server === '') {
+      const details =
+        service === ''
+          ? `rota: target names no service (want rota:///SERVICE)`
+          : `rota: no rota server for "${service}": set ${SERVER_ENV}, the channel option ${OPTION_SERVER}, or use rota://HOST:PORT/${service}`;
+      process.nextTick(() => this.#fail(details));
+      this.#destroyed = true;
+      return;
+    }
+    this.#watch();
+  }
+
+  updateResolution(): void {}
+
+  destroy(): void {
+    this.#destroyed = true;
+    clearTimeout(this.#retry);
+    this.#call?.cancel();
+    this.#link.close();
+  }
+
+  #watch(): void {
+    if (this.#destroyed) {
+      return;
+    }
+    const call = this.#link.registry.Watch({ service: this.#link.service });
+    this.#call = call;
+    let first = true;
+    call.on('data', (event: WatchEvent__Output) => {
+      if (this.#call !== call) {
+        return;
+      }
+      switch (event.event) {
+        case 'snapshot':
+          this.#instances.clear();
+          for (const i of event.snapshot?.instances ?? []) {
+            this.#instances.set(i.id, i);
+          }
+          break;
+        case 'added':
+          this.#instances.set(event.added!.id, event.added!);
+          break;
+        case 'updated':
+          this.#instances.set(event.updated!.id, event.updated!);
+          break;
+        case 'removed':
+          this.#instances.delete(event.removed!.id);
+          break;
+      }
+      if (first) {
+        first = false;
+        this.#watches++;
+        this.#backoff.reset();
+        if (this.#lost) {
+          this.#lost = false;
+          this.#link.logger.warn(`rota: watching "${this.#link.service}" again`);
+        }
+      }
+      this.#publish(event.epoch);
+    });
+    call.on('error', (error: ServiceError) => this.#ended(call, error.details));
+    call.on('end', () => this.#ended(call, 'the watch ended'));
+  }
+
+  #ended(call: ClientReadableStream<WatchEvent__Output>, reason: string): void {
+    if (this.#call !== call || this.#destroyed) {
+      return;
+    }
+    this.#call = undefined;
+    if (!this.#lost) {
+      this.#lost = true;
+      this.#link.logger.warn(`rota: watch of "${this.#link.service}" lost (${reason}); routing over the last known instances`);
+    }
+    if (!this.#published) {
+      this.#fail(`rota: cannot watch service "${this.#link.service}" at ${this.#link.server}: ${reason}`);
+    }
+    this.#retry = setTimeout(() => this.#watch(), this.#backoff.next());
+    this.#retry.unref();
+  }
+
+  #fail(details: string): void {
+    this.#listener({ ok: false, error: { code: status.UNAVAILABLE, details, metadata: new Metadata() } }, {}, null, details);
+  }
+
+  #publish(epoch: string): void {
+    const up = [...this.#instances.values()]
+      .filter((i) => i.status === 'UP' || i.status === 'INSTANCE_STATUS_UNSPECIFIED')
+      .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    if (up.length === 0) {
+      this.#published = false;
+      this.#fail(`rota: service "${this.#link.service}" has no UP instance (epoch ${epoch}); is it registered with rota?`);
+      return;
+    }
+    this.#published = true;
+    const endpoints: Endpoint[] = up.map((i) => ({ addresses: [{ host: i.host, port: i.port }] }));
+    const resolved: ResolvedService = {
+      link: this.#link,
+      watch: this.#watches,
+      instances: up.map((i) => ({ id: i.id, addr: hostPortOf(i), version: i.version, weight: i.weight ?? 100 })),
+    };
+    this.#listener(
+      { ok: true, value: endpoints },
+      { [LINK_ATTRIBUTE]: resolved },
+      this.#serviceConfig === null ? null : { ok: true, value: this.#serviceConfig as never },
+      '',
+    );
+  }
+}
+
+function hostPortOf(i: Instance__Output): string {
+  return i.host.includes(':') && !i.host.startsWith('[') ? `[${i.host}]:${i.port}` : `${i.host}:${i.port}`;
+}

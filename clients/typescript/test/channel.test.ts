@@ -1,0 +1,362 @@
+// The rota channel for grpc-js: the ticket map against rota's rules and rota's own Pick, and
+// the shared channel scenarios (clients/conformance/channel) against a live rota and echo
+// servers, with a second consumer process in Go when the go command is at hand.
+
+import assert from 'node:assert/strict';
+import { execFile, execFileSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+
+import * as grpc from '@grpc/grpc-js';
+
+import { RotaClient, type Registration } from '../src/index.js';
+import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
+import { viewOf } from '../src/channel/lease.js';
+import { rotaV1 } from '../src/proto.js';
+import { EchoServer, echoCalls, echoPackage, type EchoCall, type EchoResult } from './echo.js';
+import { RotaServer, packageDir, repoRoot, silentLogger, waitFor } from './harness.js';
+
+function letters(rule: string, weights: number[], tickets: number, excluded?: (p: number) => boolean): string {
+  const map = new TicketMap(parseLeasedRule(rule), weights);
+  let out = '';
+  for (let t = 0; t < tickets; t++) {
+    const p = map.position(BigInt(t), excluded);
+    assert.notEqual(p, undefined, `${rule}: ticket ${t} maps to nothing`);
+    out += String.fromCharCode(65 + p!);
+  }
+  return out;
+}
+
+describe('ticket map', () => {
+  it('follows the sequences rota pins for its rules', () => {
+    assert.equal(letters('round_robin', [1, 1, 1], 7), 'ABCABCA');
+    assert.equal(letters('repeat(n=3)', [1, 1, 1], 12), 'AAABBBCCCAAA');
+    assert.equal(letters('repeat(n=5)', [1, 1], 12), 'AAAAABBBBBAA');
+    assert.equal(letters('weighted', [5, 1, 1], 14), 'AAABCAAAAABCAA');
+    assert.equal(letters('weighted', [2, 1], 3), 'ABA');
+    assert.equal(letters('weighted', [100, 100, 100], 3), 'ABC');
+    assert.equal(letters('weighted', [3, 0, 1], 4), 'AACA');
+  });
+
+  it('skips excluded positions as rota skips exclude', () => {
+    const skipB = (p: number): boolean => p === 1;
+    assert.equal(letters('round_robin', [1, 1, 1, 1], 6, skipB), 'ACDACD');
+    assert.equal(letters('repeat(n=2)', [1, 1, 1], 8, skipB), 'AACCAACC');
+    const plain = letters('weighted', [3, 1, 1], 10);
+    const skipped = letters('weighted', [3, 1, 1], 10, skipB);
+    for (let i = 0; i < plain.length; i++) {
+      assert.notEqual(skipped[i], 'B');
+      if (plain[i] !== 'B') {
+        assert.equal(skipped[i], plain[i]);
+      }
+    }
+    assert.equal(new TicketMap(parseLeasedRule('round_robin'), [1, 1]).position(0n, () => true), undefined);
+  });
+
+  it('scales huge weights to the cycle bound, keeping proportions', () => {
+    const slots = weightSchedule([3_000_000, 1_000_001]);
+    assert.ok(slots.length <= 1 << 20);
+    const a = slots.filter((s) => s === 0).length;
+    const ratio = a / (slots.length - a);
+    assert.ok(ratio > 2.97 && ratio < 3.03, `shares ${a}:${slots.length - a}`);
+  });
+
+  it('refuses rules it cannot map', () => {
+    for (const rule of ['random', 'consistent_hash', 'repeat(n=0)', '']) {
+      assert.throws(() => parseLeasedRule(rule), /cannot be leased/);
+    }
+  });
+});
+
+describe('ticket map against rota', { timeout: 60_000 }, () => {
+  let server: RotaServer;
+  let rota: RotaClient;
+  let registration: Registration;
+  before(async () => {
+    server = await RotaServer.start();
+    rota = await RotaClient.connect(server.target, { logger: silentLogger });
+    registration = await rota.register(
+      [30, 10, 20, 0, 10].map((weight, i) => ({ id: `p-${i}`, service: 'parity', host: '127.0.0.1', port: 7000 + i, weight })),
+    );
+  });
+  after(async () => {
+    await registration.close();
+    rota.close();
+    await server.stop();
+  });
+
+  it('maps the tickets of rota Pick to the instances rota picked', async () => {
+    const balancer = new (rotaV1().Balancer)(server.target, grpc.credentials.createInsecure());
+    try {
+      for (const rule of ['round_robin', 'repeat(n=3)', 'weighted']) {
+        const response = await new Promise<Parameters<typeof viewOf>[0]>((resolve, reject) =>
+          balancer.Lease({ service: 'parity', rule, count: 0 }, (error: grpc.ServiceError | null, r?: Parameters<typeof viewOf>[0]) => (error ? reject(error) : resolve(r!))),
+        );
+        const view = viewOf(response);
+        assert.deepEqual([...view.ids], [...view.ids].sort());
+        assert.equal(view.ids.length, 5);
+        for (let n = 0; n < 40; n++) {
+          const skip = n % 4 === 3 ? view.ids[n % view.ids.length]! : undefined;
+          const pick = await rota.pick('parity', { rule, ...(skip !== undefined ? { exclude: [skip] } : {}) });
+          const p = view.map.position(pick.ticket, skip === undefined ? undefined : (i) => view.ids[i] === skip);
+          assert.equal(view.ids[p!], pick.instance.id, `${rule} ticket ${pick.ticket}`);
+        }
+      }
+    } finally {
+      balancer.close();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------------
+
+interface Expect {
+  failures?: number;
+  error_contains?: string;
+  leased?: boolean;
+  rotation?: string[];
+  runs?: number;
+  only?: string[];
+  never?: string[];
+  spread?: boolean;
+}
+
+interface Step {
+  calls?: number;
+  consumers?: number;
+  version?: string;
+  deadline_ms?: number;
+  expect?: Expect;
+  withdraw?: string;
+  within_ms?: number;
+  kill?: string;
+  stop_rota?: boolean;
+  restart_rota?: boolean;
+  await_leases?: boolean;
+}
+
+interface Scenario {
+  name: string;
+  rule: string;
+  service?: string;
+  instances: { id: string; version?: string; weight?: number }[];
+  steps: Step[];
+}
+
+const scenarioDir = join(repoRoot, 'clients', 'conformance', 'channel');
+
+/** The second consumer: the Go client's echoconsumer when go is at hand, else a Node process. */
+function secondConsumer(): { language: string; command: string; args: (target: string, rule: string, calls: number, version: string, deadlineMs: number) => string[] } {
+  try {
+    const dir = mkdtempSync(join(tmpdir(), 'rota-echoconsumer-'));
+    const binary = join(dir, 'echoconsumer');
+    execFileSync('go', ['build', '-o', binary, './cmd/echoconsumer'], { cwd: join(repoRoot, 'clients', 'go'), stdio: 'ignore', timeout: 300_000 });
+    return {
+      language: 'Go',
+      command: binary,
+      args: (target, rule, calls, version, deadlineMs) => ['-target', target, '-rule', rule, '-calls', String(calls), '-version', version, '-deadline', `${deadlineMs}ms`],
+    };
+  } catch {
+    return {
+      language: 'Node',
+      command: process.execPath,
+      args: (target, rule, calls, version, deadlineMs) => [join(packageDir, 'build', 'test', 'channel-consumer.js'), target, rule, String(calls), version, String(deadlineMs)],
+    };
+  }
+}
+
+function runProcess(command: string, args: string[]): Promise<EchoResult[]> {
+  return new Promise((resolve, reject) => {
+    execFile(command, args, { timeout: 120_000 }, (error, stdout, stderr) => {
+      if (error !== null) {
+        reject(new Error(`${command}: ${error.message}\n${stderr}`));
+        return;
+      }
+      const results: EchoResult[] = [];
+      for (const line of stdout.split('\n').filter((l) => l !== '')) {
+        if (line.startsWith('ok ')) {
+          results.push({ instance: line.slice(3) });
+        } else if (line.startsWith('fail ')) {
+          results.push({ error: Object.assign(new Error(line.slice(5)), { code: grpc.status.UNKNOWN, details: line.slice(5), metadata: new grpc.Metadata() }) });
+        } else {
+          reject(new Error(`consumer printed ${line}`));
+          return;
+        }
+      }
+      resolve(results);
+    });
+  });
+}
+
+function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[]): void {
+  if (e === undefined) {
+    return;
+  }
+  const failed = results.filter((r) => r.error !== undefined);
+  const reached = results.flatMap((r) => (r.instance !== undefined ? [r.instance] : []));
+  if (e.failures !== undefined) {
+    assert.equal(failed.length, e.failures, `failures: ${failed.map((r) => r.error!.details).join('; ')}`);
+  }
+  if (e.error_contains !== undefined) {
+    for (const r of failed) {
+      assert.ok(r.error!.details.includes(e.error_contains), `${r.error!.details} does not mention ${e.error_contains}`);
+    }
+  }
+  assert.equal(calls.length, reached.length, 'calls answered by the instances vs answers seen');
+  for (const id of reached) {
+    if (e.only !== undefined) {
+      assert.ok(e.only.includes(id), `a call reached ${id}, outside ${e.only.join(',')}`);
+    }
+    assert.ok(!(e.never ?? []).includes(id), `a call reached ${id}`);
+  }
+  if (e.spread) {
+    for (const id of e.only ?? []) {
+      assert.ok(reached.includes(id), `${id} answered no call`);
+    }
+  }
+  if (e.leased !== undefined) {
+    for (const c of calls) {
+      assert.equal(c.ticket >= 0n, e.leased, `call to ${c.instance} with ticket ${c.ticket}`);
+    }
+  }
+  if (e.rotation !== undefined) {
+    const ids = [...e.rotation].sort();
+    const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map((id) => weights.get(id) ?? 100));
+    const seen = new Map<bigint, string>();
+    for (const c of calls) {
+      assert.ok(c.ticket >= 0n, `a call to ${c.instance} carried no ticket`);
+      assert.ok(!seen.has(c.ticket), `ticket ${c.ticket} was used twice (${seen.get(c.ticket)} and ${c.instance}): no shared rotation`);
+      seen.set(c.ticket, c.instance);
+      assert.equal(c.instance, ids[map.position(c.ticket)!], `ticket ${c.ticket}`);
+    }
+    assert.ok(seen.size > 0, 'no call to check');
+  }
+  if (e.runs !== undefined) {
+    const n = BigInt(e.runs);
+    const groups = new Map<bigint, string[]>();
+    for (const c of calls) {
+      const g = c.ticket / n;
+      groups.set(g, [...(groups.get(g) ?? []), c.instance]);
+    }
+    let complete = 0;
+    for (const [g, members] of groups) {
+      if (members.length === e.runs) {
+        complete++;
+        assert.equal(new Set(members).size, 1, `tickets ${g * n}..${g * n + n - 1n} reached ${members.join(',')}`);
+      }
+    }
+    assert.ok(complete > 0, `no complete run of ${e.runs}`);
+  }
+}
+
+const consumer = secondConsumer();
+
+describe(`channel scenarios (second consumer: ${consumer.language} process)`, { timeout: 600_000 }, () => {
+  const files = readdirSync(scenarioDir).filter((f) => f.endsWith('.json')).sort();
+  it('has scenarios', () => assert.ok(files.length > 0));
+  for (const file of files) {
+    const sc = JSON.parse(readFileSync(join(scenarioDir, file), 'utf8')) as Scenario;
+    it(`${file}: ${sc.name}`, { timeout: 180_000 }, async () => {
+      let server = await RotaServer.start();
+      const log: EchoCall[] = [];
+      const echoes = new Map<string, EchoServer>();
+      const regs = new Map<string, Registration>();
+      const provider = new RotaClient(server.target, { logger: silentLogger, backoff: { initialMs: 20, maxMs: 300 } });
+      const service = sc.service ?? 'echo';
+      let client: grpc.Client | undefined;
+      try {
+        for (const inst of sc.instances) {
+          const echo = await EchoServer.start(inst.id, log);
+          echoes.set(inst.id, echo);
+          regs.set(
+            inst.id,
+            await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port: echo.port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
+          );
+        }
+        client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
+          [OPTION_SERVER]: server.target,
+          [OPTION_RULE]: sc.rule,
+          [OPTION_LOGGER]: silentLogger,
+          [OPTION_BACKOFF]: { initialMs: 20, maxMs: 500 },
+        }) as grpc.Client;
+        for (const [i, s] of sc.steps.entries()) {
+          if (s.calls !== undefined) {
+            const deadline = s.deadline_ms ?? 5_000;
+            const before = log.length;
+            const others = Array.from({ length: Math.max(s.consumers ?? 1, 1) - 1 }, () =>
+              runProcess(consumer.command, consumer.args(`rota://${server.target}/${service}`, sc.rule, s.calls!, s.version ?? '', deadline)),
+            );
+            const mine = await echoCalls(client, s.calls, s.version ?? '', deadline);
+            const theirs = await Promise.all(others);
+            for (const r of theirs) {
+              assert.equal(r.length, s.calls, `step ${i}: a consumer process made ${r.length} calls`);
+            }
+            const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
+            checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
+          } else if (s.withdraw !== undefined) {
+            await regs.get(s.withdraw)!.close();
+            regs.delete(s.withdraw);
+            const withdrawn = performance.now();
+            const bound = s.within_ms ?? 1_000;
+            const late: number[] = [];
+            let afterBound = 0;
+            while (performance.now() - withdrawn <= bound || afterBound < 20) {
+              const started = performance.now() - withdrawn;
+              const [r] = await echoCalls(client, 1, '', 5_000);
+              assert.equal(r!.error, undefined, `step ${i}: a call failed after the withdrawal`);
+              if (started > bound) {
+                afterBound++;
+                if (r!.instance === s.withdraw) {
+                  late.push(Math.round(started));
+                }
+              }
+            }
+            assert.deepEqual(late, [], `step ${i}: ${s.withdraw} still received calls started ms after its withdrawal`);
+          } else if (s.kill !== undefined) {
+            echoes.get(s.kill)!.kill();
+            let answered = false;
+            for (let n = 0; n < 10 && !answered; n++) {
+              answered = (await echoCalls(client, 1, '', 5_000))[0]!.error === undefined;
+            }
+            assert.ok(answered, `step ${i}: 10 calls failed after ${s.kill} was killed`);
+          } else if (s.stop_rota) {
+            await server.kill();
+          } else if (s.restart_rota) {
+            server = await RotaServer.start({ listen: server.target });
+            const restarted = server;
+            await waitFor(
+              async () => (await provider.listInstances('echo').catch(() => ({ instances: [] }))).instances.length === regs.size,
+              { timeoutMs: 20_000, what: `every registration back in the restarted rota (${restarted.target})` },
+            );
+          } else if (s.await_leases) {
+            const before = log.length;
+            await waitFor(
+              async () => {
+                await echoCalls(client!, 1, '', 5_000);
+                return log.slice(before).some((c) => c.ticket >= 0n);
+              },
+              { timeoutMs: s.within_ms ?? 20_000, what: 'a leased call' },
+            );
+          } else {
+            assert.fail(`step ${i}: no action`);
+          }
+        }
+      } finally {
+        client?.close();
+        for (const r of regs.values()) {
+          await r.close().catch(() => {});
+        }
+        provider.close();
+        for (const e of echoes.values()) {
+          e.kill();
+        }
+        await server.kill();
+      }
+    });
+  }
+});
+

@@ -1,0 +1,104 @@
+// The echo service of the channel tests (clients/conformance/channel/echo.proto): each instance
+// answers with its own id and records the ticket each call carried in x-rota-ticket.
+
+import { join } from 'node:path';
+
+import * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
+
+import { repoRoot } from './harness.js';
+
+export interface EchoCall {
+  instance: string;
+  /** The call's x-rota-ticket, or -1n when it carried none. */
+  ticket: bigint;
+}
+
+interface EchoPackage {
+  Echo: grpc.ServiceClientConstructor;
+}
+
+let loaded: EchoPackage | undefined;
+
+export function echoPackage(): EchoPackage {
+  if (loaded === undefined) {
+    const definition = protoLoader.loadSync('echo.proto', {
+      includeDirs: [join(repoRoot, 'clients', 'conformance', 'channel')],
+      keepCase: false,
+      defaults: true,
+    });
+    loaded = (grpc.loadPackageDefinition(definition) as unknown as { rota: { echo: { v1: EchoPackage } } }).rota.echo.v1;
+  }
+  return loaded;
+}
+
+export class EchoServer {
+  readonly calls: EchoCall[];
+  #server: grpc.Server;
+
+  private constructor(
+    readonly id: string,
+    readonly port: number,
+    server: grpc.Server,
+    calls: EchoCall[],
+  ) {
+    this.#server = server;
+    this.calls = calls;
+  }
+
+  /** Serves instance `id` on a free 127.0.0.1 port; every call is appended to `log`. */
+  static async start(id: string, log: EchoCall[]): Promise<EchoServer> {
+    const server = new grpc.Server();
+    const record = (metadata: grpc.Metadata): void => {
+      const value = metadata.get('x-rota-ticket')[0];
+      log.push({ instance: id, ticket: typeof value === 'string' ? BigInt(value) : -1n });
+    };
+    server.addService(echoPackage().Echo.service, {
+      Echo: (call: grpc.ServerUnaryCall<{ message: string }, unknown>, callback: grpc.sendUnaryData<unknown>) => {
+        record(call.metadata);
+        callback(null, { instanceId: id, message: call.request.message });
+      },
+      EchoStream: (call: grpc.ServerDuplexStream<{ message: string }, unknown>) => {
+        record(call.metadata);
+        call.on('data', (req: { message: string }) => call.write({ instanceId: id, message: req.message }));
+        call.on('end', () => call.end());
+      },
+    });
+    const port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
+    );
+    return new EchoServer(id, port, server, log);
+  }
+
+  /** Closes the listener and every connection at once: new connections are refused. */
+  kill(): void {
+    this.#server.forceShutdown();
+  }
+}
+
+export interface EchoResult {
+  instance?: string;
+  error?: grpc.ServiceError;
+}
+
+/** `n` unary Echo calls on `client`, one after another. */
+export async function echoCalls(client: grpc.Client, n: number, version: string, deadlineMs: number): Promise<EchoResult[]> {
+  const results: EchoResult[] = [];
+  const echo = client as unknown as {
+    Echo(req: object, md: grpc.Metadata, opts: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r?: { instanceId: string }) => void): void;
+  };
+  for (let i = 0; i < n; i++) {
+    const metadata = new grpc.Metadata();
+    if (version !== '') {
+      metadata.set('x-rota-version', version);
+    }
+    results.push(
+      await new Promise<EchoResult>((resolve) =>
+        echo.Echo({ message: String(i) }, metadata, { deadline: Date.now() + deadlineMs }, (error, reply) =>
+          resolve(error !== null ? { error } : { instance: reply!.instanceId }),
+        ),
+      ),
+    );
+  }
+  return results;
+}

@@ -105,8 +105,14 @@ pub async fn floor_server() -> Result<(), CliError> {
 /// Starts this binary with `args`, and reads the address from its first line.
 fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
     let exe = std::env::current_exe()?;
-    let mut child =
-        Command::new(exe).args(args).env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    // The benchmark registers before it picks: no start-up warm-up to wait out.
+    let mut child = Command::new(exe)
+        .args(args)
+        .env("ROTA_WARMUP", "0s")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| CliError::Usage("no stdout from rota serve".into()))?;
     let spawned = Spawned(child);
     let mut first = String::new();

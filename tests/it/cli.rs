@@ -31,6 +31,8 @@ fn serve_on(listen: &str, extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", listen, "--admin-listen", "127.0.0.1:0"])
         .args(extra)
+        // No warm-up unless `extra` asks for one: "never registered" is NOT_FOUND at once.
+        .env("ROTA_WARMUP", "0s")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -184,6 +186,8 @@ fn print_config_shows_file_then_environment_then_flags() {
     for line in [
         "listen = \"127.0.0.1:6000\"",
         "heartbeat_timeout = \"7s\"",
+        // The warm-up defaults to the heartbeat timeout in force.
+        "warmup = \"7s\"",
         "shutdown_grace = \"3s\"",
         "max_instances_per_stream = 1000",
         "[services.\"orders\"]",
@@ -191,6 +195,26 @@ fn print_config_shows_file_then_environment_then_flags() {
     ] {
         assert!(printed.lines().any(|l| l == line), "{line:?} missing from:\n{printed}");
     }
+}
+
+/// During the warm-up a service never seen is "not back yet" (UNAVAILABLE `warming_up`), not
+/// NOT_FOUND; a bad warm-up value stops rota before it binds.
+#[test]
+fn a_warming_up_server_answers_unseen_services_unavailable() {
+    let server = serve_with(&["--warmup".as_ref(), "1h".as_ref()]);
+    let output = rota(&server, &["pick", "not-back-yet"]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.starts_with("rota: UNAVAILABLE: rota started less than "), "{stderr}");
+    assert!(stderr.contains("\"not-back-yet\""), "{stderr}");
+
+    let output = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--warmup", "soon"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        text(&output.stderr).starts_with("rota: command line / environment: server.warmup: \"soon\" is not a duration"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]
@@ -209,10 +233,6 @@ fn demo_shows_shared_rotations() {
     assert_eq!(column(3), "aaabbbcccaaa");
     assert_eq!(column(4), "zltzltzltzltzltzltzltzltzltzltzltzlt");
     assert!(out.contains("no instance with version \"nobody\""), "{out}");
-}
-
-fn serve_with_config(path: &std::path::Path) -> Serving {
-    serve_with(&["--config".as_ref(), path.as_os_str()])
 }
 
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
@@ -236,30 +256,67 @@ fn an_invalid_config_file_stops_serve_before_binding() {
 #[test]
 fn the_config_file_sets_policies_and_reloads_on_sighup() {
     let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
-    let server = serve_with_config(&path);
+    // This server's log is read: each reload says whether it applied or refused the file.
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--warmup", "0s", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rota serve starts");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr =
+        first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
+    let log = log_lines(child.stderr.take().unwrap());
+    let server = Serving { child, endpoint: format!("http://{addr}") };
     let (register, _) = register_in_background(&server, &["cfg", "127.0.0.1:7101", "--id", "a"]);
     let mut register = Serving { child: register, endpoint: String::new() };
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("repeat(n=2)"), "{picked}");
 
-    // A bad edit is refused and the policy in force stays...
+    // A bad edit is refused (the log says so) and the policy in force stays...
     std::fs::write(&path, "[services.cfg]\nrule = \"nope\"\n").unwrap();
     let hangup = |pid: u32| assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success());
     hangup(server.child.id());
-    // ...then a good one applies: wait for it (bounded), the reload is asynchronous.
+    wait_for_line(&log, "policy file refused");
+    let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+    assert!(picked.contains("repeat(n=2)"), "the old policy stays after a refused edit: {picked}");
+    // ...then a good one applies once the log says it was reloaded.
     std::fs::write(&path, "[services.cfg]\nrule = \"random\"\n").unwrap();
     hangup(server.child.id());
+    wait_for_line(&log, "policies reloaded");
+    let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+    assert!(picked.contains("random"), "the new policy applies: {picked}");
+    let _ = register.child.kill();
+}
+
+/// The lines of a child's output, read on a thread of their own.
+fn log_lines(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most 10 s) for a line containing `needle`.
+fn wait_for_line(log: &std::sync::mpsc::Receiver<String>, needle: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
-        if picked.contains("random") {
-            break;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match log.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return,
+            Ok(_) => {}
+            Err(e) => panic!("no log line with {needle:?} within 10 s: {e}"),
         }
-        assert!(picked.contains("repeat(n=2)"), "only the old or the new policy, never the bad one: {picked}");
-        assert!(std::time::Instant::now() < deadline, "the new policy never applied");
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let _ = register.child.kill();
 }
 
 #[test]

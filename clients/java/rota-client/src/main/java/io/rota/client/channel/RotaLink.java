@@ -56,7 +56,9 @@ final class RotaLink implements AutoCloseable {
     RotaLink(String server, String service) {
         this.server = server;
         this.service = service;
-        this.channel = Grpc.newChannelBuilder(server, InsecureChannelCredentials.create()).build();
+        // An explicit scheme: rota's own address never goes through a rota resolver.
+        this.channel = Grpc.newChannelBuilder(server.contains("://") ? server : "dns:///" + server,
+                InsecureChannelCredentials.create()).build();
         this.balancer = BalancerGrpc.newFutureStub(channel);
         this.registry = RegistryGrpc.newStub(channel);
         this.scheduler = new ScheduledThreadPoolExecutor(1, task -> {

@@ -24,9 +24,13 @@ public final class RotaNameResolverProvider extends NameResolverProvider {
         return true;
     }
 
+    /**
+     * Below DNS's 5: the registry's default scheme (for targets without one) is its highest
+     * priority provider's, and that must stay DNS.
+     */
     @Override
     protected int priority() {
-        return 5;
+        return 4;
     }
 
     @Override

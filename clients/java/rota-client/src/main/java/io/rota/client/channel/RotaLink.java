@@ -42,6 +42,8 @@ final class RotaLink implements AutoCloseable {
     private static final int REPORT_BACKLOG = 100_000;
     private static final long REPORT_INTERVAL_MS = 100;
     private static final long LEASE_DEADLINE_MS = 2000;
+    /** Lease calls made by every channel of this process (read by the benchmark). */
+    static final java.util.concurrent.atomic.AtomicLong LEASE_CALLS = new java.util.concurrent.atomic.AtomicLong();
 
     final String server;
     final String service;
@@ -75,6 +77,7 @@ final class RotaLink implements AutoCloseable {
         LeaseRequest request = LeaseRequest.newBuilder().setService(service).setRule(rule).setVersion(version)
                 .setCount(count).build();
         CompletableFuture<LeaseResponse> result = new CompletableFuture<>();
+        LEASE_CALLS.incrementAndGet();
         Context.ROOT.run(() -> Futures.addCallback(
                 balancer.withDeadlineAfter(LEASE_DEADLINE_MS, TimeUnit.MILLISECONDS).lease(request),
                 new FutureCallback<LeaseResponse>() {

@@ -15,6 +15,7 @@ import grpc
 import grpc.aio
 
 from . import _convert as convert
+from ._aio_channel import AsyncRotaChannel, channel
 from ._convert import pb, pb_grpc
 from ._registry_state import Desired
 from .client import (

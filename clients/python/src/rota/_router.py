@@ -20,6 +20,7 @@ import grpc
 
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
+from .client import CHANNEL_OPTIONS
 from ._tickets import WAIT, Draw, Member, Refused, Rotation, leasable
 from .errors import error_reason
 
@@ -60,7 +61,7 @@ class Router:
         self.server = server
         self.rule = rule
         self.version = version
-        self._channel = grpc.insecure_channel(server)
+        self._channel = grpc.insecure_channel(server, options=CHANNEL_OPTIONS)
         self._balancer = pb_grpc.BalancerStub(self._channel)
         self._registry = pb_grpc.RegistryStub(self._channel)
         self._lock = threading.Condition()

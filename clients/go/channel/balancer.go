@@ -1,0 +1,304 @@
+package channel
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/serviceconfig"
+	"google.golang.org/grpc/status"
+)
+
+// PolicyName is the name of the load-balancing policy in service configs.
+const PolicyName = "rota"
+
+// Config is the policy's service-config entry: {"rota": {"rule": "repeat(n=3)", "version": "v2"}}.
+type Config struct {
+	serviceconfig.LoadBalancingConfig `json:"-"`
+	// Rule is the rule leases name; empty means the service's policy rule at rota. It must be
+	// one rota can lease: round_robin, repeat(n=N) or weighted.
+	Rule string `json:"rule,omitempty"`
+	// Version applies to calls whose metadata names no version.
+	Version string `json:"version,omitempty"`
+}
+
+func init() {
+	balancer.Register(builder{})
+}
+
+type builder struct{}
+
+func (builder) Name() string { return PolicyName }
+
+func (builder) ParseConfig(raw json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	var c Config
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("rota: bad policy config %s: %w", raw, err)
+	}
+	if c.Rule != "" {
+		name := c.Rule
+		if i := indexByte(name, '('); i >= 0 {
+			name = name[:i]
+		}
+		if name != "round_robin" && name != "repeat" && name != "weighted" {
+			return nil, fmt.Errorf("rota: rule %q cannot be leased; use round_robin, repeat(n=N) or weighted", c.Rule)
+		}
+	}
+	return &c, nil
+}
+
+func indexByte(s string, b byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == b {
+			return i
+		}
+	}
+	return -1
+}
+
+func (builder) Build(cc balancer.ClientConn, _ balancer.BuildOptions) balancer.Balancer {
+	return &rotaBalancer{cc: cc, subConns: map[string]*subConn{}}
+}
+
+// subConn is the channel's connection to one instance.
+type subConn struct {
+	key   string // id + address
+	info  instanceInfo
+	addr  string
+	sc    balancer.SubConn
+	state connectivity.State
+	// settled: the first connection attempt ended (READY or TRANSIENT_FAILURE). Until every
+	// subchannel has settled, RPCs wait rather than skip instances still connecting.
+	settled bool
+}
+
+func subConnKey(id, addr string) string { return id + "\x00" + addr }
+
+// rotaBalancer keeps one subchannel per instance and publishes pickers over the READY ones.
+type rotaBalancer struct {
+	cc balancer.ClientConn
+
+	mu          sync.Mutex
+	closed      bool
+	link        *link
+	config      Config
+	leases      *leaser
+	subConns    map[string]*subConn
+	resolverErr error
+	watch       uint64
+	// known is the instance list in id order, read without b.mu by the local rotation.
+	known atomic.Pointer[knownInstances]
+}
+
+// knownInstances is an immutable copy of the channel's instances, for the local rotation.
+type knownInstances struct {
+	rule      string
+	instances []knownInstance
+}
+
+type knownInstance struct {
+	info instanceInfo
+	addr string
+}
+
+func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l, _ := s.ResolverState.Attributes.Value(linkKey{}).(*link)
+	if l == nil {
+		b.cc.UpdateState(balancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{status.Error(codes.FailedPrecondition, "rota: the rota policy needs a rota:///SERVICE target")}})
+		return balancer.ErrBadResolverState
+	}
+	config := Config{}
+	if c, ok := s.BalancerConfig.(*Config); ok && c != nil {
+		config = *c
+	}
+	if b.link != l || b.config.Rule != config.Rule {
+		if b.leases != nil {
+			b.leases.close()
+		}
+		b.link = l
+		b.leases = newLeaser(l, config.Rule, b.wake, b.localView)
+	}
+	b.config = config
+	b.resolverErr = nil
+
+	addrs := s.ResolverState.Addresses
+	if len(addrs) == 0 {
+		for _, e := range s.ResolverState.Endpoints {
+			addrs = append(addrs, e.Addresses...)
+		}
+	}
+	seen := make(map[string]bool, len(addrs))
+	changed := false
+	for _, a := range addrs {
+		info := infoOf(a)
+		key := subConnKey(info.id, a.Addr)
+		seen[key] = true
+		if c, ok := b.subConns[key]; ok {
+			if c.info != info {
+				c.info = info
+				changed = true
+			}
+			continue
+		}
+		c := &subConn{key: key, info: info, addr: a.Addr, state: connectivity.Idle}
+		sc, err := b.cc.NewSubConn([]resolver.Address{{Addr: a.Addr}}, balancer.NewSubConnOptions{
+			StateListener: func(st balancer.SubConnState) { b.updateSubConn(c, st) },
+		})
+		if err != nil {
+			continue
+		}
+		c.sc = sc
+		b.subConns[key] = c
+		sc.Connect()
+		changed = true
+	}
+	for key, c := range b.subConns {
+		if !seen[key] {
+			c.sc.Shutdown()
+			delete(b.subConns, key)
+			changed = true
+		}
+	}
+	known := &knownInstances{rule: config.Rule}
+	for _, c := range b.subConns {
+		known.instances = append(known.instances, knownInstance{info: c.info, addr: c.addr})
+	}
+	sort.Slice(known.instances, func(i, j int) bool { return known.instances[i].info.id < known.instances[j].info.id })
+	b.known.Store(known)
+	watch, _ := s.ResolverState.Attributes.Value(watchKey{}).(uint64)
+	if changed || watch != b.watch {
+		b.watch = watch
+		b.leases.invalidate()
+	}
+	b.publishLocked()
+	return nil
+}
+
+func (b *rotaBalancer) updateSubConn(c *subConn, st balancer.SubConnState) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.subConns[c.key] != c {
+		return
+	}
+	c.state = st.ConnectivityState
+	if c.state == connectivity.Ready || c.state == connectivity.TransientFailure {
+		c.settled = true
+	}
+	if c.state == connectivity.Idle {
+		c.sc.Connect()
+	}
+	b.publishLocked()
+}
+
+func (b *rotaBalancer) ResolverError(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.resolverErr = err
+	if len(b.subConns) == 0 {
+		b.cc.UpdateState(balancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{err}})
+	}
+}
+
+func (b *rotaBalancer) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {}
+
+func (b *rotaBalancer) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.leases != nil {
+		b.leases.close()
+	}
+	for _, c := range b.subConns {
+		c.sc.Shutdown()
+	}
+	b.subConns = map[string]*subConn{}
+}
+
+func (b *rotaBalancer) ExitIdle() {}
+
+// wake republishes the picker so that RPCs queued for a lease are picked again.
+func (b *rotaBalancer) wake() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.publishLocked()
+	}
+}
+
+// publishLocked publishes a picker over the current subchannel states.
+func (b *rotaBalancer) publishLocked() {
+	ready := make(map[string]balancer.SubConn, len(b.subConns))
+	connecting, unsettled := false, false
+	for _, c := range b.subConns {
+		unsettled = unsettled || !c.settled
+		switch c.state {
+		case connectivity.Ready:
+			ready[c.key] = c.sc
+		case connectivity.Idle, connectivity.Connecting:
+			connecting = true
+		}
+	}
+	state := connectivity.TransientFailure
+	switch {
+	case len(ready) > 0:
+		state = connectivity.Ready
+	case connecting:
+		state = connectivity.Connecting
+	}
+	b.cc.UpdateState(balancer.State{ConnectivityState: state, Picker: &picker{
+		leases:     b.leases,
+		link:       b.link,
+		version:    b.config.Version,
+		ready:      ready,
+		connecting: connecting,
+		unsettled:  unsettled,
+	}})
+}
+
+// localView is the instance list of version as the channel knows it (rota's isolation: the
+// version's instances, else the unversioned ones), for the local rotation when rota was never
+// reached for that version.
+func (b *rotaBalancer) localView(version string) *leaseView {
+	known := b.known.Load()
+	if known == nil {
+		return nil
+	}
+	pick := func(v string) *leaseView {
+		view := &leaseView{rule: "round_robin"}
+		var weights []uint64
+		for _, c := range known.instances {
+			if c.info.version == v {
+				view.ids = append(view.ids, c.info.id)
+				view.addrs = append(view.addrs, c.addr)
+				weights = append(weights, c.info.weight)
+			}
+		}
+		if len(view.ids) == 0 {
+			return nil
+		}
+		rule, err := parseLeasedRule(known.rule)
+		if err != nil {
+			rule = leasedRule{kind: ruleRoundRobin}
+		}
+		view.m = newTicketMap(rule, weights)
+		return view
+	}
+	if v := pick(version); v != nil || version == "" {
+		return v
+	}
+	return pick("")
+}
+
+type errPicker struct{ err error }
+
+func (p errPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
+	return balancer.PickResult{}, p.err
+}

@@ -1,0 +1,362 @@
+package channel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	rota "github.com/rota-lb/rota/clients/go"
+	"github.com/rota-lb/rota/clients/go/channel/echo"
+)
+
+// scenario is one file of clients/conformance/channel (format in its README.md).
+type scenario struct {
+	Name      string `json:"name"`
+	Rule      string `json:"rule"`
+	Service   string `json:"service"`
+	Instances []struct {
+		ID      string  `json:"id"`
+		Version string  `json:"version"`
+		Weight  *uint32 `json:"weight"`
+	} `json:"instances"`
+	Steps []step `json:"steps"`
+}
+
+type step struct {
+	Calls       int         `json:"calls"`
+	Consumers   int         `json:"consumers"`
+	Version     string      `json:"version"`
+	DeadlineMS  int         `json:"deadline_ms"`
+	Expect      *expectInfo `json:"expect"`
+	Withdraw    string      `json:"withdraw"`
+	WithinMS    int         `json:"within_ms"`
+	Kill        string      `json:"kill"`
+	StopRota    bool        `json:"stop_rota"`
+	RestartRota bool        `json:"restart_rota"`
+	AwaitLeases bool        `json:"await_leases"`
+}
+
+type expectInfo struct {
+	Failures      *int     `json:"failures"`
+	ErrorContains string   `json:"error_contains"`
+	Leased        *bool    `json:"leased"`
+	Rotation      []string `json:"rotation"`
+	Runs          uint64   `json:"runs"`
+	Only          []string `json:"only"`
+	Never         []string `json:"never"`
+	Spread        bool     `json:"spread"`
+}
+
+const scenarioDir = "../../conformance/channel"
+
+func TestChannelScenarios(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(scenarioDir, "*.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios in %s: %v", scenarioDir, err)
+	}
+	for _, file := range files {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sc scenario
+		dec := json.NewDecoder(strings.NewReader(string(raw)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&sc); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".json"), func(t *testing.T) { runScenario(t, sc) })
+	}
+}
+
+// run is one scenario's world: rota, the echo instances, their registrations, consumer 1.
+type run struct {
+	t       *testing.T
+	sc      scenario
+	rota    *rotaServer
+	client  *rota.Client
+	servers map[string]*echo.Server
+	regs    map[string]*rota.Registration
+	log     *echo.Log
+	conn    *grpc.ClientConn
+	target  string
+}
+
+func runScenario(t *testing.T, sc scenario) {
+	r := &run{t: t, sc: sc, servers: map[string]*echo.Server{}, regs: map[string]*rota.Registration{}, log: &echo.Log{}}
+	r.rota = startRota(t, "127.0.0.1:0")
+	r.client = dialRota(t, r.rota.addr)
+	ctx := testContext(t, 2*time.Minute)
+	for _, inst := range sc.Instances {
+		srv, err := echo.Start(inst.ID, r.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Kill)
+		r.servers[inst.ID] = srv
+		reg, err := r.client.Register(ctx, rota.Instance{
+			ID: inst.ID, Service: "echo", Host: "127.0.0.1", Port: uint32(srv.Addr.Port), Version: inst.Version, Weight: inst.Weight,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.regs[inst.ID] = reg
+	}
+	service := sc.Service
+	if service == "" {
+		service = "echo"
+	}
+	r.target = "rota:///" + service
+	conn, err := grpc.NewClient(r.target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithResolvers(NewResolver(WithServer(r.rota.addr), WithRule(sc.Rule), WithLogger(quietLogger()),
+			WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 2}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	r.conn = conn
+	for i, s := range sc.Steps {
+		r.step(ctx, i, s)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+func (r *run) step(ctx context.Context, i int, s step) {
+	t := r.t
+	switch {
+	case s.Calls > 0:
+		r.calls(ctx, i, s)
+	case s.Withdraw != "":
+		reg := r.regs[s.Withdraw]
+		if reg == nil {
+			t.Fatalf("step %d: no instance %q", i, s.Withdraw)
+		}
+		if err := reg.Close(ctx); err != nil {
+			t.Fatalf("step %d: withdrawing %s: %v", i, s.Withdraw, err)
+		}
+		withdrawn := time.Now()
+		bound := time.Duration(s.WithinMS) * time.Millisecond
+		var late []string
+		after := 0
+		for time.Since(withdrawn) <= bound || after < 20 {
+			started := time.Now()
+			results := echo.Calls(ctx, r.conn, 1, "", 5*time.Second)
+			if results[0].Err != nil {
+				t.Fatalf("step %d: call failed after the withdrawal: %v", i, results[0].Err)
+			}
+			if started.Sub(withdrawn) > bound {
+				after++
+				if results[0].Instance == s.Withdraw {
+					late = append(late, started.Sub(withdrawn).String())
+				}
+			}
+		}
+		if len(late) > 0 {
+			t.Fatalf("step %d: %s still received calls started %v after its withdrawal", i, s.Withdraw, late)
+		}
+	case s.Kill != "":
+		r.servers[s.Kill].Kill()
+	case s.StopRota:
+		r.rota.stop()
+	case s.RestartRota:
+		r.rota = restartRota(t, r.rota)
+	case s.AwaitLeases:
+		before := r.log.Len()
+		waitFor(t, time.Duration(s.WithinMS)*time.Millisecond, "leased call", func() bool {
+			echo.Calls(ctx, r.conn, 1, "", 5*time.Second)
+			for _, c := range r.log.Calls()[before:] {
+				if c.Ticket >= 0 {
+					return true
+				}
+			}
+			return false
+		})
+	default:
+		t.Fatalf("step %d: no action", i)
+	}
+}
+
+// calls runs a calls step: consumer 1 here, the others as processes, at the same time.
+func (r *run) calls(ctx context.Context, i int, s step) {
+	t := r.t
+	deadline := 5 * time.Second
+	if s.DeadlineMS > 0 {
+		deadline = time.Duration(s.DeadlineMS) * time.Millisecond
+	}
+	before := r.log.Len()
+	var processes []*consumerProcess
+	for c := 1; c < max(s.Consumers, 1); c++ {
+		p, err := startConsumerProcess(ctx, consumerSpec{
+			Target: "rota://" + r.rota.addr + "/" + strings.TrimPrefix(r.target, "rota:///"),
+			Rule:   r.sc.Rule, Version: s.Version, Calls: s.Calls, DeadlineMS: int(deadline / time.Millisecond),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		processes = append(processes, p)
+	}
+	var wg sync.WaitGroup
+	var results []echo.Result
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		results = echo.Calls(ctx, r.conn, s.Calls, s.Version, deadline)
+	}()
+	wg.Wait()
+	for _, p := range processes {
+		more, err := p.wait()
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if len(more) != s.Calls {
+			t.Fatalf("step %d: a consumer process made %d calls, want %d", i, len(more), s.Calls)
+		}
+		results = append(results, more...)
+	}
+	calls := r.log.Calls()[before:]
+	if err := checkExpect(r.sc.Rule, s.Expect, results, calls); err != nil {
+		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, max(s.Consumers, 1), err)
+	}
+}
+
+// checkExpect checks a calls step's expectations against what the consumers saw (results)
+// and what the instances answered (calls).
+func checkExpect(ruleName string, e *expectInfo, results []echo.Result, calls []echo.Call) error {
+	if e == nil {
+		return nil
+	}
+	failures := 0
+	var reached []string
+	for _, r := range results {
+		if r.Err != nil {
+			failures++
+			if e.ErrorContains != "" && !strings.Contains(status.Convert(r.Err).Message(), e.ErrorContains) {
+				return fmt.Errorf("a call failed with %v, which does not mention %q", r.Err, e.ErrorContains)
+			}
+			continue
+		}
+		reached = append(reached, r.Instance)
+	}
+	if e.Failures != nil && failures != *e.Failures {
+		var msgs []string
+		for _, r := range results {
+			if r.Err != nil {
+				msgs = append(msgs, r.Err.Error())
+			}
+		}
+		return fmt.Errorf("%d calls failed, want %d: %v", failures, *e.Failures, msgs)
+	}
+	if len(calls) != len(reached) {
+		return fmt.Errorf("the instances answered %d calls, the consumers saw %d answers", len(calls), len(reached))
+	}
+	in := func(id string, ids []string) bool {
+		for _, x := range ids {
+			if x == id {
+				return true
+			}
+		}
+		return false
+	}
+	for _, id := range reached {
+		if len(e.Only) > 0 && !in(id, e.Only) {
+			return fmt.Errorf("a call reached %s, outside %v", id, e.Only)
+		}
+		if in(id, e.Never) {
+			return fmt.Errorf("a call reached %s", id)
+		}
+	}
+	if e.Spread {
+		for _, id := range e.Only {
+			if !in(id, reached) {
+				return fmt.Errorf("%s answered no call: %v", id, reached)
+			}
+		}
+	}
+	if e.Leased != nil {
+		for _, c := range calls {
+			if (c.Ticket >= 0) != *e.Leased {
+				return fmt.Errorf("call to %s has ticket %d, want leased=%v", c.Instance, c.Ticket, *e.Leased)
+			}
+		}
+	}
+	if len(e.Rotation) > 0 {
+		if err := checkRotation(ruleName, e.Rotation, calls); err != nil {
+			return err
+		}
+	}
+	if e.Runs > 0 {
+		groups := map[uint64]map[string]bool{}
+		sizes := map[uint64]uint64{}
+		for _, c := range calls {
+			g := uint64(c.Ticket) / e.Runs
+			if groups[g] == nil {
+				groups[g] = map[string]bool{}
+			}
+			groups[g][c.Instance] = true
+			sizes[g]++
+		}
+		complete := 0
+		for g, members := range groups {
+			if sizes[g] == e.Runs {
+				complete++
+				if len(members) != 1 {
+					return fmt.Errorf("tickets %d..%d reached %v", g*e.Runs, g*e.Runs+e.Runs-1, members)
+				}
+			}
+		}
+		if complete == 0 {
+			return fmt.Errorf("no complete run of %d tickets among %d calls", e.Runs, len(calls))
+		}
+	}
+	return nil
+}
+
+// checkRotation: every call has a distinct ticket and reached the instance the rule maps it to.
+func checkRotation(ruleName string, ids []string, calls []echo.Call) error {
+	sorted := append([]string(nil), ids...)
+	sort.Strings(sorted)
+	canonical := ruleName
+	if canonical == "repeat" {
+		canonical = "repeat(n=3)"
+	}
+	rule, err := parseLeasedRule(canonical)
+	if err != nil {
+		return err
+	}
+	weights := make([]uint64, len(sorted))
+	for i := range weights {
+		weights[i] = 100
+	}
+	m := newTicketMap(rule, weights)
+	seen := map[int64]string{}
+	for _, c := range calls {
+		if c.Ticket < 0 {
+			return fmt.Errorf("a call to %s carried no ticket", c.Instance)
+		}
+		if other, dup := seen[c.Ticket]; dup {
+			return fmt.Errorf("ticket %d was used twice (%s and %s): the consumers do not share one rotation", c.Ticket, other, c.Instance)
+		}
+		seen[c.Ticket] = c.Instance
+		p, _ := m.position(uint64(c.Ticket), nil)
+		if sorted[p] != c.Instance {
+			return fmt.Errorf("ticket %d reached %s; %s maps it to %s", c.Ticket, c.Instance, canonical, sorted[p])
+		}
+	}
+	if len(seen) == 0 {
+		return fmt.Errorf("no call to check")
+	}
+	return nil
+}

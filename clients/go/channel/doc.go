@@ -1,0 +1,23 @@
+// Package channel puts rota inside standard gRPC channels: importing it registers the `rota`
+// resolver scheme and the `rota` load-balancing policy with grpc-go, so that
+//
+//	conn, err := grpc.NewClient("rota:///orders", grpc.WithTransportCredentials(insecure.NewCredentials()))
+//
+// routes every RPC of conn by rota's rotation for the service "orders".
+//
+// The resolver follows the service with rota's Watch and hands the UP instances to the channel,
+// which keeps one subchannel per instance. The policy leases blocks of consecutive tickets of
+// the shared rotation (Balancer.Lease) and maps each RPC to its instance locally, exactly as
+// rota's rule would: the rotation stays exact across every consumer, and an RPC costs a local
+// pick. The next block is leased in the background before the current one runs out; its size
+// adapts to the RPC rate (one lease per about 75 ms, between MinLease and MaxLease tickets).
+//
+// Only the rules rota can lease are accepted: round_robin, repeat(n) and weighted. A call's
+// version comes from its `x-rota-version` metadata (or rota.WithVersion on its context), with
+// the same isolation and fallback as Pick; one lease stream is kept per version in use (at most
+// MaxVersions). An instance whose subchannel is not READY is skipped as Pick's `exclude` skips
+// it: the call takes the next ticket, mapped over the remaining instances. Outcomes (status
+// and latency of every call) are reported to rota in batches. When rota cannot be reached, the
+// channel goes on over the last instances it knew with a local rotation, logs it once, and
+// returns to leases when rota answers again.
+package channel

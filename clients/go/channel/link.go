@@ -1,0 +1,151 @@
+package channel
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rota-lb/rota/clients/go/rotapb"
+)
+
+// link is one channel's connection to rota, shared by its resolver (Watch) and its policy
+// (Lease, Report). The resolver owns it and closes it.
+type link struct {
+	conn     *grpc.ClientConn
+	balancer rotapb.BalancerClient
+	service  string
+	opts     resolverOptions
+	log      *slog.Logger
+	reports  *reporter
+
+	published atomic.Bool
+	lost      atomic.Bool
+	// offline is set while leases fail for lack of rota, so that the fact is logged once.
+	offline atomic.Bool
+}
+
+func newLink(conn *grpc.ClientConn, service string, opts resolverOptions) *link {
+	log := opts.logger
+	if log == nil {
+		log = slog.New(discardHandler{})
+	}
+	l := &link{conn: conn, balancer: rotapb.NewBalancerClient(conn), service: service, opts: opts, log: log}
+	l.reports = newReporter(l.balancer, log)
+	return l
+}
+
+func (l *link) close() {
+	l.reports.close()
+	_ = l.conn.Close()
+}
+
+func (l *link) setPublished(v bool) { l.published.Store(v) }
+func (l *link) hasPublished() bool  { return l.published.Load() }
+
+// markLost reports whether the watch was up until now.
+func (l *link) markLost() bool { return !l.lost.Swap(true) }
+
+// markWatching reports whether the watch had been lost before.
+func (l *link) markWatching() bool { return l.lost.Swap(false) }
+
+// goOffline reports whether this is the first lease failure since rota last answered.
+func (l *link) goOffline() bool { return !l.offline.Swap(true) }
+
+// goOnline reports whether rota answers again after a lease failure.
+func (l *link) goOnline() bool { return l.offline.Swap(false) }
+
+// reporter batches call outcomes into Report calls: at most every reportInterval, at most
+// maxReportBatch per call, and at most maxPendingOutcomes held while rota is away (older
+// outcomes are dropped first).
+type reporter struct {
+	client rotapb.BalancerClient
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	pending []*rotapb.CallOutcome
+	dropped uint64
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+const (
+	reportInterval     = 100 * time.Millisecond
+	maxReportBatch     = 1000
+	maxPendingOutcomes = 20000
+)
+
+func newReporter(client rotapb.BalancerClient, log *slog.Logger) *reporter {
+	r := &reporter{client: client, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *reporter) add(o *rotapb.CallOutcome) {
+	r.mu.Lock()
+	if len(r.pending) >= maxPendingOutcomes {
+		r.pending = r.pending[1:]
+		r.dropped++
+	}
+	r.pending = append(r.pending, o)
+	r.mu.Unlock()
+}
+
+func (r *reporter) run() {
+	defer close(r.done)
+	ticker := time.NewTicker(reportInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-r.stop:
+			r.flush()
+			return
+		case <-ticker.C:
+			r.flush()
+		}
+	}
+}
+
+// flush sends what is pending; a batch that fails goes back to the front of the queue.
+func (r *reporter) flush() {
+	for {
+		r.mu.Lock()
+		n := min(len(r.pending), maxReportBatch)
+		batch := append([]*rotapb.CallOutcome(nil), r.pending[:n]...)
+		r.pending = r.pending[n:]
+		r.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := r.client.Report(ctx, &rotapb.ReportRequest{Outcomes: batch})
+		cancel()
+		if err != nil {
+			r.mu.Lock()
+			r.pending = append(batch, r.pending...)
+			if excess := len(r.pending) - maxPendingOutcomes; excess > 0 {
+				r.pending = r.pending[excess:]
+				r.dropped += uint64(excess)
+			}
+			r.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (r *reporter) close() {
+	close(r.stop)
+	<-r.done
+}
+
+// discardHandler drops every record.
+type discardHandler struct{}
+
+func (discardHandler) Enabled(context.Context, slog.Level) bool  { return false }
+func (discardHandler) Handle(context.Context, slog.Record) error { return nil }
+func (h discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h discardHandler) WithGroup(string) slog.Handler           { return h }

@@ -1,0 +1,129 @@
+package channel
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	rota "github.com/rota-lb/rota/clients/go"
+	"github.com/rota-lb/rota/clients/go/rotapb"
+)
+
+// VersionHeader is the call metadata naming the version a call wants.
+const VersionHeader = "x-rota-version"
+
+// TicketHeader is the metadata the channel adds to every call it routes by a leased ticket,
+// so that an instance (or a test) can see which ticket of the rotation the call was.
+const TicketHeader = "x-rota-ticket"
+
+// picker maps each RPC to an instance by the next leased ticket of its version.
+type picker struct {
+	leases     *leaser
+	link       *link
+	version    string
+	ready      map[string]balancer.SubConn
+	connecting bool
+	unsettled  bool
+}
+
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	if p.unsettled {
+		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	}
+	version := callVersion(info.Ctx, p.version)
+	s := p.leases.stream(version)
+	d, ok, err := s.take()
+	if err != nil {
+		return balancer.PickResult{}, err
+	}
+	if !ok {
+		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	}
+	pos, found := d.view.m.position(d.ticket, nil)
+	sc := p.at(d.view, pos, found)
+	if sc == nil {
+		// Not READY: skipped as `exclude` skips it, with the next ticket over the ready ones.
+		if d, ok, err = s.take(); err != nil {
+			return balancer.PickResult{}, err
+		} else if !ok {
+			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+		}
+		pos, found = d.view.m.position(d.ticket, func(i int) bool { return p.at(d.view, i, true) == nil })
+		if sc = p.at(d.view, pos, found); sc == nil {
+			if p.connecting {
+				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+			}
+			return balancer.PickResult{}, status.Errorf(codes.Unavailable, "rota: no instance of %q is reachable", p.link.service)
+		}
+	}
+	id := d.view.ids[pos]
+	result := balancer.PickResult{SubConn: sc}
+	if !d.local {
+		result.Metadata = metadata.Pairs(TicketHeader, strconv.FormatUint(d.ticket, 10))
+	}
+	start := time.Now()
+	ticket, rule, reports := d.ticket, d.view.rule, p.link.reports
+	if d.local {
+		ticket, rule = 0, ""
+	}
+	result.Done = func(done balancer.DoneInfo) {
+		outcome, report := outcomeOf(done)
+		if !report {
+			return
+		}
+		reports.add(&rotapb.CallOutcome{
+			Service:    p.link.service,
+			InstanceId: id,
+			Ticket:     ticket,
+			Rule:       rule,
+			LatencyUs:  uint64(time.Since(start).Microseconds()),
+			Result:     outcome,
+		})
+	}
+	return result, nil
+}
+
+func (p *picker) at(view *leaseView, pos int, found bool) balancer.SubConn {
+	if !found {
+		return nil
+	}
+	return p.ready[subConnKey(view.ids[pos], view.addrs[pos])]
+}
+
+// callVersion is the call's x-rota-version metadata, else the version rota.WithVersion put
+// on its context, else the channel's.
+func callVersion(ctx context.Context, fallback string) string {
+	if ctx == nil {
+		return fallback
+	}
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		if v := md.Get(VersionHeader); len(v) > 0 {
+			return v[0]
+		}
+	}
+	if v := rota.VersionFrom(ctx); v != "" {
+		return v
+	}
+	return fallback
+}
+
+// outcomeOf classifies a finished call; calls the caller cancelled are not reported.
+func outcomeOf(done balancer.DoneInfo) (rotapb.CallResult, bool) {
+	if done.Err == nil {
+		return rotapb.CallResult_CALL_RESULT_OK, true
+	}
+	switch status.Code(done.Err) {
+	case codes.Canceled:
+		return 0, false
+	case codes.Unavailable:
+		if !done.BytesReceived {
+			return rotapb.CallResult_CALL_RESULT_CONNECT_FAILURE, true
+		}
+	}
+	return rotapb.CallResult_CALL_RESULT_ERROR, true
+}

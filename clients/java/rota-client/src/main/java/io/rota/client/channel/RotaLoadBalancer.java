@@ -19,10 +19,15 @@ import io.grpc.Status;
  * which post back into it.
  */
 final class RotaLoadBalancer extends LoadBalancer {
+    /** Longest wait for a new subchannel's first connection before RPCs skip it. */
+    static final long SETTLE_TIMEOUT_MS = 2000;
+
     private final Helper helper;
     private final Map<String, Subchannel> subchannels = new HashMap<>();
     private final Map<String, ConnectivityState> states = new HashMap<>();
     private final Map<String, Member> members = new HashMap<>();
+    /** Instances whose subchannel has been READY or TRANSIENT_FAILURE at least once (or waited long enough). */
+    private final java.util.Set<String> settled = new java.util.HashSet<>();
     private final ConcurrentHashMap<String, Rotation> rotations = new ConcurrentHashMap<>();
     private volatile List<Member> resolved = List.of();
     private RotaLink link;
@@ -71,6 +76,7 @@ final class RotaLoadBalancer extends LoadBalancer {
             if (group == null || !group.getAddresses().equals(subchannels.get(id).getAddresses().getAddresses())) {
                 subchannels.remove(id).shutdown();
                 states.remove(id);
+                settled.remove(id);
                 changed = true;
             }
         }
@@ -85,6 +91,11 @@ final class RotaLoadBalancer extends LoadBalancer {
             states.put(id, ConnectivityState.IDLE);
             subchannel.start(state -> onState(id, subchannel, state));
             subchannel.requestConnection();
+            helper.getScheduledExecutorService().schedule(() -> helper.getSynchronizationContext().execute(() -> {
+                if (subchannels.get(id) == subchannel && settled.add(id)) {
+                    publish();
+                }
+            }), SETTLE_TIMEOUT_MS, java.util.concurrent.TimeUnit.MILLISECONDS);
         }
         members.clear();
         all.forEach(m -> members.put(m.id(), m));
@@ -122,6 +133,9 @@ final class RotaLoadBalancer extends LoadBalancer {
             return;
         }
         states.put(id, info.getState());
+        if (info.getState() == ConnectivityState.READY || info.getState() == ConnectivityState.TRANSIENT_FAILURE) {
+            settled.add(id);
+        }
         if (info.getState() == ConnectivityState.TRANSIENT_FAILURE) {
             lastFailure = info.getStatus();
         }
@@ -149,7 +163,11 @@ final class RotaLoadBalancer extends LoadBalancer {
         current = state;
         Status failure = Status.UNAVAILABLE.withDescription("no instance of " + (link != null ? link.service : "the service")
                 + " is reachable: " + lastFailure.getCode() + (lastFailure.getDescription() != null ? ": " + lastFailure.getDescription() : ""));
-        helper.updateBalancingState(state, new RotaPicker(this, Map.copyOf(ready), state, failure, config));
+        // While a new subchannel makes its first connection, RPCs wait rather than skip it, so
+        // a channel's first tickets (and those after an instance joins) map as rota maps them.
+        boolean unsettled = !settled.containsAll(subchannels.keySet());
+        helper.updateBalancingState(state, new RotaPicker(this, unsettled ? Map.of() : Map.copyOf(ready),
+                unsettled ? ConnectivityState.CONNECTING : state, failure, config));
     }
 
     /** Publishes a new picker so that RPCs waiting for a first lease are picked again. */

@@ -58,8 +58,8 @@ public final class ChannelBench {
                     .usePlaintext().build();
             ManagedChannel viaRoundRobin = ManagedChannelBuilder.forTarget("bench-static:///echo")
                     .defaultLoadBalancingPolicy("round_robin").usePlaintext().build();
-            run(viaRota, 1, callers);  // warm-up
-            run(viaRoundRobin, 1, callers);
+            run(viaRota, seconds, callers);  // warm-up (JIT, connections)
+            run(viaRoundRobin, seconds, callers);
             long rpcsViaRota = 0;
             long leasesBefore = RotaLink.LEASE_CALLS.get();
             System.out.printf("%d callers, %d rounds of %d s each, alternating%n", callers, rounds, seconds);

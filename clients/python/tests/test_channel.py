@@ -136,6 +136,8 @@ def test_version_metadata_reaches_only_that_version(fleet: Any) -> None:
         for i in range(30):
             assert echo(s, f"zlt {i}", metadata=[("x-rota-version", "zlt")]) == "echo-zlt"
             plain.add(echo(s, f"plain {i}"))
+        with rota.use_version("zlt"):  # the version of the request being handled
+            assert echo(s, "current") == "echo-zlt"
     assert plain == set(IDS)
 
 

@@ -6,7 +6,8 @@ next ticket of a leased block of rota's shared rotation, mapped to an instance e
 rule maps it. Every multicallable kind is offered, so generated stubs and
 :func:`grpc.intercept_channel` work unchanged.
 
-- Per call version: the ``x-rota-version`` metadata entry, else the channel's ``version``.
+- Per call version: the ``x-rota-version`` metadata entry, else the version of the request
+  being handled (:func:`rota.use_version`), else the channel's ``version``.
 - An instance whose connection failed (its channel in TRANSIENT_FAILURE, or a call that could
   not connect) is skipped the way ``exclude`` skips it: the next ticket over the other instances.
   A unary call that could not connect is sent again on the next ticket.
@@ -26,6 +27,7 @@ import grpc
 from ._pb import rota_pb2 as pb
 from ._router import TICKET_HEADER, VERSION_HEADER, NoInstance, Router, parse_target
 from ._tickets import Draw, Member, Refused
+from .version import current_version
 
 #: How long a call waits for the rotation's first lease or a usable instance when it has no timeout.
 DEFAULT_ROUTE_TIMEOUT = 10.0
@@ -58,10 +60,12 @@ def channel(
 
 
 def version_of(metadata: Metadata | None) -> str | None:
+    """The call's ``x-rota-version`` entry, else the version of the request being handled
+    (:func:`rota.use_version`), else None (the channel's version)."""
     for key, value in metadata or ():
         if key.lower() == VERSION_HEADER:
             return value.decode() if isinstance(value, bytes) else value
-    return None
+    return current_version()
 
 
 def with_ticket(metadata: Metadata | None, draw: Draw, enabled: bool) -> Metadata | None:

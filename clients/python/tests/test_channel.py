@@ -249,3 +249,15 @@ async def test_aio_channel_shares_the_rotation_and_routes_versions(fleet: Any) -
     assert [r.message for r in streamed] == ["s"]
     tickets = leased_tickets([r for r in echoes.received if r.version is None])
     assert all(instance == IDS[t % 3] for t, instance in tickets.items())
+
+
+async def test_aio_channel_skips_a_killed_instance(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin") as ch:
+        s = echo_pb2_grpc.EchoStub(ch)
+        for i in range(30):
+            await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
+        echoes.kill("echo-c")
+        reached = Counter([(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id
+                           for _ in range(100)])
+    assert set(reached) == {"echo-a", "echo-b"}

@@ -74,7 +74,13 @@ class AsyncRotaChannel:
         return grpc.aio.insecure_channel(member.address, options=self._options, interceptors=self._interceptors)
 
     def _usable(self, member_id: str) -> bool:
-        return self.instances.usable(member_id)
+        if not self.instances.usable(member_id):
+            return False
+        ch = self.instances.peek(member_id)
+        return ch is None or ch.get_state() not in (
+            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN,
+        )
 
     async def route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
         await self._close_gone()

@@ -157,6 +157,11 @@ class Instances:
                 self._channels[member.id] = entry
             return entry[1]
 
+    def peek(self, member_id: str) -> Any:
+        """The instance's channel if one is open, else None."""
+        entry = self._channels.get(member_id)
+        return None if entry is None else entry[1]
+
     def set_state(self, member_id: str, state: grpc.ChannelConnectivity) -> None:
         self._states[member_id] = state
         if state == grpc.ChannelConnectivity.READY:

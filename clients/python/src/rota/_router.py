@@ -205,15 +205,16 @@ class Router:
         self.lease_calls += 1
         request = pb.LeaseRequest(service=self.service, rule=rotation.rule, version=rotation.version, count=count)
         future = self._balancer.Lease.future(request, timeout=LEASE_TIMEOUT)
-        future.add_done_callback(lambda f: self._leased(rotation, f))
+        future.add_done_callback(lambda f: self._leased(rotation, f, count))
 
-    def _leased(self, rotation: Rotation, future: grpc.Future) -> None:
+    def _leased(self, rotation: Rotation, future: grpc.Future, count: int) -> None:
         try:
             response = future.result()
         except grpc.RpcError as error:
             code = error.code()  # type: ignore[attr-defined]
             details = error.details() or ""  # type: ignore[attr-defined]
-            started = rotation.failed(Refused(code, details), answered_by_rota=bool(error_reason(error)))
+            started = rotation.failed(Refused(code, details), answered_by_rota=bool(error_reason(error)),
+                                      refresh=count == 0)
             if started:
                 log.warning("rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
                             "the last known instances", self.server, code.name, details, self.service)

@@ -285,10 +285,16 @@ class Rotation:
                 follow_up = 0
             return follow_up, recovered
 
-    def failed(self, error: Refused, answered_by_rota: bool) -> bool:
-        """A lease failed; returns True when this starts an outage (log it once)."""
+    def failed(self, error: Refused, answered_by_rota: bool, refresh: bool = False) -> bool:
+        """A lease failed; returns True when this starts an outage (log it once).
+
+        A failed refresh (a lease of no tickets) changes nothing: the held tickets stay good and
+        the next refill asks again.
+        """
         with self._lock:
             self._leasing = False
+            if refresh:
+                return False
             self._retry_at = time.monotonic() + RETRY_INTERVAL
             if self._outage:
                 return False

@@ -170,10 +170,11 @@ final class Rotation {
             drawnSinceLease = 0;
         }
         leasing = true;
-        link.lease(rule, version, count).whenComplete(this::leased);
+        int asked = count;
+        link.lease(rule, version, count).whenComplete((response, failure) -> leased(response, failure, asked));
     }
 
-    private void leased(LeaseResponse response, Throwable failure) {
+    private void leased(LeaseResponse response, Throwable failure, int asked) {
         boolean notify;
         synchronized (this) {
             leasing = false;
@@ -195,6 +196,9 @@ final class Rotation {
                     refreshWanted = false;
                     lease(System.nanoTime(), 0);
                 }
+            } else if (asked == 0) {
+                // A failed refresh of the list: the held tickets stay good, the next refill retries.
+                LOG.log(Level.DEBUG, () -> "list refresh of " + link.service + " failed: " + Status.fromThrowable(failure));
             } else {
                 retryAt = System.nanoTime() + RETRY_NANOS;
                 Status status = Status.fromThrowable(failure);

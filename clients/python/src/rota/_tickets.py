@@ -302,7 +302,10 @@ class Rotation:
                 self._refusal = error
                 return False
             if self._eligible is not None or self._resolved():
+                # Tickets of a rota that may have restarted (a new counter): the local rotation
+                # takes over until a lease succeeds.
                 self._outage = True
+                self._blocks.clear()
                 return True
             self._refusal = error
             return False

@@ -94,6 +94,11 @@ final class RotaLink implements AutoCloseable {
         return result;
     }
 
+    /** Reconnects to rota now rather than after the channel's backoff (rota may be back). */
+    void resetConnectBackoff() {
+        channel.resetConnectBackoff();
+    }
+
     /** True when rota itself answered (its {@code rota-error} trailer), false for a transport failure. */
     static boolean answeredByRota(Throwable t) {
         Metadata trailers = Status.trailersFromThrowable(t);

@@ -174,6 +174,11 @@ final class RotaNameResolver extends NameResolver {
         published = true;
         Map<String, Object> config = new LinkedHashMap<>();
         config.put("loadBalancingConfig", List.of(Map.of(RotaChannels.POLICY, policyConfig)));
+        // An RPC that fails UNAVAILABLE before any response (its instance died under it) is
+        // picked again once, with the next ticket.
+        config.put("methodConfig", List.of(Map.of("name", List.of(Map.of()), "retryPolicy", Map.of(
+                "maxAttempts", 2.0, "initialBackoff", "0.01s", "maxBackoff", "0.01s", "backoffMultiplier", 1.0,
+                "retryableStatusCodes", List.of("UNAVAILABLE")))));
         listener.onResult2(ResolutionResult.newBuilder()
                 .setAddressesOrError(StatusOr.fromValue(groups))
                 .setAttributes(Attributes.newBuilder().set(RotaLink.KEY, link).build())
@@ -196,7 +201,10 @@ final class RotaNameResolver extends NameResolver {
             LOG.log(Level.WARNING, "watch of " + service + " at rota " + server + " ended (" + status.getCode()
                     + "); keeping " + instances.size() + " last known instances, reconnecting");
         }
-        retry = link.scheduler.schedule(() -> sync.execute(this::watch), delay, TimeUnit.MILLISECONDS);
+        retry = link.scheduler.schedule(() -> sync.execute(() -> {
+            link.resetConnectBackoff();
+            watch();
+        }), delay, TimeUnit.MILLISECONDS);
     }
 
     boolean published() {

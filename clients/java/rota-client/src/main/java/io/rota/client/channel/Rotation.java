@@ -170,6 +170,9 @@ final class Rotation {
             drawnSinceLease = 0;
         }
         leasing = true;
+        if (outage) {
+            link.resetConnectBackoff();
+        }
         int asked = count;
         link.lease(rule, version, count).whenComplete((response, failure) -> leased(response, failure, asked));
     }
@@ -208,6 +211,9 @@ final class Rotation {
                     refusal = status;
                 } else if (eligible != null || !resolved.get().isEmpty()) {
                     outage = true;
+                    // Tickets of a rota that may have restarted (a new counter): the local
+                    // rotation takes over until a lease succeeds.
+                    blocks.clear();
                     LOG.log(Level.WARNING, "rota at " + link.server + " refused or unreachable (" + status.getCode()
                             + (status.getDescription() != null ? ": " + status.getDescription() : "")
                             + "); routing " + link.service + " by a local rotation over the last known instances");

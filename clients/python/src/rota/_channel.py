@@ -84,7 +84,9 @@ def result_of(code: grpc.StatusCode | None, details: str | None, answered: bool)
 
 
 def is_connect_failure(code: grpc.StatusCode | None, details: str | None) -> bool:
-    return code == grpc.StatusCode.UNAVAILABLE and "connect" in (details or "").lower()
+    """A call that never reached its instance (grpc core's wording for a refused or failed connect)."""
+    text = (details or "").lower()
+    return code == grpc.StatusCode.UNAVAILABLE and ("failed to connect" in text or "connection refused" in text)
 
 
 class RoutingError(grpc.RpcError, grpc.Call):  # type: ignore[misc]

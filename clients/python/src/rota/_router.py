@@ -146,6 +146,11 @@ class Router:
                 with self._lock:
                     self._watch_error = f"{error.code().name}: {error.details()}"  # type: ignore[attr-defined]
                     self._lock.notify_all()
+                    rotations = list(self._rotations.values())
+                if ever_synced and not self._closed.is_set():
+                    # rota is gone (or restarting with a new counter): stop drawing held tickets.
+                    for rotation in rotations:
+                        rotation.lost()
                 if failures == 0 and ever_synced and not self._closed.is_set():
                     log.warning("watch of %s at rota %s ended (%s); keeping %d last known instances, reconnecting",
                                 self.service, self.server, self._watch_error, len(self._members))

@@ -310,6 +310,16 @@ class Rotation:
             self._refusal = error
             return False
 
+    def lost(self) -> bool:
+        """rota's watch broke: local rotation from now, a lease tried at once; True if this starts an outage."""
+        with self._lock:
+            if self._outage or (self._eligible is None and not self._resolved()):
+                return False
+            self._outage = True
+            self._blocks.clear()
+            self._retry_at = time.monotonic()
+            return True
+
     def _local(self, usable: Callable[[str], bool]) -> Draw | str:
         eligible = self._eligible or Eligible.isolate(self._resolved(), self.version, self.rule)
         turn = self._local_turn

@@ -94,6 +94,17 @@ final class RotaLink implements AutoCloseable {
         return result;
     }
 
+    private volatile Runnable onWatchLost = () -> { };
+
+    /** What to do when the resolver's watch of the service breaks (the balancer's rotations go local). */
+    void onWatchLost(Runnable action) {
+        onWatchLost = action;
+    }
+
+    void watchLost() {
+        onWatchLost.run();
+    }
+
     /** Reconnects to rota now rather than after the channel's backoff (rota may be back). */
     void resetConnectBackoff() {
         channel.resetConnectBackoff();

@@ -56,6 +56,7 @@ final class RotaLoadBalancer extends LoadBalancer {
         }
         link = newLink;
         config = newConfig;
+        newLink.onWatchLost(() -> rotations.values().forEach(Rotation::lost));
 
         Map<String, EquivalentAddressGroup> wanted = new HashMap<>();
         List<Member> all = new ArrayList<>();

@@ -198,6 +198,8 @@ final class RotaNameResolver extends NameResolver {
                     + server + ": " + status.getCode() + (status.getDescription() != null ? ": " + status.getDescription() : ""))
                     .withCause(status.getCause()));
         } else if (failures == 1) {
+            // rota is gone (or restarting with a new counter): stop drawing held tickets.
+            link.watchLost();
             LOG.log(Level.WARNING, "watch of " + service + " at rota " + server + " ended (" + status.getCode()
                     + "); keeping " + instances.size() + " last known instances, reconnecting");
         }

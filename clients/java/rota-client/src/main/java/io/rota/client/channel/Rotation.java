@@ -123,6 +123,16 @@ final class Rotation {
         lease(System.nanoTime(), 0);
     }
 
+    /** rota's watch broke: the local rotation from now on, and a lease tried at once. */
+    synchronized void lost() {
+        if (outage || (eligible == null && resolved.get().isEmpty())) {
+            return;
+        }
+        outage = true;
+        blocks.clear();
+        retryAt = System.nanoTime();
+    }
+
     synchronized boolean inOutage() {
         return outage;
     }

@@ -22,6 +22,11 @@ class ProvidersTest {
     }
 
     @Test
+    void publicApiKeepsTheGeneratedTypesInside() throws Exception {
+        assertEquals(java.util.List.of(), io.rota.client.testing.PublicApi.uses(RotaChannels.class, "io.rota.v1"));
+    }
+
+    @Test
     void policyConfigTakesLeasableRulesOnly() {
         RotaLoadBalancerProvider provider = new RotaLoadBalancerProvider();
         ConfigOrError ok = provider.parseLoadBalancingPolicyConfig(Map.of("rule", "repeat(n=3)", "version", "zlt"));

@@ -21,10 +21,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import grpc  # noqa: E402
-from echo_fleet import EchoFleet, echo_pb2, echo_pb2_grpc  # noqa: E402
-from rota_harness import RotaServer, rota_binary  # noqa: E402
 
 import rota  # noqa: E402
+from echo_fleet import EchoFleet, echo_pb2, echo_pb2_grpc  # noqa: E402
+from rota_harness import RotaServer, rota_binary  # noqa: E402
 
 
 def run(call: Callable[[], Any], seconds: float, callers: int) -> tuple[int, float, float]:
@@ -78,10 +78,13 @@ def main() -> None:
                 calls, p50, p99 = run(call, args.seconds, args.callers)
                 if name == "rota.channel":
                     rota_calls += calls
-                print(f"round {round_} {name:<13} {calls / args.seconds:8.0f} calls/s  p50 {p50:7.0f} us  "
-                      f"p99 {p99:7.0f} us")
+                print(
+                    f"round {round_} {name:<13} {calls / args.seconds:8.0f} calls/s  p50 {p50:7.0f} us  "
+                    f"p99 {p99:7.0f} us"
+                )
         leases = via_rota.router.lease_calls - leases_before
-        print(f"rota.channel calls per Lease call: {rota_calls / max(leases, 1):.0f} ({rota_calls} calls, {leases} leases)")
+        per_lease = rota_calls / max(leases, 1)
+        print(f"rota.channel calls per Lease call: {per_lease:.0f} ({rota_calls} calls, {leases} leases)")
         via_rota.close()
         for ch in plain:
             ch.close()

@@ -10,9 +10,9 @@ import json
 import sys
 
 import grpc
-from echo_fleet import echo_pb2, echo_pb2_grpc
 
 import rota
+from echo_fleet import echo_pb2, echo_pb2_grpc
 
 
 def main() -> None:
@@ -23,8 +23,9 @@ def main() -> None:
         stub = echo_pb2_grpc.EchoStub(channel)
         for i in range(int(calls)):
             try:
-                stub.Echo(echo_pb2.EchoRequest(message=f"second {i}"), timeout=int(deadline_ms) / 1000,
-                          metadata=metadata)
+                stub.Echo(
+                    echo_pb2.EchoRequest(message=f"second {i}"), timeout=int(deadline_ms) / 1000, metadata=metadata
+                )
             except grpc.RpcError as error:
                 failures.append(str(error.details()))
     print(json.dumps({"failures": failures}))

@@ -18,12 +18,23 @@ from typing import Any
 
 import grpc
 from grpc_tools import protoc
+
 from rota_harness import REPO_ROOT
 
 _OUT = Path(tempfile.mkdtemp(prefix="rota-echo-stubs-"))
 _PROTO_DIR = REPO_ROOT / "clients" / "conformance" / "channel"
-if protoc.main(["protoc", f"-I{_PROTO_DIR}", f"--python_out={_OUT}", f"--grpc_python_out={_OUT}",
-                str(_PROTO_DIR / "echo.proto")]) != 0:
+if (
+    protoc.main(
+        [
+            "protoc",
+            f"-I{_PROTO_DIR}",
+            f"--python_out={_OUT}",
+            f"--grpc_python_out={_OUT}",
+            str(_PROTO_DIR / "echo.proto"),
+        ]
+    )
+    != 0
+):
     raise RuntimeError("protoc could not generate the echo stubs")
 sys.path.insert(0, str(_OUT))
 echo_pb2: Any = importlib.import_module("echo_pb2")
@@ -83,10 +94,19 @@ class EchoFleet:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[_Recorder(self, instance)])
         echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance), server)
         me = instance.encode()
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(KINDS, {
-            "UnaryStream": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter([me, req])),
-            "StreamUnary": grpc.stream_unary_rpc_method_handler(lambda reqs, ctx: me + b":" + b"".join(reqs)),
-        }),))
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    KINDS,
+                    {
+                        "UnaryStream": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter([me, req])),
+                        "StreamUnary": grpc.stream_unary_rpc_method_handler(
+                            lambda reqs, ctx: me + b":" + b"".join(reqs)
+                        ),
+                    },
+                ),
+            )
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self.servers[instance] = server

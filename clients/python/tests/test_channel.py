@@ -14,14 +14,14 @@ from typing import Any
 
 import grpc
 import pytest
-from echo_fleet import KINDS, EchoFleet, Received, echo_pb2, echo_pb2_grpc
-from rota_harness import RotaServer
 
 import rota
 import rota.aio
+from echo_fleet import KINDS, EchoFleet, Received, echo_pb2, echo_pb2_grpc
 from rota._pb import rota_pb2 as pb
 from rota._pb import rota_pb2_grpc as pb_grpc
 from rota._tickets import Eligible, Member, TicketMapping, weighted_schedule
+from rota_harness import RotaServer
 
 IDS = ["echo-a", "echo-b", "echo-c"]
 
@@ -52,20 +52,25 @@ def test_weighted_schedule_interleaves_by_earliest_deadline() -> None:
 def test_local_mapping_matches_rotas_pick(rota_server: RotaServer, service_name: str) -> None:
     weights = [7, 3, 0, 5, 1]
     with rota.RotaClient(rota_server.address) as client, grpc.insecure_channel(rota_server.address) as ch:
-        client.register(*[
-            rota.Instance(service=service_name, host="127.0.0.1", port=9000 + i, id=f"m{i}", weight=w)
-            for i, w in enumerate(weights)
-        ])
+        client.register(
+            *[
+                rota.Instance(service=service_name, host="127.0.0.1", port=9000 + i, id=f"m{i}", weight=w)
+                for i, w in enumerate(weights)
+            ]
+        )
         balancer = pb_grpc.BalancerStub(ch)
         for rule in ("round_robin", "repeat(n=3)", "weighted"):
             listing = balancer.Lease(pb.LeaseRequest(service=service_name, rule=rule), timeout=20)
-            members = [Member(i.id, i.host, i.port, i.version, i.weight if i.HasField("weight") else 100)
-                       for i in listing.instances]
+            members = [
+                Member(i.id, i.host, i.port, i.version, i.weight if i.HasField("weight") else 100)
+                for i in listing.instances
+            ]
             eligible = Eligible(members, listing.rule)
             for n in range(40):
                 exclude = f"m{n % len(weights)}" if n % 4 == 3 else None
-                pick = balancer.Pick(pb.PickRequest(service=service_name, rule=rule,
-                                                    exclude=[exclude] if exclude else []), timeout=20)
+                pick = balancer.Pick(
+                    pb.PickRequest(service=service_name, rule=rule, exclude=[exclude] if exclude else []), timeout=20
+                )
                 excluded = eligible.excluded(lambda id_, ex=exclude: id_ != ex) if exclude else None
                 local = eligible.map(pick.ticket, excluded)
                 assert local is not None and local.id == pick.instance.id, (rule, pick.ticket, exclude)
@@ -128,8 +133,9 @@ def test_two_channels_share_one_rotation(fleet: Any, rule: str, group: int) -> N
 
 def test_version_metadata_reaches_only_that_version(fleet: Any) -> None:
     server, echoes, registration, _ = fleet
-    registration.announce(rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"),
-                                        id="echo-zlt", version="zlt"))
+    registration.announce(
+        rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"), id="echo-zlt", version="zlt")
+    )
     s, ch = stub(server)
     with ch:
         plain = set()
@@ -234,8 +240,9 @@ def test_every_call_kind_and_interceptors(fleet: Any) -> None:
 
 async def test_aio_channel_shares_the_rotation_and_routes_versions(fleet: Any) -> None:
     server, echoes, registration, _ = fleet
-    registration.announce(rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"),
-                                        id="echo-zlt", version="zlt"))
+    registration.announce(
+        rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"), id="echo-zlt", version="zlt")
+    )
     async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin", ticket_header=True) as ch:
         s = echo_pb2_grpc.EchoStub(ch)
         reached = [(await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)).instance_id for i in range(60)]
@@ -258,6 +265,7 @@ async def test_aio_channel_skips_a_killed_instance(fleet: Any) -> None:
         for i in range(30):
             await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
         echoes.kill("echo-c")
-        reached = Counter([(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id
-                           for _ in range(100)])
+        reached = Counter(
+            [(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id for _ in range(100)]
+        )
     assert set(reached) == {"echo-a", "echo-b"}

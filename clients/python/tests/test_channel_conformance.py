@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 import pytest
-from echo_fleet import EchoFleet, Received, echo_pb2, echo_pb2_grpc
-from rota_harness import REPO_ROOT, RotaServer
 
 import rota
+from echo_fleet import EchoFleet, Received, echo_pb2, echo_pb2_grpc
 from rota._tickets import TicketMapping
+from rota_harness import REPO_ROOT, RotaServer
 
 SCENARIOS = sorted((REPO_ROOT / "clients" / "conformance" / "channel").glob("*.json"))
 CONSUMER = Path(__file__).resolve().parent / "channel_consumer.py"
@@ -39,8 +39,14 @@ class Runner:
         self.weights = {i["id"]: i.get("weight", 100) for i in scenario["instances"]}
         self.registrations = {}
         for spec in scenario["instances"]:
-            instance = rota.Instance(service="echo", host="127.0.0.1", port=self.fleet.start(spec["id"]),
-                                     id=spec["id"], version=spec.get("version", ""), weight=spec.get("weight"))
+            instance = rota.Instance(
+                service="echo",
+                host="127.0.0.1",
+                port=self.fleet.start(spec["id"]),
+                id=spec["id"],
+                version=spec.get("version", ""),
+                weight=spec.get("weight"),
+            )
             self.registrations[spec["id"]] = self.client.register(instance)
         self.target = f"rota://{self.server.address}/{scenario.get('service', 'echo')}"
         self.channel = rota.channel(self.target, rule=scenario["rule"], ticket_header=True)
@@ -54,8 +60,11 @@ class Runner:
 
     def call(self, version: str = "", deadline_ms: int = 5000) -> str | None:
         try:
-            self.stub.Echo(echo_pb2.EchoRequest(message="first"), timeout=deadline_ms / 1000,
-                           metadata=[("x-rota-version", version)] if version else None)
+            self.stub.Echo(
+                echo_pb2.EchoRequest(message="first"),
+                timeout=deadline_ms / 1000,
+                metadata=[("x-rota-version", version)] if version else None,
+            )
         except grpc.RpcError as error:
             return str(error.details())
         return None
@@ -96,8 +105,12 @@ class Runner:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CONSUMER.parent), *sys.path])}
         before = len(self.fleet.received)
         others = [
-            subprocess.Popen([sys.executable, str(CONSUMER), self.target, self.scenario["rule"], str(n), version,
-                              str(deadline_ms)], stdout=subprocess.PIPE, text=True, env=env)
+            subprocess.Popen(
+                [sys.executable, str(CONSUMER), self.target, self.scenario["rule"], str(n), version, str(deadline_ms)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
             for _ in range(step.get("consumers", 1) - 1)
         ]
         failures = [f for f in (self.call(version, deadline_ms) for _ in range(n)) if f is not None]

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
-from echo_fleet import EchoFleet, echo_pb2, echo_pb2_grpc
 
 import rota
+from echo_fleet import EchoFleet, echo_pb2, echo_pb2_grpc
 from rota._pb import rota_pb2 as pb
 from rota._pb import rota_pb2_grpc as pb_grpc
 from rota._tickets import MAX_BLOCK, MIN_BLOCK
@@ -34,8 +34,13 @@ class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):  # type
             first = next(self._tickets)
             for _ in range(request.count - 1):
                 next(self._tickets)
-        return pb.LeaseResponse(first_ticket=first if request.count else 0, count=request.count,
-                                instances=self.instances, epoch=1, rule="round_robin")
+        return pb.LeaseResponse(
+            first_ticket=first if request.count else 0,
+            count=request.count,
+            instances=self.instances,
+            epoch=1,
+            rule="round_robin",
+        )
 
     def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:  # noqa: N802
         with self._lock:
@@ -50,8 +55,9 @@ class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):  # type
 @pytest.fixture
 def recording() -> Iterator[tuple[RecordingRota, EchoFleet, str]]:
     fleet = EchoFleet()
-    instances = [pb.Instance(id=i, service="echo", host="127.0.0.1", port=fleet.start(i))
-                 for i in ("echo-a", "echo-b", "echo-c")]
+    instances = [
+        pb.Instance(id=i, service="echo", host="127.0.0.1", port=fleet.start(i)) for i in ("echo-a", "echo-b", "echo-c")
+    ]
     fake = RecordingRota(instances)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_BalancerServicer_to_server(fake, server)

@@ -69,8 +69,9 @@ class AsyncRotaChannel:
 
     def _open(self, member: Member) -> grpc.aio.Channel:
         if self._credentials is not None:
-            return grpc.aio.secure_channel(member.address, self._credentials, options=self._options,
-                                           interceptors=self._interceptors)
+            return grpc.aio.secure_channel(
+                member.address, self._credentials, options=self._options, interceptors=self._interceptors
+            )
         return grpc.aio.insecure_channel(member.address, options=self._options, interceptors=self._interceptors)
 
     def _usable(self, member_id: str) -> bool:
@@ -101,20 +102,40 @@ class AsyncRotaChannel:
         while self._closing:
             await self._closing.pop().close()
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: bool | None = False) -> _Callable:
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> _Callable:
         return _Callable(self, "unary_unary", method, request_serializer, response_deserializer)
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: bool | None = False) -> _Callable:
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> _Callable:
         return _Callable(self, "unary_stream", method, request_serializer, response_deserializer)
 
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: bool | None = False) -> _Callable:
+    def stream_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> _Callable:
         return _Callable(self, "stream_unary", method, request_serializer, response_deserializer)
 
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: bool | None = False) -> _Callable:
+    def stream_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> _Callable:
         return _Callable(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
@@ -143,16 +164,29 @@ class _Callable:
         self._serializer = serializer
         self._deserializer = deserializer
 
-    def __call__(self, request: Any = None, *, timeout: float | None = None, metadata: Metadata | None = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None) -> _Call:
-        kwargs = {"timeout": timeout, "credentials": credentials, "wait_for_ready": wait_for_ready,
-                  "compression": compression}
+    def __call__(
+        self,
+        request: Any = None,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> _Call:
+        kwargs = {
+            "timeout": timeout,
+            "credentials": credentials,
+            "wait_for_ready": wait_for_ready,
+            "compression": compression,
+        }
         return _Call(self, request, metadata, kwargs)
 
     def start(self, draw: Draw, request: Any, metadata: Metadata | None, kwargs: dict[str, Any]) -> Any:
         ch = self._channel.instances.get(draw.member)
-        factory = getattr(ch, self._kind)(self._method, request_serializer=self._serializer,
-                                          response_deserializer=self._deserializer)
+        factory = getattr(ch, self._kind)(
+            self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
+        )
         if request is None and self._kind.startswith("stream"):
             return factory(metadata=metadata, **kwargs)
         return factory(request, metadata=metadata, **kwargs)
@@ -202,8 +236,10 @@ class _Call:
             try:
                 return await call
             except grpc.aio.AioRpcError as error:
-                retry = kind == "unary_unary" and result_of(error.code(), error.details(), False) == \
-                    pb.CALL_RESULT_CONNECT_FAILURE
+                retry = (
+                    kind == "unary_unary"
+                    and result_of(error.code(), error.details(), False) == pb.CALL_RESULT_CONNECT_FAILURE
+                )
                 if not retry:
                     raise
                 self._call = None  # never reached the instance: the next ticket

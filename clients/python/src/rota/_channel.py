@@ -233,20 +233,40 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
         pass
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: bool | None = False) -> grpc.UnaryUnaryMultiCallable:
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> grpc.UnaryUnaryMultiCallable:
         return _UnaryUnary(self, method, request_serializer, response_deserializer)
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: bool | None = False) -> grpc.UnaryStreamMultiCallable:
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> grpc.UnaryStreamMultiCallable:
         return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer)
 
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: bool | None = False) -> grpc.StreamUnaryMultiCallable:
+    def stream_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> grpc.StreamUnaryMultiCallable:
         return _StreamUnary(self, method, request_serializer, response_deserializer)
 
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: bool | None = False) -> grpc.StreamStreamMultiCallable:
+    def stream_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> grpc.StreamStreamMultiCallable:
         return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def close(self) -> None:
@@ -273,8 +293,9 @@ class _Callable:
         factory = getattr(ch, self._kind)
         return factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
 
-    def _report(self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None,
-                answered: bool) -> None:
+    def _report(
+        self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None, answered: bool
+    ) -> None:
         result = result_of(code, details, answered)
         if result == pb.CALL_RESULT_CONNECT_FAILURE:
             self._channel.instances.failed(draw.member.id)
@@ -292,21 +313,41 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[misc
     def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
         super().__init__(channel, "unary_unary", method, serializer, deserializer)
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Metadata | None = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         response, _ = self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
         return response
 
-    def with_call(self, request: Any, timeout: float | None = None, metadata: Metadata | None = None,
-                  credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def with_call(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             draw, md = self._channel.route(metadata, left)
             started = time.monotonic_ns()
             try:
-                result = self._inner(draw).with_call(request, timeout=left, metadata=md, credentials=credentials,
-                                                     wait_for_ready=wait_for_ready, compression=compression)
+                result = self._inner(draw).with_call(
+                    request,
+                    timeout=left,
+                    metadata=md,
+                    credentials=credentials,
+                    wait_for_ready=wait_for_ready,
+                    compression=compression,
+                )
             except grpc.RpcError as error:
                 code, details = error.code(), error.details()  # type: ignore[attr-defined]
                 self._report(draw, started, code, details, False)
@@ -316,12 +357,25 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[misc
             self._report(draw, started, grpc.StatusCode.OK, None, True)
             return result
 
-    def future(self, request: Any, timeout: float | None = None, metadata: Metadata | None = None,
-               credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def future(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         draw, md = self._channel.route(metadata, timeout)
         started = time.monotonic_ns()
-        call = self._inner(draw).future(request, timeout=timeout, metadata=md, credentials=credentials,
-                                        wait_for_ready=wait_for_ready, compression=compression)
+        call = self._inner(draw).future(
+            request,
+            timeout=timeout,
+            metadata=md,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
         return self._track(draw, started, call)
 
 
@@ -329,44 +383,86 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[mi
     def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
         super().__init__(channel, "stream_unary", method, serializer, deserializer)
 
-    def __call__(self, request_iterator: Iterator[Any], timeout: float | None = None,
-                 metadata: Metadata | None = None, credentials: Any = None, wait_for_ready: bool | None = None,
-                 compression: Any = None) -> Any:
+    def __call__(
+        self,
+        request_iterator: Iterator[Any],
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         response, _ = self.with_call(request_iterator, timeout, metadata, credentials, wait_for_ready, compression)
         return response
 
-    def with_call(self, request_iterator: Iterator[Any], timeout: float | None = None,
-                  metadata: Metadata | None = None, credentials: Any = None, wait_for_ready: bool | None = None,
-                  compression: Any = None) -> Any:
+    def with_call(
+        self,
+        request_iterator: Iterator[Any],
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         draw, md = self._channel.route(metadata, timeout)
         started = time.monotonic_ns()
         try:
-            result = self._inner(draw).with_call(request_iterator, timeout=timeout, metadata=md,
-                                                 credentials=credentials, wait_for_ready=wait_for_ready,
-                                                 compression=compression)
+            result = self._inner(draw).with_call(
+                request_iterator,
+                timeout=timeout,
+                metadata=md,
+                credentials=credentials,
+                wait_for_ready=wait_for_ready,
+                compression=compression,
+            )
         except grpc.RpcError as error:
             self._report(draw, started, error.code(), error.details(), False)  # type: ignore[attr-defined]
             raise
         self._report(draw, started, grpc.StatusCode.OK, None, True)
         return result
 
-    def future(self, request_iterator: Iterator[Any], timeout: float | None = None,
-               metadata: Metadata | None = None, credentials: Any = None, wait_for_ready: bool | None = None,
-               compression: Any = None) -> Any:
+    def future(
+        self,
+        request_iterator: Iterator[Any],
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         draw, md = self._channel.route(metadata, timeout)
         started = time.monotonic_ns()
-        call = self._inner(draw).future(request_iterator, timeout=timeout, metadata=md, credentials=credentials,
-                                        wait_for_ready=wait_for_ready, compression=compression)
+        call = self._inner(draw).future(
+            request_iterator,
+            timeout=timeout,
+            metadata=md,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
         return self._track(draw, started, call)
 
 
 class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMultiCallable):  # type: ignore[misc]
     """unary-stream and stream-stream: the call object of the instance channel, its outcome reported when done."""
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Metadata | None = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         draw, md = self._channel.route(metadata, timeout)
         started = time.monotonic_ns()
-        call = self._inner(draw)(request, timeout=timeout, metadata=md, credentials=credentials,
-                                 wait_for_ready=wait_for_ready, compression=compression)
+        call = self._inner(draw)(
+            request,
+            timeout=timeout,
+            metadata=md,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
         return self._track(draw, started, call)

@@ -20,8 +20,8 @@ import grpc
 
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
-from .client import CHANNEL_OPTIONS
 from ._tickets import WAIT, Draw, Member, Refused, Rotation, leasable
+from .client import CHANNEL_OPTIONS
 from .errors import error_reason
 
 log = logging.getLogger("rota.channel")
@@ -123,8 +123,10 @@ class Router:
                             if not event.snapshot.instances and ever_synced and members:
                                 # rota restarted: its registry fills again as providers announce.
                                 holding_stale = True
-                                log.info("rota lists no instance of %s after a reconnect; keeping the last known",
-                                         self.service)
+                                log.info(
+                                    "rota lists no instance of %s after a reconnect; keeping the last known",
+                                    self.service,
+                                )
                             else:
                                 holding_stale = False
                                 members = {i.id: _member(i) for i in event.snapshot.instances if _up(i)}
@@ -152,8 +154,13 @@ class Router:
                     for rotation in rotations:
                         rotation.lost()
                 if failures == 0 and ever_synced and not self._closed.is_set():
-                    log.warning("watch of %s at rota %s ended (%s); keeping %d last known instances, reconnecting",
-                                self.service, self.server, self._watch_error, len(self._members))
+                    log.warning(
+                        "watch of %s at rota %s ended (%s); keeping %d last known instances, reconnecting",
+                        self.service,
+                        self.server,
+                        self._watch_error,
+                        len(self._members),
+                    )
             failures += 1
             self._closed.wait(random.uniform(0, min(5.0, 0.1 * 2 ** min(failures, 6))))
 
@@ -218,11 +225,18 @@ class Router:
         except grpc.RpcError as error:
             code = error.code()  # type: ignore[attr-defined]
             details = error.details() or ""  # type: ignore[attr-defined]
-            started = rotation.failed(Refused(code, details), answered_by_rota=bool(error_reason(error)),
-                                      refresh=count == 0)
+            started = rotation.failed(
+                Refused(code, details), answered_by_rota=bool(error_reason(error)), refresh=count == 0
+            )
             if started:
-                log.warning("rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
-                            "the last known instances", self.server, code.name, details, self.service)
+                log.warning(
+                    "rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
+                    "the last known instances",
+                    self.server,
+                    code.name,
+                    details,
+                    self.service,
+                )
         else:
             members = [_member(i) for i in response.instances]
             follow_up, recovered = rotation.leased(response.first_ticket, response.count, members, response.rule)

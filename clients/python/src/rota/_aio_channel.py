@@ -265,10 +265,12 @@ class _Call:
         await (await self._ensure()).done_writing()
 
     async def code(self) -> grpc.StatusCode:
-        return await (await self._ensure()).code()
+        code: grpc.StatusCode = await (await self._ensure()).code()
+        return code
 
     async def details(self) -> str:
-        return await (await self._ensure()).details()
+        details: str = await (await self._ensure()).details()
+        return details
 
     async def initial_metadata(self) -> Any:
         return await (await self._ensure()).initial_metadata()

@@ -75,7 +75,7 @@ def with_ticket(metadata: Metadata | None, draw: Draw, enabled: bool) -> Metadat
     return [*(m for m in metadata or () if m[0].lower() != TICKET_HEADER), (TICKET_HEADER, ticket)]
 
 
-def result_of(code: grpc.StatusCode | None, details: str | None, answered: bool) -> int:
+def result_of(code: grpc.StatusCode | None, details: str | None, answered: bool) -> pb.CallResult:
     if code is None or code == grpc.StatusCode.OK:
         return pb.CALL_RESULT_OK
     if is_connect_failure(code, details) and not answered:
@@ -89,7 +89,7 @@ def is_connect_failure(code: grpc.StatusCode | None, details: str | None) -> boo
     return code == grpc.StatusCode.UNAVAILABLE and ("failed to connect" in text or "connection refused" in text)
 
 
-class RoutingError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class RoutingError(grpc.RpcError, grpc.Call):
     """A call the channel could not route (rota refused, or no instance is usable)."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -103,17 +103,17 @@ class RoutingError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     def details(self) -> str:
         return self._details
 
-    def initial_metadata(self) -> Metadata:
+    def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return ()
 
-    def trailing_metadata(self) -> Metadata:
+    def trailing_metadata(self) -> Any:
         return ()
 
     def is_active(self) -> bool:
         return False
 
-    def time_remaining(self) -> float | None:
-        return None
+    def time_remaining(self) -> float:
+        return 0.0
 
     def cancel(self) -> bool:
         return False
@@ -191,7 +191,7 @@ class Instances:
             self._close(ch)
 
 
-class RotaChannel(grpc.Channel):  # type: ignore[misc]
+class RotaChannel(grpc.Channel):
     """A :class:`grpc.Channel` whose calls are routed by rota; see :func:`channel`."""
 
     def __init__(
@@ -225,7 +225,8 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
         return draw, with_ticket(metadata, draw, self._ticket_header)
 
     def instance_channel(self, draw: Draw) -> grpc.Channel:
-        return self.instances.get(draw.member)
+        channel: grpc.Channel = self.instances.get(draw.member)
+        return channel
 
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
         callback(grpc.ChannelConnectivity.READY if self.router.members() else grpc.ChannelConnectivity.CONNECTING)
@@ -239,7 +240,7 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
         request_serializer: Any = None,
         response_deserializer: Any = None,
         _registered_method: bool | None = False,
-    ) -> grpc.UnaryUnaryMultiCallable:
+    ) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         return _UnaryUnary(self, method, request_serializer, response_deserializer)
 
     def unary_stream(
@@ -248,7 +249,7 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
         request_serializer: Any = None,
         response_deserializer: Any = None,
         _registered_method: bool | None = False,
-    ) -> grpc.UnaryStreamMultiCallable:
+    ) -> grpc.UnaryStreamMultiCallable[Any, Any]:
         return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer)
 
     def stream_unary(
@@ -257,7 +258,7 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
         request_serializer: Any = None,
         response_deserializer: Any = None,
         _registered_method: bool | None = False,
-    ) -> grpc.StreamUnaryMultiCallable:
+    ) -> grpc.StreamUnaryMultiCallable[Any, Any]:
         return _StreamUnary(self, method, request_serializer, response_deserializer)
 
     def stream_stream(
@@ -266,7 +267,7 @@ class RotaChannel(grpc.Channel):  # type: ignore[misc]
         request_serializer: Any = None,
         response_deserializer: Any = None,
         _registered_method: bool | None = False,
-    ) -> grpc.StreamStreamMultiCallable:
+    ) -> grpc.StreamStreamMultiCallable[Any, Any]:
         return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def close(self) -> None:
@@ -309,7 +310,7 @@ class _Callable:
         return call
 
 
-class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[misc]
+class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type-arg]
     def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
         super().__init__(channel, "unary_unary", method, serializer, deserializer)
 
@@ -349,7 +350,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[misc
                     compression=compression,
                 )
             except grpc.RpcError as error:
-                code, details = error.code(), error.details()  # type: ignore[attr-defined]
+                code, details = error.code(), error.details()
                 self._report(draw, started, code, details, False)
                 if is_connect_failure(code, details) and (deadline is None or time.monotonic() < deadline):
                     continue  # never reached the instance: the next ticket
@@ -379,7 +380,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[misc
         return self._track(draw, started, call)
 
 
-class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[misc]
+class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[type-arg]
     def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
         super().__init__(channel, "stream_unary", method, serializer, deserializer)
 
@@ -416,7 +417,7 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[mi
                 compression=compression,
             )
         except grpc.RpcError as error:
-            self._report(draw, started, error.code(), error.details(), False)  # type: ignore[attr-defined]
+            self._report(draw, started, error.code(), error.details(), False)
             raise
         self._report(draw, started, grpc.StatusCode.OK, None, True)
         return result
@@ -443,7 +444,7 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[mi
         return self._track(draw, started, call)
 
 
-class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMultiCallable):  # type: ignore[misc]
+class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMultiCallable):  # type: ignore[type-arg]
     """unary-stream and stream-stream: the call object of the instance channel, its outcome reported when done."""
 
     def __call__(

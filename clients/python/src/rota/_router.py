@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
@@ -74,7 +75,7 @@ class Router:
         self._queued = 0
         self._closed = threading.Event()
         self.lease_calls = 0
-        self._watch_call: grpc.Future | None = None
+        self._watch_call: grpc.Future[Any] | None = None
         self._threads = [
             threading.Thread(target=self._watch_loop, name=f"rota-watch-{service}", daemon=True),
             threading.Thread(target=self._report_loop, name=f"rota-report-{service}", daemon=True),
@@ -146,7 +147,7 @@ class Router:
                         self._publish(members)
             except grpc.RpcError as error:
                 with self._lock:
-                    self._watch_error = f"{error.code().name}: {error.details()}"  # type: ignore[attr-defined]
+                    self._watch_error = f"{error.code().name}: {error.details()}"
                     self._lock.notify_all()
                     rotations = list(self._rotations.values())
                 if ever_synced and not self._closed.is_set():
@@ -219,12 +220,12 @@ class Router:
         future = self._balancer.Lease.future(request, timeout=LEASE_TIMEOUT)
         future.add_done_callback(lambda f: self._leased(rotation, f, count))
 
-    def _leased(self, rotation: Rotation, future: grpc.Future, count: int) -> None:
+    def _leased(self, rotation: Rotation, future: grpc.Future[Any], count: int) -> None:
         try:
             response = future.result()
         except grpc.RpcError as error:
-            code = error.code()  # type: ignore[attr-defined]
-            details = error.details() or ""  # type: ignore[attr-defined]
+            code = error.code()
+            details = error.details() or ""
             started = rotation.failed(
                 Refused(code, details), answered_by_rota=bool(error_reason(error)), refresh=count == 0
             )
@@ -249,7 +250,7 @@ class Router:
 
     # --- outcomes ----------------------------------------------------------------------------
 
-    def report(self, draw: Draw, latency_ns: int, result: int) -> None:
+    def report(self, draw: Draw, latency_ns: int, result: pb.CallResult) -> None:
         if self._queued >= REPORT_BACKLOG:
             return
         self._queued += 1

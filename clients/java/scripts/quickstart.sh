@@ -97,6 +97,41 @@ $dependency
 </project>
 EOF
 printf '%s\n' "${quick_start/"$readme_target"/$address}" >"$app/src/main/java/$class.java"
+# The gRPC channel of the installed artifact: rota:///channel-check, whose one instance is the rota
+# server itself, so one RPC through the channel (ListServices, from the stubs inside the jar)
+# proves the resolver and the policy were found through META-INF/services and route.
+cat >"$app/src/main/java/ChannelCheck.java" <<'JAVA'
+import java.util.concurrent.TimeUnit;
+
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.rota.client.Instance;
+import io.rota.client.Registration;
+import io.rota.client.RotaClient;
+import io.rota.client.channel.RotaChannels;
+
+public class ChannelCheck {
+    public static void main(String[] args) throws Exception {
+        String server = args[0];
+        String[] hostPort = server.split(":");
+        try (RotaClient rota = RotaClient.builder().target(server).build();
+                Registration provider = rota.register(Instance.of("channel-check", hostPort[0], Integer.parseInt(hostPort[1])))) {
+            ManagedChannel channel = Grpc.newChannelBuilder("rota:///channel-check", InsecureChannelCredentials.create())
+                    .setNameResolverArg(RotaChannels.SERVER, server)
+                    .build();
+            try {
+                boolean listed = io.rota.v1.RegistryGrpc.newBlockingStub(channel).withDeadlineAfter(30, TimeUnit.SECONDS)
+                        .listServices(io.rota.v1.ListServicesRequest.getDefaultInstance()).getServicesList().stream()
+                        .anyMatch(s -> s.getName().equals("channel-check"));
+                System.out.println("rota:///channel-check answered" + (listed ? "" : " without listing itself"));
+            } finally {
+                channel.shutdownNow();
+            }
+        }
+    }
+}
+JAVA
 
 # Compiles against io.rota:rota-client from the local repository, and writes the runtime classpath.
 # Both JVMs are short-lived: the C1 compiler alone (as .mvn/jvm.config has it for this build)
@@ -113,3 +148,10 @@ if [[ "$output" != "$expected" ]]; then
   exit 1
 fi
 echo "quickstart: $output (README.md's quick start in a fresh Maven project)"
+# shellcheck disable=SC2086 # quick_jvm is two options
+channel_output="$(cd "$app" && timeout 60 java $quick_jvm -cp "target/classes:$(cat classpath.txt)" ChannelCheck "$address")"
+if [[ "$channel_output" != "rota:///channel-check answered" ]]; then
+  echo "quickstart.sh: the channel check printed: $channel_output" >&2
+  exit 1
+fi
+echo "quickstart: $channel_output (a rota:/// channel from the installed artifact)"

@@ -64,6 +64,23 @@ def pip(python: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--python", str(python), *args]
 
 
+CHANNEL_CHECK = """\
+import sys
+
+import rota
+import rota.aio
+from rota._pb import rota_pb2, rota_pb2_grpc
+
+address = sys.argv[1]
+host, port = address.rsplit(":", 1)
+with rota.RotaClient(address) as client:
+    client.register(rota.Instance(service="channel-check", host=host, port=int(port)))
+    with rota.channel(f"rota://{address}/channel-check") as channel:
+        listing = rota_pb2_grpc.RegistryStub(channel).ListServices(rota_pb2.ListServicesRequest(), timeout=30)
+print("channel-check" in [s.name for s in listing.services], callable(rota.aio.channel))
+"""
+
+
 def run_quick_start(python: Path, workdir: Path, server: RotaServer) -> None:
     quick_start = readme_block("## Quick start", "python")
     assert f'"{README_TARGET}"' in quick_start, f"the quick start does not connect to {README_TARGET}"
@@ -74,6 +91,11 @@ def run_quick_start(python: Path, workdir: Path, server: RotaServer) -> None:
         location = run([str(python), "-c", "import rota; print(rota.__file__)"], cwd=workdir).strip()
         assert Path(location).is_relative_to(python.parent.parent), location
         assert run([str(python), str(script)], cwd=workdir, timeout=RUN_TIMEOUT) == "127.0.0.1:8080 0\n"
+        # The installed channel: rota:///channel-check, whose one instance is rota itself, so one
+        # call through it (ListServices) shows the resolver and the routing work from the install.
+        check = workdir / "channel_check.py"
+        check.write_text(CHANNEL_CHECK)
+        assert run([str(python), str(check), server.address], cwd=workdir, timeout=RUN_TIMEOUT) == "True True\n"
     finally:
         server.kill()  # nothing to drain
 

@@ -4,8 +4,11 @@ Providers keep their instances registered with :meth:`RotaClient.register`; cons
 rota which instance to call with :meth:`RotaClient.pick`, from one rotation shared by every
 consumer. :class:`rota.aio.AsyncRotaClient` offers the same for asyncio code, and
 :mod:`rota.version` carries a request's version through the whole call chain.
+:func:`rota.channel` (and :func:`rota.aio.channel`) is a gRPC channel for ``rota:///SERVICE``
+that routes every call by leased tickets of rota's rotation.
 """
 
+from ._channel import RotaChannel, channel
 from .aio import AsyncRegistration, AsyncRotaClient
 from .backoff import Backoff
 from .client import Registration, RotaClient
@@ -46,11 +49,13 @@ __all__ = [
     "Refusal",
     "RegistrationError",
     "ReportResult",
+    "RotaChannel",
     "RotaClient",
     "RotaError",
     "Registration",
     "ServiceSummary",
     "WatchEvent",
+    "channel",
     "current_version",
     "use_version",
     "version_from_headers",

@@ -15,6 +15,8 @@ import grpc
 import grpc.aio
 
 from . import _convert as convert
+from ._aio_channel import AsyncRotaChannel as AsyncRotaChannel
+from ._aio_channel import channel as channel
 from ._convert import pb, pb_grpc
 from ._registry_state import Desired
 from .client import (

@@ -1,0 +1,62 @@
+package io.rota.client.channel;
+
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.function.Predicate;
+
+/** An eligible list, ordered by id, with the mapping of one rule over it. */
+final class Eligible {
+    final List<Member> members;
+    final String rule;
+    final TicketMapping mapping;
+
+    Eligible(List<Member> members, String rule) {
+        this.members = List.copyOf(members);
+        this.rule = rule;
+        this.mapping = TicketMapping.of(rule, members.stream().mapToInt(Member::weight).toArray());
+    }
+
+    /**
+     * The local stand-in for rota's version isolation over the instances the resolver last saw:
+     * the version's instances, else the unversioned ones (what the default {@code fail} fallback
+     * allows).
+     */
+    static Eligible isolate(List<Member> all, String version, String rule) {
+        List<Member> chosen = new ArrayList<>();
+        for (Member m : all) {
+            if (m.version().equals(version)) {
+                chosen.add(m);
+            }
+        }
+        if (chosen.isEmpty() && !version.isEmpty()) {
+            for (Member m : all) {
+                if (m.version().isEmpty()) {
+                    chosen.add(m);
+                }
+            }
+        }
+        chosen.sort(Comparator.comparing(Member::id));
+        return new Eligible(chosen, rule);
+    }
+
+    /** Positions whose instance {@code usable} rejects, or null when every one is usable. */
+    boolean[] excluded(Predicate<String> usable) {
+        boolean[] excluded = null;
+        for (int i = 0; i < members.size(); i++) {
+            if (!usable.test(members.get(i).id())) {
+                if (excluded == null) {
+                    excluded = new boolean[members.size()];
+                }
+                excluded[i] = true;
+            }
+        }
+        return excluded;
+    }
+
+    /** The member ticket {@code t} maps to with these exclusions, or null. */
+    Member map(long ticket, boolean[] excluded) {
+        int index = mapping.map(ticket, excluded);
+        return index < 0 ? null : members.get(index);
+    }
+}

@@ -1,0 +1,61 @@
+package io.rota.client.channel;
+
+import io.grpc.Metadata;
+import io.grpc.NameResolver;
+
+/**
+ * Names and options of rota's gRPC channel integration: the {@value #SCHEME} name resolver and
+ * the {@value #POLICY} load-balancing policy, both registered through {@code META-INF/services},
+ * so a channel built for {@code rota:///SERVICE} routes every RPC by rota's rotation.
+ *
+ * <pre>{@code
+ * ManagedChannel channel = Grpc.newChannelBuilder("rota:///orders", InsecureChannelCredentials.create())
+ *         .setNameResolverArg(RotaChannels.SERVER, "10.0.0.5:50051")      // else ROTA_SERVER
+ *         .setNameResolverArg(RotaChannels.RULE, "repeat(n=3)")          // else the service's policy rule
+ *         .build();
+ * }</pre>
+ *
+ * <p>The rota server is, in this order: the target's authority ({@code rota://HOST:PORT/orders}),
+ * {@link #SERVER}, the {@code ROTA_SERVER} environment variable, {@code 127.0.0.1:50051}. The
+ * resolver publishes the service config {@code {"loadBalancingConfig": [{"rota": {"rule": ...,
+ * "version": ...}}]}} with {@link #RULE} and {@link #VERSION}; a channel that sets its own
+ * service config ({@code defaultServiceConfig(...)} with {@code disableServiceConfigLookUp()})
+ * configures the policy there instead.
+ */
+public final class RotaChannels {
+    /** The target scheme: {@code rota:///SERVICE}. */
+    public static final String SCHEME = "rota";
+    /** The load-balancing policy name, for {@code loadBalancingConfig}. */
+    public static final String POLICY = "rota";
+    /** The rota server, {@code host:port}. */
+    public static final NameResolver.Args.Key<String> SERVER = NameResolver.Args.Key.create("rota.server");
+    /** The rule (leasable: {@code round_robin}, {@code repeat(n=N)}, {@code weighted}); default: the service's policy rule. */
+    public static final NameResolver.Args.Key<String> RULE = NameResolver.Args.Key.create("rota.rule");
+    /** The version RPCs without an {@value #VERSION_HEADER} header ask for; default none. */
+    public static final NameResolver.Args.Key<String> VERSION = NameResolver.Args.Key.create("rota.version");
+    /**
+     * When true, every RPC carries its ticket in the {@value #TICKET_HEADER} header, for
+     * providers that log or check the rotation. Default false.
+     */
+    public static final NameResolver.Args.Key<Boolean> TICKET_HEADER_ENABLED = NameResolver.Args.Key.create("rota.ticket-header");
+
+    /** Per-call version: an RPC with this header is routed within that version's instances. */
+    public static final String VERSION_HEADER = "x-rota-version";
+    /** The ticket an RPC was routed by (when {@link #TICKET_HEADER_ENABLED}); {@code L<n>} for a local pick. */
+    public static final String TICKET_HEADER = "x-rota-ticket";
+
+    static final Metadata.Key<String> VERSION_KEY = Metadata.Key.of(VERSION_HEADER, Metadata.ASCII_STRING_MARSHALLER);
+    static final Metadata.Key<String> TICKET_KEY = Metadata.Key.of(TICKET_HEADER, Metadata.ASCII_STRING_MARSHALLER);
+
+    /** Where {@code rota serve} listens by default. */
+    public static final String DEFAULT_SERVER = "127.0.0.1:50051";
+
+    /** Least and most tickets one lease reserves; between them the block follows the RPC rate. */
+    public static final int MIN_BLOCK = 16;
+    public static final int MAX_BLOCK = 8192;
+    /** The interval between leases the block size aims at, at a steady RPC rate. */
+    public static final long TARGET_LEASE_INTERVAL_MS = 75;
+
+    private RotaChannels() {
+    }
+}

@@ -1,0 +1,190 @@
+package io.rota.client.channel;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+import io.grpc.ConnectivityState;
+import io.grpc.ConnectivityStateInfo;
+import io.grpc.EquivalentAddressGroup;
+import io.grpc.LoadBalancer;
+import io.grpc.Status;
+
+/**
+ * One subchannel per instance the resolver hands over, and one {@link Rotation} per version
+ * asked for; publishes a {@link RotaPicker} over the READY subchannels after every change.
+ * Runs in the channel's synchronization context, except for the rotations' lease callbacks,
+ * which post back into it.
+ */
+final class RotaLoadBalancer extends LoadBalancer {
+    /** Longest wait for a new subchannel's first connection before RPCs skip it. */
+    static final long SETTLE_TIMEOUT_MS = 2000;
+
+    private final Helper helper;
+    private final Map<String, Subchannel> subchannels = new HashMap<>();
+    private final Map<String, ConnectivityState> states = new HashMap<>();
+    private final Map<String, Member> members = new HashMap<>();
+    /** Instances whose subchannel has been READY or TRANSIENT_FAILURE at least once (or waited long enough). */
+    private final java.util.Set<String> settled = new java.util.HashSet<>();
+    private final ConcurrentHashMap<String, Rotation> rotations = new ConcurrentHashMap<>();
+    private volatile List<Member> resolved = List.of();
+    private RotaLink link;
+    private RotaLoadBalancerProvider.PolicyConfig config = new RotaLoadBalancerProvider.PolicyConfig("", "", false);
+    private Status lastFailure = Status.UNAVAILABLE.withDescription("no instance connected yet");
+    private ConnectivityState current;
+    private boolean shutdown;
+
+    RotaLoadBalancer(Helper helper) {
+        this.helper = helper;
+    }
+
+    @Override
+    public Status acceptResolvedAddresses(ResolvedAddresses resolvedAddresses) {
+        RotaLink newLink = resolvedAddresses.getAttributes().get(RotaLink.KEY);
+        if (newLink == null) {
+            Status status = Status.FAILED_PRECONDITION.withDescription(
+                    "the rota load-balancing policy needs the rota name resolver: target rota:///SERVICE");
+            handleNameResolutionError(status);
+            return status;
+        }
+        Object parsed = resolvedAddresses.getLoadBalancingPolicyConfig();
+        RotaLoadBalancerProvider.PolicyConfig newConfig = parsed instanceof RotaLoadBalancerProvider.PolicyConfig c ? c : config;
+        if (newLink != link || !newConfig.equals(config)) {
+            rotations.clear();
+        }
+        link = newLink;
+        config = newConfig;
+        newLink.onWatchLost(() -> rotations.values().forEach(Rotation::lost));
+
+        Map<String, EquivalentAddressGroup> wanted = new HashMap<>();
+        List<Member> all = new ArrayList<>();
+        for (EquivalentAddressGroup group : resolvedAddresses.getAddresses()) {
+            String id = group.getAttributes().get(RotaNameResolver.ID);
+            if (id == null) {
+                continue;
+            }
+            wanted.put(id, group);
+            java.net.InetSocketAddress address = (java.net.InetSocketAddress) group.getAddresses().get(0);
+            Member member = new Member(id, address.getHostString(), address.getPort(),
+                    group.getAttributes().get(RotaNameResolver.VERSION), group.getAttributes().get(RotaNameResolver.WEIGHT));
+            all.add(member);
+        }
+        boolean changed = !members.keySet().equals(wanted.keySet());
+        for (String id : new ArrayList<>(subchannels.keySet())) {
+            EquivalentAddressGroup group = wanted.get(id);
+            if (group == null || !group.getAddresses().equals(subchannels.get(id).getAddresses().getAddresses())) {
+                subchannels.remove(id).shutdown();
+                states.remove(id);
+                settled.remove(id);
+                changed = true;
+            }
+        }
+        for (Map.Entry<String, EquivalentAddressGroup> entry : wanted.entrySet()) {
+            if (subchannels.containsKey(entry.getKey())) {
+                continue;
+            }
+            String id = entry.getKey();
+            Subchannel subchannel = helper.createSubchannel(CreateSubchannelArgs.newBuilder()
+                    .setAddresses(entry.getValue()).build());
+            subchannels.put(id, subchannel);
+            states.put(id, ConnectivityState.IDLE);
+            subchannel.start(state -> onState(id, subchannel, state));
+            subchannel.requestConnection();
+            helper.getScheduledExecutorService().schedule(() -> helper.getSynchronizationContext().execute(() -> {
+                if (subchannels.get(id) == subchannel && settled.add(id)) {
+                    publish();
+                }
+            }), SETTLE_TIMEOUT_MS, java.util.concurrent.TimeUnit.MILLISECONDS);
+        }
+        members.clear();
+        all.forEach(m -> members.put(m.id(), m));
+        resolved = List.copyOf(all);
+        if (changed) {
+            rotations.values().forEach(Rotation::refresh);
+        }
+        publish();
+        return Status.OK;
+    }
+
+    @Override
+    public void handleNameResolutionError(Status error) {
+        if (subchannels.isEmpty()) {
+            current = ConnectivityState.TRANSIENT_FAILURE;
+            helper.updateBalancingState(ConnectivityState.TRANSIENT_FAILURE, new FixedResultPicker(PickResult.withError(error)));
+        }
+    }
+
+    @Override
+    public void shutdown() {
+        shutdown = true;
+        subchannels.values().forEach(Subchannel::shutdown);
+        subchannels.clear();
+        rotations.clear();
+    }
+
+    @Override
+    public void requestConnection() {
+        subchannels.values().forEach(Subchannel::requestConnection);
+    }
+
+    private void onState(String id, Subchannel subchannel, ConnectivityStateInfo info) {
+        if (shutdown || subchannels.get(id) != subchannel) {
+            return;
+        }
+        states.put(id, info.getState());
+        if (info.getState() == ConnectivityState.READY || info.getState() == ConnectivityState.TRANSIENT_FAILURE) {
+            settled.add(id);
+        }
+        if (info.getState() == ConnectivityState.TRANSIENT_FAILURE) {
+            lastFailure = info.getStatus();
+        }
+        if (info.getState() == ConnectivityState.IDLE) {
+            subchannel.requestConnection();
+        }
+        publish();
+    }
+
+    private void publish() {
+        if (shutdown) {
+            return;
+        }
+        Map<String, Subchannel> ready = new HashMap<>();
+        boolean connecting = false;
+        for (Map.Entry<String, ConnectivityState> entry : states.entrySet()) {
+            if (entry.getValue() == ConnectivityState.READY) {
+                ready.put(entry.getKey(), subchannels.get(entry.getKey()));
+            } else if (entry.getValue() == ConnectivityState.CONNECTING || entry.getValue() == ConnectivityState.IDLE) {
+                connecting = true;
+            }
+        }
+        ConnectivityState state = !ready.isEmpty() ? ConnectivityState.READY
+                : connecting ? ConnectivityState.CONNECTING : ConnectivityState.TRANSIENT_FAILURE;
+        current = state;
+        Status failure = Status.UNAVAILABLE.withDescription("no instance of " + (link != null ? link.service : "the service")
+                + " is reachable: " + lastFailure.getCode() + (lastFailure.getDescription() != null ? ": " + lastFailure.getDescription() : ""));
+        // While a new subchannel makes its first connection, RPCs wait rather than skip it, so
+        // a channel's first tickets (and those after an instance joins) map as rota maps them.
+        boolean unsettled = !settled.containsAll(subchannels.keySet());
+        helper.updateBalancingState(state, new RotaPicker(this, unsettled ? Map.of() : Map.copyOf(ready),
+                unsettled ? ConnectivityState.CONNECTING : state, failure, config));
+    }
+
+    /** Publishes a new picker so that RPCs waiting for a first lease are picked again. */
+    void repick() {
+        helper.getSynchronizationContext().execute(this::publish);
+    }
+
+    Rotation rotation(String version) {
+        return rotations.computeIfAbsent(version, v -> new Rotation(link, config.rule(), v, () -> resolved, this::repick));
+    }
+
+    RotaLink link() {
+        return link;
+    }
+
+    ConnectivityState state() {
+        return current;
+    }
+}

@@ -1,0 +1,256 @@
+package io.rota.client.channel;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+
+import org.junit.jupiter.api.DynamicTest;
+import org.junit.jupiter.api.TestFactory;
+import org.junit.jupiter.api.Timeout;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
+import io.grpc.StatusRuntimeException;
+import io.grpc.stub.MetadataUtils;
+import io.rota.client.Backoff;
+import io.rota.client.Instance;
+import io.rota.client.Registration;
+import io.rota.client.RotaClient;
+import io.rota.client.testing.RotaServer;
+import rota.echo.v1.EchoGrpc;
+import rota.echo.v1.EchoOuterClass.EchoRequest;
+
+/**
+ * The shared channel scenarios (clients/conformance/channel/*.json, README there) through a
+ * rota:/// channel; consumers after the first are separate JVMs ({@link EchoConsumer}).
+ */
+@Timeout(value = 240, unit = TimeUnit.SECONDS)
+class ChannelConformanceTest {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    @TestFactory
+    Stream<DynamicTest> scenarios() throws IOException {
+        Path dir = RotaServer.repositoryRoot().resolve("clients/conformance/channel");
+        List<Path> files;
+        try (Stream<Path> listing = Files.list(dir)) {
+            files = listing.filter(p -> p.toString().endsWith(".json")).sorted().toList();
+        }
+        return files.stream().map(file -> DynamicTest.dynamicTest(file.getFileName().toString(), () -> {
+            try (Runner runner = new Runner(JSON.readTree(file.toFile()))) {
+                for (JsonNode step : runner.scenario.get("steps")) {
+                    runner.step(step);
+                }
+            }
+        }));
+    }
+
+    private static Long leased(EchoFleet.Received r) {
+        return r.ticket() == null || r.ticket().startsWith("L") ? null : Long.parseUnsignedLong(r.ticket());
+    }
+
+    private static final class Runner implements AutoCloseable {
+        final JsonNode scenario;
+        final String rule;
+        RotaServer rota;
+        final EchoFleet fleet = new EchoFleet();
+        final RotaClient provider;
+        final Map<String, Registration> registrations = new HashMap<>();
+        final Map<String, Integer> weights = new HashMap<>();
+        final String target;
+        final ManagedChannel channel;
+        final Set<Long> seen = new HashSet<>();
+
+        Runner(JsonNode scenario) throws Exception {
+            this.scenario = scenario;
+            this.rule = scenario.get("rule").asText();
+            rota = RotaServer.start();
+            provider = RotaClient.builder().target(rota.target())
+                    .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(500))).build();
+            for (JsonNode spec : scenario.get("instances")) {
+                String id = spec.get("id").asText();
+                Instance instance = Instance.of("echo", "127.0.0.1", fleet.start(id)).withId(id)
+                        .withVersion(spec.path("version").asText(""));
+                if (spec.has("weight")) {
+                    instance = instance.withWeight(spec.get("weight").asInt());
+                }
+                weights.put(id, instance.weight());
+                registrations.put(id, provider.register(instance));
+            }
+            target = "rota://" + rota.target() + "/" + scenario.path("service").asText("echo");
+            channel = ManagedChannelBuilder.forTarget(target)
+                    .setNameResolverArg(RotaChannels.RULE, rule)
+                    .setNameResolverArg(RotaChannels.TICKET_HEADER_ENABLED, true)
+                    .usePlaintext().build();
+        }
+
+        String call(String version, long deadlineMs) {
+            EchoGrpc.EchoBlockingStub stub = EchoGrpc.newBlockingStub(channel);
+            if (!version.isEmpty()) {
+                Metadata headers = new Metadata();
+                headers.put(RotaChannels.VERSION_KEY, version);
+                stub = stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
+            }
+            try {
+                stub.withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS).echo(EchoRequest.newBuilder().setMessage("first").build());
+                return null;
+            } catch (StatusRuntimeException e) {
+                return String.valueOf(e.getStatus().getDescription());
+            }
+        }
+
+        void step(JsonNode step) throws Exception {
+            if (step.has("calls")) {
+                calls(step);
+            } else if (step.has("withdraw")) {
+                String id = step.get("withdraw").asText();
+                long within = TimeUnit.MILLISECONDS.toNanos(step.get("within_ms").asLong());
+                registrations.remove(id).close();
+                long withdrawn = System.nanoTime();
+                int made = 0;
+                while (System.nanoTime() - withdrawn < within || made < 20) {
+                    call("", 5000);
+                    made++;
+                }
+                assertTrue(fleet.since(withdrawn + within).stream().noneMatch(r -> r.instance().equals(id)),
+                        id + " still reached after the withdrawal");
+            } else if (step.has("kill")) {
+                fleet.kill(step.get("kill").asText());
+            } else if (step.path("stop_rota").asBoolean()) {
+                rota.kill();
+            } else if (step.path("restart_rota").asBoolean()) {
+                rota = RotaServer.startOn(rota.target());
+            } else if (step.path("await_leases").asBoolean()) {
+                long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(step.get("within_ms").asLong());
+                while (true) {
+                    int before = fleet.received.size();
+                    call("", 5000);
+                    List<EchoFleet.Received> all = List.copyOf(fleet.received);
+                    if (all.subList(before, all.size()).stream().anyMatch(r -> leased(r) != null)) {
+                        return;
+                    }
+                    assertTrue(System.nanoTime() < deadline, "no leased ticket in time");
+                    Thread.sleep(20);
+                }
+            } else {
+                throw new AssertionError("unknown step " + step);
+            }
+        }
+
+        void calls(JsonNode step) throws Exception {
+            int n = step.get("calls").asInt();
+            String version = step.path("version").asText("");
+            long deadlineMs = step.path("deadline_ms").asLong(5000);
+            int before = fleet.received.size();
+            List<Process> others = new ArrayList<>();
+            String java = ProcessHandle.current().info().command().orElse("java");
+            for (int c = 1; c < step.path("consumers").asInt(1); c++) {
+                others.add(new ProcessBuilder(java, "-XX:TieredStopAtLevel=1", "-cp", System.getProperty("java.class.path"),
+                        EchoConsumer.class.getName(), target, rule, String.valueOf(n), version, String.valueOf(deadlineMs))
+                        .redirectError(ProcessBuilder.Redirect.DISCARD).start());
+            }
+            List<String> failures = new ArrayList<>();
+            for (int i = 0; i < n; i++) {
+                String failure = call(version, deadlineMs);
+                if (failure != null) {
+                    failures.add(failure);
+                }
+            }
+            for (Process process : others) {
+                String out = new String(process.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+                assertTrue(process.waitFor(120, TimeUnit.SECONDS), "second consumer did not end");
+                assertTrue(out.contains("DONE"), "second consumer: " + out);
+                out.lines().filter(l -> l.startsWith("FAILED ")).forEach(l -> failures.add(l.substring(7)));
+            }
+            List<EchoFleet.Received> all = List.copyOf(fleet.received);
+            List<EchoFleet.Received> received = all.subList(before, all.size());
+            check(step.path("expect"), received, failures);
+        }
+
+        void check(JsonNode expect, List<EchoFleet.Received> received, List<String> failures) {
+            if (expect.has("failures")) {
+                assertEquals(expect.get("failures").asInt(), failures.size(), failures.toString());
+            }
+            if (expect.has("error_contains")) {
+                String text = expect.get("error_contains").asText();
+                assertTrue(failures.stream().allMatch(f -> f.contains(text)), failures.toString());
+            }
+            if (expect.path("leased").isBoolean()) {
+                boolean all = expect.get("leased").asBoolean();
+                assertTrue(received.stream().allMatch(r -> (leased(r) != null) == all), "leased " + all);
+            }
+            Set<String> reached = new HashSet<>();
+            received.forEach(r -> reached.add(r.instance()));
+            if (expect.has("rotation")) {
+                List<String> ids = new ArrayList<>(new TreeSet<>(strings(expect.get("rotation"))));
+                TicketMapping mapping = TicketMapping.of(rule, ids.stream().mapToInt(weights::get).toArray());
+                for (EchoFleet.Received r : received) {
+                    Long t = leased(r);
+                    assertNotNull(t, "call to " + r.instance() + " without a leased ticket");
+                    assertTrue(seen.add(t), "ticket " + t + " used twice");
+                    assertEquals(ids.get(mapping.map(t, null)), r.instance(), "ticket " + t);
+                }
+            }
+            if (expect.has("runs")) {
+                int size = expect.get("runs").asInt();
+                Map<Long, String> byTicket = new HashMap<>();
+                received.forEach(r -> {
+                    if (leased(r) != null) {
+                        byTicket.put(leased(r), r.instance());
+                    }
+                });
+                for (long t : byTicket.keySet()) {
+                    long group = t - t % size;
+                    Set<String> in = new HashSet<>();
+                    boolean complete = true;
+                    for (long k = 0; k < size; k++) {
+                        complete &= byTicket.containsKey(group + k);
+                        in.add(byTicket.get(group + k));
+                    }
+                    assertTrue(!complete || in.size() == 1, "run from " + group);
+                }
+            }
+            if (expect.has("only")) {
+                assertTrue(strings(expect.get("only")).containsAll(reached), reached.toString());
+            }
+            if (expect.has("never")) {
+                assertTrue(strings(expect.get("never")).stream().noneMatch(reached::contains), reached.toString());
+            }
+            if (expect.path("spread").asBoolean()) {
+                assertEquals(new HashSet<>(strings(expect.get("only"))), reached);
+            }
+        }
+
+        private static List<String> strings(JsonNode array) {
+            List<String> out = new ArrayList<>();
+            array.forEach(n -> out.add(n.asText()));
+            return out;
+        }
+
+        @Override
+        public void close() throws Exception {
+            channel.shutdownNow();
+            provider.close();
+            fleet.close();
+            rota.close();
+        }
+    }
+}

@@ -1,0 +1,309 @@
+"""The rota side of a ``rota:///SERVICE`` channel: the service's instances through ``Watch``,
+one :class:`~rota._tickets.Rotation` per version asked for, leases, and batched outcome reports.
+
+It runs on its own threads and a plain gRPC channel to rota, so that the sync and the asyncio
+channels share it; the channels own the connections to the instances.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+
+from ._pb import rota_pb2 as pb
+from ._pb import rota_pb2_grpc as pb_grpc
+from ._tickets import WAIT, Draw, Member, Refused, Rotation, leasable
+from .client import CHANNEL_OPTIONS
+from .errors import error_reason
+
+log = logging.getLogger("rota.channel")
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+VERSION_HEADER = "x-rota-version"
+TICKET_HEADER = "x-rota-ticket"
+LEASE_TIMEOUT = 2.0
+REPORT_INTERVAL = 0.1
+REPORT_BATCH = 1000
+REPORT_BACKLOG = 100_000
+
+
+def parse_target(target: str, server: str | None, rule: str | None, version: str | None) -> tuple[str, str, str, str]:
+    """(service, rota server, rule, version) of ``rota:///SERVICE`` or ``rota://HOST:PORT/SERVICE?rule=..``."""
+    parts = urlsplit(target)
+    if parts.scheme != "rota" or not parts.path.strip("/") or "/" in parts.path.strip("/"):
+        raise ValueError(f"a rota channel target is rota:///SERVICE, got {target!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    chosen_server = parts.netloc or server or os.environ.get("ROTA_SERVER") or DEFAULT_SERVER
+    chosen_rule = rule if rule is not None else query.get("rule", "")
+    if chosen_rule and not leasable(chosen_rule):
+        raise ValueError(f"rule {chosen_rule!r} cannot be leased; leasable rules: round_robin, repeat(n=N), weighted")
+    chosen_version = version if version is not None else query.get("version", "")
+    return parts.path.strip("/"), chosen_server, chosen_rule, chosen_version
+
+
+class NoInstance(Exception):
+    """No instance can take the call now (none known, or none usable)."""
+
+
+class Router:
+    """Routes calls of one service: ``route(version, usable)`` returns a :class:`Draw`."""
+
+    def __init__(self, service: str, server: str, rule: str, version: str) -> None:
+        self.service = service
+        self.server = server
+        self.rule = rule
+        self.version = version
+        self._channel = grpc.insecure_channel(server, options=CHANNEL_OPTIONS)
+        self._balancer = pb_grpc.BalancerStub(self._channel)
+        self._registry = pb_grpc.RegistryStub(self._channel)
+        self._lock = threading.Condition()
+        self._members: dict[str, Member] = {}
+        self._synced = False
+        self._watch_error = ""
+        self._rotations: dict[str, Rotation] = {}
+        self._listeners: list[Callable[[dict[str, Member]], None]] = []
+        self._outcomes: queue.SimpleQueue[pb.CallOutcome] = queue.SimpleQueue()
+        self._queued = 0
+        self._closed = threading.Event()
+        self.lease_calls = 0
+        self._watch_call: grpc.Future[Any] | None = None
+        self._threads = [
+            threading.Thread(target=self._watch_loop, name=f"rota-watch-{service}", daemon=True),
+            threading.Thread(target=self._report_loop, name=f"rota-report-{service}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- instances ---------------------------------------------------------------------------
+
+    def members(self) -> dict[str, Member]:
+        with self._lock:
+            return dict(self._members)
+
+    def on_members(self, listener: Callable[[dict[str, Member]], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+            members = dict(self._members)
+        listener(members)
+
+    def wait_synced(self, timeout: float) -> None:
+        """Waits for the first instance list; raises :class:`NoInstance` naming the service if there is none."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._synced or bool(self._watch_error) or self._closed.is_set(), timeout)
+            if self._members:
+                return
+            if self._synced:
+                raise NoInstance(f"rota at {self.server} has no UP instance of service {self.service!r}")
+            raise NoInstance(
+                f"cannot watch service {self.service!r} at rota {self.server}: {self._watch_error or 'no answer yet'}"
+            )
+
+    def _watch_loop(self) -> None:
+        failures = 0
+        ever_synced = False
+        holding_stale = False
+        while not self._closed.is_set():
+            try:
+                call = self._registry.Watch(pb.WatchRequest(service=self.service))
+                self._watch_call = call
+                for event in call:
+                    kind = event.WhichOneof("event")
+                    with self._lock:
+                        members = dict(self._members)
+                        if kind == "snapshot":
+                            failures = 0
+                            if not event.snapshot.instances and ever_synced and members:
+                                # rota restarted: its registry fills again as providers announce.
+                                holding_stale = True
+                                log.info(
+                                    "rota lists no instance of %s after a reconnect; keeping the last known",
+                                    self.service,
+                                )
+                            else:
+                                holding_stale = False
+                                members = {i.id: _member(i) for i in event.snapshot.instances if _up(i)}
+                            ever_synced = True
+                            self._synced = True
+                        elif kind in ("added", "updated"):
+                            if holding_stale:
+                                holding_stale = False
+                                members = {}
+                            instance = event.added if kind == "added" else event.updated
+                            if _up(instance):
+                                members[instance.id] = _member(instance)
+                            else:
+                                members.pop(instance.id, None)
+                        elif kind == "removed" and not holding_stale:
+                            members.pop(event.removed.id, None)
+                        self._publish(members)
+            except grpc.RpcError as error:
+                with self._lock:
+                    self._watch_error = f"{error.code().name}: {error.details()}"
+                    self._lock.notify_all()
+                    rotations = list(self._rotations.values())
+                if ever_synced and not self._closed.is_set():
+                    # rota is gone (or restarting with a new counter): stop drawing held tickets.
+                    for rotation in rotations:
+                        rotation.lost()
+                if failures == 0 and ever_synced and not self._closed.is_set():
+                    log.warning(
+                        "watch of %s at rota %s ended (%s); keeping %d last known instances, reconnecting",
+                        self.service,
+                        self.server,
+                        self._watch_error,
+                        len(self._members),
+                    )
+            failures += 1
+            self._closed.wait(random.uniform(0, min(5.0, 0.1 * 2 ** min(failures, 6))))
+
+    def _publish(self, members: dict[str, Member]) -> None:
+        changed = members.keys() != self._members.keys()
+        self._members = members
+        self._lock.notify_all()
+        listeners = list(self._listeners)
+        for listener in listeners:
+            listener(dict(members))
+        if changed:
+            for rotation in list(self._rotations.values()):
+                count = rotation.refresh()
+                if count is not None:
+                    self._lease(rotation, count)
+
+    # --- routing -----------------------------------------------------------------------------
+
+    def rotation(self, version: str | None) -> Rotation:
+        key = self.version if version is None else version
+        with self._lock:
+            rotation = self._rotations.get(key)
+            if rotation is None:
+                rotation = Rotation(self.rule, key, lambda: list(self.members().values()))
+                self._rotations[key] = rotation
+            return rotation
+
+    def draw(self, rotation: Rotation, usable: Callable[[str], bool]) -> Draw | str | Refused:
+        """One decision: a Draw, WAIT (no lease yet), NONE_USABLE, or rota's refusal; never blocks."""
+        decision, count = rotation.draw(usable)
+        if count is not None:
+            self._lease(rotation, count)
+        return decision
+
+    def route(self, version: str | None, usable: Callable[[str], bool], timeout: float) -> Draw:
+        """A Draw for one call, waiting up to ``timeout`` for the rotation's first lease."""
+        deadline = time.monotonic() + timeout
+        rotation = self.rotation(version)
+        while True:
+            decision = self.draw(rotation, usable)
+            if isinstance(decision, Draw):
+                return decision
+            if isinstance(decision, Refused):
+                raise decision
+            if decision != WAIT:
+                raise NoInstance(f"no instance of {self.service} is reachable")
+            with self._lock:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoInstance(f"no lease from rota at {self.server} within {timeout:.1f}s")
+                self._lock.wait(min(left, 0.05))
+
+    def _lease(self, rotation: Rotation, count: int) -> None:
+        self.lease_calls += 1
+        request = pb.LeaseRequest(service=self.service, rule=rotation.rule, version=rotation.version, count=count)
+        future = self._balancer.Lease.future(request, timeout=LEASE_TIMEOUT)
+        future.add_done_callback(lambda f: self._leased(rotation, f, count))
+
+    def _leased(self, rotation: Rotation, future: grpc.Future[Any], count: int) -> None:
+        try:
+            response = future.result()
+        except grpc.RpcError as error:
+            code = error.code()
+            details = error.details() or ""
+            started = rotation.failed(
+                Refused(code, details), answered_by_rota=bool(error_reason(error)), refresh=count == 0
+            )
+            if started:
+                log.warning(
+                    "rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
+                    "the last known instances",
+                    self.server,
+                    code.name,
+                    details,
+                    self.service,
+                )
+        else:
+            members = [_member(i) for i in response.instances]
+            follow_up, recovered = rotation.leased(response.first_ticket, response.count, members, response.rule)
+            if recovered:
+                log.info("rota reachable again: %s routed by leased tickets", self.service)
+            if follow_up is not None:
+                self._lease(rotation, follow_up)
+        with self._lock:
+            self._lock.notify_all()
+
+    # --- outcomes ----------------------------------------------------------------------------
+
+    def report(self, draw: Draw, latency_ns: int, result: pb.CallResult) -> None:
+        if self._queued >= REPORT_BACKLOG:
+            return
+        self._queued += 1
+        self._outcomes.put(
+            pb.CallOutcome(
+                service=self.service,
+                instance_id=draw.member.id,
+                ticket=0 if draw.local else draw.ticket,
+                rule=draw.rule,
+                latency_us=latency_ns // 1000,
+                result=result,
+            )
+        )
+
+    def _report_loop(self) -> None:
+        while not self._closed.wait(REPORT_INTERVAL):
+            self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        while True:
+            batch: list[pb.CallOutcome] = []
+            while len(batch) < REPORT_BATCH:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            self._queued -= len(batch)
+            if not batch:
+                return
+            try:
+                self._balancer.Report(pb.ReportRequest(outcomes=batch), timeout=LEASE_TIMEOUT)
+            except grpc.RpcError as error:
+                log.debug("%d outcomes not reported: %s", len(batch), error)
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._watch_call is not None:
+            self._watch_call.cancel()
+        self._threads[1].join(timeout=LEASE_TIMEOUT + 1)
+        self._channel.close()
+
+
+def _up(instance: pb.Instance) -> bool:
+    return instance.status in (pb.UP, pb.INSTANCE_STATUS_UNSPECIFIED)
+
+
+def _member(instance: pb.Instance) -> Member:
+    return Member(
+        id=instance.id,
+        host=instance.host,
+        port=instance.port,
+        version=instance.version,
+        weight=instance.weight if instance.HasField("weight") else 100,
+    )

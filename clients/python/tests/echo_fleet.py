@@ -1,0 +1,121 @@
+"""Echo servers for the channel tests: each answers with its id and records every call it receives.
+
+The stubs come from clients/conformance/channel/echo.proto, generated with grpcio-tools into a
+temporary folder when this module is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_tools import protoc
+
+from rota_harness import REPO_ROOT
+
+_OUT = Path(tempfile.mkdtemp(prefix="rota-echo-stubs-"))
+_PROTO_DIR = REPO_ROOT / "clients" / "conformance" / "channel"
+if (
+    protoc.main(
+        [
+            "protoc",
+            f"-I{_PROTO_DIR}",
+            f"--python_out={_OUT}",
+            f"--grpc_python_out={_OUT}",
+            str(_PROTO_DIR / "echo.proto"),
+        ]
+    )
+    != 0
+):
+    raise RuntimeError("protoc could not generate the echo stubs")
+sys.path.insert(0, str(_OUT))
+echo_pb2: Any = importlib.import_module("echo_pb2")
+echo_pb2_grpc: Any = importlib.import_module("echo_pb2_grpc")
+sys.path.remove(str(_OUT))
+
+#: A generic service with the two call kinds echo.proto lacks (raw bytes, no serializers).
+KINDS = "rota.test.Kinds"
+
+
+@dataclass(frozen=True)
+class Received:
+    instance: str
+    ticket: str | None
+    version: str | None
+    at: float
+
+
+class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, fleet: EchoFleet, instance: str) -> None:
+        self.fleet = fleet
+        self.instance = instance
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        md = dict(details.invocation_metadata)
+        self.fleet.record(Received(self.instance, md.get("x-rota-ticket"), md.get("x-rota-version"), time.monotonic()))
+        return continuation(details)
+
+
+class _Echo(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+
+    def Echo(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return echo_pb2.EchoReply(instance_id=self.instance, message=request.message)
+
+    def EchoStream(self, requests: Any, context: Any) -> Any:  # noqa: N802
+        for request in requests:
+            yield echo_pb2.EchoReply(instance_id=self.instance, message=request.message)
+
+
+class EchoFleet:
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self._lock = threading.Lock()
+        self.servers: dict[str, grpc.Server] = {}
+
+    def record(self, received: Received) -> None:
+        with self._lock:
+            self.received.append(received)
+
+    def since(self, at: float) -> list[Received]:
+        with self._lock:
+            return [r for r in self.received if r.at >= at]
+
+    def start(self, instance: str) -> int:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[_Recorder(self, instance)])
+        echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance), server)
+        me = instance.encode()
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    KINDS,
+                    {
+                        "UnaryStream": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter([me, req])),
+                        "StreamUnary": grpc.stream_unary_rpc_method_handler(
+                            lambda reqs, ctx: me + b":" + b"".join(reqs)
+                        ),
+                    },
+                ),
+            )
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self.servers[instance] = server
+        return int(port)
+
+    def kill(self, instance: str) -> None:
+        self.servers.pop(instance).stop(None).wait(10)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.stop(None).wait(10)
+        self.servers.clear()

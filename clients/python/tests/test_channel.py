@@ -1,0 +1,271 @@
+"""rota.channel / rota.aio.channel against a live rota server and echo servers on loopback ports.
+
+Every echo server records the ticket of each call (``ticket_header=True``), so the tests check
+the rotation ticket by ticket: no ticket is used twice across channels, and each reached the
+instance rota's rule maps it to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+import rota
+import rota.aio
+from echo_fleet import KINDS, EchoFleet, Received, echo_pb2, echo_pb2_grpc
+from rota._pb import rota_pb2 as pb
+from rota._pb import rota_pb2_grpc as pb_grpc
+from rota._tickets import Eligible, Member, TicketMapping, weighted_schedule
+from rota_harness import RotaServer
+
+IDS = ["echo-a", "echo-b", "echo-c"]
+
+
+def letters(mapping: TicketMapping, count: int, excluded: list[bool] | None = None) -> str:
+    return "".join(chr(ord("A") + mapping.map(t, excluded)) for t in range(count))
+
+
+def test_rotating_rules_follow_their_formulas() -> None:
+    assert letters(TicketMapping("round_robin", [1] * 3), 7) == "ABCABCA"
+    assert letters(TicketMapping("repeat(n=3)", [1] * 3), 12) == "AAABBBCCCAAA"
+    assert letters(TicketMapping("repeat", [1] * 3), 9) == "AAABBBCCC"
+    assert letters(TicketMapping("round_robin", [1] * 4), 6, [False, True, False, False]) == "ACDACD"
+    assert TicketMapping("round_robin", [1, 1]).map(3, [True, True]) == -1
+    assert TicketMapping("round_robin", [1] * 3).map(2**64 - 1) == (2**64 - 1) % 3
+
+
+def test_weighted_schedule_interleaves_by_earliest_deadline() -> None:
+    assert weighted_schedule([5, 1, 1]) == [0, 0, 0, 1, 2, 0, 0]
+    assert weighted_schedule([2, 1]) == [0, 1, 0]
+    assert weighted_schedule([100, 100, 100]) == [0, 1, 2]
+    assert weighted_schedule([3, 0, 1]) == [0, 0, 2, 0]
+    assert weighted_schedule([0, 0]) == []
+    with pytest.raises(ValueError, match="cannot be leased"):
+        TicketMapping("random", [1])
+
+
+def test_local_mapping_matches_rotas_pick(rota_server: RotaServer, service_name: str) -> None:
+    weights = [7, 3, 0, 5, 1]
+    with rota.RotaClient(rota_server.address) as client, grpc.insecure_channel(rota_server.address) as ch:
+        client.register(
+            *[
+                rota.Instance(service=service_name, host="127.0.0.1", port=9000 + i, id=f"m{i}", weight=w)
+                for i, w in enumerate(weights)
+            ]
+        )
+        balancer = pb_grpc.BalancerStub(ch)
+        for rule in ("round_robin", "repeat(n=3)", "weighted"):
+            listing = balancer.Lease(pb.LeaseRequest(service=service_name, rule=rule), timeout=20)
+            members = [
+                Member(i.id, i.host, i.port, i.version, i.weight if i.HasField("weight") else 100)
+                for i in listing.instances
+            ]
+            eligible = Eligible(members, listing.rule)
+            for n in range(40):
+                exclude = f"m{n % len(weights)}" if n % 4 == 3 else None
+                pick = balancer.Pick(
+                    pb.PickRequest(service=service_name, rule=rule, exclude=[exclude] if exclude else []), timeout=20
+                )
+                excluded = eligible.excluded(lambda id_, ex=exclude: id_ != ex) if exclude else None
+                local = eligible.map(pick.ticket, excluded)
+                assert local is not None and local.id == pick.instance.id, (rule, pick.ticket, exclude)
+
+
+@pytest.fixture
+def fleet(private_server: Callable[..., RotaServer]) -> Iterator[tuple[RotaServer, EchoFleet, Any, dict[str, Any]]]:
+    server = private_server()
+    echo = EchoFleet()
+    instances = {i: rota.Instance(service="echo", host="127.0.0.1", port=echo.start(i), id=i) for i in IDS}
+    client = rota.RotaClient(server.address)
+    registration = client.register(*instances.values())
+    try:
+        yield server, echo, registration, instances
+    finally:
+        client.close()
+        echo.close()
+
+
+def stub(server: RotaServer, rule: str = "round_robin", **kwargs: Any) -> tuple[Any, rota.RotaChannel]:
+    ch = rota.channel(f"rota://{server.address}/echo", rule=rule, ticket_header=True, **kwargs)
+    return echo_pb2_grpc.EchoStub(ch), ch
+
+
+def echo(s: Any, message: str = "hi", **kwargs: Any) -> str:
+    return str(s.Echo(echo_pb2.EchoRequest(message=message), timeout=20, **kwargs).instance_id)
+
+
+def leased_tickets(received: list[Received]) -> dict[int, str]:
+    tickets: dict[int, str] = {}
+    for r in received:
+        assert r.ticket is not None, "every call carries its ticket"
+        if r.ticket.startswith("L"):
+            continue
+        assert int(r.ticket) not in tickets, f"ticket {r.ticket} used twice"
+        tickets[int(r.ticket)] = r.instance
+    return tickets
+
+
+@pytest.mark.parametrize(("rule", "group"), [("round_robin", 1), ("repeat(n=3)", 3)])
+def test_two_channels_share_one_rotation(fleet: Any, rule: str, group: int) -> None:
+    server, echoes, _, _ = fleet
+    first, ch1 = stub(server, rule)
+    second, ch2 = stub(server, rule)
+    with ch1, ch2:
+        for i in range(300):
+            echo(first if i % 2 == 0 else second, f"rpc {i}")
+    tickets = leased_tickets(echoes.received)
+    assert len(tickets) == 300
+    cycle = group * len(IDS)
+    complete = 0
+    for t, instance in tickets.items():
+        assert instance == IDS[(t // group) % len(IDS)], (rule, t)
+        if t % cycle == 0 and all(t + k in tickets for k in range(cycle)):
+            shares = Counter(tickets[t + k] for k in range(cycle))
+            assert shares == dict.fromkeys(IDS, group), (t, shares)
+            complete += 1
+    assert complete >= 300 // cycle // 2, complete
+
+
+def test_version_metadata_reaches_only_that_version(fleet: Any) -> None:
+    server, echoes, registration, _ = fleet
+    registration.announce(
+        rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"), id="echo-zlt", version="zlt")
+    )
+    s, ch = stub(server)
+    with ch:
+        plain = set()
+        for i in range(30):
+            assert echo(s, f"zlt {i}", metadata=[("x-rota-version", "zlt")]) == "echo-zlt"
+            plain.add(echo(s, f"plain {i}"))
+        with rota.use_version("zlt"):  # the version of the request being handled
+            assert echo(s, "current") == "echo-zlt"
+    assert plain == set(IDS)
+
+
+def test_withdrawn_instance_stops_receiving_within_one_second(fleet: Any) -> None:
+    server, echoes, registration, instances = fleet
+    s, ch = stub(server)
+    with ch:
+        for i in range(30):
+            echo(s, f"before {i}")
+        registration.withdraw(instances["echo-c"])
+        withdrawn = time.monotonic()
+        while time.monotonic() - withdrawn < 2.0:
+            echo(s, "after")
+    late = Counter(r.instance for r in echoes.since(withdrawn + 1.0))
+    assert "echo-c" not in late, late
+    assert late["echo-a"] > 0 and late["echo-b"] > 0, late
+
+
+def test_killed_instance_is_skipped_without_failing_calls(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    s, ch = stub(server)
+    with ch:
+        for i in range(30):
+            echo(s, f"before {i}")
+        echoes.kill("echo-c")
+        reached = Counter(echo(s, f"after {i}") for i in range(200))
+    assert set(reached) == {"echo-a", "echo-b"}
+
+
+def test_rota_stopped_calls_go_on_and_leases_resume(fleet: Any, private_server: Callable[..., RotaServer]) -> None:
+    server, echoes, registration, _ = fleet
+    s, ch = stub(server)
+    with ch:
+        for i in range(30):
+            echo(s, f"before {i}")
+        address = server.address
+        server.kill()
+        stopped = time.monotonic()
+        reached = Counter(echo(s, f"outage {i}") for i in range(100))
+        assert set(reached) == set(IDS), "the local rotation covers every known instance"
+        assert any(r.ticket and r.ticket.startswith("L") for r in echoes.since(stopped))
+        private_server(listen=address)
+        restarted = time.monotonic()
+        deadline = restarted + 30
+        while True:
+            echo(s, "back")
+            since = echoes.since(restarted)
+            if since and since[-1].ticket and not since[-1].ticket.startswith("L"):
+                break
+            assert time.monotonic() < deadline, "no leased ticket within 30 s of rota's restart"
+            time.sleep(0.05)
+
+
+def test_unknown_service_fails_fast_with_a_clear_error(rota_server: RotaServer) -> None:
+    with rota.channel(f"rota://{rota_server.address}/no-such-service") as ch:
+        with pytest.raises(grpc.RpcError) as failure:
+            echo_pb2_grpc.EchoStub(ch).Echo(echo_pb2.EchoRequest(message="x"), timeout=20)
+    assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "no-such-service" in failure.value.details()
+
+
+class _Tag(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        self.calls += 1
+        return continuation(details, request)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        self.calls += 1
+        return continuation(details, requests)
+
+
+def test_every_call_kind_and_interceptors(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    ch = rota.channel(f"rota://{server.address}/echo", rule="round_robin", ticket_header=True)
+    tag = _Tag()
+    with ch:
+        intercepted = grpc.intercept_channel(ch, tag)
+        s = echo_pb2_grpc.EchoStub(intercepted)
+        assert echo(s) in IDS
+        replies = list(s.EchoStream(iter([echo_pb2.EchoRequest(message=str(i)) for i in range(3)]), timeout=20))
+        assert [r.message for r in replies] == ["0", "1", "2"] and len({r.instance_id for r in replies}) == 1
+        future = s.Echo.future(echo_pb2.EchoRequest(message="f"), timeout=20)
+        assert future.result().instance_id in IDS
+        stream = list(ch.unary_stream(f"/{KINDS}/UnaryStream")(b"x", timeout=20))
+        assert stream[0].decode() in IDS and stream[1] == b"x"
+        joined = ch.stream_unary(f"/{KINDS}/StreamUnary")(iter([b"a", b"b"]), timeout=20)
+        assert joined.split(b":")[1] == b"ab"
+    assert tag.calls == 3
+    assert len(leased_tickets(echoes.received)) == 5
+
+
+async def test_aio_channel_shares_the_rotation_and_routes_versions(fleet: Any) -> None:
+    server, echoes, registration, _ = fleet
+    registration.announce(
+        rota.Instance(service="echo", host="127.0.0.1", port=echoes.start("echo-zlt"), id="echo-zlt", version="zlt")
+    )
+    async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin", ticket_header=True) as ch:
+        s = echo_pb2_grpc.EchoStub(ch)
+        reached = [(await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)).instance_id for i in range(60)]
+        zlt = await s.Echo(echo_pb2.EchoRequest(message="v"), timeout=20, metadata=(("x-rota-version", "zlt"),))
+        call = s.EchoStream(timeout=20)
+        await call.write(echo_pb2.EchoRequest(message="s"))
+        await call.done_writing()
+        streamed = [r async for r in call]
+    assert zlt.instance_id == "echo-zlt"
+    assert Counter(reached) == dict.fromkeys(IDS, 20)
+    assert [r.message for r in streamed] == ["s"]
+    tickets = leased_tickets([r for r in echoes.received if r.version is None])
+    assert all(instance == IDS[t % 3] for t, instance in tickets.items())
+
+
+async def test_aio_channel_skips_a_killed_instance(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin") as ch:
+        s = echo_pb2_grpc.EchoStub(ch)
+        for i in range(30):
+            await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
+        echoes.kill("echo-c")
+        reached = Counter(
+            [(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id for _ in range(100)]
+        )
+    assert set(reached) == {"echo-a", "echo-b"}

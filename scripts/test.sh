@@ -61,7 +61,6 @@ export ROTA_BIN="$root/target/debug/rota"
 if [ "$run_rust" = 1 ]; then
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
   step rust cargo test --locked
-  step benches cargo bench --locked --no-run
 fi
 for client in "${clients[@]}"; do
   step "$client" "clients/$client/test.sh"

@@ -56,7 +56,7 @@ impl Select for ConsistentHash {
         let Some(balance_milli) = self.balance_milli else {
             return slots.clone().find(|&i| draw.accepts(i)).map(Choice::at);
         };
-        let bounded = draw.loads(|loads| {
+        let bounded = draw.loads_by_position(|loads| {
             let total = loads.total_in_flight();
             let cap = (u128::from(balance_milli) * u128::from(total + 1)).div_ceil(1000 * members.len() as u128);
             let cap = u64::try_from(cap).unwrap_or(u64::MAX).max(1);

@@ -21,7 +21,7 @@ impl Default for LeastRequest {
 
 impl Select for LeastRequest {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
-        draw.loads(|loads| self.choose(draw, loads, rng))?
+        draw.loads_by_position(|loads| self.choose(draw, loads, rng))?
     }
 }
 

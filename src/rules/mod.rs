@@ -229,6 +229,13 @@ impl<'a> Draw<'a> {
         index.as_ref().map(|index| index.query(self.now, self.excluded, query))
     }
 
+    /// [`Draw::loads`] without masking the exclusions, for rules that only read loads by
+    /// position (and skip excluded positions themselves).
+    pub fn loads_by_position<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
+        let index = self.candidates.tables.load.load();
+        index.as_ref().map(|index| index.query(self.now, Excluded::default(), query))
+    }
+
     /// Whether the candidate at `index` may be returned.
     pub fn accepts(&self, index: usize) -> bool {
         !self.excluded.contains(index)

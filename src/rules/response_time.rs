@@ -18,7 +18,7 @@ impl Select for ResponseTime {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
         let members = draw.members();
         // Excluded candidates take no part: no latency, and (below) no weight.
-        let latencies: Vec<Option<f64>> = draw.loads(|loads| {
+        let latencies: Vec<Option<f64>> = draw.loads_by_position(|loads| {
             (0..members.len())
                 .map(|index| if draw.accepts(index) { loads.load(index).latency_ms } else { None })
                 .collect()

@@ -69,9 +69,12 @@ export class InstanceCache {
   }
 
   /**
-   * Round robin over the cached `UP` instances, with rota's version isolation: a version V
-   * gets the instances of version V, or when there are none the instances with no version;
-   * no version gets the instances with no version. `undefined` when nothing is eligible.
+   * Picks as rota would by round robin: version isolation first (a version V gets the `UP`
+   * instances of version V, or when there are none the `UP` instances with no version; no
+   * version gets the `UP` instances with no version), then the excluded ids are skipped inside
+   * that subset, then a rotation over what is left, counted 0, 1, 2, ... per service and subset.
+   * Exclusion never sends a versioned pick to the unversioned instances. `undefined` when
+   * nothing is eligible (or the service is not cached; see `has`).
    */
   pick(service: string, options: { version?: string; exclude?: readonly string[] } = {}): LocalPick | undefined {
     const cached = this.#services.get(service);
@@ -79,8 +82,7 @@ export class InstanceCache {
       return undefined;
     }
     const version = options.version ?? '';
-    const excluded = new Set(options.exclude ?? []);
-    const up = sortedById([...cached.instances.values()]).filter((i) => i.status === 'UP' && !excluded.has(i.id));
+    const up = sortedById([...cached.instances.values()]).filter((i) => i.status === 'UP');
     let subset = up.filter((i) => i.version === version);
     let subsetVersion = version;
     let fallback = '';
@@ -89,13 +91,15 @@ export class InstanceCache {
       subsetVersion = '';
       fallback = `no instance with version ${JSON.stringify(version)}; picked from instances with no version`;
     }
-    if (subset.length === 0) {
+    const excluded = new Set(options.exclude ?? []);
+    const eligible = subset.filter((i) => !excluded.has(i.id));
+    if (eligible.length === 0) {
       return undefined;
     }
     const key = `${service}\0${subsetVersion}`;
     const ticket = this.#counters.get(key) ?? 0n;
     this.#counters.set(key, ticket + 1n);
-    const instance = subset[Number(ticket % BigInt(subset.length))] as Instance;
+    const instance = eligible[Number(ticket % BigInt(eligible.length))] as Instance;
     return { instance, ticket, fallback, epoch: cached.epoch };
   }
 

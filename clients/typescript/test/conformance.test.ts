@@ -50,6 +50,56 @@ interface Scenario {
   steps: Step[];
 }
 
+const SCENARIO_KEYS = new Set(['name', 'connections', 'steps']);
+const STEP_KEYS: Record<string, ReadonlySet<string>> = {
+  register: new Set(['op', 'stream', 'instances', 'expect_accepted', 'expect_refused']),
+  withdraw: new Set(['op', 'stream']),
+  pick: new Set(['op', 'connection', 'request', 'expect']),
+  pick_sequence: new Set(['op', 'connections', 'request', 'count', 'expect_ids', 'expect_fallback']),
+  list: new Set(['op', 'service', 'expect_ids']),
+};
+const REQUEST_KEYS = new Set(['service', 'rule', 'version', 'key', 'zone', 'exclude']);
+const INSTANCE_KEYS = new Set(['service', 'id', 'host', 'port', 'version', 'zone', 'weight', 'metadata', 'status']);
+const EXPECT_KEYS = new Set(['id', 'fallback', 'ticket', 'error', 'message_contains']);
+const REFUSAL_KEYS = new Set(['id', 'code']);
+
+/** Fails on a key the conformance README does not define: a misspelt expectation is not skipped. */
+function checkKeys(what: string, value: unknown, allowed: ReadonlySet<string>): void {
+  if (value === undefined) {
+    return;
+  }
+  assert.ok(value !== null && typeof value === 'object' && !Array.isArray(value), `${what} is not an object`);
+  for (const key of Object.keys(value)) {
+    assert.ok(allowed.has(key), `unknown key ${JSON.stringify(key)} in ${what} (known: ${[...allowed].sort().join(', ')})`);
+  }
+}
+
+function checkStep(step: Step): void {
+  const raw = step as unknown as Record<string, unknown>;
+  const keys = STEP_KEYS[String(raw['op'])];
+  assert.ok(keys !== undefined, `unknown op ${JSON.stringify(raw['op'])}`);
+  checkKeys('step', raw, keys);
+  checkKeys('request', raw['request'], REQUEST_KEYS);
+  checkKeys('expect', raw['expect'], EXPECT_KEYS);
+  for (const instance of (raw['instances'] as unknown[] | undefined) ?? []) {
+    checkKeys('instance', instance, INSTANCE_KEYS);
+  }
+  for (const refusal of (raw['expect_refused'] as unknown[] | undefined) ?? []) {
+    checkKeys('expect_refused entry', refusal, REFUSAL_KEYS);
+  }
+}
+
+/** Runs one scenario against the server at `target`; rejects at the first step that fails. */
+async function runScenario(target: string, scenario: Scenario): Promise<void> {
+  checkKeys('scenario', scenario, SCENARIO_KEYS);
+  const run = new ScenarioRun(target, scenario.connections ?? 1);
+  try {
+    await run.run(scenario.steps);
+  } finally {
+    await run.close();
+  }
+}
+
 const scenariosDir = join(repoRoot, 'clients', 'conformance', 'scenarios');
 const scenarioFiles = readdirSync(scenariosDir)
   .filter((name) => name.endsWith('.json'))
@@ -85,6 +135,7 @@ class ScenarioRun {
   async run(steps: readonly Step[]): Promise<void> {
     for (const [index, step] of steps.entries()) {
       try {
+        checkStep(step);
         await this.#step(step);
       } catch (error) {
         const message = error instanceof Error ? error.message : String(error);
@@ -135,8 +186,17 @@ class ScenarioRun {
       case 'withdraw': {
         const registration = this.#streams.get(step.stream);
         assert.ok(registration !== undefined, `no open stream named ${step.stream}`);
+        const byServiceThenId = (a: { service: string; id: string }, b: { service: string; id: string }) =>
+          a.service < b.service ? -1 : a.service > b.service ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+        const held = [...registration.instances].sort(byServiceThenId).map((ref) => `${ref.service}/${ref.id}`);
         const ack = await registration.withdraw();
-        assert.ok(ack.seq >= 1n, 'withdraw acknowledged');
+        // The ack lists what was withdrawn, ordered by (service, id): everything the stream held.
+        assert.deepEqual(
+          ack.accepted.map((ref) => `${ref.service}/${ref.id}`),
+          held,
+          'withdrawn instances',
+        );
+        assert.deepEqual(ack.refused, [], 'nothing refused');
         await registration.close();
         this.#streams.delete(step.stream);
         return;
@@ -177,6 +237,7 @@ class ScenarioRun {
         for (let i = 0; i < step.count; i += 1) {
           const client = this.#connection(step.connections[i % step.connections.length] as number);
           const result = await pick(client, step.request);
+          assert.equal(result.localFallback, false, `pick ${i} answered by rota`);
           ids.push(result.instance.id);
           fallbacks.push(result.fallback);
         }
@@ -220,16 +281,33 @@ describe('conformance scenarios', () => {
     assert.ok(scenarioFiles.length > 0, `no scenarios in ${scenariosDir}`);
   });
 
+  it('fails a scenario whose expectation is wrong', async () => {
+    assert.ok(server !== undefined, 'the server is running');
+    const wrong: Scenario = {
+      name: 'runner self-check',
+      steps: [
+        { op: 'register', stream: 'p', instances: [{ service: 'conf-selfcheck', id: 'a', host: '127.0.0.1', port: 7001 }] },
+        { op: 'pick', request: { service: 'conf-selfcheck', rule: 'round_robin' }, expect: { id: 'b' } },
+      ],
+    };
+    await assert.rejects(runScenario(server.target, wrong), /step 1 \(pick\) failed: picked id/);
+  });
+
+  it('fails a scenario with a key it does not know', async () => {
+    assert.ok(server !== undefined, 'the server is running');
+    const misspelt = JSON.parse(
+      '{ "name": "runner self-check", "steps": [ { "op": "pick", "request": { "service": "conf-selfcheck-2" }, "expect": { "eror": "NOT_FOUND" } } ] }',
+    ) as Scenario;
+    await assert.rejects(runScenario(server.target, misspelt), /unknown key "eror" in expect/);
+    const topLevel = JSON.parse('{ "name": "x", "conections": 2, "steps": [] }') as Scenario;
+    await assert.rejects(runScenario(server.target, topLevel), /unknown key "conections" in scenario/);
+  });
+
   for (const file of scenarioFiles) {
     const scenario = JSON.parse(readFileSync(join(scenariosDir, file), 'utf8')) as Scenario;
     it(`${file}: ${scenario.name}`, { timeout: 60_000 }, async () => {
       assert.ok(server !== undefined, 'the server is running');
-      const run = new ScenarioRun(server.target, scenario.connections ?? 1);
-      try {
-        await run.run(scenario.steps);
-      } finally {
-        await run.close();
-      }
+      await runScenario(server.target, scenario);
     });
   }
 });

@@ -20,7 +20,7 @@ use crate::balancer::Balancer;
 use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
-use crate::grpc::{BalancerService, PoliciesService, RegistryService};
+use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
@@ -74,6 +74,9 @@ pub struct ServeConfig {
     pub tls: Option<TlsFiles>,
     /// Bearer tokens and their scopes; `None` serves without authentication.
     pub auth: Option<Arc<Authenticator>>,
+    /// How long after start a service not seen yet answers `warming_up` instead of `NOT_FOUND`
+    /// (see [`crate::grpc::warmup`]); `None` is the registry's heartbeat timeout.
+    pub warmup: Option<Duration>,
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -120,6 +123,7 @@ impl Default for ServeConfig {
             sticky_memory_bytes: crate::state::DEFAULT_STICKY_MEMORY_BYTES,
             tls: None,
             auth: None,
+            warmup: None,
         }
     }
 }
@@ -202,6 +206,7 @@ impl Server {
             None => None,
         };
 
+        let warmup = Warmup::starting_now(config.warmup.unwrap_or(config.registry.heartbeat_timeout));
         let registry = Registry::spawn(config.registry);
         let balancer = Arc::new(Balancer::new(
             registry.clone(),
@@ -236,15 +241,14 @@ impl Server {
         let admission = Admission::new(limits.connections);
         // With tokens configured, each rota service sits behind its scope's interceptor;
         // without, requests skip the interceptor altogether.
-        let balancer_service =
-            pb::balancer_server::BalancerServer::new(BalancerService::new(balancer.clone(), streams.clone()))
-                .max_decoding_message_size(limits.max_message_bytes);
-        let registry_service = pb::registry_server::RegistryServer::new(RegistryService::new(
-            registry,
-            drain_rx,
-            limits.registrations_per_peer,
-            streams.clone(),
-        ))
+        let balancer_service = pb::balancer_server::BalancerServer::new(
+            BalancerService::new(balancer.clone(), streams.clone()).with_warmup(warmup),
+        )
+        .max_decoding_message_size(limits.max_message_bytes);
+        let registry_service = pb::registry_server::RegistryServer::new(
+            RegistryService::new(registry, drain_rx, limits.registrations_per_peer, streams.clone())
+                .with_warmup(warmup),
+        )
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
             .max_decoding_message_size(limits.max_message_bytes);

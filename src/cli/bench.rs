@@ -85,6 +85,7 @@ fn spawn_server(streams: usize) -> Result<(Spawned, String), CliError> {
     let mut child = Command::new(exe)
         .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
         .args(["--max-registrations-per-peer", &streams.max(64).to_string()])
+        .env("ROTA_WARMUP", "0s")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

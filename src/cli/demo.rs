@@ -10,7 +10,12 @@ const SERVICE: &str = "orders";
 const PICKS: usize = 12;
 
 pub async fn run() -> Result<(), CliError> {
-    let config = ServeConfig { listen: ([127, 0, 0, 1], 0).into(), admin_listen: None, ..Default::default() };
+    let config = ServeConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
+        warmup: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    };
     let server = Server::start(config).await?;
     println!("rota demo: embedded server on {}", server.local_addr());
 

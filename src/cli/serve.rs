@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Drop a registration stream's instances after this long without a message [default: 15s].
     #[arg(long, env = "ROTA_HEARTBEAT_TIMEOUT")]
     pub heartbeat_timeout: Option<String>,
+    /// After start, answer picks of a service not seen yet with UNAVAILABLE `warming_up`
+    /// instead of NOT_FOUND for this long; 0s for none [default: the heartbeat timeout].
+    #[arg(long, env = "ROTA_WARMUP")]
+    pub warmup: Option<String>,
     /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit
     /// [default: 10s].
     #[arg(long, env = "ROTA_SHUTDOWN_GRACE")]
@@ -114,6 +118,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         listen: args.listen,
         admin_listen: args.admin_listen,
         heartbeat_timeout: args.heartbeat_timeout,
+        warmup: args.warmup,
         max_instances_per_stream: args.max_instances_per_stream,
         shutdown_grace: args.shutdown_grace,
         in_flight_timeout: args.in_flight_timeout,

@@ -34,6 +34,7 @@ pub struct Overrides {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
     pub heartbeat_timeout: Option<String>,
+    pub warmup: Option<String>,
     pub max_instances_per_stream: Option<String>,
     pub shutdown_grace: Option<String>,
     pub in_flight_timeout: Option<String>,
@@ -118,6 +119,7 @@ struct ServerTable {
     listen: Option<String>,
     admin_listen: Option<String>,
     heartbeat_timeout: Option<String>,
+    warmup: Option<String>,
     max_instances_per_stream: Option<u64>,
     shutdown_grace: Option<String>,
     in_flight_timeout: Option<String>,
@@ -196,6 +198,15 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         &table.heartbeat_timeout,
         DEFAULT_HEARTBEAT_TIMEOUT,
     )?;
+    // Zero is allowed here: no warm-up at all.
+    let warmup = match pick(&overrides.warmup, table.warmup.clone()) {
+        None => heartbeat_timeout,
+        Some((value, source)) => humantime::parse_duration(&value).map_err(|e| ConfigError {
+            source_name: source,
+            key: "server.warmup".into(),
+            problem: format!("{value:?} is not a duration ({e}); try 15s, 500ms or 0s"),
+        })?,
+    };
     let shutdown_grace =
         duration("server.shutdown_grace", &overrides.shutdown_grace, &table.shutdown_grace, DEFAULT_SHUTDOWN_GRACE)?;
     let stats_defaults = StatsConfig::default();
@@ -380,6 +391,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             sticky_memory_bytes,
             tls,
             auth,
+            warmup: Some(warmup),
         },
         shutdown_grace,
     })
@@ -476,10 +488,11 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
+            d(self.serve.warmup.unwrap_or(self.serve.registry.heartbeat_timeout)),
             self.serve.registry.max_instances_per_stream,
             d(self.shutdown_grace),
             d(self.serve.stats.in_flight_timeout),

@@ -8,8 +8,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::convert;
 use super::streams::{OpenStreams, StreamSlot};
-use super::{convert, status};
+use super::warmup::Warmup;
 use crate::balancer::{Balancer, PickQuery};
 use crate::pb;
 
@@ -24,12 +25,23 @@ const PICK_STREAM_READ_AHEAD: usize = 1024;
 pub struct BalancerService {
     balancer: Arc<Balancer>,
     streams: Arc<OpenStreams>,
+    warmup: Warmup,
 }
 
 impl BalancerService {
     pub fn new(balancer: Arc<Balancer>, streams: Arc<OpenStreams>) -> Self {
-        Self { balancer, streams }
+        Self { balancer, streams, warmup: Warmup::default() }
     }
+
+    /// Answers services not seen yet with `warming_up` until `warmup` ends.
+    pub fn with_warmup(self, warmup: Warmup) -> Self {
+        Self { warmup, ..self }
+    }
+}
+
+/// The status of a failed pick or lease of `service`.
+fn refused(balancer: &Balancer, warmup: &Warmup, service: &str, error: crate::balancer::PickError) -> Status {
+    warmup.refine(balancer.registry(), service, error).into()
 }
 
 async fn pick(balancer: &Balancer, request: &pb::PickRequest) -> Result<pb::PickResponse, crate::balancer::PickError> {
@@ -49,7 +61,10 @@ type PickStream = Pin<Box<dyn Stream<Item = Result<pb::PickResponse, Status>> + 
 #[tonic::async_trait]
 impl pb::balancer_server::Balancer for BalancerService {
     async fn pick(&self, request: Request<pb::PickRequest>) -> Result<Response<pb::PickResponse>, Status> {
-        let response = pick(&self.balancer, request.get_ref()).await?;
+        let request = request.get_ref();
+        let response = pick(&self.balancer, request)
+            .await
+            .map_err(|e| refused(&self.balancer, &self.warmup, &request.service, e))?;
         Ok(Response::new(response))
     }
 
@@ -67,7 +82,11 @@ impl pb::balancer_server::Balancer for BalancerService {
             version: &request.version,
             ..Default::default()
         };
-        let leased = self.balancer.lease(query, request.count).await?;
+        let leased = self
+            .balancer
+            .lease(query, request.count)
+            .await
+            .map_err(|e| refused(&self.balancer, &self.warmup, &request.service, e))?;
         Ok(Response::new(pb::LeaseResponse {
             first_ticket: leased.first_ticket,
             count: leased.count,
@@ -88,6 +107,7 @@ impl pb::balancer_server::Balancer for BalancerService {
     ) -> Result<Response<Self::PickStreamStream>, Status> {
         let slot = self.streams.acquire()?;
         let balancer = self.balancer.clone();
+        let warmup = self.warmup;
         let requests = read_ahead(request.into_inner(), slot);
         let responses = requests.then(move |request| {
             let balancer = balancer.clone();
@@ -95,13 +115,16 @@ impl pb::balancer_server::Balancer for BalancerService {
                 let request = request?;
                 Ok(match pick(&balancer, &request).await {
                     Ok(response) => response,
-                    Err(error) => pb::PickResponse {
-                        error: Some(pb::PickError {
-                            code: status::pick_error_code(&error) as i32,
-                            message: error.to_string(),
-                        }),
-                        ..Default::default()
-                    },
+                    Err(error) => {
+                        let status = refused(&balancer, &warmup, &request.service, error);
+                        pb::PickResponse {
+                            error: Some(pb::PickError {
+                                code: status.code() as i32,
+                                message: status.message().to_owned(),
+                            }),
+                            ..Default::default()
+                        }
+                    }
                 })
             }
         });

@@ -15,7 +15,9 @@ mod register;
 mod registry;
 pub mod status;
 pub mod streams;
+pub mod warmup;
 
 pub use balancer::BalancerService;
 pub use policies::PoliciesService;
 pub use registry::RegistryService;
+pub use warmup::Warmup;

@@ -10,7 +10,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::peers::PeerStreams;
 use super::streams::OpenStreams;
+use super::warmup::Warmup;
 use super::{auth, convert, register};
+use crate::balancer::PickError;
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
 
@@ -19,6 +21,7 @@ pub struct RegistryService {
     drain: watch::Receiver<bool>,
     peers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
+    warmup: Warmup,
 }
 
 impl RegistryService {
@@ -31,7 +34,12 @@ impl RegistryService {
         registrations_per_peer: usize,
         streams: Arc<OpenStreams>,
     ) -> Self {
-        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer), streams }
+        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer), streams, warmup: Warmup::default() }
+    }
+
+    /// Hides services not seen yet from listings and watches until `warmup` ends.
+    pub fn with_warmup(self, warmup: Warmup) -> Self {
+        Self { warmup, ..self }
     }
 }
 
@@ -86,10 +94,12 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = &request.get_ref().service;
         checked_service(name)?;
-        let snapshot = self
-            .registry
-            .service(name)
-            .ok_or_else(|| crate::balancer::PickError::UnknownService(name.as_str().into()))?;
+        let unknown =
+            || Status::from(self.warmup.refine(&self.registry, name, PickError::UnknownService(name.clone())));
+        if self.warmup.hides(&self.registry, name) {
+            return Err(unknown());
+        }
+        let snapshot = self.registry.service(name).ok_or_else(unknown)?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
         Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
     }
@@ -97,7 +107,9 @@ impl pb::registry_server::Registry for RegistryService {
     type WatchStream = BoxStream<pb::WatchEvent>;
 
     /// A service that has not been registered yet can be watched: the first event is then an
-    /// empty snapshot at epoch 0, and instances arrive as they register.
+    /// empty snapshot at epoch 0, and instances arrive as they register. During the start-up
+    /// [warm-up](super::warmup) that first snapshot waits until the service appears or the
+    /// warm-up ends.
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         auth::require_pick(&request)?;
         let name = request.into_inner().service;
@@ -108,9 +120,18 @@ impl pb::registry_server::Registry for RegistryService {
         let slot = self.streams.acquire()?;
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
+        let warmup = self.warmup;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             let _slot = slot;
+            tokio::select! {
+                () = warmup.until_seen(&mut snapshots) => {}
+                () = tx.closed() => return,
+                () = register::draining(&mut drain) => {
+                    let _ = tx.send(Err(register::Draining.into())).await;
+                    return;
+                }
+            }
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
             let first = pb::WatchEvent {
                 event: Some(Event::Snapshot(pb::InstanceList {

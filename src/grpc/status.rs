@@ -6,6 +6,7 @@ use tonic::{Code, Status};
 use super::peers::TooManyRegistrations;
 use super::register::Draining;
 use super::streams::TooManyStreams;
+use super::warmup::{Refusal, WarmingUp};
 use crate::auth::AuthError;
 use crate::balancer::PickError;
 use crate::registry::{InvalidField, Refused, RegistryClosed};
@@ -41,6 +42,28 @@ impl From<PickError> for Status {
             .metadata_mut()
             .insert(ERROR_REASON_KEY, tonic::metadata::MetadataValue::from_static(pick_error_reason(&error)));
         status
+    }
+}
+
+/// Token of [`WarmingUp`] under [`ERROR_REASON_KEY`]: clients treat it like "rota unreachable".
+pub const WARMING_UP_REASON: &str = "warming_up";
+
+/// `UNAVAILABLE`, not `NOT_FOUND`: the service may well be on its way back.
+impl From<WarmingUp> for Status {
+    fn from(error: WarmingUp) -> Self {
+        let mut status = Status::unavailable(error.to_string());
+        status.metadata_mut().insert(ERROR_REASON_KEY, tonic::metadata::MetadataValue::from_static(WARMING_UP_REASON));
+        status
+    }
+}
+
+/// A pick, lease or listing error, or [`WarmingUp`] when the warm-up hides the service.
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Pick(error) => error.into(),
+            Refusal::WarmingUp(warming_up) => warming_up.into(),
+        }
     }
 }
 

@@ -39,6 +39,8 @@ impl Target {
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
+            // Services are registered before they are picked; `extra` may still ask for a warm-up.
+            .env("ROTA_WARMUP", "0s")
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -31,6 +31,8 @@ fn serve_on(listen: &str, extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", listen, "--admin-listen", "127.0.0.1:0"])
         .args(extra)
+        // No warm-up unless `extra` asks for one: "never registered" is NOT_FOUND at once.
+        .env("ROTA_WARMUP", "0s")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -184,6 +186,8 @@ fn print_config_shows_file_then_environment_then_flags() {
     for line in [
         "listen = \"127.0.0.1:6000\"",
         "heartbeat_timeout = \"7s\"",
+        // The warm-up defaults to the heartbeat timeout in force.
+        "warmup = \"7s\"",
         "shutdown_grace = \"3s\"",
         "max_instances_per_stream = 1000",
         "[services.\"orders\"]",
@@ -191,6 +195,26 @@ fn print_config_shows_file_then_environment_then_flags() {
     ] {
         assert!(printed.lines().any(|l| l == line), "{line:?} missing from:\n{printed}");
     }
+}
+
+/// During the warm-up a service never seen is "not back yet" (UNAVAILABLE `warming_up`), not
+/// NOT_FOUND; a bad warm-up value stops rota before it binds.
+#[test]
+fn a_warming_up_server_answers_unseen_services_unavailable() {
+    let server = serve_with(&["--warmup".as_ref(), "1h".as_ref()]);
+    let output = rota(&server, &["pick", "not-back-yet"]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.starts_with("rota: UNAVAILABLE: rota started less than "), "{stderr}");
+    assert!(stderr.contains("\"not-back-yet\""), "{stderr}");
+
+    let output = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--warmup", "soon"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        text(&output.stderr).starts_with("rota: command line / environment: server.warmup: \"soon\" is not a duration"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]

@@ -1,16 +1,22 @@
 //! Runs every scenario in `clients/conformance/scenarios/` through the Rust client, against one
 //! live server, as every other client's suite does.
+//!
+//! The Rust client (`rota::client`) is the thin client behind the CLI: it has no local fallback,
+//! so it cannot run the scenarios that follow a service and stop the server (`follow`,
+//! `stop_server`); those are skipped here by name and run by every client that has one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use rota::client::{ClientError, PickOptions, Registration, RotaClient, code_name};
 use rota::pb::{self, register_request::Msg};
 use serde::Deserialize;
 
-use crate::harness::{TestServer, picked_id};
+use crate::harness::{PATIENCE, TestServer, picked_id};
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Scenario {
     name: String,
     #[serde(default = "one")]
@@ -23,7 +29,7 @@ fn one() -> usize {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum Step {
     Register {
         stream: String,
@@ -47,15 +53,96 @@ enum Step {
         count: usize,
         expect_ids: Vec<String>,
         expect_fallback: Option<bool>,
+        expect_tickets: Option<Vec<u64>>,
+        expect_rule: Option<String>,
+        expect_local: Option<bool>,
     },
     List {
         service: String,
         expect_ids: Vec<String>,
     },
+    Update {
+        stream: String,
+        service: String,
+        id: String,
+        status: Option<String>,
+        weight: Option<u32>,
+    },
+    Report {
+        #[serde(default)]
+        connection: usize,
+        outcomes: Vec<OutcomeJson>,
+        expect_accepted: Option<u32>,
+        expect_ignored: Option<u32>,
+    },
+    Lease {
+        #[serde(default)]
+        connection: usize,
+        request: LeaseRequestJson,
+        expect: LeaseExpectation,
+    },
+    Watch {
+        watch: String,
+        #[serde(default)]
+        connection: usize,
+        service: String,
+    },
+    WatchExpect {
+        watch: String,
+        events: Vec<EventJson>,
+    },
+    Follow {
+        #[serde(default)]
+        connection: usize,
+        service: String,
+        expect_ids: Vec<String>,
+    },
+    StopServer {},
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
+struct OutcomeJson {
+    service: String,
+    instance_id: String,
+    ticket: u64,
+    rule: String,
+    latency_us: u64,
+    result: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct LeaseRequestJson {
+    service: String,
+    rule: String,
+    version: String,
+    count: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseExpectation {
+    first_ticket: u64,
+    count: u32,
+    ids: Vec<String>,
+    rule: Option<String>,
+    fallback: Option<bool>,
+}
+
+/// One expected watch event: exactly one of `snapshot`, `added`, `updated`, `removed`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct EventJson {
+    snapshot: Option<Vec<String>>,
+    added: Option<String>,
+    updated: Option<String>,
+    removed: Option<String>,
+    status: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct InstanceJson {
     service: String,
     id: String,
@@ -69,13 +156,14 @@ struct InstanceJson {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RefusedJson {
     id: String,
     code: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct RequestJson {
     service: String,
     rule: String,
@@ -86,12 +174,16 @@ struct RequestJson {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PickExpectation {
     id: Option<String>,
     fallback: Option<bool>,
     ticket: Option<u64>,
+    rule: Option<String>,
+    local: Option<bool>,
     error: Option<String>,
     message_contains: Option<String>,
+    unreachable: Option<bool>,
 }
 
 impl InstanceJson {
@@ -147,6 +239,7 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
         connections.push(server.client().await);
     }
     let mut streams: HashMap<String, Registration> = HashMap::new();
+    let mut watches: HashMap<String, tonic::Streaming<pb::WatchEvent>> = HashMap::new();
     for (index, step) in scenario.steps.iter().enumerate() {
         let fail = |what: String| format!("step {index}: {what}");
         match step {
@@ -212,6 +305,14 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         {
                             return Err(fail(format!("fallback {:?}, expected {fallback}", picked.fallback)));
                         }
+                        if let Some(rule) = &expect.rule
+                            && picked.rule != *rule
+                        {
+                            return Err(fail(format!("rule {:?}, expected {rule:?}", picked.rule)));
+                        }
+                        if expect.local == Some(true) {
+                            return Err(fail("a local pick was expected; this client has no local fallback".into()));
+                        }
                     }
                     (Ok(picked), Some(code)) => {
                         return Err(fail(format!("picked {:?}, expected {code}", picked_id(&picked))));
@@ -225,12 +326,28 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         {
                             return Err(fail(format!("{error:?} does not mention {text:?}")));
                         }
+                        if expect.unreachable == Some(true) && reason_of(&error).is_some() {
+                            return Err(fail(format!("{error} came from rota, expected \"unreachable\"")));
+                        }
                     }
                     (Err(error), None) => return Err(fail(format!("pick failed: {error}"))),
                 }
             }
-            Step::PickSequence { connections: which, request, count, expect_ids, expect_fallback } => {
+            Step::PickSequence {
+                connections: which,
+                request,
+                count,
+                expect_ids,
+                expect_fallback,
+                expect_tickets,
+                expect_rule,
+                expect_local,
+            } => {
+                if *expect_local == Some(true) {
+                    return Err(fail("local picks were expected; this client has no local fallback".into()));
+                }
                 let mut ids = Vec::new();
+                let mut tickets = Vec::new();
                 for i in 0..*count {
                     let client = &mut connections[which[i % which.len()]];
                     let picked =
@@ -240,10 +357,21 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                     {
                         return Err(fail(format!("pick {i}: fallback {:?}, expected {fallback}", picked.fallback)));
                     }
+                    if let Some(rule) = expect_rule
+                        && picked.rule != *rule
+                    {
+                        return Err(fail(format!("pick {i}: rule {:?}, expected {rule:?}", picked.rule)));
+                    }
                     ids.push(picked_id(&picked));
+                    tickets.push(picked.ticket);
                 }
                 if ids != *expect_ids {
                     return Err(fail(format!("picked {ids:?}, expected {expect_ids:?}")));
+                }
+                if let Some(expected) = expect_tickets
+                    && tickets != *expected
+                {
+                    return Err(fail(format!("tickets {tickets:?}, expected {expected:?}")));
                 }
             }
             Step::List { service, expect_ids } => {
@@ -253,23 +381,227 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                     return Err(fail(format!("listed {ids:?}, expected {expect_ids:?}")));
                 }
             }
+            Step::Update { stream, service, id, status, weight } => {
+                let registration = streams.get_mut(stream).ok_or_else(|| fail(format!("no stream {stream:?}")))?;
+                let status = match status.as_deref() {
+                    None => pb::InstanceStatus::Unspecified,
+                    Some(name) => pb::InstanceStatus::from_str_name(name)
+                        .ok_or_else(|| fail(format!("unknown status {name:?}")))?,
+                };
+                let update = pb::Update {
+                    instance: Some(pb::InstanceRef { service: service.clone(), id: id.clone() }),
+                    weight: *weight,
+                    status: status.into(),
+                    metadata: None,
+                };
+                let ack = registration.send(Msg::Update(update)).await.map_err(|e| fail(e.to_string()))?;
+                let accepted: Vec<&str> = ack.accepted.iter().map(|r| r.id.as_str()).collect();
+                if accepted != [id.as_str()] || !ack.refused.is_empty() {
+                    return Err(fail(format!("update acked {ack:?}, expected {id:?} accepted")));
+                }
+            }
+            Step::Report { connection, outcomes, expect_accepted, expect_ignored } => {
+                let outcomes = outcomes
+                    .iter()
+                    .map(|o| {
+                        let result = pb::CallResult::from_str_name(&format!("CALL_RESULT_{}", o.result))
+                            .ok_or_else(|| fail(format!("unknown result {:?}", o.result)))?;
+                        Ok(pb::CallOutcome {
+                            service: o.service.clone(),
+                            instance_id: o.instance_id.clone(),
+                            ticket: o.ticket,
+                            rule: o.rule.clone(),
+                            latency_us: o.latency_us,
+                            result: result.into(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                let sent = outcomes.len() as u32;
+                let answer = connections[*connection].report(outcomes).await.map_err(|e| fail(e.to_string()))?;
+                let (accepted, ignored) = (expect_accepted.unwrap_or(sent), expect_ignored.unwrap_or(0));
+                if (answer.accepted, answer.ignored) != (accepted, ignored) {
+                    return Err(fail(format!(
+                        "report accepted {} ignored {}, expected {accepted} and {ignored}",
+                        answer.accepted, answer.ignored
+                    )));
+                }
+            }
+            Step::Lease { connection, request, expect } => {
+                let lease = pb::LeaseRequest {
+                    service: request.service.clone(),
+                    rule: request.rule.clone(),
+                    version: request.version.clone(),
+                    count: request.count,
+                };
+                let client = &mut connections[*connection];
+                let lease = client.request(lease);
+                let leased = client.balancer().lease(lease).await.map_err(|e| fail(e.to_string()))?.into_inner();
+                let ids: Vec<String> = leased.instances.iter().map(|i| i.id.clone()).collect();
+                if (leased.first_ticket, leased.count, &ids) != (expect.first_ticket, expect.count, &expect.ids) {
+                    return Err(fail(format!(
+                        "leased tickets {}+{} over {ids:?}, expected {}+{} over {:?}",
+                        leased.first_ticket, leased.count, expect.first_ticket, expect.count, expect.ids
+                    )));
+                }
+                if let Some(rule) = &expect.rule
+                    && leased.rule != *rule
+                {
+                    return Err(fail(format!("lease rule {:?}, expected {rule:?}", leased.rule)));
+                }
+                if let Some(fallback) = expect.fallback
+                    && leased.fallback.is_empty() == fallback
+                {
+                    return Err(fail(format!("lease fallback {:?}, expected {fallback}", leased.fallback)));
+                }
+            }
+            Step::Watch { watch, connection, service } => {
+                let stream = connections[*connection].watch(service).await.map_err(|e| fail(e.to_string()))?;
+                watches.insert(watch.clone(), stream);
+            }
+            Step::WatchExpect { watch, events } => {
+                let stream = watches.get_mut(watch).ok_or_else(|| fail(format!("no watch {watch:?}")))?;
+                for (n, expected) in events.iter().enumerate() {
+                    let event = tokio::time::timeout(PATIENCE, stream.message())
+                        .await
+                        .map_err(|_| fail(format!("event {n}: none within {PATIENCE:?}")))?
+                        .map_err(|e| fail(format!("event {n}: {e}")))?
+                        .ok_or_else(|| fail(format!("event {n}: the watch ended")))?;
+                    let got = describe(&event);
+                    let want = expected.describe().map_err(|e| fail(format!("event {n}: {e}")))?;
+                    if got != want {
+                        return Err(fail(format!("event {n}: got {got}, expected {want}")));
+                    }
+                }
+            }
+            Step::Follow { .. } | Step::StopServer {} => {
+                return Err(fail("this client has no local fallback (follow / stop_server)".into()));
+            }
         }
     }
     Ok(())
+}
+
+/// The `rota-error` reason of a status rota itself sent.
+fn reason_of(error: &ClientError) -> Option<String> {
+    match error {
+        ClientError::Status(status) => {
+            status.metadata().get("rota-error").and_then(|v| v.to_str().ok()).map(str::to_owned)
+        }
+        _ => None,
+    }
+}
+
+fn status_name(value: i32) -> &'static str {
+    pb::InstanceStatus::try_from(value).map(|s| s.as_str_name()).unwrap_or("?")
+}
+
+/// A watch event as `kind ids` (with `status` for updates), comparable with [`EventJson`].
+fn describe(event: &pb::WatchEvent) -> String {
+    use pb::watch_event::Event;
+    match &event.event {
+        Some(Event::Snapshot(list)) => {
+            format!("snapshot {:?}", list.instances.iter().map(|i| i.id.as_str()).collect::<Vec<_>>())
+        }
+        Some(Event::Added(i)) => format!("added {:?}", i.id),
+        Some(Event::Updated(i)) => format!("updated {:?} {}", i.id, status_name(i.status)),
+        Some(Event::Removed(r)) => format!("removed {:?}", r.id),
+        None => "nothing".into(),
+    }
+}
+
+impl EventJson {
+    fn describe(&self) -> Result<String, String> {
+        let described = match (&self.snapshot, &self.added, &self.updated, &self.removed) {
+            (Some(ids), None, None, None) => {
+                format!("snapshot {:?}", ids.iter().map(String::as_str).collect::<Vec<_>>())
+            }
+            (None, Some(id), None, None) => format!("added {id:?}"),
+            (None, None, Some(id), None) => {
+                format!("updated {id:?} {}", self.status.as_deref().unwrap_or("UP"))
+            }
+            (None, None, None, Some(id)) => format!("removed {id:?}"),
+            _ => return Err("an event names exactly one of snapshot, added, updated, removed".into()),
+        };
+        Ok(described)
+    }
+}
+
+/// Whether a scenario needs a client with a local fallback (it follows a service or stops the
+/// server).
+fn needs_local_fallback(scenario: &Scenario) -> bool {
+    scenario.steps.iter().any(|step| matches!(step, Step::Follow { .. } | Step::StopServer {}))
+}
+
+fn parse(file: &std::path::Path) -> Scenario {
+    let text = std::fs::read_to_string(file).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
 }
 
 #[tokio::test]
 async fn every_conformance_scenario_passes() {
     let server = TestServer::start().await;
     let files = scenario_files();
-    assert!(files.len() >= 5, "scenarios found: {files:?}");
+    assert!(files.len() >= 14, "scenarios found: {files:?}");
     let mut failures = Vec::new();
+    let mut skipped = Vec::new();
     for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        let scenario: Scenario = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let scenario = parse(file);
+        if needs_local_fallback(&scenario) {
+            skipped.push(file.file_stem().unwrap().to_string_lossy().into_owned());
+            continue;
+        }
         if let Err(failure) = run(&server, &scenario).await {
             failures.push(format!("{} ({}): {failure}", scenario.name, file.display()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Only the fallback scenarios are left to clients with a local fallback.
+    assert!(!skipped.is_empty() && skipped.iter().all(|name| name.starts_with("fallback")), "skipped {skipped:?}");
+}
+
+/// The runner is not a rubber stamp: a wrong expectation in any kind of step fails the scenario
+/// at that step.
+#[tokio::test]
+async fn the_runner_fails_a_wrong_expectation() {
+    let server = TestServer::start().await;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/conformance/scenarios");
+    // (scenario, the JSON text to replace, its wrong replacement, the failing step)
+    let cases = [
+        ("shared_round_robin.json", r#""ticket": 9"#, r#""ticket": 8"#, "step 2"),
+        ("withdraw_mid_rotation.json", "[2, 3, 4, 5]", "[2, 3, 4, 6]", "step 6"),
+        ("lease.json", r#""first_ticket": 0"#, r#""first_ticket": 1"#, "step 1"),
+        ("watch.json", r#"{"removed": "a"}"#, r#"{"removed": "b"}"#, "step"),
+    ];
+    for (name, right, wrong, step) in cases {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        assert!(text.contains(right), "{name} no longer contains {right}");
+        // Service names get a suffix so the broken copy does not share rotations with others.
+        let broken = text.replacen(right, wrong, 1).replace("\"service\": \"conf-", "\"service\": \"broken-conf-");
+        let scenario: Scenario = serde_json::from_str(&broken).unwrap();
+        let failure = run(&server, &scenario).await.expect_err(name);
+        assert!(failure.starts_with(step), "{name}: {failure}");
+    }
+}
+
+#[test]
+fn scenario_files_with_unknown_keys_are_refused() {
+    for (text, misspelt) in [
+        (r#"{"name": "x", "steps": [], "conections": 2}"#, "conections"),
+        (
+            r#"{"name": "x", "steps": [{"op": "pick", "request": {"service": "s"}, "expect": {"id": "a", "tiket": 1}}]}"#,
+            "tiket",
+        ),
+        (
+            r#"{"name": "x", "steps": [{"op": "pick_sequence", "connections": [0], "count": 1, "request": {"service": "s"}, "expect_ids": ["a"], "expect_ticket": [0]}]}"#,
+            "expect_ticket",
+        ),
+        (
+            r#"{"name": "x", "steps": [{"op": "pick", "request": {"service": "s", "zones": "z"}, "expect": {"id": "a"}}]}"#,
+            "zones",
+        ),
+        (r#"{"name": "x", "steps": [{"op": "stop_server", "now": true}]}"#, "now"),
+    ] {
+        let error = serde_json::from_str::<Scenario>(text).expect_err(misspelt).to_string();
+        assert!(error.contains(misspelt), "{error}");
+    }
 }

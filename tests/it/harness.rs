@@ -21,7 +21,14 @@ impl TestServer {
     /// A server on free loopback ports, with `adjust` applied to its configuration.
     pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let loopback = ([127, 0, 0, 1], 0).into();
-        let mut config = ServeConfig { listen: loopback, admin_listen: Some(loopback), ..Default::default() };
+        // No warm-up unless a test asks for one: these servers start empty, and "never
+        // registered" is NOT_FOUND at once.
+        let mut config = ServeConfig {
+            listen: loopback,
+            admin_listen: Some(loopback),
+            warmup: Some(Duration::ZERO),
+            ..Default::default()
+        };
         adjust(&mut config);
         Self { server: Server::start(config).await.expect("server starts") }
     }

@@ -14,3 +14,4 @@ mod rotation;
 mod rules;
 mod shutdown;
 mod tls;
+mod warmup;

@@ -64,12 +64,17 @@ export class RotaServer {
   }
 
   /**
-   * Starts `rota serve --listen <listen> ...args` and reads the bound port from the first line
+   * Starts `rota serve --listen <listen> --warmup 0s ...args` (no `--warmup 0s` when `args` set
+   * `--warmup`) and reads the bound port from the first line
    * of its output (`listening on 127.0.0.1:PORT`).
    */
   static async start(options: { listen?: string; args?: readonly string[] } = {}): Promise<RotaServer> {
     const listen = options.listen ?? '127.0.0.1:0';
-    const child = spawn(rotaBinary(), ['serve', '--listen', listen, ...(options.args ?? [])], {
+    const args = options.args ?? [];
+    // No start-up warm-up unless a test asks for one: a fresh test server has seen no service,
+    // and tests expect NOT_FOUND for one never registered.
+    const warmup = args.includes('--warmup') ? [] : ['--warmup', '0s'];
+    const child = spawn(rotaBinary(), ['serve', '--listen', listen, ...warmup, ...args], {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     running.add(child);

@@ -356,6 +356,59 @@ describe('when rota goes away', () => {
     }
   });
 
+  it('answers from the watched list while a restarted rota warms up, and keeps that list', { timeout: 90_000 }, async () => {
+    const service = 'it-warmup';
+    const first = await RotaServer.start();
+    let second: RotaServer | undefined;
+    const consumer = new RotaClient(first.target, { logger: silentLogger });
+    const provider = new RotaClient(first.target, { logger: silentLogger, registration: { closeTimeoutMs: 100 } });
+    try {
+      await provider.register([
+        { service, id: 'a', host: '127.0.0.1', port: 7951 },
+        { service, id: 'b', host: '127.0.0.1', port: 7952 },
+      ]);
+      await consumer.follow(service);
+      assert.equal((await consumer.pick(service)).localFallback, false);
+
+      await first.kill('SIGKILL');
+      await provider.close();
+      second = await RotaServer.start({ listen: first.target, args: ['--warmup', '60s'] });
+      // Wait for rota's own warming_up answer (not a refused connection).
+      await waitFor(
+        async () => {
+          try {
+            await consumer.listInstances(service);
+            return false;
+          } catch (error) {
+            return error instanceof RotaError && error.reason === 'warming_up';
+          }
+        },
+        { timeoutMs: 30_000, what: "rota's warming_up answer" },
+      );
+      const local = await consumer.pick(service);
+      assert.deepEqual([local.instance.id, local.ticket, local.localFallback], ['a', 0n, true]);
+      assert.deepEqual(
+        consumer.cachedInstances(service).map((i) => i.id),
+        ['a', 'b'],
+      );
+
+      // Once a provider registers again, rota answers and the picks are its own.
+      const again = new RotaClient(second.target, { logger: silentLogger });
+      try {
+        await again.register({ service, id: 'b', host: '127.0.0.1', port: 7952 });
+        await waitFor(async () => !(await consumer.pick(service)).localFallback, { timeoutMs: 30_000, what: 'a pick answered by rota' });
+        assert.equal((await consumer.pick(service)).instance.id, 'b');
+      } finally {
+        await again.close();
+      }
+    } finally {
+      await consumer.close();
+      await provider.close();
+      await first.kill();
+      await second?.kill();
+    }
+  });
+
   for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
     it(`registers again when rota is stopped with ${signal} and restarted on the same port`, { timeout: 60_000 }, async () => {
       const args = ['--shutdown-grace', '500ms'];

@@ -234,6 +234,51 @@ class ClientIntegrationTest {
     }
 
     @Test
+    void aRestartedRotaStillWarmingUpIsAnsweredFromTheWatchedList() throws Exception {
+        String service = "it-warmup";
+        RotaServer first = RotaServer.start();
+        RotaServer second = null;
+        try (RotaClient consumer = RotaClient.builder().target(first.target()).follow(service).build()) {
+            RotaClient provider = RotaClient.builder().target(first.target()).withdrawTimeout(Duration.ofMillis(100)).build();
+            provider.register(instance(service, "a", 7951), instance(service, "b", 7952));
+            Await.until("the watcher to see 2 instances", Duration.ofSeconds(20),
+                    () -> consumer.lastKnownInstances(service).size() == 2);
+            assertFalse(consumer.pick(service).localFallback());
+
+            first.kill();
+            provider.close();
+            second = RotaServer.startOn(first.target(), "--warmup", "60s");
+            BalancerGrpc.BalancerBlockingStub stub = BalancerGrpc.newBlockingStub(consumer.channel());
+            Await.until("rota's warming_up answer", Duration.ofSeconds(30), () -> {
+                try {
+                    stub.withDeadlineAfter(5, java.util.concurrent.TimeUnit.SECONDS)
+                            .pick(PickRequest.newBuilder().setService(service).build());
+                    return false;
+                } catch (StatusRuntimeException e) {
+                    return RotaException.WARMING_UP.equals(RotaException.from(e).reason());
+                }
+            });
+            Pick local = consumer.pick(service);
+            assertTrue(local.localFallback());
+            assertEquals("a", local.id());
+            assertEquals(0, local.ticket());
+            assertEquals(List.of("a", "b"), consumer.lastKnownInstances(service).stream().map(Instance::id).toList());
+
+            // Once a provider registers again, rota answers and the picks are its own.
+            try (RotaClient again = RotaClient.builder().target(second.target()).build();
+                    Registration registration = again.register(instance(service, "b", 7952))) {
+                Await.until("a pick answered by rota", Duration.ofSeconds(30), () -> !consumer.pick(service).localFallback());
+                assertEquals("b", consumer.pick(service).id());
+            }
+        } finally {
+            first.close();
+            if (second != null) {
+                second.close();
+            }
+        }
+    }
+
+    @Test
     void heartbeatsKeepTheRegistrationAlive() throws Exception {
         try (RotaServer rota = RotaServer.start("--heartbeat-timeout", "2s");
                 RotaClient client = RotaClient.builder().target(rota.target()).build();

@@ -11,6 +11,7 @@ import (
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
@@ -27,7 +28,8 @@ type Client struct {
 	backoffMu sync.Mutex
 	backoff   Backoff
 
-	cache *fallbackCache
+	cache  *fallbackCache
+	outage *outageState
 
 	// ctx ends every background goroutine (registrations, watchers) when the client closes.
 	ctx    context.Context
@@ -96,7 +98,16 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 				Jitter:     0.2,
 				MaxDelay:   b.Max,
 			},
-			MinConnectTimeout: 20 * time.Second,
+			// No longer than a pick may take: a fresh client facing a rota that accepts
+			// connections but never answers falls back after one pick deadline.
+			MinConnectTimeout: DefaultPickTimeout,
+		}),
+		// HTTP/2 keepalive notices a rota that stopped answering without waiting for TCP;
+		// rota accepts pings every 10 s or more, with or without calls in flight.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:                20 * time.Second,
+			Timeout:             10 * time.Second,
+			PermitWithoutStream: true,
 		}),
 	}, o.dialOptions...)
 	conn, err := grpc.NewClient(addr, dialOptions...)
@@ -111,6 +122,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		log:      o.logger,
 		backoff:  b,
 		cache:    newFallbackCache(),
+		outage:   newOutageState(),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	for _, service := range o.fallback {

@@ -23,6 +23,14 @@ type Error struct {
 	Code codes.Code
 	// Message is the status message, which names the offending field or rule.
 	Message string
+	// Reason is rota's stable token for a pick it refused, from the rota-error trailer
+	// ("no_eligible_instance", "unknown_service", "invalid_rule", "warming_up", ...); empty
+	// when rota did not decide the failure, and on calls other than Pick.
+	Reason string
+	// Unreachable is true when rota could not be reached (connection refused or lost, the
+	// deadline passed before rota answered) rather than answering with an error. Set on
+	// errors of Pick.
+	Unreachable bool
 
 	status *status.Status
 	cause  error
@@ -54,6 +62,12 @@ func rpcError(err error) error {
 	st := status.Convert(err)
 	return &Error{Code: st.Code(), Message: st.Message(), status: st, cause: err}
 }
+
+// ErrorReasonKey is the trailer with which rota marks a pick failure it decided itself.
+const ErrorReasonKey = "rota-error"
+
+// reasonWarmingUp is rota's reason while it has just started and has not seen the service.
+const reasonWarmingUp = "warming_up"
 
 // codeName returns the canonical name of a code, "INVALID_ARGUMENT" rather than
 // "InvalidArgument".

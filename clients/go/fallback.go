@@ -3,12 +3,88 @@ package rota
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
 )
+
+// The local fallback contract is clients/conformance/README.md, "Local fallback".
+const (
+	// shortcutAfter consecutive unreachable picks send the next picks straight to the
+	// local fallback ...
+	shortcutAfter = 3
+	// ... for shortcutFor, before rota is tried again.
+	shortcutFor = time.Second
+	// stableStream is how long a Watch stream must have lived for its end to reset the
+	// reconnect backoff; a server that accepts and at once ends streams (one draining) is
+	// then not hammered.
+	stableStream = 5 * time.Second
+)
+
+// errShortcut is the cause of local picks made during the short-cut, without asking rota.
+var errShortcut = &Error{
+	Code:        codes.Unavailable,
+	Message:     fmt.Sprintf("rota failed %d picks in a row; not asked again for %s", shortcutAfter, shortcutFor),
+	Unreachable: true,
+}
+
+// outageState is one client's view of rota's availability: the short-cut, and the
+// once-per-outage warnings.
+type outageState struct {
+	mu       sync.Mutex
+	now      func() time.Time
+	failures int
+	until    time.Time
+	inOutage bool
+}
+
+func newOutageState() *outageState {
+	return &outageState{now: time.Now}
+}
+
+// shortcut reports whether picks should skip rota for now and go local.
+func (o *outageState) shortcut() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failures >= shortcutAfter && o.now().Before(o.until)
+}
+
+func (o *outageState) unreachable() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.failures++
+	if o.failures >= shortcutAfter {
+		o.until = o.now().Add(shortcutFor)
+	}
+}
+
+// answered records that rota answered a pick, with an instance or an error of its own.
+func (o *outageState) answered(log *slog.Logger) {
+	o.mu.Lock()
+	recovered := o.inOutage
+	o.failures, o.inOutage = 0, false
+	o.mu.Unlock()
+	if recovered {
+		log.Warn("rota answers again; picks are rota's again")
+	}
+}
+
+func (o *outageState) pickedLocally(ctx context.Context, log *slog.Logger, service string, cause error) {
+	o.mu.Lock()
+	first := !o.inOutage
+	o.inOutage = true
+	o.mu.Unlock()
+	if first {
+		log.WarnContext(ctx, "rota unreachable; picking followed services locally from the last lists seen",
+			"service", service, "error", cause)
+	}
+}
 
 // Follow keeps a local copy of service's instance list, fed by a background Watch that
 // reconnects with backoff, so that Pick can answer from it while rota is unreachable.
@@ -45,13 +121,16 @@ func (c *Client) follow(service string) *serviceView {
 func (c *Client) watch(service string) {
 	defer c.wg.Done()
 	for attempt := 0; ; attempt++ {
+		opened := time.Now()
 		synced, err := c.watchOnce(service)
 		if c.ctx.Err() != nil {
 			return
 		}
-		if synced {
+		if time.Since(opened) >= stableStream {
 			attempt = 0
-			c.log.Warn("rota watch lost; keeping the last instance list", "service", service, "error", err)
+		}
+		if synced {
+			c.log.Info("rota watch lost; keeping the last instance list", "service", service, "error", err)
 		} else {
 			c.log.Debug("rota watch failed", "service", service, "attempt", attempt+1, "error", err)
 		}
@@ -127,11 +206,15 @@ func (fc *fallbackCache) apply(service string, event *rotapb.WatchEvent) {
 	}
 	switch e := event.GetEvent().(type) {
 	case *rotapb.WatchEvent_Snapshot:
-		v.instances = v.instances[:0]
-		for _, pb := range e.Snapshot.GetInstances() {
-			v.instances = append(v.instances, instanceFromProto(pb))
+		// A rota that has not seen the service since it started (epoch 0) knows less than
+		// this copy: its empty list never replaces a non-empty one.
+		if len(e.Snapshot.GetInstances()) > 0 || event.GetEpoch() > 0 || len(v.instances) == 0 {
+			v.instances = v.instances[:0]
+			for _, pb := range e.Snapshot.GetInstances() {
+				v.instances = append(v.instances, instanceFromProto(pb))
+			}
+			slices.SortFunc(v.instances, func(a, b Instance) int { return strings.Compare(a.ID, b.ID) })
 		}
-		slices.SortFunc(v.instances, func(a, b Instance) int { return strings.Compare(a.ID, b.ID) })
 		if !v.synced {
 			v.synced = true
 			close(v.ready)
@@ -159,10 +242,20 @@ func (v *serviceView) upsert(instance Instance) {
 	}
 }
 
+// synced reports whether service is followed and its first list has arrived.
+func (fc *fallbackCache) synced(service string) bool {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	v, ok := fc.services[service]
+	return ok && v.synced
+}
+
 // pick chooses, round robin, an up instance of service from the cached list, with the
 // version isolation rota applies: version v picks among instances of version v, or when
 // there are none among the instances with no version (and says so in Fallback); no
-// version picks among the instances with no version. Excluded ids are never returned.
+// version picks among the instances with no version. As on rota, ticket t takes position
+// t mod n of that subset and an excluded instance there passes the pick on to the next;
+// a subset that is empty or all excluded gives nothing (never another subset).
 func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick, bool) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
@@ -171,8 +264,8 @@ func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick,
 		return nil, false
 	}
 	subset, fallback := v.subset(version)
-	candidates := slices.DeleteFunc(subset, func(i Instance) bool { return slices.Contains(exclude, i.ID) })
-	if len(candidates) == 0 {
+	allowed := func(i Instance) bool { return !slices.Contains(exclude, i.ID) }
+	if !slices.ContainsFunc(subset, allowed) {
 		return nil, false
 	}
 	label := version
@@ -182,8 +275,17 @@ func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick,
 	key := [2]string{service, label}
 	ticket := fc.counters[key]
 	fc.counters[key] = ticket + 1
+	n := uint64(len(subset))
+	var chosen Instance
+	for step := range n {
+		if candidate := subset[(ticket+step)%n]; allowed(candidate) {
+			chosen = candidate
+			break
+		}
+	}
 	return &Pick{
-		Instance:      candidates[ticket%uint64(len(candidates))],
+		Instance:      chosen,
+		Ticket:        ticket,
 		Rule:          "round_robin",
 		Fallback:      fallback,
 		Epoch:         v.epoch,

@@ -3,6 +3,8 @@ package rota
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -30,8 +32,8 @@ func localPicks(t *testing.T, fc *fallbackCache, n int, version string, exclude 
 		if !ok {
 			t.Fatalf("no local pick for version %q", version)
 		}
-		if !p.LocalFallback || p.Rule != "round_robin" || p.Ticket != 0 {
-			t.Fatalf("local pick %+v: want LocalFallback, rule round_robin, ticket 0", p)
+		if !p.LocalFallback || p.Rule != "round_robin" {
+			t.Fatalf("local pick %+v: want LocalFallback, rule round_robin", p)
 		}
 		ids = append(ids, p.Instance.ID)
 	}
@@ -198,8 +200,8 @@ func TestPickFallsBackOnlyWhenRotaIsUnreachable(t *testing.T) {
 	if err != nil || p.Instance.ID != "zlt-1" || !p.LocalFallback {
 		t.Errorf("local pick with version zlt: %+v, %v; want zlt-1", p, err)
 	}
-	if n := logs.count("rota unreachable; picked from the local cache"); n != 4 {
-		t.Errorf("%d fallback log lines, want 4", n)
+	if n := logs.count("rota unreachable; picking followed services locally"); n != 1 {
+		t.Errorf("%d fallback log lines, want 1 for the outage", n)
 	}
 
 	// A service nobody follows has no fallback: the transport error comes through.
@@ -213,8 +215,8 @@ func TestPickFallsBackOnlyWhenRotaIsUnreachable(t *testing.T) {
 	if _, err := c.Pick(cancelled, "svc"); status.Code(err) != codes.Canceled {
 		t.Errorf("cancelled pick: got %v, want CANCELED", err)
 	}
-	if n := logs.count("rota unreachable; picked from the local cache"); n != 4 {
-		t.Errorf("%d fallback log lines, want still 4", n)
+	if n := logs.count("rota unreachable; picking followed services locally"); n != 1 {
+		t.Errorf("%d fallback log lines, want still 1", n)
 	}
 }
 
@@ -240,5 +242,82 @@ func TestFollowWaitsForTheFirstSnapshot(t *testing.T) {
 	err := dead.Follow(short, "svc")
 	if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("Follow with nothing listening: %v, want a deadline error", err)
+	}
+}
+
+// TestLocalTicketsCountAndExcludeSkipsInsideTheSubset pins the local fallback contract
+// (clients/conformance/README.md): tickets 0, 1, 2, ... per subset; ticket t takes position
+// t mod n and an excluded instance passes the pick on; an all-excluded subset gives nothing.
+func TestLocalTicketsCountAndExcludeSkipsInsideTheSubset(t *testing.T) {
+	fc := newFallbackCache()
+	fc.view("svc")
+	fc.apply("svc", snapshotEvent(2,
+		pbInstance("a", "", rotapb.InstanceStatus_UP),
+		pbInstance("b", "", rotapb.InstanceStatus_UP),
+		pbInstance("c", "", rotapb.InstanceStatus_UP),
+		pbInstance("v", "zlt", rotapb.InstanceStatus_UP),
+	))
+	var got []string
+	for range 3 {
+		p, ok := fc.pick("svc", "", []string{"b"})
+		if !ok {
+			t.Fatal("no local pick")
+		}
+		got = append(got, fmt.Sprintf("%s/%d", p.Instance.ID, p.Ticket))
+	}
+	// Dropping excluded ids before the rotation would give a, c, a.
+	if want := []string{"a/0", "c/1", "c/2"}; !slices.Equal(got, want) {
+		t.Errorf("picked %q, want %q", got, want)
+	}
+	if p, ok := fc.pick("svc", "zlt", []string{"v"}); ok {
+		t.Errorf("version zlt with its only instance excluded: %+v, want nothing (never the unversioned ones)", p)
+	}
+	if p, ok := fc.pick("svc", "zlt", nil); !ok || p.Ticket != 0 || p.Instance.ID != "v" {
+		t.Errorf("version zlt: %+v, want v with ticket 0 of its own counter", p)
+	}
+}
+
+func TestAnEmptySnapshotAtEpochZeroKeepsTheList(t *testing.T) {
+	fc := newFallbackCache()
+	fc.view("svc")
+	fc.apply("svc", snapshotEvent(4, pbInstance("a", "", rotapb.InstanceStatus_UP)))
+	fc.apply("svc", snapshotEvent(0))
+	if p, ok := fc.pick("svc", "", nil); !ok || p.Instance.ID != "a" {
+		t.Fatalf("after an empty snapshot at epoch 0: %+v, %v; want a", p, ok)
+	}
+	fc.apply("svc", snapshotEvent(5))
+	if p, ok := fc.pick("svc", "", nil); ok {
+		t.Fatalf("after an empty snapshot at epoch 5: %+v; want nothing", p)
+	}
+}
+
+func TestOutageShortcutAfterThreeFailuresForOneSecond(t *testing.T) {
+	now := time.Unix(1000, 0)
+	o := newOutageState()
+	o.now = func() time.Time { return now }
+	for i := range 3 {
+		if o.shortcut() {
+			t.Fatalf("short-cut after %d failures", i)
+		}
+		o.unreachable()
+	}
+	if !o.shortcut() {
+		t.Fatal("no short-cut after 3 failures")
+	}
+	now = now.Add(999 * time.Millisecond)
+	if !o.shortcut() {
+		t.Fatal("the short-cut ended before a second")
+	}
+	now = now.Add(time.Millisecond)
+	if o.shortcut() {
+		t.Fatal("the short-cut outlived a second")
+	}
+	o.unreachable()
+	if !o.shortcut() {
+		t.Fatal("a fourth failure does not start another short-cut")
+	}
+	o.answered(slog.New(discardHandler{}))
+	if o.shortcut() {
+		t.Fatal("an answer does not end the short-cut")
 	}
 }

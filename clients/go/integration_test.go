@@ -340,8 +340,8 @@ func TestFallbackWhenRotaDies(t *testing.T) {
 	if err != nil || !p.LocalFallback || p.Instance.Version != "" || p.Fallback == "" {
 		t.Errorf("version nobody with rota down: %+v, %v; want an unversioned instance, with a fallback note", p, err)
 	}
-	if n := logs.count("rota unreachable; picked from the local cache"); n != 5 {
-		t.Errorf("%d fallback log lines, want 5", n)
+	if n := logs.count("rota unreachable; picking followed services locally"); n != 1 {
+		t.Errorf("%d fallback log lines, want 1 for the outage", n)
 	}
 }
 

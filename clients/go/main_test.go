@@ -2,6 +2,7 @@ package rota
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,6 +101,10 @@ func startServer(bin string, args ...string) (*server, error) {
 // port 0 picks a free one) and reads the bound address from the first line of its output.
 func startServerOn(bin, listen string, args ...string) (*server, error) {
 	cmd := exec.Command(bin, append([]string{"serve", "--listen", listen}, args...)...)
+	// No start-up warm-up unless args ask for one (a flag wins over the environment): these
+	// servers start empty, and a service never registered is NOT_FOUND at once. A server
+	// without the setting ignores the variable.
+	cmd.Env = append(os.Environ(), "ROTA_WARMUP="+cmp.Or(os.Getenv("ROTA_WARMUP"), "0s"))
 	setParentDeathSignal(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

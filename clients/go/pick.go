@@ -3,8 +3,11 @@ package rota
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
@@ -15,7 +18,8 @@ import (
 type Pick struct {
 	Instance Instance
 	// Ticket is the number drawn from the rotation shared by every consumer of the
-	// service; 0 for local fallback picks.
+	// service; for local fallback picks, this client's own count (0, 1, 2, ... per service
+	// and subset).
 	Ticket uint64
 	// Rule is the rule that ran, in canonical form, such as "repeat(n=3)".
 	Rule string
@@ -67,6 +71,10 @@ func Exclude(ids ...string) PickOption {
 	return func(r *pickRequest) { r.exclude = append(r.exclude, ids...) }
 }
 
+// DefaultPickTimeout bounds a pick whose context has no deadline, so that a rota that
+// accepts connections but does not answer cannot hold a caller.
+const DefaultPickTimeout = 2 * time.Second
+
 // Pick asks rota for one instance of service.
 //
 // Without a Version option the version comes from ctx (see WithVersion and the
@@ -86,26 +94,71 @@ func (c *Client) Pick(ctx context.Context, service string, opts ...PickOption) (
 	if !req.versionSet {
 		req.version = VersionFrom(ctx)
 	}
+	if ctx.Err() != nil {
+		return nil, contextError(ctx, "picking from "+service)
+	}
+	if c.outage.shortcut() && c.cache.synced(service) {
+		// rota failed several picks in a row: answer locally for a while without waiting.
+		return c.localPick(ctx, service, req, errShortcut)
+	}
+	callCtx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeout(ctx, DefaultPickTimeout)
+		defer cancel()
+	}
 	answered := new(atomic.Bool)
-	resp, err := c.balancer.Pick(context.WithValue(ctx, answeredKey{}, answered), &rotapb.PickRequest{
+	var trailer metadata.MD
+	resp, err := c.balancer.Pick(context.WithValue(callCtx, answeredKey{}, answered), &rotapb.PickRequest{
 		Service: service,
 		Rule:    req.rule,
 		Version: req.version,
 		Key:     req.key,
 		Zone:    req.zone,
 		Exclude: req.exclude,
-	})
+	}, grpc.Trailer(&trailer))
 	if err == nil {
+		c.outage.answered(c.log)
 		return pickFromProto(resp), nil
 	}
-	if unreachable(err, answered.Load()) {
-		if p, ok := c.cache.pick(service, req.version, req.exclude); ok {
-			c.log.WarnContext(ctx, "rota unreachable; picked from the local cache",
-				"service", service, "instance", p.Instance.ID, "version", req.version, "error", err)
-			return p, nil
+	rerr := pickError(err, trailer, answered.Load())
+	if !rerr.Unreachable && rerr.Reason != reasonWarmingUp {
+		c.outage.answered(c.log)
+		return nil, rerr
+	}
+	c.outage.unreachable()
+	if !c.cache.synced(service) {
+		return nil, rerr
+	}
+	return c.localPick(ctx, service, req, rerr)
+}
+
+// localPick answers from the last instance list seen; nothing eligible there is rota's own
+// answer (UNAVAILABLE no_eligible_instance), not "unreachable".
+func (c *Client) localPick(ctx context.Context, service string, req pickRequest, cause *Error) (*Pick, error) {
+	p, ok := c.cache.pick(service, req.version, req.exclude)
+	if !ok {
+		return nil, &Error{
+			Code:    codes.Unavailable,
+			Message: "no eligible instance of " + service + " in the last list seen; " + cause.Error(),
+			Reason:  "no_eligible_instance",
+			cause:   cause,
 		}
 	}
-	return nil, rpcError(err)
+	c.outage.pickedLocally(ctx, c.log, service, cause)
+	return p, nil
+}
+
+// pickError converts a failed pick into an *Error with rota's reason and whether rota was
+// reached at all.
+func pickError(err error, trailer metadata.MD, answered bool) *Error {
+	st := status.Convert(err)
+	rerr := &Error{Code: st.Code(), Message: st.Message(), status: st, cause: err}
+	if values := trailer.Get(ErrorReasonKey); len(values) > 0 {
+		rerr.Reason = values[0]
+	}
+	rerr.Unreachable = rerr.Reason == "" && unreachable(err, answered)
+	return rerr
 }
 
 func pickFromProto(resp *rotapb.PickResponse) *Pick {

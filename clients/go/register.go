@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
 )
@@ -26,8 +28,13 @@ const (
 // sends heartbeats at a third of rota's heartbeat timeout and, when the stream is lost,
 // reconnects with backoff and announces the same instances again. Close withdraws them.
 type Registration struct {
-	c         *Client
+	c *Client
+
+	// mu guards instances (what a reconnection announces again, updates included), live
+	// and accepted against Update.
+	mu        sync.Mutex
 	instances []*rotapb.Instance
+	accepted  []InstanceRef
 
 	// ctx ends the keep-alive loop; stop cancels it.
 	ctx  context.Context
@@ -77,6 +84,79 @@ func (c *Client) Register(ctx context.Context, instances ...Instance) (*Registra
 	return r, nil
 }
 
+// Accepted lists the instances rota accepted in its acknowledgement of the announcement,
+// in its order (an instance announced without an id has its default, "host:port").
+func (r *Registration) Accepted() []InstanceRef {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.accepted)
+}
+
+// UpdateOption sets one field of an Update; fields not set keep their value.
+type UpdateOption func(*rotapb.Update)
+
+// SetStatus changes an instance's status: StatusDraining stops new picks of it once the
+// Update is acknowledged.
+func SetStatus(status InstanceStatus) UpdateOption {
+	return func(u *rotapb.Update) { u.Status = rotapb.InstanceStatus(status) }
+}
+
+// SetWeight changes an instance's weight for weighted rules (0 = never picked).
+func SetWeight(weight uint32) UpdateOption {
+	return func(u *rotapb.Update) { u.Weight = &weight }
+}
+
+// Update changes one instance of this registration and waits, within ctx, for rota's
+// acknowledgement; once Update returns nil, picks see the change. The change is kept, so a
+// reconnection announces the instance as updated. A refusal is a *RefusedError.
+func (r *Registration) Update(ctx context.Context, ref InstanceRef, opts ...UpdateOption) error {
+	update := &rotapb.Update{Instance: &rotapb.InstanceRef{Service: ref.Service, Id: ref.ID}}
+	for _, opt := range opts {
+		opt(update)
+	}
+	r.mu.Lock()
+	s := r.live
+	r.mu.Unlock()
+	if s == nil {
+		return &Error{Code: codes.Unavailable, Message: "the registration is reconnecting", Unreachable: true}
+	}
+	ack, err := s.request(ctx, &rotapb.RegisterRequest{Msg: &rotapb.RegisterRequest_Update{Update: update}}, "updating")
+	if err != nil {
+		return err
+	}
+	if refused := refusedError(ack); refused != nil {
+		return refused
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, i := range r.instances {
+		if i.GetService() == ref.Service && instanceFromProto(i).Ref().ID == ref.ID {
+			if update.Weight != nil {
+				i.Weight = update.Weight
+			}
+			if update.Status != rotapb.InstanceStatus_INSTANCE_STATUS_UNSPECIFIED {
+				i.Status = update.Status
+			}
+		}
+	}
+	return nil
+}
+
+func refusedError(ack *rotapb.Ack) *RefusedError {
+	if len(ack.GetRefused()) == 0 {
+		return nil
+	}
+	refused := &RefusedError{}
+	for _, f := range ack.GetRefused() {
+		refused.Refusals = append(refused.Refusals, Refusal{
+			Instance: InstanceRef{Service: f.GetInstance().GetService(), ID: f.GetInstance().GetId()},
+			Code:     codes.Code(f.GetCode()),
+			Message:  f.GetMessage(),
+		})
+	}
+	return refused
+}
+
 // LeaseID identifies the current stream's lease on rota; it changes when the registration
 // reconnects.
 func (r *Registration) LeaseID() uint64 {
@@ -106,12 +186,15 @@ func (r *Registration) Close(ctx context.Context) error {
 			r.killStreams()
 			<-r.done
 		}
-		if r.live == nil || r.c.closed() {
+		r.mu.Lock()
+		live := r.live
+		r.live = nil
+		r.mu.Unlock()
+		if live == nil || r.c.closed() {
 			return // nothing is registered: the stream was lost, or ended with the client
 		}
-		r.closeErr = r.live.withdraw(ctx)
-		r.live.close()
-		r.live = nil
+		r.closeErr = live.withdraw(ctx)
+		live.close()
 	})
 	return r.closeErr
 }
@@ -125,13 +208,19 @@ func (r *Registration) run() {
 			return
 		}
 		r.live.close()
-		r.live = nil
+		r.setLive(nil)
 		s, ok := r.reconnect()
 		if !ok {
 			return
 		}
-		r.live = s
+		r.setLive(s)
 	}
+}
+
+func (r *Registration) setLive(s *session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.live = s
 }
 
 // hold sends heartbeats on s until the stream is lost (true) or the registration stops
@@ -149,7 +238,7 @@ func (r *Registration) hold(s *session) bool {
 			return true
 		case <-ticker.C:
 			// A failed send means the stream is broken; s.lost follows with the reason.
-			_ = s.stream.Send(heartbeat)
+			_ = s.send(heartbeat)
 		}
 	}
 }
@@ -192,7 +281,13 @@ func (r *Registration) connect(ctx context.Context) (*session, error) {
 		defer r.c.wg.Done()
 		s.receive(sctx)
 	}()
-	announce := &rotapb.RegisterRequest{Msg: &rotapb.RegisterRequest_Announce{Announce: &rotapb.Announce{Instances: r.instances}}}
+	r.mu.Lock()
+	instances := make([]*rotapb.Instance, len(r.instances))
+	for i, instance := range r.instances {
+		instances[i] = proto.Clone(instance).(*rotapb.Instance)
+	}
+	r.mu.Unlock()
+	announce := &rotapb.RegisterRequest{Msg: &rotapb.RegisterRequest_Announce{Announce: &rotapb.Announce{Instances: instances}}}
 	ack, err := s.request(ctx, announce, "announcing")
 	if err != nil {
 		s.close()
@@ -205,16 +300,14 @@ func (r *Registration) connect(ctx context.Context) (*session, error) {
 			_ = s.withdraw(ctx)
 		}
 		s.close()
-		refused := &RefusedError{}
-		for _, f := range ack.GetRefused() {
-			refused.Refusals = append(refused.Refusals, Refusal{
-				Instance: InstanceRef{Service: f.GetInstance().GetService(), ID: f.GetInstance().GetId()},
-				Code:     codes.Code(f.GetCode()),
-				Message:  f.GetMessage(),
-			})
-		}
-		return nil, refused
+		return nil, refusedError(ack)
 	}
+	r.mu.Lock()
+	r.accepted = r.accepted[:0]
+	for _, a := range ack.GetAccepted() {
+		r.accepted = append(r.accepted, InstanceRef{Service: a.GetService(), ID: a.GetId()})
+	}
+	r.mu.Unlock()
 	s.lease = ack.GetLeaseId()
 	s.heartbeat = defaultHeartbeatTimeout / 3
 	if ms := ack.GetHeartbeatTimeoutMs(); ms > 0 {
@@ -235,6 +328,17 @@ type session struct {
 
 	lease     uint64
 	heartbeat time.Duration
+
+	// sendMu serialises sends: heartbeats and requests come from different goroutines.
+	sendMu sync.Mutex
+	// requestMu keeps at most one acknowledged request outstanding.
+	requestMu sync.Mutex
+}
+
+func (s *session) send(msg *rotapb.RegisterRequest) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.Send(msg)
 }
 
 func (s *session) receive(ctx context.Context) {
@@ -275,8 +379,10 @@ func (s *session) lostErr() error {
 
 // request sends msg and waits, within ctx, for its acknowledgement.
 func (s *session) request(ctx context.Context, msg *rotapb.RegisterRequest, what string) (*rotapb.Ack, error) {
+	s.requestMu.Lock()
+	defer s.requestMu.Unlock()
 	// A failed send means the stream is broken; the receive side reports why.
-	_ = s.stream.Send(msg)
+	_ = s.send(msg)
 	select {
 	case ack := <-s.acks:
 		return ack, nil

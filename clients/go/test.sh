@@ -37,4 +37,9 @@ go test ./... -count=1 -race -v -timeout 8m 2>&1 | tee "$log" || status=$?
 passed="$(grep -c -- '--- PASS' "$log" || true)"
 failed="$(grep -c -- '--- FAIL' "$log" || true)"
 echo "go: $passed passed, $failed failed"
+# go test passes a package without tests, and a run whose tests all vanished: fail both.
+if [[ "$status" -eq 0 && "$passed" -eq 0 ]]; then
+  echo "go: no test ran" >&2
+  exit 1
+fi
 exit "$status"

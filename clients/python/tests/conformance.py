@@ -6,15 +6,35 @@ a small driver interface, and driven by the sync client and by the asyncio clien
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 
-from rota import Ack, AsyncRotaClient, Instance, InstanceStatus, PickResult, RotaClient, RotaError
-from rota_harness import SCENARIOS
+from rota import (
+    Ack,
+    AsyncRotaClient,
+    CallOutcome,
+    CallResult,
+    Instance,
+    InstanceRef,
+    InstanceStatus,
+    PickResult,
+    ReportResult,
+    RotaClient,
+    RotaError,
+    WatchEvent,
+)
+from rota._convert import pb
+from rota_harness import SCENARIOS, RotaServer
+
+#: Longest wait for a watch event or a followed list, per step.
+PATIENCE = 10.0
 
 
 def scenario_files() -> list[Path]:
@@ -26,12 +46,24 @@ class StepFailed(AssertionError):
     pass
 
 
+def needs_own_server(path: Path) -> bool:
+    """Scenarios that stop their server run on a server of their own."""
+    return any(step["op"] == "stop_server" for step in json.loads(path.read_text())["steps"])
+
+
 class Driver(Protocol):
     async def connect(self, count: int) -> None: ...
     async def register(self, stream: str, instances: list[Instance]) -> Ack: ...
     async def withdraw(self, stream: str) -> Ack | None: ...
+    async def update(self, stream: str, ref: InstanceRef, status: InstanceStatus | None, weight: int | None) -> Ack: ...
     async def pick(self, connection: int, request: dict[str, Any]) -> PickResult: ...
     async def list_ids(self, service: str) -> list[str]: ...
+    async def report(self, connection: int, outcomes: list[CallOutcome]) -> ReportResult: ...
+    async def lease(self, connection: int, request: pb.LeaseRequest) -> Any: ...
+    async def watch(self, name: str, connection: int, service: str) -> None: ...
+    async def next_event(self, name: str) -> WatchEvent: ...
+    async def follow(self, connection: int, service: str, expect_ids: list[str]) -> list[str]: ...
+    async def stop_server(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -84,6 +116,9 @@ def _expect_keys(step: dict[str, Any], allowed: set[str]) -> None:
 
 async def run_scenario(path: Path, driver: Driver) -> None:
     scenario = json.loads(path.read_text())
+    unknown = set(scenario) - {"name", "connections", "steps"}
+    if unknown:
+        raise StepFailed(f"{path.name}: unknown scenario fields {sorted(unknown)}")
     await driver.connect(int(scenario.get("connections", 1)))
     try:
         for index, step in enumerate(scenario["steps"]):
@@ -117,12 +152,33 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
         _expect_keys(step, {"op", "connection", "request", "expect"})
         await _pick(driver, step.get("connection", 0), step["request"], step["expect"])
     elif op == "pick_sequence":
-        _expect_keys(step, {"op", "connections", "request", "count", "expect_ids", "expect_fallback"})
+        _expect_keys(
+            step,
+            {
+                "op",
+                "connections",
+                "request",
+                "count",
+                "expect_ids",
+                "expect_fallback",
+                "expect_tickets",
+                "expect_rule",
+                "expect_local",
+            },
+        )
         connections: Sequence[int] = step["connections"]
         ids = []
+        tickets = []
+        local = step.get("expect_local", False)
         for i in range(step["count"]):
-            picked = await driver.pick(connections[i % len(connections)], step["request"])
-            _check(not picked.local_fallback, "a pick was answered by the local fallback")
+            try:
+                picked = await driver.pick(connections[i % len(connections)], step["request"])
+            except RotaError as error:
+                raise StepFailed(f"pick {i} failed: {error}") from None
+            _check(picked.local_fallback == local, f"pick {i} has local_fallback {picked.local_fallback}, expected {local}")
+            if "expect_rule" in step:
+                _check(picked.rule == step["expect_rule"], f"pick {i} has rule {picked.rule!r}, expected {step['expect_rule']!r}")
+            tickets.append(picked.ticket)
             if "expect_fallback" in step:
                 wanted = "some" if step["expect_fallback"] else "none"
                 _check(
@@ -131,31 +187,125 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
                 )
             ids.append(picked.instance.id)
         _check(ids == step["expect_ids"], f"picked {ids}, expected {step['expect_ids']}")
+        if "expect_tickets" in step:
+            _check(tickets == step["expect_tickets"], f"tickets {tickets}, expected {step['expect_tickets']}")
     elif op == "list":
         _expect_keys(step, {"op", "service", "expect_ids"})
         ids = await driver.list_ids(step["service"])
         _check(ids == step["expect_ids"], f"listed {ids}, expected {step['expect_ids']}")
+    elif op == "update":
+        _expect_keys(step, {"op", "stream", "service", "id", "status", "weight"})
+        status = InstanceStatus[step["status"]] if "status" in step else None
+        ref = InstanceRef(step["service"], step["id"])
+        ack = await driver.update(step["stream"], ref, status, step.get("weight"))
+        accepted = [r.id for r in ack.accepted]
+        _check(accepted == [step["id"]] and not ack.refused, f"update acked {accepted}, refused {ack.refused}")
+    elif op == "report":
+        _expect_keys(step, {"op", "connection", "outcomes", "expect_accepted", "expect_ignored"})
+        outcomes = [_outcome_from_json(o) for o in step["outcomes"]]
+        result = await driver.report(step.get("connection", 0), outcomes)
+        wanted = (step.get("expect_accepted", len(outcomes)), step.get("expect_ignored", 0))
+        got = (result.accepted, result.ignored)
+        _check(got == wanted, f"report accepted/ignored {got}, expected {wanted}")
+    elif op == "lease":
+        _expect_keys(step, {"op", "connection", "request", "expect"})
+        request = step["request"]
+        unknown = set(request) - {"service", "rule", "version", "count"}
+        _check(not unknown, f"unknown lease request fields {sorted(unknown)}")
+        expect = step["expect"]
+        unknown = set(expect) - {"first_ticket", "count", "ids", "rule", "fallback"}
+        _check(not unknown, f"unknown lease expectation {sorted(unknown)}")
+        leased = await driver.lease(step.get("connection", 0), pb.LeaseRequest(**request))
+        got = (leased.first_ticket, leased.count, [i.id for i in leased.instances])
+        wanted = (expect["first_ticket"], expect["count"], expect["ids"])
+        _check(got == wanted, f"leased {got}, expected {wanted}")
+        if "rule" in expect:
+            _check(leased.rule == expect["rule"], f"lease rule {leased.rule!r}, expected {expect['rule']!r}")
+        if "fallback" in expect:
+            _check(bool(leased.fallback) == expect["fallback"], f"lease fallback {leased.fallback!r}")
+    elif op == "watch":
+        _expect_keys(step, {"op", "watch", "connection", "service"})
+        await driver.watch(step["watch"], step.get("connection", 0), step["service"])
+    elif op == "watch_expect":
+        _expect_keys(step, {"op", "watch", "events"})
+        for n, expected in enumerate(step["events"]):
+            want = _describe_expected(expected)
+            try:
+                got = _describe(await driver.next_event(step["watch"]))
+            except (TimeoutError, queue.Empty):
+                raise StepFailed(f"event {n}: none within {PATIENCE:g}s, expected {want}") from None
+            _check(got == want, f"event {n}: got {got}, expected {want}")
+    elif op == "follow":
+        _expect_keys(step, {"op", "connection", "service", "expect_ids"})
+        seen = await driver.follow(step.get("connection", 0), step["service"], step["expect_ids"])
+        _check(seen == step["expect_ids"], f"the followed list is {seen}, expected {step['expect_ids']}")
+    elif op == "stop_server":
+        _expect_keys(step, {"op"})
+        await driver.stop_server()
     else:
         raise StepFailed(f"unknown op {op!r}")
 
 
+def _outcome_from_json(data: dict[str, Any]) -> CallOutcome:
+    unknown = set(data) - {"service", "instance_id", "ticket", "rule", "latency_us", "result"}
+    _check(not unknown, f"unknown outcome fields {sorted(unknown)}")
+    return CallOutcome(
+        service=data.get("service", ""),
+        instance_id=data.get("instance_id", ""),
+        result=CallResult[data["result"]],
+        latency_us=data.get("latency_us", 0),
+        ticket=data.get("ticket", 0),
+        rule=data.get("rule", ""),
+    )
+
+
+def _describe(event: WatchEvent) -> str:
+    if event.kind == "snapshot":
+        return f"snapshot {[i.id for i in event.instances]}"
+    if event.kind == "removed":
+        assert event.ref is not None
+        return f"removed {event.ref.id}"
+    assert event.instance is not None
+    if event.kind == "updated":
+        return f"updated {event.instance.id} {event.instance.status.name}"
+    return f"added {event.instance.id}"
+
+
+def _describe_expected(expected: dict[str, Any]) -> str:
+    unknown = set(expected) - {"snapshot", "added", "updated", "removed", "status"}
+    _check(not unknown, f"unknown event fields {sorted(unknown)}")
+    kinds = [k for k in ("snapshot", "added", "updated", "removed") if k in expected]
+    _check(len(kinds) == 1, f"an event names exactly one of snapshot, added, updated, removed: {expected}")
+    kind = kinds[0]
+    if kind == "snapshot":
+        return f"snapshot {expected['snapshot']}"
+    if kind == "updated":
+        return f"updated {expected['updated']} {expected.get('status', 'UP')}"
+    return f"{kind} {expected[kind]}"
+
+
 async def _pick(driver: Driver, connection: int, request: dict[str, Any], expect: dict[str, Any]) -> None:
     if "error" in expect:
-        _check(set(expect) <= {"error", "message_contains"}, f"unknown expectation {sorted(expect)}")
+        _check(set(expect) <= {"error", "message_contains", "unreachable"}, f"unknown expectation {sorted(expect)}")
         try:
             picked = await driver.pick(connection, request)
         except RotaError as error:
             _check(error.code is grpc.StatusCode[expect["error"]], f"failed with {error}, expected {expect['error']}")
             needle = expect.get("message_contains")
             _check(needle is None or needle in error.message, f"message {error.message!r} lacks {needle!r}")
+            if "unreachable" in expect:
+                _check(error.unreachable == expect["unreachable"], f"unreachable is {error.unreachable} for {error}")
             return
         raise StepFailed(f"picked {picked.instance.id}, expected the error {expect['error']}")
-    _check(set(expect) <= {"id", "fallback", "ticket"}, f"unknown expectation {sorted(expect)}")
+    _check(set(expect) <= {"id", "fallback", "ticket", "rule", "local"}, f"unknown expectation {sorted(expect)}")
     try:
         picked = await driver.pick(connection, request)
     except RotaError as error:
         raise StepFailed(f"the pick failed: {error}") from None
-    _check(not picked.local_fallback, "the pick was answered by the local fallback")
+    local = expect.get("local", False)
+    _check(picked.local_fallback == local, f"local_fallback {picked.local_fallback}, expected {local}")
+    if "rule" in expect:
+        _check(picked.rule == expect["rule"], f"rule {picked.rule!r}, expected {expect['rule']!r}")
     _check(picked.instance.id == expect["id"], f"picked {picked.instance.id}, expected {expect['id']}")
     if "fallback" in expect:
         _check(
@@ -165,13 +315,22 @@ async def _pick(driver: Driver, connection: int, request: dict[str, Any], expect
         _check(picked.ticket == expect["ticket"], f"ticket {picked.ticket}, expected {expect['ticket']}")
 
 
-class SyncDriver:
-    """Drives :class:`rota.RotaClient`; its blocking calls are quick against a local server."""
+def _ids(client_cache: Any) -> list[str]:
+    return [i.id for i in client_cache.instances()]
 
-    def __init__(self, address: str) -> None:
+
+class SyncDriver:
+    """Drives :class:`rota.RotaClient`; its blocking calls are quick against a local server.
+
+    ``server`` is the scenario's own server, for ``stop_server``.
+    """
+
+    def __init__(self, address: str, server: RotaServer | None = None) -> None:
         self.address = address
+        self.server = server
         self.connections: list[RotaClient] = []
         self.streams: dict[str, Any] = {}
+        self.watches: dict[str, queue.Queue[WatchEvent]] = {}
         self.registrar: RotaClient | None = None
 
     async def connect(self, count: int) -> None:
@@ -190,11 +349,51 @@ class SyncDriver:
     async def withdraw(self, stream: str) -> Ack | None:
         return self.streams.pop(stream).close()
 
+    async def update(self, stream: str, ref: InstanceRef, status: InstanceStatus | None, weight: int | None) -> Ack:
+        return self.streams[stream].update(ref, status=status, weight=weight)
+
     async def pick(self, connection: int, request: dict[str, Any]) -> PickResult:
         return self.connections[connection].pick(request.get("service", ""), **pick_kwargs(request))
 
     async def list_ids(self, service: str) -> list[str]:
         return self.connections[0].list_instances(service).ids
+
+    async def report(self, connection: int, outcomes: list[CallOutcome]) -> ReportResult:
+        return self.connections[connection].report(outcomes)
+
+    async def lease(self, connection: int, request: pb.LeaseRequest) -> Any:
+        # The Python client has no Lease call of its own; the conformance runner uses its stub.
+        try:
+            return self.connections[connection]._balancer.Lease(request, timeout=PATIENCE)
+        except grpc.RpcError as error:
+            raise StepFailed(f"lease failed: {RotaError.from_rpc_error(error)}") from None
+
+    async def watch(self, name: str, connection: int, service: str) -> None:
+        events: queue.Queue[WatchEvent] = queue.Queue()
+        stream = self.connections[connection].watch(service)
+
+        def feed() -> None:
+            try:
+                for event in stream:
+                    events.put(event)
+            except RotaError:
+                return
+
+        threading.Thread(target=feed, name=f"conformance-watch-{name}", daemon=True).start()
+        self.watches[name] = events
+
+    async def next_event(self, name: str) -> WatchEvent:
+        return self.watches[name].get(timeout=PATIENCE)
+
+    async def follow(self, connection: int, service: str, expect_ids: list[str]) -> list[str]:
+        cache = self.connections[connection].follow(service)
+        cache.wait_for(lambda c: _ids(c) == expect_ids, PATIENCE)
+        return _ids(cache)
+
+    async def stop_server(self) -> None:
+        _check(self.server is not None, "stop_server needs the scenario's own server")
+        assert self.server is not None
+        self.server.kill()
 
     async def close(self) -> None:
         for client in [*self.connections, *([self.registrar] if self.registrar else [])]:
@@ -204,10 +403,12 @@ class SyncDriver:
 class AsyncDriver:
     """Drives :class:`rota.AsyncRotaClient`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, server: RotaServer | None = None) -> None:
         self.address = address
+        self.server = server
         self.connections: list[AsyncRotaClient] = []
         self.streams: dict[str, Any] = {}
+        self.watches: dict[str, Any] = {}
         self.registrar: AsyncRotaClient | None = None
 
     async def connect(self, count: int) -> None:
@@ -226,12 +427,44 @@ class AsyncDriver:
     async def withdraw(self, stream: str) -> Ack | None:
         return await self.streams.pop(stream).close()
 
+    async def update(self, stream: str, ref: InstanceRef, status: InstanceStatus | None, weight: int | None) -> Ack:
+        return await self.streams[stream].update(ref, status=status, weight=weight)
+
     async def pick(self, connection: int, request: dict[str, Any]) -> PickResult:
         return await self.connections[connection].pick(request.get("service", ""), **pick_kwargs(request))
 
     async def list_ids(self, service: str) -> list[str]:
         return (await self.connections[0].list_instances(service)).ids
 
+    async def report(self, connection: int, outcomes: list[CallOutcome]) -> ReportResult:
+        return await self.connections[connection].report(outcomes)
+
+    async def lease(self, connection: int, request: pb.LeaseRequest) -> Any:
+        # The Python client has no Lease call of its own; the conformance runner uses its stub.
+        try:
+            return await self.connections[connection]._balancer.Lease(request, timeout=PATIENCE)
+        except grpc.RpcError as error:
+            raise StepFailed(f"lease failed: {RotaError.from_rpc_error(error)}") from None
+
+    async def watch(self, name: str, connection: int, service: str) -> None:
+        self.watches[name] = self.connections[connection].watch(service).__aiter__()
+
+    async def next_event(self, name: str) -> WatchEvent:
+        event: WatchEvent = await asyncio.wait_for(self.watches[name].__anext__(), PATIENCE)
+        return event
+
+    async def follow(self, connection: int, service: str, expect_ids: list[str]) -> list[str]:
+        cache = self.connections[connection].follow(service)
+        await cache.wait_for_async(lambda c: _ids(c) == expect_ids, PATIENCE)
+        return _ids(cache)
+
+    async def stop_server(self) -> None:
+        _check(self.server is not None, "stop_server needs the scenario's own server")
+        assert self.server is not None
+        await asyncio.to_thread(self.server.kill)
+
     async def close(self) -> None:
+        for watch in self.watches.values():
+            await watch.aclose()
         for client in [*self.connections, *([self.registrar] if self.registrar else [])]:
             await client.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # per-test timeout; it has its own bound.
     global _binary
     _binary = rota_binary()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # pytest fails a run that collects nothing (exit status 5); this also fails a full run
+    # (test.sh without arguments sets the floor) whose collection silently shrank.
+    floor = int(os.environ.get("ROTA_PY_MIN_TESTS", "0"))
+    if len(session.items) < floor:
+        raise pytest.UsageError(f"collected {len(session.items)} tests, fewer than the {floor} of the full suite")
 
 
 @pytest.fixture(scope="session")

@@ -66,8 +66,13 @@ class RotaServer:
 
     def start(self, timeout: float = START_TIMEOUT) -> RotaServer:
         log = self.log_path.open("w")
+        # No start-up warm-up unless a test asks for one (--warmup in extra_args wins): these
+        # servers start empty, and a service never registered is NOT_FOUND at once. Set in the
+        # environment, which a server without the setting ignores.
+        env = {**os.environ, "ROTA_WARMUP": os.environ.get("ROTA_WARMUP", "0s")}
         self.process = subprocess.Popen(
             [str(self.binary), "serve", "--listen", self.listen, *self.extra_args],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import AsyncDriver, SyncDriver, run_scenario, scenario_files
+from collections.abc import Callable
+
+from conformance import AsyncDriver, SyncDriver, needs_own_server, run_scenario, scenario_files
 from rota_harness import SCENARIOS, RotaServer
 
 SCENARIO_FILES = scenario_files()
@@ -17,14 +19,37 @@ def test_scenarios_are_discovered() -> None:
     assert [p.name for p in SCENARIO_FILES] == sorted(p.name for p in SCENARIOS.iterdir() if p.suffix == ".json")
 
 
-@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.stem)
-async def test_sync_client(path: Path, rota_server: RotaServer) -> None:
-    await run_scenario(path, SyncDriver(rota_server.address))
+def test_every_op_is_exercised() -> None:
+    # A scenario folder that lost its fallback or watch scenarios would pass with fewer checks.
+    import json
+
+    ops = {step["op"] for path in SCENARIO_FILES for step in json.loads(path.read_text())["steps"]}
+    assert ops == {
+        "register", "withdraw", "pick", "pick_sequence", "list", "update", "report",
+        "lease", "watch", "watch_expect", "follow", "stop_server",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.stem)
-async def test_async_client(path: Path, rota_server_async: RotaServer) -> None:
-    await run_scenario(path, AsyncDriver(rota_server_async.address))
+async def test_sync_client(
+    path: Path, rota_server: RotaServer, private_server: Callable[..., RotaServer]
+) -> None:
+    if needs_own_server(path):
+        server = private_server()
+        await run_scenario(path, SyncDriver(server.address, server))
+    else:
+        await run_scenario(path, SyncDriver(rota_server.address))
+
+
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.stem)
+async def test_async_client(
+    path: Path, rota_server_async: RotaServer, private_server: Callable[..., RotaServer]
+) -> None:
+    if needs_own_server(path):
+        server = private_server()
+        await run_scenario(path, AsyncDriver(server.address, server))
+    else:
+        await run_scenario(path, AsyncDriver(rota_server_async.address))
 
 
 async def test_runner_reports_the_failing_step(tmp_path: Path, rota_server: RotaServer) -> None:
@@ -45,4 +70,36 @@ async def test_runner_reports_the_failing_step(tmp_path: Path, rota_server: Rota
         match=r"wrong\.json \(wrong on purpose\): step 1 \(pick_sequence\) failed: "
         r"picked \['a', 'b'\], expected \['b', 'a'\]",
     ):
+        await run_scenario(scenario, SyncDriver(rota_server.address))
+
+
+async def test_runner_rejects_unknown_keys(tmp_path: Path, rota_server: RotaServer) -> None:
+    scenario = tmp_path / "misspelt.json"
+    scenario.write_text(
+        """{"name": "misspelt", "steps": [
+            {"op": "register", "stream": "p", "instances": [
+                {"service": "py-runner-keys", "id": "a", "host": "127.0.0.1", "port": 9001}]},
+            {"op": "pick_sequence", "connections": [0], "count": 1,
+             "request": {"service": "py-runner-keys"}, "expect_ids": ["a"], "expect_ticket": [0]}
+        ]}"""
+    )
+    with pytest.raises(AssertionError, match=r"step 1 \(pick_sequence\) failed: unknown step fields \['expect_ticket'\]"):
+        await run_scenario(scenario, SyncDriver(rota_server.address))
+
+
+async def test_runner_fails_wrong_tickets_and_local_marks(tmp_path: Path, rota_server: RotaServer) -> None:
+    scenario = tmp_path / "tickets.json"
+    scenario.write_text(
+        """{"name": "wrong tickets", "steps": [
+            {"op": "register", "stream": "p", "instances": [
+                {"service": "py-runner-tickets", "id": "a", "host": "127.0.0.1", "port": 9001}]},
+            {"op": "pick_sequence", "connections": [0], "count": 2,
+             "request": {"service": "py-runner-tickets"}, "expect_ids": ["a", "a"], "expect_tickets": [0, 2]},
+            {"op": "pick", "request": {"service": "py-runner-tickets"}, "expect": {"id": "a", "local": true}}
+        ]}"""
+    )
+    with pytest.raises(AssertionError, match=r"step 1 \(pick_sequence\) failed: tickets \[0, 1\], expected \[0, 2\]"):
+        await run_scenario(scenario, SyncDriver(rota_server.address))
+    scenario.write_text(scenario.read_text().replace("[0, 2]", "[2, 3]"))
+    with pytest.raises(AssertionError, match=r"step 2 \(pick\) failed: local_fallback False, expected True"):
         await run_scenario(scenario, SyncDriver(rota_server.address))

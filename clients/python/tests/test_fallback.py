@@ -19,6 +19,7 @@ from rota import (
     WatchEvent,
 )
 from rota.errors import is_unreachable
+from rota.fallback import OutageState
 
 SERVICE = "svc"
 
@@ -101,6 +102,23 @@ def test_exclude_is_applied_after_version_isolation() -> None:
     assert picks(cache, 3, exclude=("a",)) == ["b", "b", "b"]
     # As on rota: version x exists, so excluding its only instance leaves nothing (no fallback).
     assert cache.pick("x", exclude=("v1",)) is None
+
+
+def test_exclude_skips_to_the_next_instance_of_the_rotation() -> None:
+    # As rota: ticket t takes position t mod n of the subset; an excluded instance there passes
+    # the pick on to the next one. (Dropping excluded ids first would give a, c, a.)
+    cache = cache_with(inst("a"), inst("b"), inst("c"))
+    results = [cache.pick(exclude=("b",)) for _ in range(3)]
+    assert [(r.instance.id, r.ticket) for r in results if r] == [("a", 0), ("c", 1), ("c", 2)]
+
+
+def test_an_empty_snapshot_of_a_rota_that_has_not_seen_the_service_keeps_the_list() -> None:
+    cache = cache_with(inst("a"), inst("b"), epoch=4)
+    cache.apply(WatchEvent("snapshot", 0, instances=()))
+    assert [i.id for i in cache.instances()] == ["a", "b"]
+    # An empty list at a real epoch is rota's word: the instances are gone.
+    cache.apply(WatchEvent("snapshot", 5, instances=()))
+    assert cache.instances() == []
 
 
 def test_nothing_eligible_gives_none() -> None:
@@ -228,22 +246,41 @@ class FakeAsyncBalancer(FakeBalancer):
 NOWHERE = "127.0.0.1:1"
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+WARMING_UP = FakeRpcError(
+    grpc.StatusCode.UNAVAILABLE,
+    'rota started less than 14000 ms ago and has not seen service "svc" yet',
+    (("rota-error", "warming_up"),),
+)
+
+
 def test_client_falls_back_only_when_rota_is_unreachable() -> None:
     with RotaClient(NOWHERE) as client:
+        clock = FakeClock()
+        client._outage = OutageState(clock)
         cache = client.follow(SERVICE)
         cache.apply(WatchEvent("snapshot", 3, instances=(inst("a"), inst("b"), inst("v", "zlt"))))
         client._balancer = FakeBalancer(REFUSED)  # type: ignore[assignment]
-        results = [client.pick(SERVICE) for _ in range(3)]
-        assert [(r.instance.id, r.local_fallback, r.epoch) for r in results] == [
-            ("a", True, 3),
-            ("b", True, 3),
-            ("a", True, 3),
-        ]
+        results = [client.pick(SERVICE) for _ in range(2)]
+        assert [(r.instance.id, r.local_fallback, r.epoch) for r in results] == [("a", True, 3), ("b", True, 3)]
         assert client.pick(SERVICE, version="zlt").instance.id == "v"
 
+        clock.now += 1.0  # past the short-cut, so rota is asked again
         client._balancer = FakeBalancer(DEADLINE)  # type: ignore[assignment]
-        assert client.pick(SERVICE).instance.id == "b"
+        assert client.pick(SERVICE).instance.id == "a"
+        clock.now += 1.0
+        client._balancer = FakeBalancer(WARMING_UP)  # type: ignore[assignment]
+        warming = client.pick(SERVICE)
+        assert (warming.instance.id, warming.ticket, warming.local_fallback) == ("b", 3, True)
 
+        clock.now += 1.0
         client._balancer = FakeBalancer(NOTHING_ELIGIBLE)  # type: ignore[assignment]
         with pytest.raises(RotaError) as raised:
             client.pick(SERVICE)
@@ -253,6 +290,36 @@ def test_client_falls_back_only_when_rota_is_unreachable() -> None:
         with pytest.raises(RotaError) as raised:
             client.pick("not-followed")
         assert (raised.value.code, raised.value.unreachable) == (grpc.StatusCode.UNAVAILABLE, True)
+        # Nothing eligible locally is rota's answer, not "unreachable".
+        with pytest.raises(RotaError) as raised:
+            client.pick(SERVICE, version="zlt", exclude=["v"])
+        assert (raised.value.code, raised.value.reason, raised.value.unreachable) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "no_eligible_instance",
+            False,
+        )
+
+
+def test_after_three_unreachable_picks_rota_is_skipped_for_a_second() -> None:
+    with RotaClient(NOWHERE) as client:
+        clock = FakeClock()
+        client._outage = OutageState(clock)
+        client.follow(SERVICE).apply(WatchEvent("snapshot", 3, instances=(inst("a"), inst("b"))))
+        balancer = FakeBalancer(REFUSED)
+        client._balancer = balancer  # type: ignore[assignment]
+        tickets = [client.pick(SERVICE).ticket for _ in range(5)]
+        assert tickets == [0, 1, 2, 3, 4]
+        assert len(balancer.requests) == 3, "picks 4 and 5 did not ask rota"
+        clock.now += 0.999
+        client.pick(SERVICE)
+        assert len(balancer.requests) == 3
+        clock.now += 0.001
+        client.pick(SERVICE)
+        assert len(balancer.requests) == 4, "after a second rota is asked again"
+        # A service that cannot be answered locally still asks rota.
+        with pytest.raises(RotaError):
+            client.pick("not-followed")
+        assert len(balancer.requests) == 5
 
 
 def test_no_fallback_before_the_first_snapshot() -> None:
@@ -265,24 +332,54 @@ def test_no_fallback_before_the_first_snapshot() -> None:
 
 async def test_async_client_falls_back_only_when_rota_is_unreachable() -> None:
     async with AsyncRotaClient(NOWHERE) as client:
+        clock = FakeClock()
+        client._outage = OutageState(clock)
         cache = client.follow(SERVICE)
         cache.apply(WatchEvent("snapshot", 3, instances=(inst("a"), inst("b"))))
         client._balancer = FakeAsyncBalancer(REFUSED)  # type: ignore[assignment]
         assert [(await client.pick(SERVICE)).instance.id for _ in range(3)] == ["a", "b", "a"]
+        clock.now += 1.0
+        client._balancer = FakeAsyncBalancer(WARMING_UP)  # type: ignore[assignment]
+        assert (await client.pick(SERVICE)).local_fallback
+        clock.now += 1.0
         client._balancer = FakeAsyncBalancer(NOTHING_ELIGIBLE)  # type: ignore[assignment]
         with pytest.raises(RotaError) as raised:
             await client.pick(SERVICE)
         assert raised.value.unreachable is False
 
 
-def test_fallback_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+class AnsweringBalancer:
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def Pick(self, request: Any, timeout: float | None = None) -> Any:
+        from rota._convert import pb
+
+        self.requests.append(request)
+        instance = pb.Instance(id="a", service=SERVICE, host="127.0.0.1", port=9000)
+        return pb.PickResponse(instance=instance, ticket=7, rule="round_robin")
+
+
+def test_fallback_is_logged_once_per_outage_and_once_on_recovery(caplog: pytest.LogCaptureFixture) -> None:
     with RotaClient(NOWHERE) as client:
+        clock = FakeClock()
+        client._outage = OutageState(clock)
         client.follow(SERVICE).apply(WatchEvent("snapshot", 5, instances=(inst("a"),)))
-        client._balancer = FakeBalancer(REFUSED)  # type: ignore[assignment]
         with caplog.at_level("WARNING", logger="rota"):
-            client.pick(SERVICE)
+            client._balancer = FakeBalancer(REFUSED)  # type: ignore[assignment]
+            for _ in range(5):
+                client.pick(SERVICE)
+            clock.now += 1.0  # past the short-cut
+            client._balancer = AnsweringBalancer()  # type: ignore[assignment]
+            assert not client.pick(SERVICE).local_fallback
+            assert not client.pick(SERVICE).local_fallback
+            client._balancer = FakeBalancer(REFUSED)  # type: ignore[assignment]
+            assert client.pick(SERVICE).local_fallback
     messages = [r.getMessage() for r in caplog.records if r.name == "rota" and r.levelname == "WARNING"]
     assert messages == [
         "rota unreachable (UNAVAILABLE: failed to connect to all addresses; Connection refused); "
-        "picked a of svc locally from the last watched list (epoch 5)"
+        "picking svc and other followed services locally from the last lists seen",
+        "rota answers again; picks are rota's again",
+        "rota unreachable (UNAVAILABLE: failed to connect to all addresses; Connection refused); "
+        "picking svc and other followed services locally from the last lists seen",
     ]

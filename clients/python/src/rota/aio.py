@@ -27,7 +27,14 @@ from .client import (
     _check_instances,
 )
 from .errors import RegistrationError, RotaError
-from .fallback import InstanceCache
+from .fallback import (
+    SHORTCUT_ERROR,
+    STABLE_STREAM_SECONDS,
+    InstanceCache,
+    OutageState,
+    falls_back,
+    local_no_eligible,
+)
 from .model import (
     Ack,
     CallOutcome,
@@ -80,6 +87,7 @@ class AsyncRotaClient:
         self._watchers: dict[str, tuple[InstanceCache, asyncio.Task[None]]] = {}
         self._registrations: list[AsyncRegistration] = []
         self._closed = False
+        self._outage = OutageState()
         for service in follow:
             self.follow(service)
 
@@ -124,31 +132,33 @@ class AsyncRotaClient:
         if version is None:
             version = current_version() or ""
         exclude = list(exclude)
+        if self._outage.shortcut() and self._followed(service):
+            # rota failed several picks in a row: answer locally for a while without waiting.
+            return self._local_pick(service, version, exclude, SHORTCUT_ERROR)
         request = convert.pick_request(service, rule, version, key, zone, exclude)
         try:
-            return convert.pick_result(await self._balancer.Pick(request, timeout=self._timeout(timeout)))
+            picked = convert.pick_result(await self._balancer.Pick(request, timeout=self._timeout(timeout)))
         except grpc.RpcError as rpc_error:
             error = RotaError.from_rpc_error(rpc_error)
-        local = self._local_pick(service, version, exclude, error)
-        if local is None:
+        else:
+            self._outage.answered()
+            return picked
+        if not falls_back(error):
+            self._outage.answered()
             raise error
-        return local
+        self._outage.unreachable()
+        if not self._followed(service):
+            raise error
+        return self._local_pick(service, version, exclude, error)
 
-    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult | None:
-        if not error.unreachable or service not in self._watchers:
-            return None
-        cache = self._watchers[service][0]
-        if not cache.synced:
-            return None
-        picked = cache.pick(version, exclude)
-        if picked is not None:
-            log.warning(
-                "rota unreachable (%s); picked %s of %s locally from the last watched list (epoch %d)",
-                error,
-                picked.instance.id,
-                service,
-                picked.epoch,
-            )
+    def _followed(self, service: str) -> bool:
+        return service in self._watchers and self._watchers[service][0].synced
+
+    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult:
+        picked = self._watchers[service][0].pick(version, exclude)
+        if picked is None:
+            raise local_no_eligible(service, version, error)
+        self._outage.picked_locally(service, str(error))
         return picked
 
     async def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
@@ -233,13 +243,12 @@ class AsyncRotaClient:
         backoff = _backoff()
         while True:
             call = self._registry.Watch(pb.WatchRequest(service=cache.service))
+            opened = time.monotonic()
             try:
                 async for message in call:
                     event = convert.watch_event(message)
                     if event is not None:
                         cache.apply(event)
-                        if event.kind == "snapshot":
-                            backoff.reset()
             except grpc.RpcError as rpc_error:
                 error = RotaError.from_rpc_error(rpc_error)
                 if error.code is grpc.StatusCode.INVALID_ARGUMENT:
@@ -248,6 +257,8 @@ class AsyncRotaClient:
                 log.info("watch of %r interrupted (%s); keeping the last list", cache.service, error)
             finally:
                 call.cancel()
+                if time.monotonic() - opened >= STABLE_STREAM_SECONDS:
+                    backoff.reset()
             await asyncio.sleep(backoff.next_delay())
 
     def register(

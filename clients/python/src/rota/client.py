@@ -20,7 +20,14 @@ from ._convert import pb, pb_grpc
 from ._registry_state import Desired
 from .backoff import Backoff
 from .errors import RegistrationError, RotaError
-from .fallback import InstanceCache
+from .fallback import (
+    SHORTCUT_ERROR,
+    STABLE_STREAM_SECONDS,
+    InstanceCache,
+    OutageState,
+    falls_back,
+    local_no_eligible,
+)
 from .model import (
     Ack,
     CallOutcome,
@@ -98,6 +105,7 @@ class RotaClient:
         self._watchers: dict[str, _Watcher] = {}
         self._registrations: list[Registration] = []
         self._closed = False
+        self._outage = OutageState()
         for service in follow:
             self.follow(service)
 
@@ -152,31 +160,34 @@ class RotaClient:
         if version is None:
             version = current_version() or ""
         exclude = list(exclude)
+        if self._outage.shortcut() and self._followed(service):
+            # rota failed several picks in a row: answer locally for a while without waiting.
+            return self._local_pick(service, version, exclude, SHORTCUT_ERROR)
         request = convert.pick_request(service, rule, version, key, zone, exclude)
         try:
-            return convert.pick_result(self._balancer.Pick(request, timeout=self._timeout(timeout)))
+            picked = convert.pick_result(self._balancer.Pick(request, timeout=self._timeout(timeout)))
         except grpc.RpcError as rpc_error:
             error = RotaError.from_rpc_error(rpc_error)
-        local = self._local_pick(service, version, exclude, error)
-        if local is None:
+        else:
+            self._outage.answered()
+            return picked
+        if not falls_back(error):
+            self._outage.answered()
             raise error
-        return local
+        self._outage.unreachable()
+        if not self._followed(service):
+            raise error
+        return self._local_pick(service, version, exclude, error)
 
-    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult | None:
-        if not error.unreachable:
-            return None
+    def _followed(self, service: str) -> bool:
         watcher = self._watchers.get(service)
-        if watcher is None or not watcher.cache.synced:
-            return None
-        picked = watcher.cache.pick(version, exclude)
-        if picked is not None:
-            log.warning(
-                "rota unreachable (%s); picked %s of %s locally from the last watched list (epoch %d)",
-                error,
-                picked.instance.id,
-                service,
-                picked.epoch,
-            )
+        return watcher is not None and watcher.cache.synced
+
+    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult:
+        picked = self._watchers[service].cache.pick(version, exclude)
+        if picked is None:
+            raise local_no_eligible(service, version, error)
+        self._outage.picked_locally(service, str(error))
         return picked
 
     def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
@@ -615,13 +626,12 @@ class _Watcher(threading.Thread):
                 if self._stopping.is_set():
                     return
                 self._call = call = self._stub.Watch(pb.WatchRequest(service=self.cache.service))
+            opened = time.monotonic()
             try:
                 for message in call:
                     event = convert.watch_event(message)
                     if event is not None:
                         self.cache.apply(event)
-                        if event.kind == "snapshot":
-                            self._backoff.reset()
             except grpc.RpcError as rpc_error:
                 if self._stopping.is_set():
                     return
@@ -630,6 +640,9 @@ class _Watcher(threading.Thread):
                     log.error("cannot watch %r: %s", self.cache.service, error)
                     return
                 log.info("watch of %r interrupted (%s); keeping the last list", self.cache.service, error)
+            finally:
+                if time.monotonic() - opened >= STABLE_STREAM_SECONDS:
+                    self._backoff.reset()
             self._stopping.wait(self._backoff.next_delay())
 
     def stop(self) -> None:

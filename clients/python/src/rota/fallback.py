@@ -2,28 +2,107 @@
 
 When rota cannot be reached, a consumer still has to call someone. For every service it
 follows, the client keeps the list that rota last sent through ``Watch`` in an
-:class:`InstanceCache`; a pick that fails because rota is unreachable is then answered from it
-by round robin over the UP instances, with rota's version isolation:
+:class:`InstanceCache`; a pick that fails because rota is unreachable (or is warming up after a
+restart) is then answered from it by round robin over the UP instances, with rota's version
+isolation:
 
 - version V requested -> UP instances with version V, else UP instances with no version;
-- no version requested -> UP instances with no version.
+- no version requested -> UP instances with no version;
+- ``exclude`` then skips inside that subset only.
 
-The rotation is this process's own (rota's shared one is out of reach), and the result says so
-with ``local_fallback=True``.
+The rotation is this process's own (rota's shared one is out of reach): tickets 0, 1, 2, ... per
+(service, subset), and the result says so with ``local_fallback=True``. The contract is
+``clients/conformance/README.md``, "Local fallback".
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 
+import grpc
+
+from .errors import RotaError
 from .model import Instance, InstanceStatus, PickResult, WatchEvent
 
 #: The rule local picks follow, whatever rule the request named.
 LOCAL_RULE = "round_robin"
+#: Consecutive unreachable failures after which picks go straight to the local fallback ...
+SHORTCUT_AFTER = 3
+#: ... for this many seconds, before rota is tried again.
+SHORTCUT_SECONDS = 1.0
+#: A Watch stream that lived this long resets the reconnect backoff; a shorter one does not, so
+#: a server that accepts and at once ends streams (one draining) is not hammered.
+STABLE_STREAM_SECONDS = 5.0
+
+log = logging.getLogger("rota")
+
+
+#: Why a pick made during the short-cut did not ask rota.
+SHORTCUT_ERROR = RotaError(
+    grpc.StatusCode.UNAVAILABLE,
+    f"rota failed {SHORTCUT_AFTER} picks in a row; not asked again for {SHORTCUT_SECONDS:g}s",
+    unreachable=True,
+)
+
+
+def local_no_eligible(service: str, version: str, error: RotaError) -> RotaError:
+    """The error of a local pick with nothing eligible: what rota would answer (not "unreachable")."""
+    wanted = f'version "{version}"' if version else "no version"
+    return RotaError(
+        grpc.StatusCode.UNAVAILABLE,
+        f'no eligible instance of "{service}" ({wanted}) in the last list seen; rota unreachable: {error}',
+        reason="no_eligible_instance",
+    )
+
+
+def falls_back(error: RotaError) -> bool:
+    """Whether a failed pick may be answered locally: rota unreachable, or warming up."""
+    return error.unreachable or error.reason == "warming_up"
+
+
+class OutageState:
+    """One client's view of rota's availability: the short-cut and the once-per-outage logs."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._shortcut_until = 0.0
+        self._in_outage = False
+
+    def shortcut(self) -> bool:
+        """True while picks should skip rota and go local."""
+        with self._lock:
+            return self._failures >= SHORTCUT_AFTER and self._clock() < self._shortcut_until
+
+    def unreachable(self) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._failures >= SHORTCUT_AFTER:
+                self._shortcut_until = self._clock() + SHORTCUT_SECONDS
+
+    def answered(self) -> None:
+        """rota answered a pick (with an instance or with its own error)."""
+        with self._lock:
+            self._failures = 0
+            recovered, self._in_outage = self._in_outage, False
+        if recovered:
+            log.warning("rota answers again; picks are rota's again")
+
+    def picked_locally(self, service: str, reason: str) -> None:
+        with self._lock:
+            first, self._in_outage = not self._in_outage, True
+        if first:
+            log.warning(
+                "rota unreachable (%s); picking %s and other followed services locally from the last lists seen",
+                reason,
+                service,
+            )
 
 
 class InstanceCache:
@@ -58,7 +137,10 @@ class InstanceCache:
         """Folds one watch event into the cache."""
         with self._lock:
             if event.kind == "snapshot":
-                self._instances = {i.id: i for i in event.instances}
+                # A rota that has not seen the service since it started (epoch 0) knows less
+                # than this cache: its empty list never replaces a non-empty one.
+                if event.instances or event.epoch > 0 or not self._instances:
+                    self._instances = {i.id: i for i in event.instances}
                 self._synced = True
             elif event.kind in ("added", "updated") and event.instance is not None:
                 self._instances[event.instance.id] = event.instance
@@ -117,16 +199,19 @@ class InstanceCache:
                 for key in sorted(self._instances)
                 if self._instances[key].status in (InstanceStatus.UP, InstanceStatus.UNSPECIFIED)
             ]
-            # As rota does: isolate by version first, then drop the excluded ids.
+            # As rota does: isolate by version first; exclude then skips inside that subset.
             isolated, label, fallback = _isolate(up, version)
-            candidates = [i for i in isolated if i.id not in excluded]
-            if not candidates:
+            if not [i for i in isolated if i.id not in excluded]:
                 return None
             counter = self._counters.setdefault(label, itertools.count())
             ticket = next(counter)
             epoch = self._epoch
+        n = len(isolated)
+        chosen = next(
+            isolated[(ticket + step) % n] for step in range(n) if isolated[(ticket + step) % n].id not in excluded
+        )
         return PickResult(
-            instance=candidates[ticket % len(candidates)],
+            instance=chosen,
             ticket=ticket,
             rule=LOCAL_RULE,
             fallback=fallback,

@@ -12,7 +12,7 @@ import {
 } from '@grpc/grpc-js';
 
 import type { BackoffOptions } from './backoff.js';
-import { NO_ELIGIBLE_INSTANCE, RotaError, WARMING_UP, asRotaError, isUnreachable } from './errors.js';
+import { NO_ELIGIBLE_INSTANCE, RotaError, asRotaError, isUnreachable } from './errors.js';
 import { InstanceCache } from './fallback.js';
 import type { BalancerClient } from './generated/rota/v1/Balancer.js';
 import type { ListInstancesResponse__Output } from './generated/rota/v1/ListInstancesResponse.js';
@@ -177,8 +177,6 @@ export class RotaClient implements AsyncDisposable {
   #shortCutUntil = 0;
   /** Whether the current outage was logged (at its first local pick). */
   #outageLogged = false;
-  /** Set by a pick answered `warming_up`, cleared by any other answer of rota. */
-  #warmingUp = false;
 
   constructor(target: string, options: RotaClientOptions = {}) {
     this.target = normalizeTarget(target);
@@ -270,7 +268,6 @@ export class RotaClient implements AsyncDisposable {
         this.#rotaAnswered();
         throw failure;
       }
-      this.#warmingUp = failure.reason === WARMING_UP;
       this.#unreachableStreak += 1;
       if (this.#unreachableStreak >= UNREACHABLE_STREAK) {
         this.#shortCutUntil = Date.now() + this.#shortCutMs;
@@ -283,7 +280,6 @@ export class RotaClient implements AsyncDisposable {
 
   /** rota answered a pick (with an instance or a refusal of its own): an outage is over. */
   #rotaAnswered(): void {
-    this.#warmingUp = false;
     this.#unreachableStreak = 0;
     this.#shortCutUntil = 0;
     if (this.#outageLogged) {
@@ -394,7 +390,7 @@ export class RotaClient implements AsyncDisposable {
   #watcher(service: string): ServiceWatcher {
     let watcher = this.#watchers.get(service);
     if (watcher === undefined) {
-      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff, () => this.#warmingUp);
+      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff);
       this.#watchers.set(service, watcher);
       watcher.start();
     }

@@ -69,12 +69,13 @@ export class InstanceCache {
   }
 
   /**
-   * Picks as rota would by round robin: version isolation first (a version V gets the `UP`
-   * instances of version V, or when there are none the `UP` instances with no version; no
-   * version gets the `UP` instances with no version), then the excluded ids are skipped inside
-   * that subset, then a rotation over what is left, counted 0, 1, 2, ... per service and subset.
-   * Exclusion never sends a versioned pick to the unversioned instances. `undefined` when
-   * nothing is eligible (or the service is not cached; see `has`).
+   * Round robin as the conformance README's local fallback contract says: version isolation
+   * first (a version V gets the `UP` instances of version V, or when there are none the `UP`
+   * instances with no version; no version gets the `UP` instances with no version); ticket `t`
+   * (0, 1, 2, ... per service and subset) takes position `t mod n` of that subset, by id, and an
+   * excluded instance there passes the pick on to the next one, in order. Exclusion never sends
+   * a versioned pick to the unversioned instances. `undefined` when the subset is empty or all
+   * excluded (or the service is not cached; see `has`).
    */
   pick(service: string, options: { version?: string; exclude?: readonly string[] } = {}): LocalPick | undefined {
     const cached = this.#services.get(service);
@@ -92,14 +93,17 @@ export class InstanceCache {
       fallback = `no instance with version ${JSON.stringify(version)}; picked from instances with no version`;
     }
     const excluded = new Set(options.exclude ?? []);
-    const eligible = subset.filter((i) => !excluded.has(i.id));
-    if (eligible.length === 0) {
+    if (subset.every((i) => excluded.has(i.id))) {
       return undefined;
     }
     const key = `${service}\0${subsetVersion}`;
     const ticket = this.#counters.get(key) ?? 0n;
     this.#counters.set(key, ticket + 1n);
-    const instance = eligible[Number(ticket % BigInt(eligible.length))] as Instance;
+    const start = Number(ticket % BigInt(subset.length));
+    let instance = subset[start] as Instance;
+    for (let step = 1; excluded.has(instance.id); step += 1) {
+      instance = subset[(start + step) % subset.length] as Instance;
+    }
     return { instance, ticket, fallback, epoch: cached.epoch };
   }
 

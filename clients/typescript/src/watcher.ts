@@ -24,8 +24,9 @@ export const STABLE_STREAM_MS = 5_000;
 /**
  * Follows one service: a `Watch` stream whose snapshot and changes go into the cache. When the
  * stream is lost it reconnects with backoff and keeps the last list meanwhile; the next
- * snapshot replaces it — except an empty one while rota is warming up after a restart (its
- * providers have not registered again yet). The backoff starts over only after a stream lived
+ * snapshot replaces it — except an empty one at epoch 0, what a rota that has not seen the
+ * service since it started would send (its providers have not registered again yet); an empty
+ * snapshot at a later epoch is rota's word and applied. The backoff starts over only after a stream lived
  * `STABLE_STREAM_MS`, so a server that accepts a watch and ends it at once (a draining rota)
  * is not asked again at the pace of the first retry.
  */
@@ -37,7 +38,6 @@ export class ServiceWatcher {
   readonly #cache: InstanceCache;
   readonly #logger: Logger;
   readonly #backoff: Backoff;
-  readonly #warmingUp: () => boolean;
   #markReady!: () => void;
   #call: ClientReadableStream<WatchEvent__Output> | undefined;
   #retry: NodeJS.Timeout | undefined;
@@ -51,10 +51,8 @@ export class ServiceWatcher {
     cache: InstanceCache,
     logger: Logger,
     backoff?: BackoffOptions,
-    warmingUp: () => boolean = () => false,
   ) {
     this.service = service;
-    this.#warmingUp = warmingUp;
     this.#registry = registry;
     this.#cache = cache;
     this.#logger = logger;
@@ -110,9 +108,9 @@ export class ServiceWatcher {
     const event = watchEventFromMessage(message);
     switch (event?.type) {
       case 'snapshot':
-        if (event.instances.length === 0 && this.#cache.instances(this.service).length > 0 && this.#warmingUp()) {
-          // rota restarted and its providers have not registered again: keep what the
-          // local fallback picks from.
+        if (event.instances.length === 0 && event.epoch === 0n && this.#cache.instances(this.service).length > 0) {
+          // A restarted rota whose providers have not registered again: keep what the local
+          // fallback picks from.
           break;
         }
         this.#cache.replace(this.service, event.instances, event.epoch);

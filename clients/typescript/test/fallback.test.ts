@@ -89,7 +89,10 @@ describe('InstanceCache (local fallback)', () => {
   it('skips excluded ids', () => {
     const cache = new InstanceCache();
     cache.replace('svc', [instance('a'), instance('b'), instance('c')], 1n);
-    assert.deepEqual(ids(cache, 3, { exclude: ['b'] }), ['a', 'c', 'a']);
+    // Ticket t takes position t mod 3 of [a, b, c]; b's turn passes on to c.
+    assert.deepEqual(ids(cache, 6, { exclude: ['b'] }), ['a', 'c', 'c', 'a', 'c', 'c']);
+    // c's turn wraps around to a.
+    assert.deepEqual(ids(cache, 3, { exclude: ['c'] }), ['a', 'b', 'a']);
   });
 
   it('excludes inside the version subset, never falling through to unversioned instances', () => {

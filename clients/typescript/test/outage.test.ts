@@ -140,30 +140,38 @@ describe('outages', () => {
     }
   });
 
-  it('treats warming_up as unreachable and keeps the list against an empty snapshot meanwhile', async () => {
+  it('treats warming_up as unreachable', async () => {
     const state = { picks: 0, onPick: ((_call, callback) => warmingUp(callback)) as PickHandler };
-    const { fake, watches } = await scripted(state);
+    const { fake } = await scripted(state);
     const client = new RotaClient(fake.target, { logger: new CapturingLogger() });
     try {
       await client.follow('svc');
       const pick = await client.pick('svc');
-      assert.equal(pick.localFallback, true);
-      assert.equal(pick.instance.id, 'a');
+      assert.deepEqual([pick.instance.id, pick.ticket, pick.localFallback], ['a', 0n, true]);
+    } finally {
+      await client.close();
+      fake.stop();
+    }
+  });
 
+  it('keeps the list against an empty snapshot at epoch 0, not at a later epoch', async () => {
+    const state = { picks: 0, onPick: ((_call, callback) => callback(null, PICKED)) as PickHandler };
+    const { fake, watches } = await scripted(state);
+    const client = new RotaClient(fake.target, { logger: new CapturingLogger() });
+    try {
+      await client.follow('svc');
       const added = { id: 'n', service: 'svc', host: '127.0.0.1', port: 9005, status: 'UP' };
       const push = (event: unknown) => watches.forEach((watch) => watch.write(event));
-      // An empty snapshot, then an added instance to know the snapshot was handled.
-      push({ snapshot: { instances: [] }, epoch: 5 });
-      push({ added, epoch: 6 });
+      // An empty snapshot at epoch 0 (a restarted rota), then an added instance to know the
+      // snapshot was handled.
+      push({ snapshot: { instances: [] }, epoch: 0 });
+      push({ added, epoch: 1 });
       await waitFor(() => client.cachedInstances('svc').length === 3, { what: 'the added instance' });
       assert.deepEqual(
         client.cachedInstances('svc').map((i) => i.id),
         ['a', 'b', 'n'],
       );
-
-      // Once rota answers again, a snapshot is the list, empty or not.
-      state.onPick = (_call, callback) => callback(null, PICKED);
-      assert.equal((await client.pick('svc')).localFallback, false);
+      // An empty snapshot at a later epoch is rota's word.
       push({ snapshot: { instances: [] }, epoch: 7 });
       push({ added, epoch: 8 });
       await waitFor(() => client.cachedInstances('svc').map((i) => i.id).join() === 'n', { what: 'the list to be [n]' });

@@ -10,12 +10,13 @@ import io.grpc.Status;
 import io.rota.v1.PickRequest;
 
 /**
- * Picks from a locally kept instance list while rota is unreachable, the way rota would pick by
- * round robin: version isolation first (version V picks the UP instances of version V, else the
- * UP instances with no version; no version picks the UP instances with no version), then the
- * request's exclusions inside that subset, then a rotation over what is left.
+ * Picks from a locally kept instance list while rota is unreachable, by round robin as the
+ * conformance README's local fallback contract says: version isolation first (version V picks
+ * the UP instances of version V, else the UP instances with no version; no version picks the UP
+ * instances with no version); ticket {@code t} takes position {@code t mod n} of that subset (by
+ * id), and an excluded instance there passes the pick on to the next one, in order.
  *
- * <p>A subset whose every instance is excluded fails as on rota ({@code UNAVAILABLE}, reason
+ * <p>A subset that is empty or all excluded fails as on rota ({@code UNAVAILABLE}, reason
  * {@code no_eligible_instance}): exclusion never sends a versioned pick to the unversioned
  * instances. One counter per (service, subset) numbers the local picks 0, 1, 2, ...
  */
@@ -40,17 +41,22 @@ final class LocalBalancer {
             subset = "";
             fallback = "no instance with version " + quoted(version) + "; picked from instances with no version";
         }
-        if (!request.getExcludeList().isEmpty()) {
-            Set<String> excluded = Set.copyOf(request.getExcludeList());
-            candidates = candidates.stream().filter(i -> !excluded.contains(i.id())).toList();
-        }
-        if (candidates.isEmpty()) {
+        Set<String> excluded = Set.copyOf(request.getExcludeList());
+        if (candidates.stream().allMatch(i -> excluded.contains(i.id()))) {
             throw new RotaException(Status.Code.UNAVAILABLE, unavailable(request), NO_ELIGIBLE_INSTANCE, false,
                     null);
         }
         long ticket = counters.computeIfAbsent(request.getService() + '\0' + subset, k -> new AtomicLong())
                 .getAndIncrement();
-        Instance chosen = candidates.get((int) Long.remainderUnsigned(ticket, candidates.size()));
+        int n = candidates.size();
+        int start = (int) Long.remainderUnsigned(ticket, n);
+        Instance chosen = null;
+        for (int step = 0; chosen == null; step++) {
+            Instance candidate = candidates.get((start + step) % n);
+            if (!excluded.contains(candidate.id())) {
+                chosen = candidate;
+            }
+        }
         return new Pick(chosen, ticket, RULE, fallback, epoch, true);
     }
 

@@ -42,6 +42,11 @@ public record Pick(Instance instance, long ticket, String rule, String fallback,
         return instance.authority();
     }
 
+    /** Whether the client picked this instance itself, rota being unreachable (same as {@link #localFallback()}). */
+    public boolean isLocalFallback() {
+        return localFallback;
+    }
+
     /**
      * Whether rota (or the local fallback, picking as rota would) took a fallback, e.g. no
      * instance of the requested version; a local pick is told by {@link #localFallback()}.

@@ -121,8 +121,6 @@ public final class RotaClient implements AutoCloseable {
     private boolean shortCutting;
     /** Whether this outage was logged (its first local pick); guarded by {@link #health}. */
     private boolean outageLogged;
-    /** Set by picks answered {@code warming_up}, cleared by any other answer of rota. */
-    private volatile boolean warmingUp;
     private volatile boolean closed;
 
     private RotaClient(Builder builder) {
@@ -243,7 +241,6 @@ public final class RotaClient implements AutoCloseable {
 
     /** rota answered a pick (with an instance or a refusal of its own): the outage, if any, is over. */
     private void rotaAnswered() {
-        warmingUp = false;
         boolean recovered;
         synchronized (health) {
             unreachableStreak = 0;
@@ -261,7 +258,6 @@ public final class RotaClient implements AutoCloseable {
             rotaAnswered();
             throw failure;
         }
-        warmingUp = RotaException.WARMING_UP.equals(failure.reason());
         synchronized (health) {
             unreachableStreak++;
             if (unreachableStreak >= UNREACHABLE_STREAK) {
@@ -319,11 +315,6 @@ public final class RotaClient implements AutoCloseable {
         return pick;
     }
 
-    /** Whether rota answered the last pick that reached it with {@code warming_up}. */
-    boolean warmingUp() {
-        return warmingUp;
-    }
-
     // --- local fallback --------------------------------------------------------------------------
 
     /**
@@ -335,7 +326,7 @@ public final class RotaClient implements AutoCloseable {
         checkOpen();
         watchers.computeIfAbsent(service, name -> {
             ServiceWatcher watcher = new ServiceWatcher(name, registryAsync, scheduler, backoff,
-                    this::resetConnectBackoff, this::warmingUp);
+                    this::resetConnectBackoff);
             watcher.start();
             return watcher;
         });

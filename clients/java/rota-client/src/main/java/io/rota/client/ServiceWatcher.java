@@ -7,7 +7,6 @@ import java.util.TreeMap;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
-import java.util.function.BooleanSupplier;
 
 import io.grpc.Context;
 import io.grpc.Status;
@@ -23,9 +22,10 @@ import io.rota.v1.WatchRequest;
  * starts over only after a stream lived {@link #STABLE_STREAM}, so a server that accepts a watch
  * and ends it at once (a draining rota) is not asked again at the pace of the first retry.
  *
- * <p>While rota is warming up after a restart (a pick was answered {@code warming_up}), an empty
- * snapshot does not replace a non-empty list: the providers have not registered again yet, and
- * the list is what the local fallback picks from.
+ * <p>An empty snapshot at epoch 0 (what a rota that has not seen the service since it started
+ * would send) never replaces a non-empty list: its providers have not registered again yet, and
+ * the list is what the local fallback picks from. An empty snapshot at a later epoch is rota's
+ * word and applied.
  */
 final class ServiceWatcher {
     private static final System.Logger LOG = System.getLogger(ServiceWatcher.class.getName());
@@ -41,7 +41,6 @@ final class ServiceWatcher {
     private final ScheduledExecutorService scheduler;
     private final Backoff backoff;
     private final Runnable beforeReconnect;
-    private final BooleanSupplier warmingUp;
 
     private final Object lock = new Object();
     private final TreeMap<String, Instance> instances = new TreeMap<>();
@@ -55,13 +54,12 @@ final class ServiceWatcher {
     private long openedAt;
 
     ServiceWatcher(String service, RegistryGrpc.RegistryStub stub, ScheduledExecutorService scheduler, Backoff backoff,
-            Runnable beforeReconnect, BooleanSupplier warmingUp) {
+            Runnable beforeReconnect) {
         this.service = service;
         this.stub = stub;
         this.scheduler = scheduler;
         this.backoff = backoff;
         this.beforeReconnect = beforeReconnect;
-        this.warmingUp = warmingUp;
     }
 
     String service() {
@@ -102,9 +100,9 @@ final class ServiceWatcher {
         synchronized (lock) {
             switch (event.getEventCase()) {
                 case SNAPSHOT -> {
-                    if (event.getSnapshot().getInstancesCount() == 0 && !instances.isEmpty() && warmingUp.getAsBoolean()) {
-                        LOG.log(Level.DEBUG, () -> "rota is warming up: keeping the " + instances.size() + " instances of "
-                                + service + " rather than its empty snapshot");
+                    if (event.getSnapshot().getInstancesCount() == 0 && event.getEpoch() == 0 && !instances.isEmpty()) {
+                        LOG.log(Level.DEBUG, () -> "keeping the " + instances.size() + " instances of " + service
+                                + " rather than an empty snapshot at epoch 0 (a restarted rota)");
                         return;
                     }
                     instances.clear();

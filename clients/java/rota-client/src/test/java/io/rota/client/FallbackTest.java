@@ -134,7 +134,7 @@ class FallbackTest {
     }
 
     @Test
-    void warmingUpIsAnsweredFromTheCacheAndItsEmptySnapshotKeepsTheList() throws Exception {
+    void warmingUpIsAnsweredFromTheCache() throws Exception {
         try (FakeRota rota = new FakeRota()) {
             rota.watched = List.of(A, B, D, Z);
             try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
@@ -143,19 +143,28 @@ class FallbackTest {
                 };
                 Pick pick = client.pick("svc");
                 assertTrue(pick.localFallback());
+                assertTrue(pick.isLocalFallback());
                 assertEquals("a", pick.id());
+                assertEquals(0, pick.ticket());
+            }
+        }
+    }
 
-                // An empty snapshot, then an added instance to know the snapshot was handled.
+    @Test
+    void anEmptySnapshotAtEpochZeroKeepsTheListOneAtALaterEpochReplacesIt() throws Exception {
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
+                // An empty snapshot at epoch 0 (a restarted rota), then an added instance to know
+                // the snapshot was handled.
                 Instance n = A.withId("n").withPort(9005);
-                rota.push(WatchEvent.newBuilder().setSnapshot(InstanceList.getDefaultInstance()).setEpoch(5).build());
-                rota.push(WatchEvent.newBuilder().setAdded(Wire.instance(n)).setEpoch(6).build());
+                rota.push(WatchEvent.newBuilder().setSnapshot(InstanceList.getDefaultInstance()).setEpoch(0).build());
+                rota.push(WatchEvent.newBuilder().setAdded(Wire.instance(n)).setEpoch(1).build());
                 Await.until("the added instance", WAIT, () -> client.lastKnownInstances("svc").size() == 5);
                 assertEquals(List.of("a", "b", "c", "n", "z"),
                         client.lastKnownInstances("svc").stream().map(Instance::id).toList());
 
-                // Once rota answers again, a snapshot is the list, empty or not.
-                rota.onPick = request -> FakeRota.answer(B, 0);
-                assertFalse(client.pick("svc").localFallback());
+                // An empty snapshot at a later epoch is rota's word.
                 rota.push(WatchEvent.newBuilder().setSnapshot(InstanceList.getDefaultInstance()).setEpoch(7).build());
                 rota.push(WatchEvent.newBuilder().setAdded(Wire.instance(n)).setEpoch(8).build());
                 Await.until("the list to be just the added instance", WAIT,

@@ -101,9 +101,18 @@ class LocalBalancerTest {
     void excludedIdsAreSkippedInsideTheSubset() {
         LocalBalancer balancer = new LocalBalancer();
         assertEquals(List.of("b", "b"), ids(balancer, request("", "a", "e"), 2));
-        // Rotation over what is left: ticket 2 of [a, e] is a.
-        assertEquals("a", balancer.pick(request("", "b"), INSTANCES, 9).id());
+        // Ticket 2 takes position 2 of [a, b, e]: e.
+        assertEquals("e", balancer.pick(request("", "b"), INSTANCES, 9).id());
         assertEquals(List.of("z2", "z2"), ids(balancer, request("zlt", "z1"), 2));
+    }
+
+    @Test
+    void anExcludedInstancePassesItsTurnToTheNextOne() {
+        LocalBalancer balancer = new LocalBalancer();
+        // Ticket t takes position t mod 3 of [a, b, e]; b's turn goes on to e.
+        assertEquals(List.of("a", "e", "e", "a", "e", "e"), ids(balancer, request("", "b"), 6));
+        // e's turn wraps around to a.
+        assertEquals(List.of("a", "b", "a"), ids(balancer, request("", "e"), 3));
     }
 
     @Test

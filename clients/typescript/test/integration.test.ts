@@ -476,7 +476,7 @@ describe('when rota goes away', () => {
   it('keeps a registration alive with heartbeats, and re-announces it after rota restarts', async () => {
     const port = await freePort();
     const listen = `127.0.0.1:${port}`;
-    let server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '900ms'] });
+    let server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '2s'] });
     const logger = new CapturingLogger();
     const provider = new RotaClient(server.target, { logger, backoff: { initialMs: 50, maxMs: 400 } });
     const observer = new RotaClient(server.target, { logger: silentLogger });
@@ -488,14 +488,16 @@ describe('when rota goes away', () => {
       ]);
       await registration.update({ service, id: 'r2' }, { status: 'DRAINING' });
       const firstLease = registration.leaseId;
-      assert.equal(registration.ack.heartbeatTimeoutMs, 900);
+      assert.equal(registration.ack.heartbeatTimeoutMs, 2_000);
       let disconnects = 0;
       registration.on('disconnect', () => {
         disconnects += 1;
       });
 
-      // Three heartbeat timeouts: a silent stream would have been dropped twice over.
-      const until = Date.now() + 2_700;
+      // Three heartbeat timeouts: a silent stream would have been dropped twice over. (A 2 s
+      // timeout, heartbeats every 667 ms: a heartbeat may be late by over a second on a loaded
+      // machine without the lease expiring.)
+      const until = Date.now() + 6_000;
       while (Date.now() < until) {
         const ids = (await observer.listInstances(service)).instances.map((i) => i.id);
         assert.deepEqual(ids, ['r1', 'r2'], 'still registered');
@@ -506,7 +508,7 @@ describe('when rota goes away', () => {
 
       const reconnected = nextEvent<[Ack]>(registration, 'reconnect', 20_000);
       await server.kill('SIGKILL');
-      server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '900ms'] });
+      server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '2s'] });
       const [ack] = await reconnected;
       assert.equal(disconnects, 1);
       assert.deepEqual(ack.accepted, [

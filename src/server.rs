@@ -26,7 +26,7 @@ use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
 use crate::registry::{Registry, RegistryConfig};
 use crate::state::{StateBackend, StatsConfig};
-use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles};
+use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles, TlsReloads};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -151,6 +151,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Server {
     local_addr: SocketAddr,
     tls: bool,
+    tls_reloads: Option<watch::Receiver<TlsReloads>>,
     admin_addr: Option<SocketAddr>,
     balancer: Arc<Balancer>,
     health: tonic_health::server::HealthReporter,
@@ -303,6 +304,7 @@ impl Server {
         Ok(Self {
             local_addr,
             tls: tls.is_some(),
+            tls_reloads: tls.as_ref().map(ReloadingAcceptor::reloads),
             admin_addr,
             balancer,
             health,
@@ -322,6 +324,11 @@ impl Server {
     /// The admin listener's bound address, unless it is disabled.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
+    }
+
+    /// What the TLS reloader made of the changes it saw, when TLS is on.
+    pub fn tls_reloads(&self) -> Option<watch::Receiver<TlsReloads>> {
+        self.tls_reloads.clone()
     }
 
     /// The server's balancer, for embedding rota in-process.

@@ -23,6 +23,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -138,17 +139,34 @@ fn build_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError>
     Ok(Arc::new(config))
 }
 
+/// How many times the reloader saw the files change, and what it made of them: the one way
+/// to know that a change has been looked at (a refused one changes nothing else).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TlsReloads {
+    /// Changes that loaded and are now in force.
+    pub applied: u64,
+    /// Changes that did not load; the configuration in force stayed.
+    pub refused: u64,
+}
+
 /// A TLS acceptor whose configuration — certificate, key and client CA — follows the files.
 pub struct ReloadingAcceptor {
     /// The configuration in force; each handshake reads it, the reloader replaces it.
     config: Arc<ArcSwap<rustls::ServerConfig>>,
     files: TlsFiles,
+    reloads: watch::Sender<TlsReloads>,
 }
 
 impl ReloadingAcceptor {
     /// Loads every file; fails before anything is bound if one does not load.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
-        Ok(Self { config: Arc::new(ArcSwap::new(build_config(&files)?)), files })
+        let reloads = watch::Sender::new(TlsReloads::default());
+        Ok(Self { config: Arc::new(ArcSwap::new(build_config(&files)?)), files, reloads })
+    }
+
+    /// Follows the reloader's outcomes.
+    pub fn reloads(&self) -> watch::Receiver<TlsReloads> {
+        self.reloads.subscribe()
     }
 
     /// Polls the certificate, key and client CA files and swaps in a new configuration when
@@ -156,6 +174,7 @@ impl ReloadingAcceptor {
     pub fn spawn_reloader(&self) -> JoinHandle<()> {
         let config = self.config.clone();
         let files = self.files.clone();
+        let reloads = self.reloads.clone();
         tokio::spawn(async move {
             let seen = |files: &TlsFiles| {
                 (modified(&files.cert), modified(&files.key), files.client_ca.as_deref().and_then(modified))
@@ -172,9 +191,13 @@ impl ReloadingAcceptor {
                 match build_config(&files) {
                     Ok(new) => {
                         config.store(new);
+                        reloads.send_modify(|r| r.applied += 1);
                         info!(cert = %files.cert.display(), "TLS configuration reloaded");
                     }
-                    Err(e) => error!(error = %e, "TLS files refused; the configuration in force stays"),
+                    Err(e) => {
+                        reloads.send_modify(|r| r.refused += 1);
+                        error!(error = %e, "TLS files refused; the configuration in force stays");
+                    }
                 }
             }
         })

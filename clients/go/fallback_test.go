@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,5 +321,60 @@ func TestOutageShortcutAfterThreeFailuresForOneSecond(t *testing.T) {
 	o.answered(slog.New(discardHandler{}))
 	if o.shortcut() {
 		t.Fatal("an answer does not end the short-cut")
+	}
+}
+
+// TestPickOnAHungRotaFallsBackWithoutACallerDeadline points a fresh client at a loopback
+// listener that accepts connections and never answers (a hung rota). With a context that
+// has no deadline, Pick still ends, bounded by DefaultPickTimeout, and answers from the
+// followed list.
+func TestPickOnAHungRotaFallsBackWithoutACallerDeadline(t *testing.T) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = listener.Close() })
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	c := dial(t, listener.Addr().String())
+	c.cache.view("svc")
+	c.cache.apply("svc", snapshotEvent(2, pbInstance("a", "", rotapb.InstanceStatus_UP), pbInstance("b", "", rotapb.InstanceStatus_UP)))
+
+	type result struct {
+		p   *Pick
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p, err := c.Pick(context.Background(), "svc")
+		done <- result{p, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || !r.p.LocalFallback || r.p.Instance.ID != "a" || r.p.Ticket != 0 {
+			t.Fatalf("got %+v, %v; want a local pick of a with ticket 0", r.p, r.err)
+		}
+	case <-time.After(15 * time.Second):
+		// Generous against the 2 s pick deadline, and shorter than the 20 s a fresh
+		// connection used to wait before failing.
+		t.Fatal("Pick without a deadline did not end against a hung rota")
 	}
 }

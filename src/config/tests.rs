@@ -119,3 +119,18 @@ fn printed_settings_read_back_the_same() {
     assert_eq!(reread.to_toml(), printed);
     assert!(printed.contains("shutdown_grace = \"3s\"") && printed.contains("latency_decay = \"1m\""), "{printed}");
 }
+
+#[test]
+fn the_warmup_defaults_to_the_heartbeat_timeout_and_may_be_zero() {
+    let f = file("[server]\nheartbeat_timeout = \"20s\"\n");
+    let settings = resolve(Some(&f.0), &Overrides::default()).unwrap();
+    assert_eq!(settings.serve.warmup, Some(Duration::from_secs(20)));
+    let f = file("[server]\nwarmup = \"3s\"\n");
+    assert_eq!(resolve(Some(&f.0), &Overrides::default()).unwrap().serve.warmup, Some(Duration::from_secs(3)));
+    let zero = Overrides { warmup: Some("0s".into()), ..Default::default() };
+    assert_eq!(resolve(Some(&f.0), &zero).unwrap().serve.warmup, Some(Duration::ZERO));
+    let bad = Overrides { warmup: Some("soon".into()), ..Default::default() };
+    let error = resolve(None, &bad).unwrap_err();
+    assert_eq!((error.source_name.as_str(), error.key.as_str()), (FLAGS, "server.warmup"));
+    assert!(error.problem.starts_with("\"soon\" is not a duration"), "{}", error.problem);
+}

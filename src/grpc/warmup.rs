@@ -133,7 +133,7 @@ mod tests {
     async fn unknown_services_are_warming_up_until_the_end_and_known_ones_never() {
         let registry = Registry::spawn(RegistryConfig::default());
         let warmup = Warmup::starting_now(Duration::from_secs(15));
-        let mut lease = registry.open_lease();
+        let lease = registry.open_lease();
         let outcome = lease.announce(vec![spec("known", "a")]).await.expect("registry open");
         assert_eq!(outcome.accepted.len(), 1);
 
@@ -161,7 +161,7 @@ mod tests {
         });
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(!waiting.is_finished());
-        let mut lease = registry.open_lease();
+        let lease = registry.open_lease();
         lease.announce(vec![spec("late", "a")]).await.expect("registry open");
         let seen = tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("released").unwrap();
         assert_eq!(seen, vec!["a".to_owned()]);

@@ -235,10 +235,6 @@ fn demo_shows_shared_rotations() {
     assert!(out.contains("no instance with version \"nobody\""), "{out}");
 }
 
-fn serve_with_config(path: &std::path::Path) -> Serving {
-    serve_with(&["--config".as_ref(), path.as_os_str()])
-}
-
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("rota-it-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -260,30 +256,67 @@ fn an_invalid_config_file_stops_serve_before_binding() {
 #[test]
 fn the_config_file_sets_policies_and_reloads_on_sighup() {
     let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
-    let server = serve_with_config(&path);
+    // This server's log is read: each reload says whether it applied or refused the file.
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--warmup", "0s", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rota serve starts");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr =
+        first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
+    let log = log_lines(child.stderr.take().unwrap());
+    let server = Serving { child, endpoint: format!("http://{addr}") };
     let (register, _) = register_in_background(&server, &["cfg", "127.0.0.1:7101", "--id", "a"]);
     let mut register = Serving { child: register, endpoint: String::new() };
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("repeat(n=2)"), "{picked}");
 
-    // A bad edit is refused and the policy in force stays...
+    // A bad edit is refused (the log says so) and the policy in force stays...
     std::fs::write(&path, "[services.cfg]\nrule = \"nope\"\n").unwrap();
     let hangup = |pid: u32| assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success());
     hangup(server.child.id());
-    // ...then a good one applies: wait for it (bounded), the reload is asynchronous.
+    wait_for_line(&log, "policy file refused");
+    let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+    assert!(picked.contains("repeat(n=2)"), "the old policy stays after a refused edit: {picked}");
+    // ...then a good one applies once the log says it was reloaded.
     std::fs::write(&path, "[services.cfg]\nrule = \"random\"\n").unwrap();
     hangup(server.child.id());
+    wait_for_line(&log, "policies reloaded");
+    let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
+    assert!(picked.contains("random"), "the new policy applies: {picked}");
+    let _ = register.child.kill();
+}
+
+/// The lines of a child's output, read on a thread of their own.
+fn log_lines(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most 10 s) for a line containing `needle`.
+fn wait_for_line(log: &std::sync::mpsc::Receiver<String>, needle: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
-        if picked.contains("random") {
-            break;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match log.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return,
+            Ok(_) => {}
+            Err(e) => panic!("no log line with {needle:?} within 10 s: {e}"),
         }
-        assert!(picked.contains("repeat(n=2)"), "only the old or the new policy, never the bad one: {picked}");
-        assert!(std::time::Instant::now() < deadline, "the new policy never applied");
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let _ = register.child.kill();
 }
 
 #[test]

@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use rota::client::{ClientError, PickOptions, Registration, RotaClient, code_name};
 use rota::pb::{self, register_request::Msg};
@@ -473,8 +472,13 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                     }
                 }
             }
-            Step::Follow { .. } | Step::StopServer {} => {
-                return Err(fail("this client has no local fallback (follow / stop_server)".into()));
+            Step::Follow { connection, service, expect_ids } => {
+                return Err(fail(format!(
+                    "this client has no local fallback: cannot follow {service:?} ({expect_ids:?}) on connection {connection}"
+                )));
+            }
+            Step::StopServer {} => {
+                return Err(fail("this client has no local fallback: stop_server has nothing to test".into()));
             }
         }
     }

@@ -57,6 +57,19 @@ async fn repeat_is_exact_across_alternating_consumers() {
     assert_eq!(alternating(&server, "rep", "repeat", 6).await, "BBBCCC");
 }
 
+/// The next `n` picked ids the consumers report, waiting at most PATIENCE for each.
+async fn next_ids(picked: &mut tokio::sync::mpsc::UnboundedReceiver<String>, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        let id = tokio::time::timeout(crate::harness::PATIENCE, picked.recv())
+            .await
+            .expect("the consumers keep picking")
+            .expect("a consumer is running");
+        ids.push(id);
+    }
+    ids
+}
+
 #[tokio::test]
 async fn a_stream_closing_mid_rotation_fails_no_pick_and_is_never_picked_again() {
     let server = TestServer::start().await;
@@ -65,26 +78,33 @@ async fn a_stream_closing_mid_rotation_fails_no_pick_and_is_never_picked_again()
     let _c = server.register(vec![instance("mid", "c", 3)]).await;
     let mut watch = server.client().await.watch("mid").await.unwrap();
 
-    // Consumers keep picking while b's stream goes away: none of their picks may fail.
+    // Consumers keep picking while b's stream goes away: none of their picks may fail. Each
+    // answered pick is reported, so b leaves after a known number of picks (b among them),
+    // with the consumers' next picks in flight, and they go on for a known number after.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (picked_tx, mut picked_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let mut consumers = Vec::new();
     for _ in 0..2 {
         let mut client = server.client().await;
         let stop = stop_rx.clone();
+        let picked_tx = picked_tx.clone();
         consumers.push(tokio::spawn(async move {
-            let mut picks = 0usize;
-            while !*stop.borrow() || picks < 10 {
-                client.pick("mid", PickOptions::default()).await.expect("no pick fails while an instance leaves");
-                picks += 1;
+            while !*stop.borrow() {
+                let picked =
+                    client.pick("mid", PickOptions::default()).await.expect("no pick fails while an instance leaves");
+                let _ = picked_tx.send(picked_id(&picked));
             }
-            picks
         }));
     }
+    let before = next_ids(&mut picked_rx, 30).await;
+    assert!(before.iter().any(|id| id == "b"), "b was in the rotation before it left: {before:?}");
     drop(b); // the stream ends without a Withdraw, as when a provider process dies
     wait_until_removed(&mut watch, "b").await;
+    let after = next_ids(&mut picked_rx, 30).await;
+    assert_eq!(after.len(), 30);
     stop_tx.send(true).unwrap();
     for consumer in consumers {
-        assert!(consumer.await.unwrap() >= 10);
+        consumer.await.expect("no consumer failed a pick");
     }
 
     let mut client = server.client().await;

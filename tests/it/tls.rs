@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
@@ -156,19 +156,20 @@ async fn a_replaced_certificate_is_served_to_new_connections() {
     assert_eq!(call(&server, Some(options(&first, None))).await, Ok(()));
     assert!(call(&server, Some(options(&second, None))).await.is_err());
 
-    // A file that is not a certificate is refused, and the certificate in force stays.
+    let mut reloads = server.server.tls_reloads().expect("TLS is on");
+    // A file that is not a certificate is refused (the reloader says so), and the certificate
+    // in force stays.
     dir.write("server.pem", "not a certificate");
-    tokio::time::sleep(rota::tls::POLL_INTERVAL * 2).await;
+    wait_for_reload(&mut reloads, |r| r.refused >= 1).await;
+    assert_eq!(reloads.borrow().applied, 0);
     assert_eq!(call(&server, Some(options(&first, None))).await, Ok(()), "the old certificate stays");
 
     let replacement = second.server();
     dir.write("server.key", &replacement.key);
     dir.write("server.pem", &replacement.cert);
-    let deadline = Instant::now() + rota::tls::POLL_INTERVAL * 5;
-    while call(&server, Some(options(&second, None))).await.is_err() {
-        assert!(Instant::now() < deadline, "the new certificate was not served in time");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The reloader may see the key before the certificate (a refused pair), then both.
+    wait_for_reload(&mut reloads, |r| r.applied >= 1).await;
+    assert_eq!(call(&server, Some(options(&second, None))).await, Ok(()), "the new certificate is served");
     assert!(call(&server, Some(options(&first, None))).await.is_err(), "the old certificate is gone");
 }
 
@@ -183,13 +184,22 @@ async fn a_replaced_client_ca_decides_for_new_connections() {
     assert_eq!(call(&server, Some(options(&server_ca, Some(&old_client)))).await, Ok(()));
     assert!(call(&server, Some(options(&server_ca, Some(&new_client)))).await.is_err());
 
+    let mut reloads = server.server.tls_reloads().expect("TLS is on");
     dir.write("client-ca.pem", &new_clients.pem);
-    let deadline = Instant::now() + rota::tls::POLL_INTERVAL * 5;
-    while call(&server, Some(options(&server_ca, Some(&new_client)))).await.is_err() {
-        assert!(Instant::now() < deadline, "the new client CA was not used in time");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_reload(&mut reloads, |r| r.applied >= 1).await;
+    assert_eq!(call(&server, Some(options(&server_ca, Some(&new_client)))).await, Ok(()), "the new CA decides");
     assert!(call(&server, Some(options(&server_ca, Some(&old_client)))).await.is_err(), "the old CA is gone");
+}
+
+/// Waits (bounded) until the TLS reloader's outcomes satisfy `done`.
+async fn wait_for_reload(
+    reloads: &mut tokio::sync::watch::Receiver<rota::tls::TlsReloads>,
+    done: impl FnMut(&rota::tls::TlsReloads) -> bool,
+) {
+    tokio::time::timeout(crate::harness::PATIENCE, reloads.wait_for(done))
+        .await
+        .expect("the reloader saw the change in time")
+        .expect("the reloader runs");
 }
 
 fn cert_and_key(dir: &TempDir) -> (PathBuf, PathBuf) {

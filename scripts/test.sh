@@ -33,9 +33,17 @@ if [ "$#" -gt 0 ]; then
     esac
   done
 else
-  while IFS= read -r client; do clients+=("$client"); done < <(
-    for dir in clients/*/; do [ -x "$dir/test.sh" ] && basename "$dir"; done
-  )
+  # Every client folder is run; one without an executable test.sh is an error, not a skip
+  # (conformance holds the shared scenarios, not a client).
+  for dir in clients/*/; do
+    client="$(basename "$dir")"
+    [ "$client" = conformance ] && continue
+    if [ ! -x "$dir/test.sh" ]; then
+      echo "clients/$client has no executable test.sh" >&2
+      exit 1
+    fi
+    clients+=("$client")
+  done
 fi
 
 declare -A took
@@ -53,6 +61,7 @@ export ROTA_BIN="$root/target/debug/rota"
 if [ "$run_rust" = 1 ]; then
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
   step rust cargo test --locked
+  step benches cargo bench --locked --no-run
 fi
 for client in "${clients[@]}"; do
   step "$client" "clients/$client/test.sh"

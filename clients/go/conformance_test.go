@@ -84,7 +84,7 @@ func TestConformanceEveryOpIsExercised(t *testing.T) {
 			ops[st.Op] = true
 		}
 	}
-	for _, op := range []string{"register", "withdraw", "pick", "pick_sequence", "list", "update", "report", "lease", "watch", "watch_expect", "follow", "stop_server"} {
+	for _, op := range []string{"register", "withdraw", "pick", "pick_sequence", "list", "update", "report", "lease", "watch", "watch_expect", "follow", "stop_server", "start_server"} {
 		if !ops[op] {
 			t.Errorf("no scenario uses op %q", op)
 		}
@@ -153,6 +153,9 @@ type step struct {
 	ExpectLocal    *bool           `json:"expect_local"`
 	Outcomes       []outcomeJSON   `json:"outcomes"`
 	ExpectIgnored  *uint32         `json:"expect_ignored"`
+
+	// start_server
+	Warmup string `json:"warmup"`
 
 	// pick_sequence, list, follow, watch
 	ExpectIDs *[]string   `json:"expect_ids"`
@@ -316,6 +319,8 @@ func (r *scenarioRun) run() error {
 			err = r.follow(st)
 		case "stop_server":
 			err = r.stopServer()
+		case "start_server":
+			err = r.startServer(st)
 		default:
 			err = fmt.Errorf("unknown op %q", st.Op)
 		}
@@ -783,7 +788,22 @@ func (r *scenarioRun) stopServer() error {
 	if r.srv == nil {
 		return errors.New("stop_server needs the scenario's own server")
 	}
-	return r.srv.kill()
+	if err := r.srv.kill(); err != nil {
+		return err
+	}
+	// The providers are gone with it: nothing may re-announce to a later server.
+	_ = r.owner.Close()
+	r.streams = map[string]*Registration{}
+	return nil
+}
+
+func (r *scenarioRun) startServer(st step) error {
+	if r.srv == nil || st.Warmup == "" {
+		return errors.New("start_server needs the scenario's own server and a warmup")
+	}
+	r.srv = startTestServerOn(r.t, r.srv.addr, "--warmup", st.Warmup)
+	r.owner = dial(r.t, r.srv.addr)
+	return nil
 }
 
 // ids lists the ids of service's cached instances (every status), by id.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
 )
@@ -22,7 +23,9 @@ type fakeRota struct {
 	rotapb.UnimplementedRegistryServer
 
 	pickFunc func(*rotapb.PickRequest) (*rotapb.PickResponse, error)
-	snapshot []*rotapb.Instance
+	// pickTrailer, when set, is sent as the trailer of every Pick (rota's rota-error).
+	pickTrailer metadata.MD
+	snapshot    []*rotapb.Instance
 
 	mu       sync.Mutex
 	picks    []*rotapb.PickRequest
@@ -35,6 +38,9 @@ func (f *fakeRota) Pick(ctx context.Context, req *rotapb.PickRequest) (*rotapb.P
 	f.picks = append(f.picks, req)
 	f.versions = append(f.versions, VersionFrom(ctx))
 	f.mu.Unlock()
+	if f.pickTrailer != nil {
+		_ = grpc.SetTrailer(ctx, f.pickTrailer)
+	}
 	return f.pickFunc(req)
 }
 

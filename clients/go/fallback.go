@@ -155,6 +155,7 @@ func (c *Client) watchOnce(service string) (synced bool, err error) {
 		}
 		if event.GetSnapshot() != nil {
 			synced = true
+			c.outage.answered(c.log) // rota is reachable again
 		}
 		c.cache.apply(service, event)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
@@ -376,5 +377,47 @@ func TestPickOnAHungRotaFallsBackWithoutACallerDeadline(t *testing.T) {
 		// Generous against the 2 s pick deadline, and shorter than the 20 s a fresh
 		// connection used to wait before failing.
 		t.Fatal("Pick without a deadline did not end against a hung rota")
+	}
+}
+
+// TestPickErrorsCarryRotasReason checks Error.Reason and Error.Unreachable, and that only
+// warming_up among rota's own answers falls back.
+func TestPickErrorsCarryRotasReason(t *testing.T) {
+	ctx := testContext(t, 20*time.Second)
+	fake := &fakeRota{
+		pickFunc: func(*rotapb.PickRequest) (*rotapb.PickResponse, error) {
+			return nil, status.Error(codes.NotFound, `service "svc" has never been registered`)
+		},
+		pickTrailer: metadata.Pairs(ErrorReasonKey, "unknown_service"),
+		snapshot:    []*rotapb.Instance{pbInstance("a", "", rotapb.InstanceStatus_UP)},
+	}
+	addr, srv := serveFake(t, fake)
+	c := dial(t, addr, WithFallback("svc"))
+	if err := c.Follow(ctx, "svc"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Pick(ctx, "svc")
+	var rerr *Error
+	if !errors.As(err, &rerr) || rerr.Code != codes.NotFound || rerr.Reason != "unknown_service" || rerr.Unreachable {
+		t.Fatalf("got %#v, want NOT_FOUND with reason unknown_service, not unreachable", err)
+	}
+
+	fake.pickFunc = func(*rotapb.PickRequest) (*rotapb.PickResponse, error) {
+		return nil, status.Error(codes.Unavailable, `rota started less than 15000 ms ago and has not seen service "svc" yet`)
+	}
+	fake.pickTrailer = metadata.Pairs(ErrorReasonKey, "warming_up")
+	p, err := c.Pick(ctx, "svc")
+	if err != nil || !p.LocalFallback || p.Instance.ID != "a" || p.Ticket != 0 {
+		t.Fatalf("warming up: %+v, %v; want a local pick of a with ticket 0", p, err)
+	}
+	_, err = c.Pick(ctx, "unfollowed")
+	if !errors.As(err, &rerr) || rerr.Reason != "warming_up" || rerr.Unreachable {
+		t.Fatalf("warming up, unfollowed: %#v; want reason warming_up, not unreachable", err)
+	}
+
+	srv.Stop()
+	_, err = c.Pick(ctx, "unfollowed")
+	if !errors.As(err, &rerr) || rerr.Reason != "" || !rerr.Unreachable {
+		t.Fatalf("rota stopped: %#v; want unreachable without a reason", err)
 	}
 }

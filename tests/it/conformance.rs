@@ -3,7 +3,8 @@
 //!
 //! The Rust client (`rota::client`) is the thin client behind the CLI: it has no local fallback,
 //! so it cannot run the scenarios that follow a service and stop the server (`follow`,
-//! `stop_server`); those are skipped here by name and run by every client that has one.
+//! `stop_server`, `start_server`); those are skipped here (all named `fallback*`) and run by
+//! every client that has one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -97,6 +98,9 @@ enum Step {
         expect_ids: Vec<String>,
     },
     StopServer {},
+    StartServer {
+        warmup: String,
+    },
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -480,6 +484,11 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
             Step::StopServer {} => {
                 return Err(fail("this client has no local fallback: stop_server has nothing to test".into()));
             }
+            Step::StartServer { warmup } => {
+                return Err(fail(format!(
+                    "this client has no local fallback: start_server (warmup {warmup}) is not run"
+                )));
+            }
         }
     }
     Ok(())
@@ -533,7 +542,10 @@ impl EventJson {
 /// Whether a scenario needs a client with a local fallback (it follows a service or stops the
 /// server).
 fn needs_local_fallback(scenario: &Scenario) -> bool {
-    scenario.steps.iter().any(|step| matches!(step, Step::Follow { .. } | Step::StopServer {}))
+    scenario
+        .steps
+        .iter()
+        .any(|step| matches!(step, Step::Follow { .. } | Step::StopServer {} | Step::StartServer { .. }))
 }
 
 fn parse(file: &std::path::Path) -> Scenario {

@@ -10,7 +10,7 @@ import asyncio
 import json
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +51,10 @@ def needs_own_server(path: Path) -> bool:
     return any(step["op"] == "stop_server" for step in json.loads(path.read_text())["steps"])
 
 
+#: Starts a server: ``(extra args, listen address)``; the conformance tests pass their fixture.
+ServerFactory = Callable[..., RotaServer]
+
+
 class Driver(Protocol):
     async def connect(self, count: int) -> None: ...
     async def register(self, stream: str, instances: list[Instance]) -> Ack: ...
@@ -64,6 +68,7 @@ class Driver(Protocol):
     async def next_event(self, name: str) -> WatchEvent: ...
     async def follow(self, connection: int, service: str, expect_ids: list[str]) -> list[str]: ...
     async def stop_server(self) -> None: ...
+    async def start_server(self, warmup: str) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -242,6 +247,9 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
     elif op == "stop_server":
         _expect_keys(step, {"op"})
         await driver.stop_server()
+    elif op == "start_server":
+        _expect_keys(step, {"op", "warmup"})
+        await driver.start_server(step["warmup"])
     else:
         raise StepFailed(f"unknown op {op!r}")
 
@@ -322,12 +330,14 @@ def _ids(client_cache: Any) -> list[str]:
 class SyncDriver:
     """Drives :class:`rota.RotaClient`; its blocking calls are quick against a local server.
 
-    ``server`` is the scenario's own server, for ``stop_server``.
+    ``server`` is the scenario's own server, for ``stop_server``; ``start`` starts another one
+    (for ``start_server``).
     """
 
-    def __init__(self, address: str, server: RotaServer | None = None) -> None:
+    def __init__(self, address: str, server: RotaServer | None = None, start: ServerFactory | None = None) -> None:
         self.address = address
         self.server = server
+        self.start = start
         self.connections: list[RotaClient] = []
         self.streams: dict[str, Any] = {}
         self.watches: dict[str, queue.Queue[WatchEvent]] = {}
@@ -392,8 +402,19 @@ class SyncDriver:
 
     async def stop_server(self) -> None:
         _check(self.server is not None, "stop_server needs the scenario's own server")
-        assert self.server is not None
+        assert self.server is not None and self.registrar is not None
         self.server.kill()
+        # The providers are gone with it: nothing may re-announce to a later server.
+        self.registrar.close()
+        self.streams.clear()
+
+    async def start_server(self, warmup: str) -> None:
+        _check(self.start is not None, "start_server needs a way to start servers")
+        assert self.start is not None
+        self.server = self.start("--warmup", warmup, "--shutdown-grace", "100ms", listen=self.address)
+        # A connection of its own: the process-wide subchannel to this address may still be
+        # backing off from the stopped server.
+        self.registrar = RotaClient(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
 
     async def close(self) -> None:
         for client in [*self.connections, *([self.registrar] if self.registrar else [])]:
@@ -403,9 +424,10 @@ class SyncDriver:
 class AsyncDriver:
     """Drives :class:`rota.AsyncRotaClient`."""
 
-    def __init__(self, address: str, server: RotaServer | None = None) -> None:
+    def __init__(self, address: str, server: RotaServer | None = None, start: ServerFactory | None = None) -> None:
         self.address = address
         self.server = server
+        self.start = start
         self.connections: list[AsyncRotaClient] = []
         self.streams: dict[str, Any] = {}
         self.watches: dict[str, Any] = {}
@@ -460,8 +482,22 @@ class AsyncDriver:
 
     async def stop_server(self) -> None:
         _check(self.server is not None, "stop_server needs the scenario's own server")
-        assert self.server is not None
+        assert self.server is not None and self.registrar is not None
         await asyncio.to_thread(self.server.kill)
+        # The providers are gone with it: nothing may re-announce to a later server.
+        await self.registrar.close()
+        self.streams.clear()
+
+    async def start_server(self, warmup: str) -> None:
+        _check(self.start is not None, "start_server needs a way to start servers")
+        assert self.start is not None
+        start = self.start
+        self.server = await asyncio.to_thread(
+            lambda: start("--warmup", warmup, "--shutdown-grace", "100ms", listen=self.address)
+        )
+        # A connection of its own: the process-wide subchannel to this address may still be
+        # backing off from the stopped server.
+        self.registrar = AsyncRotaClient(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
 
     async def close(self) -> None:
         for watch in self.watches.values():

@@ -26,7 +26,7 @@ def test_every_op_is_exercised() -> None:
     ops = {step["op"] for path in SCENARIO_FILES for step in json.loads(path.read_text())["steps"]}
     assert ops == {
         "register", "withdraw", "pick", "pick_sequence", "list", "update", "report",
-        "lease", "watch", "watch_expect", "follow", "stop_server",
+        "lease", "watch", "watch_expect", "follow", "stop_server", "start_server",
     }  # fmt: skip
 
 
@@ -36,7 +36,7 @@ async def test_sync_client(
 ) -> None:
     if needs_own_server(path):
         server = private_server()
-        await run_scenario(path, SyncDriver(server.address, server))
+        await run_scenario(path, SyncDriver(server.address, server, private_server))
     else:
         await run_scenario(path, SyncDriver(rota_server.address))
 
@@ -47,7 +47,7 @@ async def test_async_client(
 ) -> None:
     if needs_own_server(path):
         server = private_server()
-        await run_scenario(path, AsyncDriver(server.address, server))
+        await run_scenario(path, AsyncDriver(server.address, server, private_server))
     else:
         await run_scenario(path, AsyncDriver(rota_server_async.address))
 

@@ -249,6 +249,8 @@ class AsyncRotaClient:
                     event = convert.watch_event(message)
                     if event is not None:
                         cache.apply(event)
+                        if event.kind == "snapshot":
+                            self._outage.answered()  # rota is reachable again
             except grpc.RpcError as rpc_error:
                 error = RotaError.from_rpc_error(rpc_error)
                 if error.code is grpc.StatusCode.INVALID_ARGUMENT:

@@ -268,7 +268,7 @@ class RotaClient:
                 raise RuntimeError("the client is closed")
             watcher = self._watchers.get(service)
             if watcher is None:
-                watcher = self._watchers[service] = _Watcher(self._registry, service)
+                watcher = self._watchers[service] = _Watcher(self._registry, service, self._outage)
                 watcher.start()
         return watcher.cache
 
@@ -611,9 +611,10 @@ class Registration:
 class _Watcher(threading.Thread):
     """Keeps one service's :class:`InstanceCache` in step with rota through ``Watch``."""
 
-    def __init__(self, stub: pb_grpc.RegistryStub, service: str) -> None:
+    def __init__(self, stub: pb_grpc.RegistryStub, service: str, outage: OutageState) -> None:
         super().__init__(name=f"rota-watch-{service}", daemon=True)
         self._stub = stub
+        self._outage = outage
         self.cache = InstanceCache(service)
         self._stopping = threading.Event()
         self._call: Any = None
@@ -632,6 +633,8 @@ class _Watcher(threading.Thread):
                     event = convert.watch_event(message)
                     if event is not None:
                         self.cache.apply(event)
+                        if event.kind == "snapshot":
+                            self._outage.answered()  # rota is reachable again
             except grpc.RpcError as rpc_error:
                 if self._stopping.is_set():
                     return

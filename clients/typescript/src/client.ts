@@ -278,7 +278,10 @@ export class RotaClient implements AsyncDisposable {
     return pickResultFromMessage(response);
   }
 
-  /** rota answered a pick (with an instance or a refusal of its own): an outage is over. */
+  /**
+   * rota answered a pick (with an instance or a refusal of its own) or sent a watch snapshot:
+   * an outage is over, and the next pick asks rota.
+   */
   #rotaAnswered(): void {
     this.#unreachableStreak = 0;
     this.#shortCutUntil = 0;
@@ -390,7 +393,9 @@ export class RotaClient implements AsyncDisposable {
   #watcher(service: string): ServiceWatcher {
     let watcher = this.#watchers.get(service);
     if (watcher === undefined) {
-      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff);
+      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff, () =>
+        this.#rotaAnswered(),
+      );
       this.#watchers.set(service, watcher);
       watcher.start();
     }

@@ -38,6 +38,8 @@ export class ServiceWatcher {
   readonly #cache: InstanceCache;
   readonly #logger: Logger;
   readonly #backoff: Backoff;
+  /** Called on every snapshot: rota answered, so it is reachable again. */
+  readonly #onSnapshot: () => void;
   #markReady!: () => void;
   #call: ClientReadableStream<WatchEvent__Output> | undefined;
   #retry: NodeJS.Timeout | undefined;
@@ -51,8 +53,10 @@ export class ServiceWatcher {
     cache: InstanceCache,
     logger: Logger,
     backoff?: BackoffOptions,
+    onSnapshot: () => void = () => {},
   ) {
     this.service = service;
+    this.#onSnapshot = onSnapshot;
     this.#registry = registry;
     this.#cache = cache;
     this.#logger = logger;
@@ -108,6 +112,7 @@ export class ServiceWatcher {
     const event = watchEventFromMessage(message);
     switch (event?.type) {
       case 'snapshot':
+        this.#onSnapshot();
         if (event.instances.length === 0 && event.epoch === 0n && this.#cache.instances(this.service).length > 0) {
           // A restarted rota whose providers have not registered again: keep what the local
           // fallback picks from.

@@ -92,7 +92,8 @@ type Step =
   | { op: 'watch'; watch: string; connection?: number; service: string }
   | { op: 'watch_expect'; watch: string; events: EventJson[] }
   | { op: 'follow'; connection?: number; service: string; expect_ids: string[] }
-  | { op: 'stop_server' };
+  | { op: 'stop_server' }
+  | { op: 'start_server'; warmup: string };
 
 interface Scenario {
   name: string;
@@ -127,6 +128,7 @@ const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   watch_expect: new Set(['op', 'watch', 'events']),
   follow: new Set(['op', 'connection', 'service', 'expect_ids']),
   stop_server: new Set(['op']),
+  start_server: new Set(['op', 'warmup']),
 };
 const REQUEST_KEYS = new Set(['service', 'rule', 'version', 'key', 'zone', 'exclude']);
 const LEASE_REQUEST_KEYS = new Set(['service', 'rule', 'version', 'count']);
@@ -167,7 +169,7 @@ function checkStep(step: Step): void {
   each('events', 'event', EVENT_KEYS);
 }
 
-/** Whether a scenario stops its server, so that it needs a server of its own. */
+/** Whether a scenario stops (and starts) its server, so that it needs a server of its own. */
 function stopsTheServer(scenario: Scenario): boolean {
   return scenario.steps.some((step) => step.op === 'stop_server');
 }
@@ -261,18 +263,24 @@ function byServiceThenId(a: { service: string; id: string }, b: { service: strin
 }
 
 class ScenarioRun {
-  readonly #server: RotaServer;
+  #server: RotaServer;
+  /** The servers this run started (start_server), stopped with it. */
+  readonly #started: RotaServer[] = [];
   readonly #connections: RotaClient[];
-  readonly #provider: RotaClient;
+  /** Registers for the register steps; undefined after stop_server until the next one needs it. */
+  #provider: RotaClient | undefined;
   readonly #streams = new Map<string, Registration>();
   readonly #watches = new Map<string, WatchQueue>();
   readonly #leases: BalancerClient[] = [];
 
   constructor(server: RotaServer, connections: number) {
     this.#server = server;
-    const open = () => new RotaClient(server.target, { channelOptions: OWN_CONNECTION, logger: silentLogger, pickTimeoutMs: 10_000 });
-    this.#connections = Array.from({ length: connections }, open);
-    this.#provider = open();
+    this.#connections = Array.from({ length: connections }, () => this.#open());
+    this.#provider = this.#open();
+  }
+
+  #open(): RotaClient {
+    return new RotaClient(this.#server.target, { channelOptions: OWN_CONNECTION, logger: silentLogger, pickTimeoutMs: 10_000 });
   }
 
   async run(steps: readonly Step[]): Promise<void> {
@@ -293,7 +301,8 @@ class ScenarioRun {
       lease.close();
     }
     await Promise.allSettled([...this.#streams.values()].map((registration) => registration.close()));
-    await Promise.allSettled([...this.#connections, this.#provider].map((client) => client.close()));
+    await Promise.allSettled([...this.#connections, this.#provider].map((client) => client?.close()));
+    await Promise.allSettled(this.#started.map((server) => server.kill()));
   }
 
   #connection(index: number | undefined): RotaClient {
@@ -317,6 +326,7 @@ class ScenarioRun {
           ack = await open.announce(step.instances);
         } else {
           // Refusals are part of what a step checks, so they must not reject here.
+          this.#provider ??= this.#open();
           const registration = await this.#provider.register(step.instances, { allowPartial: true });
           this.#streams.set(step.stream, registration);
           ack = registration.ack;
@@ -456,8 +466,18 @@ class ScenarioRun {
         });
         return;
       }
-      case 'stop_server':
+      case 'stop_server': {
         await this.#server.kill('SIGKILL');
+        // The providers are gone with it: nothing re-announces to a later server.
+        await Promise.allSettled([...this.#streams.values()].map((registration) => registration.close()));
+        this.#streams.clear();
+        await this.#provider?.close();
+        this.#provider = undefined;
+        return;
+      }
+      case 'start_server':
+        this.#server = await RotaServer.start({ listen: this.#server.target, args: ['--warmup', step.warmup] });
+        this.#started.push(this.#server);
         return;
       default:
         throw new Error(`unknown op ${JSON.stringify((step as { op: unknown }).op)}`);
@@ -469,7 +489,9 @@ class ScenarioRun {
       await assert.rejects(pick(client, request), (error: unknown) => {
         assert.ok(error instanceof RotaError, `expected a RotaError, got ${String(error)}`);
         assert.equal(error.codeName, expect.error, `status code (${error.details})`);
-        assert.equal(error.unreachable, expect.unreachable ?? false, `unreachable (reason ${JSON.stringify(error.reason)})`);
+        if (expect.unreachable !== undefined) {
+          assert.equal(error.unreachable, expect.unreachable, `unreachable (reason ${JSON.stringify(error.reason)})`);
+        }
         if (expect.message_contains !== undefined) {
           assert.ok(
             error.details.includes(expect.message_contains),

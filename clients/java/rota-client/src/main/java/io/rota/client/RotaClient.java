@@ -66,7 +66,7 @@ import io.rota.v1.ReportResponse;
  * The first local pick of an outage is logged at WARNING, the recovery at INFO. After
  * {@value #UNREACHABLE_STREAK} unreachable picks in a row, picks go straight to the fallback for
  * {@link #SHORT_CUT} ({@link Builder#shortCut}) before rota is asked again, so a hung rota does
- * not cost a deadline per pick.
+ * not cost a deadline per pick; an answer of rota's, or a watch snapshot, ends that at once.
  *
  * <p><b>Connection.</b> Every pick is bounded by the pick timeout (2 s by default); the channel
  * the client makes sends HTTP/2 keepalive pings ({@link #KEEPALIVE_TIME}, answered within
@@ -239,7 +239,10 @@ public final class RotaClient implements AutoCloseable {
         return Wire.pick(response);
     }
 
-    /** rota answered a pick (with an instance or a refusal of its own): the outage, if any, is over. */
+    /**
+     * rota answered a pick (with an instance or a refusal of its own) or sent a watch snapshot:
+     * the outage, if any, is over, and the next pick asks rota.
+     */
     private void rotaAnswered() {
         boolean recovered;
         synchronized (health) {
@@ -326,7 +329,7 @@ public final class RotaClient implements AutoCloseable {
         checkOpen();
         watchers.computeIfAbsent(service, name -> {
             ServiceWatcher watcher = new ServiceWatcher(name, registryAsync, scheduler, backoff,
-                    this::resetConnectBackoff);
+                    this::resetConnectBackoff, this::rotaAnswered);
             watcher.start();
             return watcher;
         });

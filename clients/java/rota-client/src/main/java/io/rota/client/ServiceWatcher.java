@@ -41,6 +41,7 @@ final class ServiceWatcher {
     private final ScheduledExecutorService scheduler;
     private final Backoff backoff;
     private final Runnable beforeReconnect;
+    private final Runnable onSnapshot;
 
     private final Object lock = new Object();
     private final TreeMap<String, Instance> instances = new TreeMap<>();
@@ -54,12 +55,13 @@ final class ServiceWatcher {
     private long openedAt;
 
     ServiceWatcher(String service, RegistryGrpc.RegistryStub stub, ScheduledExecutorService scheduler, Backoff backoff,
-            Runnable beforeReconnect) {
+            Runnable beforeReconnect, Runnable onSnapshot) {
         this.service = service;
         this.stub = stub;
         this.scheduler = scheduler;
         this.backoff = backoff;
         this.beforeReconnect = beforeReconnect;
+        this.onSnapshot = onSnapshot;
     }
 
     String service() {
@@ -169,6 +171,10 @@ final class ServiceWatcher {
         @Override
         public void onNext(WatchEvent event) {
             apply(event);
+            if (event.hasSnapshot()) {
+                // A snapshot is rota answering: it is reachable again.
+                onSnapshot.run();
+            }
         }
 
         @Override

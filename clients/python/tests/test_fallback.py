@@ -383,3 +383,60 @@ def test_fallback_is_logged_once_per_outage_and_once_on_recovery(caplog: pytest.
         "rota unreachable (UNAVAILABLE: failed to connect to all addresses; Connection refused); "
         "picking svc and other followed services locally from the last lists seen",
     ]
+
+
+# -- reconnecting the watch --------------------------------------------------------------------
+
+
+class RecordingBackoff:
+    """Stops the watcher after ``rounds`` reconnections; records resets."""
+
+    def __init__(self, watcher: Any, rounds: int) -> None:
+        self.watcher, self.rounds, self.resets, self.delays = watcher, rounds, 0, 0
+
+    def next_delay(self) -> float:
+        self.delays += 1
+        if self.delays >= self.rounds:
+            self.watcher._stopping.set()
+        return 0.0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+class SnapshotThenClose:
+    """A Watch stub whose every stream sends a snapshot and ends at once, as a draining rota
+    did; ``lived`` is how long each stream appears to last on the watcher's clock."""
+
+    def __init__(self, clock: FakeClock, lived: float) -> None:
+        self.clock, self.lived = clock, lived
+
+    def Watch(self, request: Any) -> Any:
+        from rota._convert import pb
+
+        clock, lived = self.clock, self.lived
+
+        class Call:
+            def __iter__(self) -> Any:
+                yield pb.WatchEvent(snapshot=pb.InstanceList(instances=[]), epoch=1)
+                clock.now += lived
+                raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "rota is shutting down")
+
+            def cancel(self) -> None:
+                pass
+
+        return Call()
+
+
+@pytest.mark.parametrize(("lived", "resets"), [(0.5, 0), (5.0, 5)], ids=["short-lived", "stable"])
+def test_the_watch_backoff_resets_only_after_a_stream_lived_five_seconds(lived: float, resets: int) -> None:
+    import rota.client as client_module
+
+    clock = FakeClock()
+    watcher = client_module._Watcher(SnapshotThenClose(clock, lived), SERVICE, OutageState(clock))  # type: ignore[arg-type]
+    watcher._clock = clock
+    backoff = RecordingBackoff(watcher, rounds=5)
+    watcher._backoff = backoff  # type: ignore[assignment]
+    watcher.run()  # in this thread: returns once the backoff has stopped it
+    assert backoff.delays == 5
+    assert backoff.resets == resets

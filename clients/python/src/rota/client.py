@@ -615,6 +615,7 @@ class _Watcher(threading.Thread):
         super().__init__(name=f"rota-watch-{service}", daemon=True)
         self._stub = stub
         self._outage = outage
+        self._clock = time.monotonic
         self.cache = InstanceCache(service)
         self._stopping = threading.Event()
         self._call: Any = None
@@ -627,7 +628,7 @@ class _Watcher(threading.Thread):
                 if self._stopping.is_set():
                     return
                 self._call = call = self._stub.Watch(pb.WatchRequest(service=self.cache.service))
-            opened = time.monotonic()
+            opened = self._clock()
             try:
                 for message in call:
                     event = convert.watch_event(message)
@@ -644,7 +645,7 @@ class _Watcher(threading.Thread):
                     return
                 log.info("watch of %r interrupted (%s); keeping the last list", self.cache.service, error)
             finally:
-                if time.monotonic() - opened >= STABLE_STREAM_SECONDS:
+                if self._clock() - opened >= STABLE_STREAM_SECONDS:
                     self._backoff.reset()
             self._stopping.wait(self._backoff.next_delay())
 

@@ -27,15 +27,21 @@ args=(-B -q -ntp -Dstyle.color=never "-Drota.bin=${ROTA_BIN}")
 status=0
 mvn "${args[@]}" clean install || status=$?
 
-# Maven is quiet on success: sum the Surefire reports into one closing line.
-tests=0 failed=0 skipped=0
-for report in */target/surefire-reports/TEST-*.xml; do
-  [[ -e "$report" ]] || continue
-  suite="$(grep -o '<testsuite [^>]*>' "$report" | head -n 1)"
-  count() { sed -nE "s/.* $1=\"([0-9]+)\".*/\1/p" <<<"$suite"; }
-  tests=$((tests + $(count tests)))
-  failed=$((failed + $(count failures) + $(count errors)))
-  skipped=$((skipped + $(count skipped)))
+# Maven is quiet on success: sum the Surefire reports into one closing line. Each module with
+# tests must have run some: one module losing all its tests must not hide behind the other's.
+count() { sed -nE "s/.* $1=\"([0-9]+)\".*/\1/p" <<<"$suite"; }
+tests=0 failed=0 skipped=0 empty=()
+for module in rota-client rota-spring-cloud; do
+  ran=0
+  for report in "$module"/target/surefire-reports/TEST-*.xml; do
+    [[ -e "$report" ]] || continue
+    suite="$(grep -o '<testsuite [^>]*>' "$report" | head -n 1)"
+    ran=$((ran + $(count tests)))
+    failed=$((failed + $(count failures) + $(count errors)))
+    skipped=$((skipped + $(count skipped)))
+  done
+  tests=$((tests + ran))
+  [[ $ran -gt 0 ]] || empty+=("$module")
 done
 echo
 echo "java: $((tests - failed - skipped)) passed, ${failed} failed, ${skipped} skipped"
@@ -44,8 +50,8 @@ if [[ $status -ne 0 ]]; then
   echo "test.sh: mvn install failed (exit $status); reports in $here/*/target/surefire-reports" >&2
   exit "$status"
 fi
-if [[ $tests -eq 0 ]]; then
-  echo "test.sh: no test ran" >&2
+if [[ ${#empty[@]} -gt 0 ]]; then
+  echo "test.sh: no test ran in ${empty[*]}" >&2
   exit 1
 fi
 

@@ -21,4 +21,16 @@ fi
 # (sources and tests into build/); the package build (dist/) runs once, in the `npm pack` of
 # test/install.test.ts, which installs the tarball into a fresh project outside the repository.
 npm ci --ignore-scripts --no-audit --no-fund
-npm test
+
+# pretest empties build/ first, so compiled copies of deleted tests cannot run. A run in which
+# no test ran (a glob that matched nothing, a suite that registered no test) fails.
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+npm test 2>&1 | tee "$log" || status=$?
+[[ $status -eq 0 ]] || exit "$status"
+ran="$(sed -nE 's/^ℹ tests ([0-9]+)$/\1/p' "$log" | tail -n 1)"
+if [[ -z "$ran" || "$ran" -eq 0 ]]; then
+  echo "test.sh: no test ran" >&2
+  exit 1
+fi

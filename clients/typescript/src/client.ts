@@ -12,7 +12,7 @@ import {
 } from '@grpc/grpc-js';
 
 import type { BackoffOptions } from './backoff.js';
-import { RotaError, asRotaError, isUnreachable } from './errors.js';
+import { NO_ELIGIBLE_INSTANCE, RotaError, asRotaError, isUnreachable } from './errors.js';
 import { InstanceCache } from './fallback.js';
 import type { BalancerClient } from './generated/rota/v1/Balancer.js';
 import type { ListInstancesResponse__Output } from './generated/rota/v1/ListInstancesResponse.js';
@@ -50,8 +50,15 @@ export interface RotaClientOptions {
   credentials?: ChannelCredentials;
   /** grpc-js channel options, e.g. `{ 'grpc.use_local_subchannel_pool': 1 }` for a connection of its own. */
   channelOptions?: ChannelOptions;
-  /** Deadline of a pick. Default 2 000 ms. */
+  /** Deadline of a pick; past it the pick counts as rota being unreachable. Default 2 000 ms. */
   pickTimeoutMs?: number;
+  /**
+   * How long picks go straight to the local fallback after `UNREACHABLE_STREAK` (3) unreachable
+   * picks in a row, before rota is asked again. Default 1 000 ms.
+   */
+  shortCutMs?: number;
+  /** How long `follow()` waits for the first instance list by default. Default 5 000 ms. */
+  followTimeoutMs?: number;
   /** Deadline of the other unary calls (report, listings). Default 5 000 ms. */
   timeoutMs?: number;
   /** Services to follow from the start (see `follow()`). */
@@ -77,11 +84,18 @@ export interface TimedOptions {
 /**
  * grpc-js reconnects a lost connection on its own schedule (1 s, growing to 120 s) and fails
  * calls at once meanwhile; this brings it in line with the client's own reconnection backoff.
+ * HTTP/2 keepalive pings (after 20 s without traffic while a call such as a watch is open,
+ * answered within 5 s) notice a rota that stopped answering without closing the connection.
  */
 const CHANNEL_DEFAULTS: ChannelOptions = {
   'grpc.initial_reconnect_backoff_ms': 100,
   'grpc.max_reconnect_backoff_ms': 10_000,
+  'grpc.keepalive_time_ms': 20_000,
+  'grpc.keepalive_timeout_ms': 5_000,
 };
+
+/** Unreachable picks in a row after which picks short-cut to the local fallback. */
+export const UNREACHABLE_STREAK = 3;
 
 type Callback<T> = (error: ServiceError | null, value?: T) => void;
 
@@ -147,6 +161,8 @@ export class RotaClient implements AsyncDisposable {
   readonly #balancer: BalancerClient;
   readonly #registry: RegistryClient;
   readonly #pickTimeoutMs: number;
+  readonly #shortCutMs: number;
+  readonly #followTimeoutMs: number;
   readonly #timeoutMs: number;
   readonly #logger: Logger;
   readonly #backoff: BackoffOptions | undefined;
@@ -155,6 +171,12 @@ export class RotaClient implements AsyncDisposable {
   readonly #watchers = new Map<string, ServiceWatcher>();
   readonly #registrations = new Set<Registration>();
   #closing: Promise<void> | undefined;
+  /** Unreachable picks in a row. */
+  #unreachableStreak = 0;
+  /** `Date.now()` until which picks short-cut to the local fallback; 0 when they do not. */
+  #shortCutUntil = 0;
+  /** Whether the current outage was logged (at its first local pick). */
+  #outageLogged = false;
 
   constructor(target: string, options: RotaClientOptions = {}) {
     this.target = normalizeTarget(target);
@@ -164,12 +186,14 @@ export class RotaClient implements AsyncDisposable {
     this.#balancer = new rota.Balancer(this.target, credentials, { channelOverride: this.#channel });
     this.#registry = new rota.Registry(this.target, credentials, { channelOverride: this.#channel });
     this.#pickTimeoutMs = options.pickTimeoutMs ?? 2_000;
+    this.#shortCutMs = options.shortCutMs ?? 1_000;
+    this.#followTimeoutMs = options.followTimeoutMs ?? 5_000;
     this.#timeoutMs = options.timeoutMs ?? 5_000;
     this.#logger = options.logger ?? consoleLogger;
     this.#backoff = options.backoff;
     this.#registrationDefaults = { ...options.registration };
     for (const service of options.follow ?? []) {
-      void this.follow(service);
+      this.#watcher(service);
     }
   }
 
@@ -208,32 +232,89 @@ export class RotaClient implements AsyncDisposable {
    * Picks one instance of `service`. Without `options.version`, the current version of the async
    * context applies (see `withVersion`).
    *
-   * When rota cannot be reached (transport failure or deadline) and the service is followed,
-   * the instance is picked locally, round robin over the last list seen, and the result has
-   * `localFallback: true`. Any answer of rota, `UNAVAILABLE` included, is final.
+   * When rota's answer cannot be had (transport failure, deadline, or rota `warming_up` after a
+   * restart) and the service is followed, the instance is picked locally as rota would by round
+   * robin over the last list seen (version isolation, then exclusions; tickets 0, 1, 2, ... per
+   * service and version subset) and the result has `localFallback: true`; nothing eligible
+   * rejects with `UNAVAILABLE` (reason `no_eligible_instance`). Any other answer of rota,
+   * `UNAVAILABLE` included, is final. After `UNREACHABLE_STREAK` unreachable picks in a row,
+   * picks go straight to the fallback for `shortCutMs` before rota is asked again. The first
+   * local pick of an outage is logged, and the recovery; nothing per pick.
    */
   async pick(service: string, options: PickOptions = {}): Promise<PickResult> {
     const request = pickRequest(service, options);
+    if (this.#shortCutUntil !== 0) {
+      if (Date.now() < this.#shortCutUntil) {
+        return this.#pickLocally(
+          request,
+          new RotaError(
+            status.UNAVAILABLE,
+            `rota unreachable (${UNREACHABLE_STREAK} picks in a row failed); not asked again for ${this.#shortCutMs} ms`,
+            { unreachable: true },
+          ),
+        );
+      }
+      this.#shortCutUntil = 0;
+    }
+    let response: PickResponse__Output;
     try {
-      const response = await this.#unary<PickResponse__Output>(
+      response = await this.#unary<PickResponse__Output>(
         (metadata, callOptions, callback) => this.#balancer.Pick(request, metadata, callOptions, callback),
         options.timeoutMs ?? this.#pickTimeoutMs,
       );
-      return pickResultFromMessage(response);
     } catch (error) {
       const failure = asRotaError(error);
-      if (failure.unreachable) {
-        const local = this.#cache.pick(service, { version: request.version, exclude: request.exclude });
-        if (local !== undefined) {
-          this.#logger.warn(
-            `rota: unreachable (${failure.message}); picked ${service}/${local.instance.id} ` +
-              `(${local.instance.host}:${local.instance.port}) locally from the cached instance list`,
-          );
-          return { ...local, rule: 'round_robin', localFallback: true };
-        }
+      if (!failure.unreachable) {
+        this.#rotaAnswered();
+        throw failure;
       }
+      this.#unreachableStreak += 1;
+      if (this.#unreachableStreak >= UNREACHABLE_STREAK) {
+        this.#shortCutUntil = Date.now() + this.#shortCutMs;
+      }
+      return this.#pickLocally(request, failure);
+    }
+    this.#rotaAnswered();
+    return pickResultFromMessage(response);
+  }
+
+  /**
+   * rota answered a pick (with an instance or a refusal of its own) or sent a watch snapshot:
+   * an outage is over, and the next pick asks rota.
+   */
+  #rotaAnswered(): void {
+    this.#unreachableStreak = 0;
+    this.#shortCutUntil = 0;
+    if (this.#outageLogged) {
+      this.#outageLogged = false;
+      this.#logger.warn('rota: reachable again; picks come from rota');
+    }
+  }
+
+  /** Picks from the cached list, or throws `failure` when the service was never seen. */
+  #pickLocally(request: PickRequest__Output, failure: RotaError): PickResult {
+    const service = request.service;
+    if (!this.#cache.has(service)) {
       throw failure;
     }
+    const local = this.#cache.pick(service, { version: request.version, exclude: request.exclude });
+    if (local === undefined) {
+      const version = request.version === '' ? ' without a version' : ` with version ${JSON.stringify(request.version)} nor without a version`;
+      const excluded = request.exclude.length > 0 ? ' that is not excluded' : '';
+      throw new RotaError(
+        status.UNAVAILABLE,
+        `service ${JSON.stringify(service)} has no UP instance${version}${excluded} (picked locally: rota is unreachable)`,
+        { reason: NO_ELIGIBLE_INSTANCE },
+      );
+    }
+    if (!this.#outageLogged) {
+      this.#outageLogged = true;
+      this.#logger.warn(
+        `rota: unreachable (${failure.message}); picking locally from the cached instance lists until it answers ` +
+          `again (first: ${service}/${local.instance.id} at ${local.instance.host}:${local.instance.port})`,
+      );
+    }
+    return { ...local, rule: 'round_robin', localFallback: true };
   }
 
   /** Reports outcomes of calls made to picked instances (at most 1000 per call). */
@@ -281,19 +362,44 @@ export class RotaClient implements AsyncDisposable {
   /**
    * Follows `service`: a background watch keeps its instance list, which `pick` falls back on
    * when rota cannot be reached. Resolves once the first list has arrived (or the client is
-   * closed); the watch reconnects by itself.
+   * closed); rejects with `UNAVAILABLE` (`unreachable`) when it has not arrived within
+   * `timeoutMs` (default `followTimeoutMs`, 5 s), e.g. while rota is down. The watch goes on
+   * either way and reconnects by itself.
    */
-  follow(service: string): Promise<void> {
+  follow(service: string, options: { timeoutMs?: number } = {}): Promise<void> {
     if (this.#closing !== undefined) {
       return Promise.resolve();
     }
+    const watcher = this.#watcher(service);
+    const timeoutMs = options.timeoutMs ?? this.#followTimeoutMs;
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        reject(
+          new RotaError(
+            status.UNAVAILABLE,
+            `no instance list of "${service}" from rota at ${this.target} within ${timeoutMs} ms; still watching`,
+            { unreachable: true },
+          ),
+        );
+      }, timeoutMs);
+      void watcher.ready.then(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  /** The watcher of `service`, started if it was not. */
+  #watcher(service: string): ServiceWatcher {
     let watcher = this.#watchers.get(service);
     if (watcher === undefined) {
-      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff);
+      watcher = new ServiceWatcher(service, this.#registry, this.#cache, this.#logger, this.#backoff, () =>
+        this.#rotaAnswered(),
+      );
       this.#watchers.set(service, watcher);
       watcher.start();
     }
-    return watcher.ready;
+    return watcher;
   }
 
   /** Stops following `service` and forgets its cached list. */

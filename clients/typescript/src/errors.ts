@@ -9,29 +9,46 @@ export function codeName(code: status): string {
   return status[code] ?? `CODE_${code}`;
 }
 
+/** The trailer in which rota names why it refused a pick. */
+export const REASON_KEY = 'rota-error';
+/** The `reason` of a rota that started recently and has not seen the service yet. */
+export const WARMING_UP = 'warming_up';
+/** The `reason` of a pick with nothing eligible (also of a local pick). */
+export const NO_ELIGIBLE_INSTANCE = 'no_eligible_instance';
+
+/** The `rota-error` trailer of a failed call, `''` when there is none. */
+export function errorReason(metadata: Metadata | undefined): string {
+  const value = metadata?.get(REASON_KEY)[0];
+  return typeof value === 'string' ? value : value === undefined ? '' : value.toString();
+}
+
 /**
  * A failed rota call: the gRPC status code and the server's message (`details`).
  *
- * `unreachable` tells a transport failure or an expired deadline (rota was not reached or did
- * not answer in time) from an answer of rota's (for example `UNAVAILABLE` because no instance
- * is eligible).
+ * `reason` is rota's stable token for a pick it refused (the `rota-error` trailer:
+ * `no_eligible_instance`, `unknown_service`, `warming_up`, ...), empty when the failure did not
+ * come from rota. `unreachable` tells a transport failure, an expired deadline or a rota still
+ * warming up after a restart (rota's answer cannot be had now) from an answer of rota's (for
+ * example `UNAVAILABLE` because no instance is eligible).
  */
 export class RotaError extends Error {
   override readonly name: string = 'RotaError';
   readonly code: status;
   readonly details: string;
   readonly metadata: Metadata;
+  readonly reason: string;
   readonly unreachable: boolean;
 
   constructor(
     code: status,
     details: string,
-    options: { metadata?: Metadata; unreachable?: boolean; cause?: unknown } = {},
+    options: { metadata?: Metadata; reason?: string; unreachable?: boolean; cause?: unknown } = {},
   ) {
     super(`${codeName(code)}: ${details}`, options.cause === undefined ? undefined : { cause: options.cause });
     this.code = code;
     this.details = details;
     this.metadata = options.metadata ?? new Metadata();
+    this.reason = options.reason ?? errorReason(this.metadata);
     this.unreachable = options.unreachable ?? false;
   }
 
@@ -51,15 +68,20 @@ export class RotaError extends Error {
 }
 
 /**
- * True when a call failed without an answer from rota: grpc-js made up the status itself
- * (connection refused or dropped, deadline expired). An answer of the server always carries
- * its response headers (`content-type`), which grpc-js hands over with the status.
+ * True when rota's answer cannot be had: grpc-js made up the status itself (connection refused
+ * or dropped, deadline expired; an answer of the server always carries its response headers,
+ * `content-type`, which grpc-js hands over with the status), or rota answered that it is
+ * still warming up after a restart (`rota-error: warming_up`).
  */
 export function isUnreachable(error: Pick<ServiceError, 'code' | 'metadata'>): boolean {
+  const reason = errorReason(error.metadata);
+  if (reason === WARMING_UP) {
+    return true;
+  }
   if (error.code !== status.UNAVAILABLE && error.code !== status.DEADLINE_EXCEEDED) {
     return false;
   }
-  return (error.metadata?.get('content-type').length ?? 0) === 0;
+  return reason === '' && (error.metadata?.get('content-type').length ?? 0) === 0;
 }
 
 /** `register()` was refused for some of its instances (see `refused`); nothing stays registered. */

@@ -69,9 +69,13 @@ export class InstanceCache {
   }
 
   /**
-   * Round robin over the cached `UP` instances, with rota's version isolation: a version V
-   * gets the instances of version V, or when there are none the instances with no version;
-   * no version gets the instances with no version. `undefined` when nothing is eligible.
+   * Round robin as the conformance README's local fallback contract says: version isolation
+   * first (a version V gets the `UP` instances of version V, or when there are none the `UP`
+   * instances with no version; no version gets the `UP` instances with no version); ticket `t`
+   * (0, 1, 2, ... per service and subset) takes position `t mod n` of that subset, by id, and an
+   * excluded instance there passes the pick on to the next one, in order. Exclusion never sends
+   * a versioned pick to the unversioned instances. `undefined` when the subset is empty or all
+   * excluded (or the service is not cached; see `has`).
    */
   pick(service: string, options: { version?: string; exclude?: readonly string[] } = {}): LocalPick | undefined {
     const cached = this.#services.get(service);
@@ -79,8 +83,7 @@ export class InstanceCache {
       return undefined;
     }
     const version = options.version ?? '';
-    const excluded = new Set(options.exclude ?? []);
-    const up = sortedById([...cached.instances.values()]).filter((i) => i.status === 'UP' && !excluded.has(i.id));
+    const up = sortedById([...cached.instances.values()]).filter((i) => i.status === 'UP');
     let subset = up.filter((i) => i.version === version);
     let subsetVersion = version;
     let fallback = '';
@@ -89,13 +92,18 @@ export class InstanceCache {
       subsetVersion = '';
       fallback = `no instance with version ${JSON.stringify(version)}; picked from instances with no version`;
     }
-    if (subset.length === 0) {
+    const excluded = new Set(options.exclude ?? []);
+    if (subset.every((i) => excluded.has(i.id))) {
       return undefined;
     }
     const key = `${service}\0${subsetVersion}`;
     const ticket = this.#counters.get(key) ?? 0n;
     this.#counters.set(key, ticket + 1n);
-    const instance = subset[Number(ticket % BigInt(subset.length))] as Instance;
+    const start = Number(ticket % BigInt(subset.length));
+    let instance = subset[start] as Instance;
+    for (let step = 1; excluded.has(instance.id); step += 1) {
+      instance = subset[(start + step) % subset.length] as Instance;
+    }
     return { instance, ticket, fallback, epoch: cached.epoch };
   }
 

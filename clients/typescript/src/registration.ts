@@ -61,6 +61,8 @@ interface InFlight {
 const RETRYABLE_REFUSALS: ReadonlySet<status> = new Set([status.ALREADY_EXISTS, status.UNAVAILABLE]);
 
 const MIN_HEARTBEAT_TIMEOUT_MS = 300;
+/** How long a stream must have lived for its loss to start the reconnection backoff over. */
+const STABLE_STREAM_MS = 5_000;
 const HEARTBEATS_PER_TIMEOUT = 3;
 
 function key(ref: InstanceRef): string {
@@ -97,6 +99,10 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   #reconnecting: Promise<Ack> | undefined;
   #firstAck: Ack | undefined;
   #lastAck: Ack | undefined;
+  /** Failed reconnection attempts since the stream was lost (the first one is logged). */
+  #failedAttempts = 0;
+  /** `Date.now()` when the live stream was announced. */
+  #liveSince = 0;
 
   private constructor(registry: RegistryClient, options: RegistrationOptions, logger: Logger) {
     super();
@@ -236,7 +242,14 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       this.#onLost(stream, closedError());
       throw closedError();
     }
+    if (this.#stream !== stream) {
+      // The stream ended right after the acknowledgement (rota sent Closing): nothing is live.
+      throw new RotaError(status.UNAVAILABLE, 'rota ended the registration stream right after acknowledging it', {
+        unreachable: true,
+      });
+    }
     this.#live = true;
+    this.#liveSince = Date.now();
     this.#startHeartbeats(stream, ack.heartbeatTimeoutMs);
     return ack;
   }
@@ -322,6 +335,10 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     stream.cancel();
     if (wasLive && !this.#closed) {
       this.#logger.warn(`rota: registration stream lost (${error.message}); reconnecting`);
+      if (Date.now() - this.#liveSince >= STABLE_STREAM_MS) {
+        this.#backoff.reset();
+      }
+      this.#failedAttempts = 0;
       this.emit('disconnect', error);
       this.#scheduleReconnect();
     }
@@ -341,15 +358,31 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     this.#reconnecting = connecting;
     try {
       ack = await connecting;
+      if (this.#held.size > 0 && ack.accepted.length === 0 && ack.refused.some((r) => r.code === status.UNAVAILABLE)) {
+        // A draining rota acknowledges the announcement with a refusal and closes the stream:
+        // that is no reconnection, and no reason to start the backoff over.
+        const refusal = ack.refused.find((r) => r.code === status.UNAVAILABLE);
+        throw new RotaError(status.UNAVAILABLE, `rota refused the announcement: ${refusal?.message ?? ''}`);
+      }
     } catch (error) {
       if (!this.#closed) {
-        this.#logger.warn(`rota: reconnecting the registration failed (${asRotaError(error).message}); retrying`);
+        const stream = this.#stream;
+        // Not live any more: ending the stream neither logs a loss nor schedules a reconnection.
+        this.#live = false;
+        if (stream !== undefined) {
+          this.#onLost(stream, asRotaError(error));
+        }
+        if (this.#failedAttempts === 0) {
+          this.#logger.warn(`rota: reconnecting the registration failed (${asRotaError(error).message}); retrying with backoff`);
+        }
+        this.#failedAttempts += 1;
         this.#scheduleReconnect();
       }
       return;
     } finally {
       this.#reconnecting = undefined;
     }
+    this.#failedAttempts = 0;
     this.#backoff.reset();
     this.#retryBackoff.reset();
     this.#keepRetrying(ack);

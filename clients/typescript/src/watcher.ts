@@ -18,10 +18,17 @@ const GIVE_UP: ReadonlySet<status> = new Set([
   status.UNAUTHENTICATED,
 ]);
 
+/** How long a watch must have lived for its end to start the reconnection backoff over. */
+export const STABLE_STREAM_MS = 5_000;
+
 /**
  * Follows one service: a `Watch` stream whose snapshot and changes go into the cache. When the
  * stream is lost it reconnects with backoff and keeps the last list meanwhile; the next
- * snapshot replaces it.
+ * snapshot replaces it — except an empty one at epoch 0, what a rota that has not seen the
+ * service since it started would send (its providers have not registered again yet); an empty
+ * snapshot at a later epoch is rota's word and applied. The backoff starts over only after a stream lived
+ * `STABLE_STREAM_MS`, so a server that accepts a watch and ends it at once (a draining rota)
+ * is not asked again at the pace of the first retry.
  */
 export class ServiceWatcher {
   readonly service: string;
@@ -31,14 +38,25 @@ export class ServiceWatcher {
   readonly #cache: InstanceCache;
   readonly #logger: Logger;
   readonly #backoff: Backoff;
+  /** Called on every snapshot: rota answered, so it is reachable again. */
+  readonly #onSnapshot: () => void;
   #markReady!: () => void;
   #call: ClientReadableStream<WatchEvent__Output> | undefined;
   #retry: NodeJS.Timeout | undefined;
   #closed = false;
   #healthy = false;
+  #openedAt = 0;
 
-  constructor(service: string, registry: RegistryClient, cache: InstanceCache, logger: Logger, backoff?: BackoffOptions) {
+  constructor(
+    service: string,
+    registry: RegistryClient,
+    cache: InstanceCache,
+    logger: Logger,
+    backoff?: BackoffOptions,
+    onSnapshot: () => void = () => {},
+  ) {
     this.service = service;
+    this.#onSnapshot = onSnapshot;
     this.#registry = registry;
     this.#cache = cache;
     this.#logger = logger;
@@ -54,6 +72,7 @@ export class ServiceWatcher {
     }
     const call = this.#registry.Watch({ service: this.service });
     this.#call = call;
+    this.#openedAt = Date.now();
     call.on('data', (message: WatchEvent__Output) => {
       if (this.#call === call) {
         this.#apply(message);
@@ -75,6 +94,11 @@ export class ServiceWatcher {
     });
   }
 
+  /** Reconnection attempts since the backoff last started over. */
+  get attempt(): number {
+    return this.#backoff.attempt;
+  }
+
   close(): void {
     this.#closed = true;
     clearTimeout(this.#retry);
@@ -88,12 +112,14 @@ export class ServiceWatcher {
     const event = watchEventFromMessage(message);
     switch (event?.type) {
       case 'snapshot':
-        this.#cache.replace(this.service, event.instances, event.epoch);
-        if (!this.#healthy && this.#backoff.attempt > 0) {
-          this.#logger.warn(`rota: watch of "${this.service}" restored (${event.instances.length} instances)`);
+        this.#onSnapshot();
+        if (event.instances.length === 0 && event.epoch === 0n && this.#cache.instances(this.service).length > 0) {
+          // A restarted rota whose providers have not registered again: keep what the local
+          // fallback picks from.
+          break;
         }
+        this.#cache.replace(this.service, event.instances, event.epoch);
         this.#healthy = true;
-        this.#backoff.reset();
         this.#markReady();
         break;
       case 'added':
@@ -113,11 +139,17 @@ export class ServiceWatcher {
     if (this.#closed) {
       return;
     }
-    if (this.#healthy) {
+    // Logged once per outage: a stream that lived a while and is lost. Streams that end soon
+    // after they open (rota down or draining) are retried quietly with a growing backoff.
+    const stable = Date.now() - this.#openedAt >= STABLE_STREAM_MS;
+    if (this.#healthy && stable) {
       const kept = this.#cache.instances(this.service).length;
       this.#logger.warn(`rota: watch of "${this.service}" lost (${reason}); keeping ${kept} cached instances`);
     }
     this.#healthy = false;
+    if (stable) {
+      this.#backoff.reset();
+    }
     this.#retry = setTimeout(() => this.start(), this.#backoff.next());
     this.#retry.unref();
   }

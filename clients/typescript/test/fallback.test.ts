@@ -89,7 +89,24 @@ describe('InstanceCache (local fallback)', () => {
   it('skips excluded ids', () => {
     const cache = new InstanceCache();
     cache.replace('svc', [instance('a'), instance('b'), instance('c')], 1n);
-    assert.deepEqual(ids(cache, 3, { exclude: ['b'] }), ['a', 'c', 'a']);
+    // Ticket t takes position t mod 3 of [a, b, c]; b's turn passes on to c.
+    assert.deepEqual(ids(cache, 6, { exclude: ['b'] }), ['a', 'c', 'c', 'a', 'c', 'c']);
+    // c's turn wraps around to a.
+    assert.deepEqual(ids(cache, 3, { exclude: ['c'] }), ['a', 'b', 'a']);
+  });
+
+  it('excludes inside the version subset, never falling through to unversioned instances', () => {
+    const cache = new InstanceCache();
+    cache.replace('svc', [instance('plain-1'), instance('plain-2'), instance('v1-a', { version: 'v1' }), instance('v1-b', { version: 'v1' })], 1n);
+    assert.deepEqual(ids(cache, 2, { version: 'v1', exclude: ['v1-a'] }), ['v1-b', 'v1-b']);
+    assert.equal(cache.pick('svc', { version: 'v1', exclude: ['v1-a', 'v1-b'] }), undefined, 'the v1 subset is all excluded');
+    // No ticket was drawn for the failed pick: the v1 rotation goes on at 2.
+    assert.equal(cache.pick('svc', { version: 'v1' })?.ticket, 2n);
+    // A version fallback is excluded inside the unversioned subset.
+    const fallback = cache.pick('svc', { version: 'v9', exclude: ['plain-1'] });
+    assert.equal(fallback?.instance.id, 'plain-2');
+    assert.equal(fallback?.fallback, 'no instance with version "v9"; picked from instances with no version');
+    assert.equal(cache.pick('svc', { version: 'v9', exclude: ['plain-1', 'plain-2'] }), undefined);
   });
 
   it('follows watch events', () => {
@@ -196,8 +213,18 @@ describe('RotaClient local fallback (scripted server)', () => {
       assert.equal((await client.pick('svc')).instance.id, 'b');
       assert.equal((await client.pick('svc', { version: 'v1' })).instance.id, 'v1-a');
       assert.equal((await client.pick('svc')).instance.id, 'a');
-      assert.equal(logger.lines.filter((line) => line.includes('locally')).length, 4);
-      assert.match(logger.lines.find((line) => line.includes('locally')) ?? '', /unreachable .*UNAVAILABLE.*picked svc\/a \(127\.0\.0\.1:9001\) locally/);
+      // One line for the outage, none per pick.
+      assert.equal(logger.lines.length, 1, logger.lines.join('\n'));
+      assert.match(logger.lines[0] ?? '', /unreachable .*UNAVAILABLE.*first: svc\/a at 127\.0\.0\.1:9001/);
+
+      // Exclusion after version isolation: the v1 subset all excluded fails like rota.
+      await assert.rejects(client.pick('svc', { version: 'v1', exclude: ['v1-a'] }), (error: unknown) => {
+        assert.ok(error instanceof RotaError);
+        assert.equal(error.code, status.UNAVAILABLE);
+        assert.equal(error.reason, 'no_eligible_instance');
+        assert.equal(error.unreachable, false);
+        return true;
+      });
 
       // A service that is not followed has no fallback: the transport error surfaces.
       await assert.rejects(client.pick('other'), (error: unknown) => {
@@ -225,6 +252,7 @@ describe('RotaClient local fallback (scripted server)', () => {
       assert.equal(result.localFallback, true);
       assert.equal(result.instance.id, 'v1-a');
       assert.ok(Date.now() - started >= 250, 'waited for the deadline');
+      assert.equal(result.fallback, '');
       assert.equal(logger.lines.length, 1);
       assert.match(logger.lines[0] ?? '', /DEADLINE_EXCEEDED/);
     } finally {
@@ -247,7 +275,7 @@ describe('RotaClient local fallback (scripted server)', () => {
     try {
       await client.follow('svc');
       fake.stop();
-      await waitFor(() => logger.lines.some((line) => line.includes('watch of "svc" lost')), { what: 'the lost watch' });
+      assert.equal((await client.pick('svc')).localFallback, true, 'rota is gone');
       assert.deepEqual(
         client.cachedInstances('svc').map((i) => i.id),
         ['a', 'b', 'v1-a'],

@@ -64,12 +64,16 @@ export class RotaServer {
   }
 
   /**
-   * Starts `rota serve --listen <listen> ...args` and reads the bound port from the first line
+   * Starts `rota serve --listen <listen> ...args` with `ROTA_WARMUP=0s` in its environment (a
+   * `--warmup` in `args` wins) and reads the bound port from the first line
    * of its output (`listening on 127.0.0.1:PORT`).
    */
   static async start(options: { listen?: string; args?: readonly string[] } = {}): Promise<RotaServer> {
     const listen = options.listen ?? '127.0.0.1:0';
+    // No start-up warm-up unless a test asks for one (--warmup wins over the variable): a fresh
+    // test server has seen no service, and tests expect NOT_FOUND for one never registered.
     const child = spawn(rotaBinary(), ['serve', '--listen', listen, ...(options.args ?? [])], {
+      env: { ...process.env, ROTA_WARMUP: '0s' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     running.add(child);

@@ -91,10 +91,19 @@ describe('against a live rota', () => {
         epoch: 1n,
         localFallback: false,
       });
-      const repeated = await Promise.all([1, 2, 3].map(() => consumer.pick(service, { rule: 'repeat(n=3)' })));
+      // Six concurrent picks draw tickets 0..5 of the repeat(n=3) rotation, in whatever order
+      // they are answered: each instance gets a run of three.
+      const repeated = await Promise.all([1, 2, 3, 4, 5, 6].map(() => consumer.pick(service, { rule: 'repeat(n=3)' })));
       assert.deepEqual(
-        repeated.map((r) => r.rule),
-        ['repeat(n=3)', 'repeat(n=3)', 'repeat(n=3)'],
+        repeated.sort((a, b) => (a.ticket < b.ticket ? -1 : a.ticket > b.ticket ? 1 : 0)).map((r) => `${r.ticket} ${r.instance.id} ${r.rule}`),
+        [
+          '0 127.0.0.1:7002 repeat(n=3)',
+          '1 127.0.0.1:7002 repeat(n=3)',
+          '2 127.0.0.1:7002 repeat(n=3)',
+          '3 p1 repeat(n=3)',
+          '4 p1 repeat(n=3)',
+          '5 p1 repeat(n=3)',
+        ],
       );
     } finally {
       await registration.close();
@@ -331,9 +340,10 @@ describe('when rota goes away', () => {
         [unknownVersion.instance.id, unknownVersion.fallback, unknownVersion.localFallback],
         ['b', 'no instance with version "v9"; picked from instances with no version', true],
       );
-      const fallbackLines = logger.lines.filter((line) => line.includes('locally from the cached instance list'));
-      assert.equal(fallbackLines.length, 5);
-      assert.match(fallbackLines[0] ?? '', /^rota: unreachable \((UNAVAILABLE|DEADLINE_EXCEEDED): .*\); picked it-fallback\/a \(127\.0\.0\.1:7701\) locally/);
+      // One line for the outage, none per pick.
+      const fallbackLines = logger.lines.filter((line) => line.includes('picking locally'));
+      assert.equal(fallbackLines.length, 1, logger.lines.join('\n'));
+      assert.match(fallbackLines[0] ?? '', /^rota: unreachable \((UNAVAILABLE|DEADLINE_EXCEEDED): .*\); picking locally .*first: it-fallback\/a at 127\.0\.0\.1:7701/);
 
       await assert.rejects(
         consumer.pick('it-not-followed'),
@@ -343,6 +353,59 @@ describe('when rota goes away', () => {
       await consumer.close();
       await provider.close();
       await server.kill();
+    }
+  });
+
+  it('answers from the watched list while a restarted rota warms up, and keeps that list', { timeout: 90_000 }, async () => {
+    const service = 'it-warmup';
+    const first = await RotaServer.start();
+    let second: RotaServer | undefined;
+    const consumer = new RotaClient(first.target, { logger: silentLogger });
+    const provider = new RotaClient(first.target, { logger: silentLogger, registration: { closeTimeoutMs: 100 } });
+    try {
+      await provider.register([
+        { service, id: 'a', host: '127.0.0.1', port: 7951 },
+        { service, id: 'b', host: '127.0.0.1', port: 7952 },
+      ]);
+      await consumer.follow(service);
+      assert.equal((await consumer.pick(service)).localFallback, false);
+
+      await first.kill('SIGKILL');
+      await provider.close();
+      second = await RotaServer.start({ listen: first.target, args: ['--warmup', '60s'] });
+      // Wait for rota's own warming_up answer (not a refused connection).
+      await waitFor(
+        async () => {
+          try {
+            await consumer.listInstances(service);
+            return false;
+          } catch (error) {
+            return error instanceof RotaError && error.reason === 'warming_up';
+          }
+        },
+        { timeoutMs: 30_000, what: "rota's warming_up answer" },
+      );
+      const local = await consumer.pick(service);
+      assert.deepEqual([local.instance.id, local.ticket, local.localFallback], ['a', 0n, true]);
+      assert.deepEqual(
+        consumer.cachedInstances(service).map((i) => i.id),
+        ['a', 'b'],
+      );
+
+      // Once a provider registers again, rota answers and the picks are its own.
+      const again = new RotaClient(second.target, { logger: silentLogger });
+      try {
+        await again.register({ service, id: 'b', host: '127.0.0.1', port: 7952 });
+        await waitFor(async () => !(await consumer.pick(service)).localFallback, { timeoutMs: 30_000, what: 'a pick answered by rota' });
+        assert.equal((await consumer.pick(service)).instance.id, 'b');
+      } finally {
+        await again.close();
+      }
+    } finally {
+      await consumer.close();
+      await provider.close();
+      await first.kill();
+      await second?.kill();
     }
   });
 
@@ -413,7 +476,7 @@ describe('when rota goes away', () => {
   it('keeps a registration alive with heartbeats, and re-announces it after rota restarts', async () => {
     const port = await freePort();
     const listen = `127.0.0.1:${port}`;
-    let server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '900ms'] });
+    let server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '2s'] });
     const logger = new CapturingLogger();
     const provider = new RotaClient(server.target, { logger, backoff: { initialMs: 50, maxMs: 400 } });
     const observer = new RotaClient(server.target, { logger: silentLogger });
@@ -425,14 +488,16 @@ describe('when rota goes away', () => {
       ]);
       await registration.update({ service, id: 'r2' }, { status: 'DRAINING' });
       const firstLease = registration.leaseId;
-      assert.equal(registration.ack.heartbeatTimeoutMs, 900);
+      assert.equal(registration.ack.heartbeatTimeoutMs, 2_000);
       let disconnects = 0;
       registration.on('disconnect', () => {
         disconnects += 1;
       });
 
-      // Three heartbeat timeouts: a silent stream would have been dropped twice over.
-      const until = Date.now() + 2_700;
+      // Three heartbeat timeouts: a silent stream would have been dropped twice over. (A 2 s
+      // timeout, heartbeats every 667 ms: a heartbeat may be late by over a second on a loaded
+      // machine without the lease expiring.)
+      const until = Date.now() + 6_000;
       while (Date.now() < until) {
         const ids = (await observer.listInstances(service)).instances.map((i) => i.id);
         assert.deepEqual(ids, ['r1', 'r2'], 'still registered');
@@ -443,7 +508,7 @@ describe('when rota goes away', () => {
 
       const reconnected = nextEvent<[Ack]>(registration, 'reconnect', 20_000);
       await server.kill('SIGKILL');
-      server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '900ms'] });
+      server = await RotaServer.start({ listen, args: ['--heartbeat-timeout', '2s'] });
       const [ack] = await reconnected;
       assert.equal(disconnects, 1);
       assert.deepEqual(ack.accepted, [

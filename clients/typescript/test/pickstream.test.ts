@@ -66,7 +66,10 @@ describe('PickStream', () => {
   let server: RotaServer;
 
   before(async () => {
-    server = await RotaServer.start();
+    // The Register stream sends no heartbeat during the burst: a heartbeat timeout far longer
+    // than the test keeps its lease from expiring on a slow machine (20,000 picks can take
+    // longer than the default 15 s there).
+    server = await RotaServer.start({ args: ['--heartbeat-timeout', '120s'] });
   });
 
   after(async () => {

@@ -1,64 +1,87 @@
 package io.rota.client;
 
 import java.util.ArrayList;
-import java.util.HashSet;
 import java.util.List;
-import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 
+import io.grpc.Status;
 import io.rota.v1.PickRequest;
 
 /**
- * Picks from a locally kept instance list while rota is unreachable: round robin over the UP
- * instances, with the server's version isolation (version V picks instances of version V, else
- * instances with no version; no version picks instances with no version).
+ * Picks from a locally kept instance list while rota is unreachable, by round robin as the
+ * conformance README's local fallback contract says: version isolation first (version V picks
+ * the UP instances of version V, else the UP instances with no version; no version picks the UP
+ * instances with no version); ticket {@code t} takes position {@code t mod n} of that subset (by
+ * id), and an excluded instance there passes the pick on to the next one, in order.
  *
- * <p>One counter per (service, subset), so each subset rotates on its own as on the server.
+ * <p>A subset that is empty or all excluded fails as on rota ({@code UNAVAILABLE}, reason
+ * {@code no_eligible_instance}): exclusion never sends a versioned pick to the unversioned
+ * instances. One counter per (service, subset) numbers the local picks 0, 1, 2, ...
  */
 final class LocalBalancer {
     static final String RULE = "round_robin";
+    static final String NO_ELIGIBLE_INSTANCE = "no_eligible_instance";
 
     private final ConcurrentHashMap<String, AtomicLong> counters = new ConcurrentHashMap<>();
 
     /**
-     * Picks for {@code request} from {@code instances} (ordered by id) or returns empty when none
-     * is eligible.
+     * Picks for {@code request} from {@code instances} (ordered by id).
+     *
+     * @throws RotaException {@code UNAVAILABLE} ({@code no_eligible_instance}) when nothing is eligible
      */
-    Optional<Pick> pick(PickRequest request, List<Instance> instances, long epoch, String reason) {
-        Set<String> excluded = new HashSet<>(request.getExcludeList());
-        List<Instance> up = new ArrayList<>();
-        for (Instance instance : instances) {
-            if (instance.status() == InstanceStatus.UP && !excluded.contains(instance.id())) {
-                up.add(instance);
-            }
-        }
+    Pick pick(PickRequest request, List<Instance> instances, long epoch) {
         String version = request.getVersion();
         String subset = version;
-        String fallback = reason;
-        List<Instance> candidates = withVersion(up, version);
+        String fallback = "";
+        List<Instance> candidates = upWithVersion(instances, version);
         if (candidates.isEmpty() && !version.isEmpty()) {
-            candidates = withVersion(up, "");
+            candidates = upWithVersion(instances, "");
             subset = "";
-            fallback = reason + "; no instance with version \"" + version + "\"; picked from instances with no version";
+            fallback = "no instance with version " + quoted(version) + "; picked from instances with no version";
         }
-        if (candidates.isEmpty()) {
-            return Optional.empty();
+        Set<String> excluded = Set.copyOf(request.getExcludeList());
+        if (candidates.stream().allMatch(i -> excluded.contains(i.id()))) {
+            throw new RotaException(Status.Code.UNAVAILABLE, unavailable(request), NO_ELIGIBLE_INSTANCE, false,
+                    null);
         }
         long ticket = counters.computeIfAbsent(request.getService() + '\0' + subset, k -> new AtomicLong())
                 .getAndIncrement();
-        Instance chosen = candidates.get((int) Long.remainderUnsigned(ticket, candidates.size()));
-        return Optional.of(new Pick(chosen, ticket, RULE, fallback, epoch, true));
+        int n = candidates.size();
+        int start = (int) Long.remainderUnsigned(ticket, n);
+        Instance chosen = null;
+        for (int step = 0; chosen == null; step++) {
+            Instance candidate = candidates.get((start + step) % n);
+            if (!excluded.contains(candidate.id())) {
+                chosen = candidate;
+            }
+        }
+        return new Pick(chosen, ticket, RULE, fallback, epoch, true);
     }
 
-    private static List<Instance> withVersion(List<Instance> instances, String version) {
+    private static String unavailable(PickRequest request) {
+        String version = request.getVersion();
+        String text = "service " + quoted(request.getService()) + " has no UP instance"
+                + (version.isEmpty() ? " without a version" : " with version " + quoted(version) + " nor without a version");
+        if (!request.getExcludeList().isEmpty()) {
+            text += " that is not excluded";
+        }
+        return text + " (picked locally: rota is unreachable)";
+    }
+
+    private static List<Instance> upWithVersion(List<Instance> instances, String version) {
         List<Instance> matching = new ArrayList<>();
         for (Instance instance : instances) {
-            if (instance.version().equals(version)) {
+            if (instance.status() == InstanceStatus.UP && instance.version().equals(version)) {
                 matching.add(instance);
             }
         }
         return matching;
+    }
+
+    /** A string in double quotes with quotes and backslashes escaped, as rota words its messages. */
+    private static String quoted(String s) {
+        return '"' + s.replace("\\", "\\\\").replace("\"", "\\\"") + '"';
     }
 }

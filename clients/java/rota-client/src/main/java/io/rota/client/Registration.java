@@ -77,6 +77,7 @@ public final class Registration implements AutoCloseable {
     private boolean closed;
     private int failures;
     private int reconnects;
+    private long heartbeatsSent;
     private long heartbeatIntervalMs;
     private ScheduledFuture<?> heartbeat;
     private ScheduledFuture<?> retry;
@@ -146,6 +147,13 @@ public final class Registration implements AutoCloseable {
     public int reconnects() {
         synchronized (lock) {
             return reconnects;
+        }
+    }
+
+    /** How many heartbeats (or re-announcements in their place) were sent, over every stream. */
+    long heartbeatsSent() {
+        synchronized (lock) {
+            return heartbeatsSent;
         }
     }
 
@@ -342,6 +350,7 @@ public final class Registration implements AutoCloseable {
             } else {
                 stream.send(RegisterRequest.newBuilder().setHeartbeat(Heartbeat.getDefaultInstance()).build(), null);
             }
+            heartbeatsSent++;
         }
     }
 

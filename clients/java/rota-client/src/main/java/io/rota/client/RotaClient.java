@@ -9,7 +9,6 @@ import java.util.Collection;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Objects;
-import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
@@ -32,7 +31,6 @@ import io.grpc.ClientInterceptors;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
-import io.grpc.Metadata;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.rota.v1.BalancerGrpc;
@@ -61,9 +59,19 @@ import io.rota.v1.ReportResponse;
  *
  * <p><b>Local fallback.</b> For each followed service ({@link Builder#follow}, {@link #follow})
  * the client keeps the instance list last seen through {@code Watch}. When a pick fails because
- * rota cannot be reached (a transport failure or an expired deadline, not an answer from the
- * server), the client picks from that list by round robin over the UP instances, honouring
- * version isolation, logs it, and returns a {@link Pick} with {@code localFallback() == true}.
+ * rota cannot be reached ({@link RotaException#isUnreachable()}: a transport failure, an expired
+ * deadline, or rota still {@code warming_up} after a restart), the client picks from that list as
+ * rota would by round robin (version isolation, then exclusions; tickets 0, 1, 2, ... per
+ * service and version subset) and returns a {@link Pick} with {@code localFallback() == true}.
+ * The first local pick of an outage is logged at WARNING, the recovery at INFO. After
+ * {@value #UNREACHABLE_STREAK} unreachable picks in a row, picks go straight to the fallback for
+ * {@link #SHORT_CUT} ({@link Builder#shortCut}) before rota is asked again, so a hung rota does
+ * not cost a deadline per pick; an answer of rota's, or a watch snapshot, ends that at once.
+ *
+ * <p><b>Connection.</b> Every pick is bounded by the pick timeout (2 s by default); the channel
+ * the client makes sends HTTP/2 keepalive pings ({@link #KEEPALIVE_TIME}, answered within
+ * {@link #KEEPALIVE_TIMEOUT}) so a dead rota is noticed without a call, and reconnects within the
+ * client's {@link Backoff} rather than grpc-java's (up to 120 s).
  *
  * <p>Thread-safe; share one client. {@link #close()} withdraws open registrations, stops the
  * watchers and shuts the channel down.
@@ -76,6 +84,15 @@ public final class RotaClient implements AutoCloseable {
     /** Most outcomes the server takes in one {@code Report} request. */
     public static final int MAX_OUTCOMES_PER_REPORT = 1000;
 
+    /** Unreachable picks in a row after which picks short-cut to the local fallback. */
+    public static final int UNREACHABLE_STREAK = 3;
+    /** How long picks short-cut to the local fallback before rota is asked again, by default. */
+    public static final Duration SHORT_CUT = Duration.ofSeconds(1);
+    /** Idle time after which the client's channel pings rota. */
+    public static final Duration KEEPALIVE_TIME = Duration.ofSeconds(20);
+    /** How long a keepalive ping may go unanswered before the connection counts as dead. */
+    public static final Duration KEEPALIVE_TIMEOUT = Duration.ofSeconds(5);
+
     private static final AtomicInteger THREADS = new AtomicInteger();
 
     private final Channel channel;
@@ -87,6 +104,7 @@ public final class RotaClient implements AutoCloseable {
     private final RegistryGrpc.RegistryStub registryAsync;
     private final ScheduledThreadPoolExecutor scheduler;
     private final Duration pickTimeout;
+    private final Duration shortCut;
     private final Duration callTimeout;
     private final Duration registerTimeout;
     private final Duration withdrawTimeout;
@@ -94,8 +112,15 @@ public final class RotaClient implements AutoCloseable {
     private final ConcurrentHashMap<String, ServiceWatcher> watchers = new ConcurrentHashMap<>();
     private final Set<Registration> registrations = ConcurrentHashMap.newKeySet();
     private final LocalBalancer local = new LocalBalancer();
-    /** Services whose last pick was answered locally, so that each outage is logged once at WARNING. */
-    private final Set<String> servedLocally = ConcurrentHashMap.newKeySet();
+    private final ReconnectBound reconnectBound;
+    private final Object health = new Object();
+    /** Unreachable picks in a row (guarded by {@link #health}). */
+    private int unreachableStreak;
+    /** {@link System#nanoTime()} until which picks short-cut to the fallback (guarded by {@link #health}). */
+    private long shortCutUntil;
+    private boolean shortCutting;
+    /** Whether this outage was logged (its first local pick); guarded by {@link #health}. */
+    private boolean outageLogged;
     private volatile boolean closed;
 
     private RotaClient(Builder builder) {
@@ -105,12 +130,17 @@ public final class RotaClient implements AutoCloseable {
             ownedChannel = null;
         } else {
             ownedChannel = Grpc.newChannelBuilder(normalizeTarget(builder.target), InsecureChannelCredentials.create())
+                    .keepAliveTime(KEEPALIVE_TIME.toNanos(), TimeUnit.NANOSECONDS)
+                    .keepAliveTimeout(KEEPALIVE_TIMEOUT.toNanos(), TimeUnit.NANOSECONDS)
+                    // Watch streams are calls too; without them there is nothing to keep alive.
+                    .keepAliveWithoutCalls(false)
                     .build();
             base = ownedChannel;
         }
         managedChannel = base instanceof ManagedChannel m ? m : null;
         channel = ClientInterceptors.intercept(base, builder.interceptors);
         pickTimeout = builder.pickTimeout;
+        shortCut = builder.shortCut;
         callTimeout = builder.callTimeout;
         registerTimeout = builder.registerTimeout;
         withdrawTimeout = builder.withdrawTimeout;
@@ -125,6 +155,12 @@ public final class RotaClient implements AutoCloseable {
             return thread;
         });
         scheduler.setRemoveOnCancelPolicy(true);
+        if (ownedChannel != null) {
+            reconnectBound = new ReconnectBound(ownedChannel, scheduler, backoff);
+            reconnectBound.start();
+        } else {
+            reconnectBound = null;
+        }
         for (String service : builder.follow) {
             follow(service);
         }
@@ -162,12 +198,15 @@ public final class RotaClient implements AutoCloseable {
 
     private Pick send(PickRequest effective) {
         checkOpen();
+        if (shortCut()) {
+            return local(effective, shortCutFailure());
+        }
         try {
             PickResponse response = balancer.withDeadlineAfter(pickTimeout.toNanos(), TimeUnit.NANOSECONDS)
                     .pick(effective);
-            return answered(effective, response);
+            return answered(response);
         } catch (StatusRuntimeException e) {
-            return recover(effective, e);
+            return recover(effective, RotaException.from(e));
         }
     }
 
@@ -178,69 +217,105 @@ public final class RotaClient implements AutoCloseable {
 
     private CompletableFuture<Pick> sendAsync(PickRequest effective) {
         checkOpen();
+        if (shortCut()) {
+            try {
+                return CompletableFuture.completedFuture(local(effective, shortCutFailure()));
+            } catch (RotaException e) {
+                return CompletableFuture.failedFuture(e);
+            }
+        }
         CompletableFuture<PickResponse> call = completable(
                 balancerAsync.withDeadlineAfter(pickTimeout.toNanos(), TimeUnit.NANOSECONDS).pick(effective));
         return call.handle((response, error) -> {
             if (error == null) {
-                return answered(effective, response);
+                return answered(response);
             }
-            Throwable cause = unwrap(error);
-            if (cause instanceof StatusRuntimeException e) {
-                return recover(effective, e);
-            }
-            throw RotaException.from(cause);
+            return recover(effective, RotaException.from(unwrap(error)));
         });
     }
 
-    private Pick answered(PickRequest request, PickResponse response) {
-        if (servedLocally.remove(request.getService())) {
-            LOG.log(Level.INFO, "rota reachable again; picks of " + request.getService() + " come from rota");
-        }
+    private Pick answered(PickResponse response) {
+        rotaAnswered();
         return Wire.pick(response);
     }
 
-    private Pick recover(PickRequest request, StatusRuntimeException e) {
-        if (!isTransportFailure(e)) {
-            throw RotaException.from(e);
+    /**
+     * rota answered a pick (with an instance or a refusal of its own) or sent a watch snapshot:
+     * the outage, if any, is over, and the next pick asks rota.
+     */
+    private void rotaAnswered() {
+        boolean recovered;
+        synchronized (health) {
+            unreachableStreak = 0;
+            shortCutting = false;
+            recovered = outageLogged;
+            outageLogged = false;
         }
-        ServiceWatcher watcher = watchers.get(request.getService());
-        if (watcher != null) {
-            ServiceWatcher.Snapshot last = watcher.snapshot();
-            Status status = e.getStatus();
-            String reason = "rota unreachable (" + status.getCode()
-                    + (status.getDescription() != null ? ": " + status.getDescription() : "")
-                    + "); picked locally by round robin from the last watched instance list";
-            Optional<Pick> pick = local.pick(request, last.instances(), last.epoch(), reason);
-            if (pick.isPresent()) {
-                Pick p = pick.get();
-                Level level = servedLocally.add(request.getService()) ? Level.WARNING : Level.DEBUG;
-                LOG.log(level, "local fallback: " + reason + ": service " + request.getService() + " -> " + p.id()
-                        + " (" + p.authority() + ")");
-                return p;
+        if (recovered) {
+            LOG.log(Level.INFO, "rota reachable again; picks come from rota");
+        }
+    }
+
+    private Pick recover(PickRequest request, RotaException failure) {
+        if (!failure.isUnreachable()) {
+            rotaAnswered();
+            throw failure;
+        }
+        synchronized (health) {
+            unreachableStreak++;
+            if (unreachableStreak >= UNREACHABLE_STREAK) {
+                shortCutting = true;
+                shortCutUntil = System.nanoTime() + shortCut.toNanos();
             }
         }
-        throw RotaException.from(e);
+        return local(request, failure);
     }
 
     /**
-     * Whether a failed call never got an answer from rota: an expired deadline, or a failure the
-     * transport produced ({@code UNAVAILABLE} for a refused or lost connection, {@code UNKNOWN}
-     * or {@code INTERNAL} for a connection closed or broken mid-call). A server's answer always
-     * comes with response headers, which gRPC keeps in the trailers; a transport failure has
-     * none. A call cancelled by the caller is not a transport failure.
+     * Whether this pick goes straight to the local fallback. Past the short-cut window the next
+     * pick asks rota again; the channel is told to reconnect now so that the attempt is real.
      */
-    static boolean isTransportFailure(StatusRuntimeException e) {
-        switch (e.getStatus().getCode()) {
-            case DEADLINE_EXCEEDED:
-                return true;
-            case UNAVAILABLE:
-            case UNKNOWN:
-            case INTERNAL:
-                Metadata trailers = e.getTrailers();
-                return trailers == null || trailers.keys().isEmpty();
-            default:
+    private boolean shortCut() {
+        synchronized (health) {
+            if (!shortCutting) {
                 return false;
+            }
+            if (System.nanoTime() - shortCutUntil < 0) {
+                return true;
+            }
+            shortCutting = false;
         }
+        resetConnectBackoff();
+        return false;
+    }
+
+    private RotaException shortCutFailure() {
+        return new RotaException(Status.Code.UNAVAILABLE, "rota unreachable (" + UNREACHABLE_STREAK
+                + " picks in a row failed); not asked again for " + shortCut.toMillis() + " ms");
+    }
+
+    /**
+     * Picks from the last watched list of the service, or throws {@code failure} when the service
+     * is not followed or its list was never seen.
+     */
+    private Pick local(PickRequest request, RotaException failure) {
+        ServiceWatcher watcher = watchers.get(request.getService());
+        ServiceWatcher.Snapshot last = watcher == null ? null : watcher.snapshot();
+        if (last == null || !last.synced()) {
+            throw failure;
+        }
+        Pick pick = local.pick(request, last.instances(), last.epoch());
+        boolean first;
+        synchronized (health) {
+            first = !outageLogged;
+            outageLogged = true;
+        }
+        if (first) {
+            LOG.log(Level.WARNING, "rota unreachable (" + failure.getMessage() + "); picking locally from the last "
+                    + "watched instance lists until it answers again (first: " + request.getService() + " -> "
+                    + pick.id() + " at " + pick.authority() + ")");
+        }
+        return pick;
     }
 
     // --- local fallback --------------------------------------------------------------------------
@@ -253,10 +328,16 @@ public final class RotaClient implements AutoCloseable {
         Objects.requireNonNull(service, "service");
         checkOpen();
         watchers.computeIfAbsent(service, name -> {
-            ServiceWatcher watcher = new ServiceWatcher(name, registryAsync, scheduler, backoff);
+            ServiceWatcher watcher = new ServiceWatcher(name, registryAsync, scheduler, backoff,
+                    this::resetConnectBackoff, this::rotaAnswered);
             watcher.start();
             return watcher;
         });
+    }
+
+    /** The watcher of a followed service, or {@code null}. */
+    ServiceWatcher watcher(String service) {
+        return watchers.get(service);
     }
 
     /** Stops following {@code service} and forgets its instance list. */
@@ -396,13 +477,39 @@ public final class RotaClient implements AutoCloseable {
 
     /**
      * Registers {@code instances} and waits for the server's acknowledgement (reconnecting with
-     * backoff if rota cannot be reached yet, up to the register timeout). Instances the server
-     * refuses are listed in {@link Registration#ack()}; they are not an error.
+     * backoff if rota cannot be reached yet, up to the register timeout). All or nothing: when rota
+     * refuses any of them, the accepted ones are withdrawn again and a
+     * {@link RegistrationRefusedException} (with the ack) is thrown; see
+     * {@link #registerAllowingPartial} to keep what was accepted.
+     *
+     * @throws RegistrationRefusedException when rota refused one of the instances
+     * @throws RotaException                when no acknowledgement came in time or the server refused the stream
+     */
+    public Registration register(Collection<Instance> instances) {
+        Registration registration = awaitFirstAck(registerAsync(instances));
+        Ack ack = registration.ack();
+        if (!ack.refused().isEmpty()) {
+            registration.close();
+            throw new RegistrationRefusedException(ack);
+        }
+        return registration;
+    }
+
+    public Registration registerAllowingPartial(Instance... instances) {
+        return registerAllowingPartial(List.of(instances));
+    }
+
+    /**
+     * Like {@link #register(Collection)}, but instances rota refuses are only listed in
+     * {@link Registration#ack()} ({@code refused}); the accepted ones stay registered.
      *
      * @throws RotaException when no acknowledgement came in time or the server refused the stream
      */
-    public Registration register(Collection<Instance> instances) {
-        Registration registration = registerAsync(instances);
+    public Registration registerAllowingPartial(Collection<Instance> instances) {
+        return awaitFirstAck(registerAsync(instances));
+    }
+
+    private Registration awaitFirstAck(Registration registration) {
         try {
             registration.ready().get(registerTimeout.toNanos(), TimeUnit.NANOSECONDS);
             return registration;
@@ -422,7 +529,8 @@ public final class RotaClient implements AutoCloseable {
 
     /**
      * Starts registering {@code instances} and returns at once; the registration connects (and
-     * reconnects) in the background. {@link Registration#ready()} completes with the first ack.
+     * reconnects) in the background. {@link Registration#ready()} completes with the first ack,
+     * which lists any refused instance (the accepted ones stay registered).
      */
     public Registration registerAsync(Collection<Instance> instances) {
         checkOpen();
@@ -483,6 +591,9 @@ public final class RotaClient implements AutoCloseable {
         closed = true;
         for (String service : new ArrayList<>(watchers.keySet())) {
             unfollow(service);
+        }
+        if (reconnectBound != null) {
+            reconnectBound.close();
         }
         scheduler.shutdownNow();
         if (ownedChannel != null) {
@@ -554,6 +665,7 @@ public final class RotaClient implements AutoCloseable {
         private Channel channel;
         private final List<ClientInterceptor> interceptors = new ArrayList<>();
         private Duration pickTimeout = Duration.ofSeconds(2);
+        private Duration shortCut = SHORT_CUT;
         private Duration callTimeout = Duration.ofSeconds(10);
         private Duration registerTimeout = Duration.ofSeconds(10);
         private Duration withdrawTimeout = Duration.ofSeconds(2);
@@ -585,6 +697,15 @@ public final class RotaClient implements AutoCloseable {
         /** Deadline of one pick; past it the pick counts as rota being unreachable. Default 2 s. */
         public Builder pickTimeout(Duration timeout) {
             this.pickTimeout = positive(timeout, "pickTimeout");
+            return this;
+        }
+
+        /**
+         * How long picks go straight to the local fallback after {@value RotaClient#UNREACHABLE_STREAK}
+         * unreachable picks in a row, before rota is asked again. Default 1 s.
+         */
+        public Builder shortCut(Duration window) {
+            this.shortCut = positive(window, "shortCut");
             return this;
         }
 

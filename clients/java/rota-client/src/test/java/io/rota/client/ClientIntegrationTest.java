@@ -70,9 +70,24 @@ class ClientIntegrationTest {
     }
 
     @Test
-    void refusedInstancesAreReportedNotThrown(RotaServer rota) {
+    void aRefusedInstanceFailsTheRegistrationAndNothingStays(RotaServer rota) {
         try (RotaClient provider = RotaClient.builder().target(rota.target()).build()) {
-            Registration registration = provider.register(instance("it-refused", "good", 7101),
+            RegistrationRefusedException e = assertThrows(RegistrationRefusedException.class,
+                    () -> provider.register(instance("it-refused-all", "good", 7111), instance("it-refused-all", "bad", 0)));
+            assertEquals(Status.Code.INVALID_ARGUMENT, e.getCode());
+            assertEquals(List.of("good"), e.ack().acceptedIds());
+            assertEquals(List.of(new InstanceRef("it-refused-all", "bad")),
+                    e.refused().stream().map(Refusal::instance).toList());
+            assertTrue(e.getDescription().contains("it-refused-all/bad"), e.getDescription());
+            // The accepted instance was withdrawn again.
+            assertEquals(List.of(), provider.listInstances("it-refused-all").instances());
+        }
+    }
+
+    @Test
+    void partialAcceptanceIsOptIn(RotaServer rota) {
+        try (RotaClient provider = RotaClient.builder().target(rota.target()).build()) {
+            Registration registration = provider.registerAllowingPartial(instance("it-refused", "good", 7101),
                     instance("it-refused", "bad", 0));
             Ack ack = registration.ack();
             assertEquals(List.of("good"), ack.acceptedIds());
@@ -80,6 +95,7 @@ class ClientIntegrationTest {
             assertEquals(new InstanceRef("it-refused", "bad"), ack.refused().get(0).instance());
             assertEquals(Status.Code.INVALID_ARGUMENT, ack.refused().get(0).code());
             assertEquals(List.of("good"), registration.instances().stream().map(Instance::id).toList());
+            assertEquals(List.of("good"), provider.listInstances("it-refused").ids());
             registration.close();
         }
     }
@@ -130,25 +146,30 @@ class ClientIntegrationTest {
     }
 
     @Test
-    void serverAnswersAreNotTransportFailures(RotaServer rota) throws Exception {
+    void serverAnswersAreNotUnreachable(RotaServer rota) throws Exception {
         try (RotaClient client = RotaClient.builder().target(rota.target()).build()) {
             client.register(instance("it-transport", "a", 7401)).close();
+            RotaException none = assertThrows(RotaException.class, () -> client.pick("it-transport"));
+            assertEquals(Status.Code.UNAVAILABLE, none.getCode());
+            assertEquals("no_eligible_instance", none.reason());
+            assertFalse(none.isUnreachable());
+            RotaException unknown = assertThrows(RotaException.class, () -> client.pick("it-transport-never"));
+            assertEquals(Status.Code.NOT_FOUND, unknown.getCode());
+            assertEquals("unknown_service", unknown.reason());
+            assertFalse(unknown.isUnreachable());
             BalancerGrpc.BalancerBlockingStub stub = BalancerGrpc.newBlockingStub(client.channel());
             StatusRuntimeException answered = assertThrows(StatusRuntimeException.class,
                     () -> stub.pick(PickRequest.newBuilder().setService("it-transport").build()));
-            assertEquals(Status.Code.UNAVAILABLE, answered.getStatus().getCode());
-            assertFalse(RotaClient.isTransportFailure(answered));
+            assertFalse(RotaException.from(answered).isUnreachable());
         }
         RotaServer dead = RotaServer.start();
         String target = dead.target();
         dead.close();
         try (RotaClient client = RotaClient.builder().target(target).build()) {
-            StatusRuntimeException refused = assertThrows(StatusRuntimeException.class,
-                    () -> BalancerGrpc.newBlockingStub(client.channel()).pick(PickRequest.newBuilder().setService("x").build()));
-            assertEquals(Status.Code.UNAVAILABLE, refused.getStatus().getCode());
-            assertTrue(RotaClient.isTransportFailure(refused));
             RotaException e = assertThrows(RotaException.class, () -> client.pick("x"));
             assertEquals(Status.Code.UNAVAILABLE, e.getCode());
+            assertEquals("", e.reason());
+            assertTrue(e.isUnreachable());
         }
     }
 
@@ -188,7 +209,8 @@ class ClientIntegrationTest {
             assertEquals("a", first.id());
             assertEquals(7501, first.port());
             assertEquals("round_robin", first.rule());
-            assertTrue(first.fallback().startsWith("rota unreachable"), first.fallback());
+            assertEquals("", first.fallback());
+            assertEquals(0, first.ticket());
             assertEquals("b", consumer.pick("it-fallback").id());
             assertEquals("a", consumer.pick("it-fallback").id());
             Pick versioned = consumer.pick("it-fallback", PickOptions.builder().version("zlt").build());
@@ -201,7 +223,7 @@ class ClientIntegrationTest {
                 warnings = records.stream().filter(r -> r.getLevel() == java.util.logging.Level.WARNING).toList();
             }
             assertEquals(1, warnings.size());
-            assertTrue(warnings.get(0).getMessage().contains("local fallback"), warnings.get(0).getMessage());
+            assertTrue(warnings.get(0).getMessage().contains("rota unreachable"), warnings.get(0).getMessage());
             assertTrue(warnings.get(0).getMessage().contains("it-fallback -> a"), warnings.get(0).getMessage());
 
             RotaException unfollowed = assertThrows(RotaException.class, () -> consumer.pick("it-not-followed"));
@@ -212,14 +234,60 @@ class ClientIntegrationTest {
     }
 
     @Test
+    void aRestartedRotaStillWarmingUpIsAnsweredFromTheWatchedList() throws Exception {
+        String service = "it-warmup";
+        RotaServer first = RotaServer.start();
+        RotaServer second = null;
+        try (RotaClient consumer = RotaClient.builder().target(first.target()).follow(service).build()) {
+            RotaClient provider = RotaClient.builder().target(first.target()).withdrawTimeout(Duration.ofMillis(100)).build();
+            provider.register(instance(service, "a", 7951), instance(service, "b", 7952));
+            Await.until("the watcher to see 2 instances", Duration.ofSeconds(20),
+                    () -> consumer.lastKnownInstances(service).size() == 2);
+            assertFalse(consumer.pick(service).localFallback());
+
+            first.kill();
+            provider.close();
+            second = RotaServer.startOn(first.target(), "--warmup", "60s");
+            BalancerGrpc.BalancerBlockingStub stub = BalancerGrpc.newBlockingStub(consumer.channel());
+            Await.until("rota's warming_up answer", Duration.ofSeconds(30), () -> {
+                try {
+                    stub.withDeadlineAfter(5, java.util.concurrent.TimeUnit.SECONDS)
+                            .pick(PickRequest.newBuilder().setService(service).build());
+                    return false;
+                } catch (StatusRuntimeException e) {
+                    return RotaException.WARMING_UP.equals(RotaException.from(e).reason());
+                }
+            });
+            Pick local = consumer.pick(service);
+            assertTrue(local.localFallback());
+            assertEquals("a", local.id());
+            assertEquals(0, local.ticket());
+            assertEquals(List.of("a", "b"), consumer.lastKnownInstances(service).stream().map(Instance::id).toList());
+
+            // Once a provider registers again, rota answers and the picks are its own.
+            try (RotaClient again = RotaClient.builder().target(second.target()).build();
+                    Registration registration = again.register(instance(service, "b", 7952))) {
+                Await.until("a pick answered by rota", Duration.ofSeconds(30), () -> !consumer.pick(service).localFallback());
+                assertEquals("b", consumer.pick(service).id());
+            }
+        } finally {
+            first.close();
+            if (second != null) {
+                second.close();
+            }
+        }
+    }
+
+    @Test
     void heartbeatsKeepTheRegistrationAlive() throws Exception {
-        try (RotaServer rota = RotaServer.start("--heartbeat-timeout", "600ms");
+        try (RotaServer rota = RotaServer.start("--heartbeat-timeout", "2s");
                 RotaClient client = RotaClient.builder().target(rota.target()).build();
                 Registration registration = client.register(instance("it-heartbeat", "a", 7601))) {
-            assertEquals(Duration.ofMillis(600), registration.ack().heartbeatTimeout());
+            assertEquals(Duration.ofSeconds(2), registration.ack().heartbeatTimeout());
             long lease = registration.leaseId();
-            // Four heartbeat timeouts: without heartbeats the lease would expire and the stream close.
-            Thread.sleep(2400);
+            // Heartbeats go out every third of the timeout, no sooner: once nine went out, at least
+            // three heartbeat timeouts have passed, long enough for rota to drop a silent stream.
+            Await.until("nine heartbeats", Duration.ofSeconds(60), () -> registration.heartbeatsSent() >= 9);
             assertEquals("a", client.pick("it-heartbeat").id());
             assertEquals(0, registration.reconnects());
             assertEquals(lease, registration.leaseId());
@@ -311,6 +379,8 @@ class ClientIntegrationTest {
             assertEquals(Status.Code.DEADLINE_EXCEEDED, e.getCode());
 
             Registration pending = client.registerAsync(List.of(instance("it-down", "a", 7801)));
+            // It keeps trying, without an answer, until closed.
+            Await.until("three reconnection attempts", Duration.ofSeconds(30), () -> pending.reconnects() >= 3);
             assertFalse(pending.ready().isDone());
             assertNull(pending.ack());
             pending.close();

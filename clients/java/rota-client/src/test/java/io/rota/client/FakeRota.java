@@ -8,6 +8,7 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
+import io.grpc.Metadata;
 import io.grpc.Server;
 import io.grpc.ServerInterceptors;
 import io.grpc.Status;
@@ -35,6 +36,9 @@ final class FakeRota implements AutoCloseable {
         throw Status.NOT_FOUND.withDescription("no service " + request.getService()).asRuntimeException();
     };
     volatile List<Instance> watched = List.of();
+    /** Whether a watch ends right after its snapshot, as a draining server's would. */
+    volatile boolean endWatchesAfterSnapshot;
+    final List<StreamObserver<WatchEvent>> watches = new CopyOnWriteArrayList<>();
     private final Server server;
 
     FakeRota(io.grpc.ServerInterceptor... interceptors) throws IOException {
@@ -47,6 +51,22 @@ final class FakeRota implements AutoCloseable {
 
     String target() {
         return "127.0.0.1:" + server.getPort();
+    }
+
+    /** A failure as rota answers it: a status with the {@code rota-error} trailer. */
+    static StatusRuntimeException refusal(Status status, String reason) {
+        Metadata trailers = new Metadata();
+        trailers.put(RotaException.REASON_KEY, reason);
+        return status.asRuntimeException(trailers);
+    }
+
+    /** Sends {@code event} on every open watch. */
+    void push(WatchEvent event) {
+        for (StreamObserver<WatchEvent> watch : watches) {
+            synchronized (watch) {
+                watch.onNext(event);
+            }
+        }
     }
 
     static PickResponse answer(Instance instance, long ticket) {
@@ -93,11 +113,21 @@ final class FakeRota implements AutoCloseable {
     private final class Registry extends RegistryGrpc.RegistryImplBase {
         @Override
         public void watch(WatchRequest request, StreamObserver<WatchEvent> response) {
-            response.onNext(WatchEvent.newBuilder()
+            WatchEvent snapshot = WatchEvent.newBuilder()
                     .setSnapshot(InstanceList.newBuilder().addAllInstances(Wire.instances(watched)))
                     .setEpoch(4)
-                    .build());
-            // stays open, like rota's
+                    .build();
+            if (endWatchesAfterSnapshot) {
+                response.onNext(snapshot);
+                response.onError(Status.UNAVAILABLE.withDescription("shutting down").asRuntimeException());
+                return;
+            }
+            // Stays open, like rota's; listed before its snapshot goes out, so that once a client
+            // has seen the snapshot, push() reaches it.
+            synchronized (response) {
+                watches.add(response);
+                response.onNext(snapshot);
+            }
         }
     }
 }

@@ -6,25 +6,40 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletionException;
+import java.util.logging.Handler;
+import java.util.logging.Level;
+import java.util.logging.LogRecord;
+import java.util.logging.Logger;
 
 import org.junit.jupiter.api.Test;
 
 import io.grpc.Metadata;
 import io.grpc.Status;
 import io.rota.client.testing.Await;
+import io.rota.v1.InstanceList;
+import io.rota.v1.WatchEvent;
 
-/** The watch-fed local fallback is used on transport failures and expired deadlines, never on server answers. */
+/**
+ * The watch-fed local fallback answers when rota's answer cannot be had (transport failure,
+ * expired deadline, {@code warming_up}), never instead of an answer of rota's.
+ */
 class FallbackTest {
     private static final Instance A = Instance.of("svc", "127.0.0.1", 9001).withId("a");
     private static final Instance B = A.withId("b").withPort(9002);
     private static final Instance Z = A.withId("z").withPort(9003).withVersion("zlt");
     private static final Instance D = A.withId("c").withPort(9004).withStatus(InstanceStatus.DOWN);
+    private static final Duration WAIT = Duration.ofSeconds(20);
 
     private static RotaClient followingClient(FakeRota rota, Duration pickTimeout) throws InterruptedException {
-        RotaClient client = RotaClient.builder().target(rota.target()).pickTimeout(pickTimeout).follow("svc").build();
-        Await.until("the snapshot", Duration.ofSeconds(10), () -> client.lastKnownInstances("svc").size() == 4);
+        return followingClient(RotaClient.builder().target(rota.target()).pickTimeout(pickTimeout));
+    }
+
+    private static RotaClient followingClient(RotaClient.Builder builder) throws InterruptedException {
+        RotaClient client = builder.follow("svc").build();
+        Await.until("the snapshot", WAIT, () -> client.lastKnownInstances("svc").size() == 4);
         return client;
     }
 
@@ -35,16 +50,20 @@ class FallbackTest {
             try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
                 assertEquals(List.of("a", "b", "c", "z"), client.lastKnownInstances("svc").stream().map(Instance::id).toList());
                 rota.onPick = request -> {
-                    throw Status.UNAVAILABLE.withDescription("no eligible instance").asRuntimeException();
+                    throw FakeRota.refusal(Status.UNAVAILABLE.withDescription("no eligible instance"), "no_eligible_instance");
                 };
                 RotaException unavailable = assertThrows(RotaException.class, () -> client.pick("svc"));
                 assertEquals(Status.Code.UNAVAILABLE, unavailable.getCode());
                 assertEquals("no eligible instance", unavailable.getDescription());
+                assertEquals("no_eligible_instance", unavailable.reason());
+                assertFalse(unavailable.isUnreachable());
 
                 rota.onPick = request -> {
-                    throw Status.NOT_FOUND.withDescription("never registered").asRuntimeException();
+                    throw FakeRota.refusal(Status.NOT_FOUND.withDescription("never registered"), "unknown_service");
                 };
-                assertEquals(Status.Code.NOT_FOUND, assertThrows(RotaException.class, () -> client.pick("svc")).getCode());
+                RotaException notFound = assertThrows(RotaException.class, () -> client.pick("svc"));
+                assertEquals(Status.Code.NOT_FOUND, notFound.getCode());
+                assertEquals("unknown_service", notFound.reason());
 
                 rota.onPick = request -> FakeRota.answer(B, 41);
                 Pick pick = client.pick("svc");
@@ -61,28 +80,42 @@ class FallbackTest {
         rota.watched = List.of(A, B, D, Z);
         try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
             rota.close();
-            Pick first = client.pick("svc");
-            assertTrue(first.localFallback());
-            assertEquals("a", first.id());
-            assertEquals(4, first.epoch());
-            assertEquals("b", client.pick("svc").id());
-            assertEquals("a", client.pick("svc").id());
+            List<Pick> picks = new ArrayList<>();
+            for (int i = 0; i < 3; i++) {
+                picks.add(client.pick("svc"));
+            }
+            assertEquals(List.of("a", "b", "a"), picks.stream().map(Pick::id).toList());
+            assertEquals(List.of(0L, 1L, 2L), picks.stream().map(Pick::ticket).toList());
+            for (Pick p : picks) {
+                assertTrue(p.localFallback());
+                assertEquals("", p.fallback());
+                assertFalse(p.isFallback());
+                assertEquals("round_robin", p.rule());
+                assertEquals(4, p.epoch());
+            }
             Pick zlt = client.pick("svc", PickOptions.builder().version("zlt").build());
             assertEquals("z", zlt.id());
+            assertEquals(0, zlt.ticket());
             assertTrue(zlt.localFallback());
             Pick unknown = client.pick("svc", PickOptions.builder().version("nobody").build());
             assertEquals("b", unknown.id());
-            assertTrue(unknown.fallback().endsWith("no instance with version \"nobody\"; picked from instances with no version"),
-                    unknown.fallback());
+            assertEquals(3, unknown.ticket());
+            assertEquals("no instance with version \"nobody\"; picked from instances with no version", unknown.fallback());
             Pick async = client.pickAsync("svc", PickOptions.defaults()).join();
             assertTrue(async.localFallback());
             assertEquals("a", async.id());
 
+            RotaException excluded = assertThrows(RotaException.class,
+                    () -> client.pick("svc", PickOptions.builder().version("zlt").exclude(List.of("z")).build()));
+            assertEquals(Status.Code.UNAVAILABLE, excluded.getCode());
+            assertEquals("no_eligible_instance", excluded.reason());
+
             RotaException notFollowed = assertThrows(RotaException.class, () -> client.pick("other"));
             assertEquals(Status.Code.UNAVAILABLE, notFollowed.getCode());
+            assertTrue(notFollowed.isUnreachable());
             CompletionException asyncFailure = assertThrows(CompletionException.class,
                     () -> client.pickAsync("other", PickOptions.defaults()).join());
-            assertEquals(Status.Code.UNAVAILABLE, ((RotaException) asyncFailure.getCause()).getCode());
+            assertTrue(((RotaException) asyncFailure.getCause()).isUnreachable());
         }
     }
 
@@ -95,24 +128,179 @@ class FallbackTest {
                 Pick pick = client.pick("svc");
                 assertTrue(pick.localFallback());
                 assertEquals("a", pick.id());
-                assertTrue(pick.fallback().startsWith("rota unreachable (DEADLINE_EXCEEDED"), pick.fallback());
+                assertEquals("", pick.fallback());
             }
         }
     }
 
     @Test
-    void onlyFailuresWithoutAnAnswerFromTheServerCountAsUnreachable() {
+    void warmingUpIsAnsweredFromTheCache() throws Exception {
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
+                rota.onPick = request -> {
+                    throw FakeRota.refusal(Status.UNAVAILABLE.withDescription("rota is warming up"), "warming_up");
+                };
+                Pick pick = client.pick("svc");
+                assertTrue(pick.localFallback());
+                assertTrue(pick.isLocalFallback());
+                assertEquals("a", pick.id());
+                assertEquals(0, pick.ticket());
+            }
+        }
+    }
+
+    @Test
+    void anEmptySnapshotAtEpochZeroKeepsTheListOneAtALaterEpochReplacesIt() throws Exception {
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            try (RotaClient client = followingClient(rota, Duration.ofSeconds(5))) {
+                // An empty snapshot at epoch 0 (a restarted rota), then an added instance to know
+                // the snapshot was handled.
+                Instance n = A.withId("n").withPort(9005);
+                rota.push(WatchEvent.newBuilder().setSnapshot(InstanceList.getDefaultInstance()).setEpoch(0).build());
+                rota.push(WatchEvent.newBuilder().setAdded(Wire.instance(n)).setEpoch(1).build());
+                Await.until("the added instance", WAIT, () -> client.lastKnownInstances("svc").size() == 5);
+                assertEquals(List.of("a", "b", "c", "n", "z"),
+                        client.lastKnownInstances("svc").stream().map(Instance::id).toList());
+
+                // An empty snapshot at a later epoch is rota's word.
+                rota.push(WatchEvent.newBuilder().setSnapshot(InstanceList.getDefaultInstance()).setEpoch(7).build());
+                rota.push(WatchEvent.newBuilder().setAdded(Wire.instance(n)).setEpoch(8).build());
+                Await.until("the list to be just the added instance", WAIT,
+                        () -> client.lastKnownInstances("svc").stream().map(Instance::id).toList().equals(List.of("n")));
+            }
+        }
+    }
+
+    @Test
+    void repeatedFailuresShortCutToTheFallbackThenRotaIsAskedAgain() throws Exception {
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            // A window far longer than the test: picks inside it must not reach rota at all.
+            try (RotaClient client = followingClient(RotaClient.builder().target(rota.target())
+                    .pickTimeout(Duration.ofMillis(200)).shortCut(Duration.ofMinutes(5)))) {
+                rota.onPick = request -> null;
+                for (int i = 0; i < RotaClient.UNREACHABLE_STREAK; i++) {
+                    assertTrue(client.pick("svc").localFallback());
+                }
+                assertEquals(RotaClient.UNREACHABLE_STREAK, rota.picks.size());
+                for (int i = 0; i < 10; i++) {
+                    assertTrue(client.pick("svc").localFallback());
+                }
+                assertTrue(client.pickAsync("svc", PickOptions.defaults()).join().localFallback());
+                assertEquals(RotaClient.UNREACHABLE_STREAK, rota.picks.size(), "picks that reached rota");
+            }
+        }
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            // A deadline no pick of this test gets near, even on a loaded machine: the failures
+            // come from an UNAVAILABLE without rota's reason, as a proxy with no rota behind it answers.
+            try (RotaClient client = followingClient(RotaClient.builder().target(rota.target())
+                    .pickTimeout(Duration.ofSeconds(30)).shortCut(Duration.ofMillis(100)))) {
+                rota.onPick = request -> {
+                    throw Status.UNAVAILABLE.withDescription("no rota behind this proxy").asRuntimeException();
+                };
+                for (int i = 0; i < RotaClient.UNREACHABLE_STREAK; i++) {
+                    assertTrue(client.pick("svc").localFallback());
+                }
+                rota.onPick = request -> FakeRota.answer(Z, 7);
+                // Past the window rota is asked again, and its answer ends the short-cut.
+                Await.until("a pick answered by rota", WAIT, () -> !client.pick("svc").localFallback());
+                assertEquals(RotaClient.UNREACHABLE_STREAK + 1, rota.picks.size());
+                assertFalse(client.pick("svc").localFallback());
+            }
+        }
+    }
+
+    @Test
+    void oneWarningPerOutageAndOneNoticeOnRecovery() throws Exception {
+        Logger log = Logger.getLogger(RotaClient.class.getName());
+        List<LogRecord> records = new ArrayList<>();
+        Handler capture = new Handler() {
+            @Override
+            public synchronized void publish(LogRecord record) {
+                records.add(record);
+            }
+
+            @Override
+            public void flush() {
+            }
+
+            @Override
+            public void close() {
+            }
+        };
+        Level level = log.getLevel();
+        log.setLevel(Level.ALL);
+        log.addHandler(capture);
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A, B, D, Z);
+            try (RotaClient client = followingClient(RotaClient.builder().target(rota.target())
+                    .pickTimeout(Duration.ofSeconds(5)).shortCut(Duration.ofMillis(1)))) {
+                for (int outage = 0; outage < 2; outage++) {
+                    rota.onPick = request -> {
+                        throw FakeRota.refusal(Status.UNAVAILABLE, "warming_up");
+                    };
+                    for (int i = 0; i < 20; i++) {
+                        assertTrue(client.pick("svc").localFallback());
+                    }
+                    rota.onPick = request -> FakeRota.answer(B, 0);
+                    Await.until("rota's answer", WAIT, () -> !client.pick("svc").localFallback());
+                    client.pick("svc");
+                }
+            }
+        } finally {
+            log.removeHandler(capture);
+            log.setLevel(level);
+        }
+        List<String> logged;
+        synchronized (capture) {
+            logged = records.stream().map(r -> r.getLevel() + " " + r.getMessage()).toList();
+        }
+        assertEquals(4, logged.size(), String.join("\n", logged));
+        for (int i = 0; i < 4; i += 2) {
+            assertTrue(logged.get(i).startsWith("WARNING rota unreachable"), logged.get(i));
+            assertTrue(logged.get(i).contains("svc -> a"), logged.get(i));
+            assertTrue(logged.get(i + 1).startsWith("INFO rota reachable again"), logged.get(i + 1));
+        }
+    }
+
+    @Test
+    void aWatchThatEndsRightAfterItsSnapshotDoesNotResetTheBackoff() throws Exception {
+        try (FakeRota rota = new FakeRota()) {
+            rota.watched = List.of(A);
+            rota.endWatchesAfterSnapshot = true;
+            try (RotaClient client = RotaClient.builder().target(rota.target())
+                    .backoff(Backoff.exponential(Duration.ofMillis(1), Duration.ofMillis(5))).follow("svc").build()) {
+                ServiceWatcher watcher = client.watcher("svc");
+                Await.until("five watches ended in a row", WAIT, () -> watcher.failures() >= 5);
+                assertEquals(List.of("a"), client.lastKnownInstances("svc").stream().map(Instance::id).toList());
+            }
+        }
+    }
+
+    @Test
+    void whatCountsAsUnreachable() {
         Metadata answered = new Metadata();
         answered.put(Metadata.Key.of("content-type", Metadata.ASCII_STRING_MARSHALLER), "application/grpc");
-        assertTrue(RotaClient.isTransportFailure(Status.UNAVAILABLE.withDescription("io exception").asRuntimeException()));
-        assertTrue(RotaClient.isTransportFailure(Status.UNKNOWN.withDescription("channel closed").asRuntimeException(new Metadata())));
-        assertTrue(RotaClient.isTransportFailure(Status.INTERNAL.withDescription("RST_STREAM").asRuntimeException()));
-        assertTrue(RotaClient.isTransportFailure(Status.DEADLINE_EXCEEDED.asRuntimeException()));
-        assertFalse(RotaClient.isTransportFailure(Status.UNAVAILABLE.withDescription("no instance").asRuntimeException(answered)));
-        assertFalse(RotaClient.isTransportFailure(Status.UNKNOWN.asRuntimeException(answered)));
-        assertFalse(RotaClient.isTransportFailure(Status.NOT_FOUND.asRuntimeException()));
-        assertFalse(RotaClient.isTransportFailure(Status.INVALID_ARGUMENT.asRuntimeException()));
-        assertFalse(RotaClient.isTransportFailure(Status.CANCELLED.asRuntimeException()));
+        assertTrue(RotaException.from(Status.UNAVAILABLE.withDescription("io exception").asRuntimeException()).isUnreachable());
+        assertTrue(RotaException.from(Status.DEADLINE_EXCEEDED.asRuntimeException()).isUnreachable());
+        assertTrue(RotaException.from(Status.UNKNOWN.withDescription("channel closed").asRuntimeException(new Metadata()))
+                .isUnreachable());
+        assertTrue(RotaException.from(Status.INTERNAL.withDescription("RST_STREAM").asRuntimeException()).isUnreachable());
+        RotaException warming = RotaException.from(FakeRota.refusal(Status.UNAVAILABLE, "warming_up"));
+        assertTrue(warming.isUnreachable());
+        assertEquals(RotaException.WARMING_UP, warming.reason());
+
+        RotaException noneEligible = RotaException.from(FakeRota.refusal(Status.UNAVAILABLE, "no_eligible_instance"));
+        assertFalse(noneEligible.isUnreachable());
+        assertEquals("no_eligible_instance", noneEligible.reason());
+        assertFalse(RotaException.from(Status.UNKNOWN.asRuntimeException(answered)).isUnreachable());
+        assertFalse(RotaException.from(Status.NOT_FOUND.asRuntimeException()).isUnreachable());
+        assertFalse(RotaException.from(Status.INVALID_ARGUMENT.asRuntimeException()).isUnreachable());
+        assertFalse(RotaException.from(Status.CANCELLED.asRuntimeException()).isUnreachable());
+        assertEquals("", RotaException.from(Status.UNAVAILABLE.asRuntimeException()).reason());
     }
 
     @Test
@@ -120,7 +308,7 @@ class FallbackTest {
         FakeRota rota = new FakeRota();
         rota.watched = List.of(D);
         try (RotaClient client = RotaClient.builder().target(rota.target()).follow("svc").build()) {
-            Await.until("the snapshot", Duration.ofSeconds(10), () -> client.lastKnownInstances("svc").size() == 1);
+            Await.until("the snapshot", WAIT, () -> client.lastKnownInstances("svc").size() == 1);
             rota.close();
             RotaException e = assertThrows(RotaException.class, () -> client.pick("svc"));
             assertEquals(Status.Code.UNAVAILABLE, e.getCode());

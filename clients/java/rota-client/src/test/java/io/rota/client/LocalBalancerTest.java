@@ -1,19 +1,19 @@
 package io.rota.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Optional;
 
 import org.junit.jupiter.api.Test;
 
+import io.grpc.Status;
 import io.rota.v1.PickRequest;
 
 class LocalBalancerTest {
-    private static final String REASON = "rota unreachable";
-
     private static Instance instance(String id, String version, InstanceStatus status) {
         return Instance.of("svc", "127.0.0.1", 9000).withId(id).withVersion(version).withStatus(status);
     }
@@ -31,13 +31,13 @@ class LocalBalancerTest {
     private static List<String> ids(LocalBalancer balancer, PickRequest request, int count) {
         List<String> ids = new ArrayList<>();
         for (int i = 0; i < count; i++) {
-            ids.add(balancer.pick(request, INSTANCES, 9, REASON).orElseThrow().id());
+            ids.add(balancer.pick(request, INSTANCES, 9).id());
         }
         return ids;
     }
 
-    private static PickRequest request(String version) {
-        return PickRequest.newBuilder().setService("svc").setVersion(version).build();
+    private static PickRequest request(String version, String... exclude) {
+        return PickRequest.newBuilder().setService("svc").setVersion(version).addAllExclude(List.of(exclude)).build();
     }
 
     @Test
@@ -47,34 +47,42 @@ class LocalBalancerTest {
     }
 
     @Test
-    void aPickSaysItWasMadeLocally() {
-        Pick pick = new LocalBalancer().pick(request(""), INSTANCES, 9, REASON).orElseThrow();
-        assertTrue(pick.localFallback());
-        assertEquals("a", pick.id());
-        assertEquals(0, pick.ticket());
-        assertEquals("round_robin", pick.rule());
-        assertEquals(REASON, pick.fallback());
-        assertEquals(9, pick.epoch());
+    void aPickSaysItWasMadeLocallyAndLeavesFallbackToVersionFallbacks() {
+        LocalBalancer balancer = new LocalBalancer();
+        Pick first = balancer.pick(request(""), INSTANCES, 9);
+        assertTrue(first.localFallback());
+        assertEquals("a", first.id());
+        assertEquals("round_robin", first.rule());
+        assertEquals("", first.fallback());
+        assertFalse(first.isFallback());
+        assertEquals(9, first.epoch());
+        List<Long> tickets = new ArrayList<>(List.of(first.ticket()));
+        for (int i = 0; i < 3; i++) {
+            tickets.add(balancer.pick(request(""), INSTANCES, 9).ticket());
+        }
+        assertEquals(List.of(0L, 1L, 2L, 3L), tickets);
     }
 
     @Test
     void versionPicksOnlyThatVersion() {
         LocalBalancer balancer = new LocalBalancer();
         assertEquals(List.of("z1", "z2", "z1"), ids(balancer, request("zlt"), 3));
-        Pick pick = balancer.pick(request("zlt"), INSTANCES, 9, REASON).orElseThrow();
-        assertEquals(REASON, pick.fallback());
+        Pick pick = balancer.pick(request("zlt"), INSTANCES, 9);
+        assertEquals("", pick.fallback());
         assertEquals(3, pick.ticket());
     }
 
     @Test
     void unknownOrDownVersionFallsBackToInstancesWithNoVersion() {
         LocalBalancer balancer = new LocalBalancer();
-        Pick pick = balancer.pick(request("bob"), INSTANCES, 9, REASON).orElseThrow();
+        Pick pick = balancer.pick(request("bob"), INSTANCES, 9);
         assertEquals("a", pick.id());
-        assertEquals(REASON + "; no instance with version \"bob\"; picked from instances with no version", pick.fallback());
+        assertEquals("no instance with version \"bob\"; picked from instances with no version", pick.fallback());
         // The no-version subset has one counter, whichever way a pick got there.
-        assertEquals("b", balancer.pick(request(""), INSTANCES, 9, REASON).orElseThrow().id());
-        assertEquals("e", balancer.pick(request("nobody"), INSTANCES, 9, REASON).orElseThrow().id());
+        assertEquals("b", balancer.pick(request(""), INSTANCES, 9).id());
+        Pick third = balancer.pick(request("nobody"), INSTANCES, 9);
+        assertEquals("e", third.id());
+        assertEquals(2, third.ticket());
     }
 
     @Test
@@ -84,23 +92,59 @@ class LocalBalancerTest {
         assertEquals(List.of("z1"), ids(balancer, request("zlt"), 1));
         assertEquals(List.of("e"), ids(balancer, request(""), 1));
         PickRequest other = PickRequest.newBuilder().setService("other").build();
-        assertEquals("a", balancer.pick(other, INSTANCES, 1, REASON).orElseThrow().id());
+        Pick pick = balancer.pick(other, INSTANCES, 1);
+        assertEquals("a", pick.id());
+        assertEquals(0, pick.ticket());
     }
 
     @Test
-    void excludedIdsAreSkipped() {
+    void excludedIdsAreSkippedInsideTheSubset() {
         LocalBalancer balancer = new LocalBalancer();
-        PickRequest request = request("").toBuilder().addExclude("a").addExclude("e").build();
-        assertEquals("b", balancer.pick(request, INSTANCES, 9, REASON).orElseThrow().id());
-        assertEquals("b", balancer.pick(request, INSTANCES, 9, REASON).orElseThrow().id());
+        assertEquals(List.of("b", "b"), ids(balancer, request("", "a", "e"), 2));
+        // Ticket 2 takes position 2 of [a, b, e]: e.
+        assertEquals("e", balancer.pick(request("", "b"), INSTANCES, 9).id());
+        assertEquals(List.of("z2", "z2"), ids(balancer, request("zlt", "z1"), 2));
     }
 
     @Test
-    void nothingEligibleGivesNothing() {
+    void anExcludedInstancePassesItsTurnToTheNextOne() {
         LocalBalancer balancer = new LocalBalancer();
-        assertEquals(Optional.empty(), balancer.pick(request(""), List.of(), 0, REASON));
+        // Ticket t takes position t mod 3 of [a, b, e]; b's turn goes on to e.
+        assertEquals(List.of("a", "e", "e", "a", "e", "e"), ids(balancer, request("", "b"), 6));
+        // e's turn wraps around to a.
+        assertEquals(List.of("a", "b", "a"), ids(balancer, request("", "e"), 3));
+    }
+
+    @Test
+    void anExcludedVersionSubsetFailsRatherThanFallingThroughToUnversionedInstances() {
+        LocalBalancer balancer = new LocalBalancer();
+        RotaException e = assertThrows(RotaException.class, () -> balancer.pick(request("zlt", "z1", "z2"), INSTANCES, 9));
+        assertEquals(Status.Code.UNAVAILABLE, e.getCode());
+        assertEquals("no_eligible_instance", e.reason());
+        assertFalse(e.isUnreachable());
+        assertTrue(e.getDescription().contains("that is not excluded"), e.getDescription());
+        // No ticket was drawn for the failed pick.
+        assertEquals(0, balancer.pick(request("zlt"), INSTANCES, 9).ticket());
+    }
+
+    @Test
+    void aVersionFallbackIsExcludedInsideTheUnversionedSubset() {
+        LocalBalancer balancer = new LocalBalancer();
+        Pick pick = balancer.pick(request("nobody", "a"), INSTANCES, 9);
+        assertEquals("b", pick.id());
+        assertTrue(pick.isFallback());
+        RotaException e = assertThrows(RotaException.class,
+                () -> balancer.pick(request("nobody", "a", "b", "e"), INSTANCES, 9));
+        assertEquals("no_eligible_instance", e.reason());
+    }
+
+    @Test
+    void nothingEligibleFails() {
+        LocalBalancer balancer = new LocalBalancer();
+        assertThrows(RotaException.class, () -> balancer.pick(request(""), List.of(), 0));
         List<Instance> down = List.of(instance("c", "", InstanceStatus.DOWN), instance("z", "zlt", InstanceStatus.UP));
-        assertEquals(Optional.empty(), balancer.pick(request(""), down, 0, REASON));
-        assertEquals("z", balancer.pick(request("zlt"), down, 0, REASON).orElseThrow().id());
+        RotaException e = assertThrows(RotaException.class, () -> balancer.pick(request(""), down, 0));
+        assertEquals(Status.Code.UNAVAILABLE, e.getCode());
+        assertEquals("z", balancer.pick(request("zlt"), down, 0).id());
     }
 }

@@ -21,14 +21,14 @@ class TimedTest {
 
     /** The outcome of the index-th report rota received, as sent on the wire. */
     private static io.rota.v1.CallOutcome awaitOutcome(FakeRota rota, int index) throws InterruptedException {
-        Await.until("report " + index, Duration.ofSeconds(10), () -> rota.reports.size() > index);
+        Await.until("report " + index, Duration.ofSeconds(40), () -> rota.reports.size() > index);
         assertEquals(1, rota.reports.get(index).getOutcomesCount());
         return rota.reports.get(index).getOutcomes(0);
     }
 
     @Test
     void successIsReportedOkWithItsLatency() throws Exception {
-        try (FakeRota rota = new FakeRota(); RotaClient client = RotaClient.builder().target(rota.target()).build()) {
+        try (FakeRota rota = new FakeRota(); RotaClient client = RotaClient.builder().target(rota.target()).callTimeout(Duration.ofSeconds(40)).build()) {
             String result = client.timed(PICK, () -> {
                 long until = System.nanoTime() + Duration.ofMillis(20).toNanos();
                 while (System.nanoTime() < until) {
@@ -49,7 +49,7 @@ class TimedTest {
 
     @Test
     void failuresAreRethrownAndReported() throws Exception {
-        try (FakeRota rota = new FakeRota(); RotaClient client = RotaClient.builder().target(rota.target()).build()) {
+        try (FakeRota rota = new FakeRota(); RotaClient client = RotaClient.builder().target(rota.target()).callTimeout(Duration.ofSeconds(40)).build()) {
             IllegalStateException boom = new IllegalStateException("500 from the instance");
             assertSame(boom, assertThrows(IllegalStateException.class, () -> client.timed(PICK, () -> {
                 throw boom;

@@ -23,7 +23,8 @@ import java.util.regex.Pattern;
  *
  * <p>The binary is {@code -Drota.bin}, else the {@code ROTA_BIN} environment variable, else
  * {@code target/debug/rota} of the repository after {@code cargo build --bin rota}. The process is
- * started as {@code rota serve --listen 127.0.0.1:0}; the port is read from the first line of its
+ * started as {@code rota serve --listen 127.0.0.1:0} with {@code ROTA_WARMUP=0s} in its environment
+ * (a {@code --warmup} argument wins); the port is read from the first line of its
  * standard output ({@code listening on 127.0.0.1:PORT}). Its log goes to
  * {@code target/rota-logs/}. {@link #close()} kills it; a shutdown hook does too if the JVM
  * ends first.
@@ -65,7 +66,11 @@ public final class RotaServer implements AutoCloseable {
         Path logs = Paths.get(System.getProperty("user.dir"), "target", "rota-logs");
         Files.createDirectories(logs);
         Path log = logs.resolve("rota-" + ProcessHandle.current().pid() + "-" + COUNT.incrementAndGet() + ".log");
-        Process process = new ProcessBuilder(command)
+        ProcessBuilder builder = new ProcessBuilder(command);
+        // No start-up warm-up unless a test asks for one (--warmup wins over the variable): a
+        // fresh test server has seen no service, and tests expect NOT_FOUND for one never registered.
+        builder.environment().put("ROTA_WARMUP", "0s");
+        Process process = builder
                 .redirectError(log.toFile())
                 .redirectInput(ProcessBuilder.Redirect.from(new File("/dev/null")))
                 .start();

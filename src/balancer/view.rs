@@ -12,8 +12,11 @@
 //! at every publication: inline for subsets up to [`INLINE_BUILD`] members, on a blocking
 //! thread beyond, while picks go on with the previous snapshot's tables read through member
 //! ids (see [`crate::rules::Built`]). Acknowledgements and other services' publications never
-//! wait for such a build.
+//! wait for such a build. One build runs at a time per service; a build queued for a view that
+//! a newer publication has replaced is dropped, so a service that changes faster than its
+//! tables build costs one build at a time, not a growing queue.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use arc_swap::{ArcSwap, Guard};
@@ -35,19 +38,12 @@ pub struct SubsetView {
     pub rotations: RotationCache,
     /// Each position's statistics handle, filled on first pick.
     stats: Box<[OnceLock<StatsHandle>]>,
-    /// Held while tables are built, so one build runs at a time.
-    building: tokio::sync::Mutex<()>,
 }
 
 impl SubsetView {
     fn new(subset: Subset) -> Self {
         let stats = (0..subset.len()).map(|_| OnceLock::new()).collect();
-        Self {
-            candidates: Candidates::new(subset),
-            rotations: RotationCache::default(),
-            stats,
-            building: tokio::sync::Mutex::new(()),
-        }
+        Self { candidates: Candidates::new(subset), rotations: RotationCache::default(), stats }
     }
 
     pub fn label(&self) -> &Arc<str> {
@@ -89,6 +85,10 @@ pub struct ServiceView {
     pub unversioned: SubsetView,
     pub versions: Map<Arc<str>, SubsetView>,
     pub up: SubsetView,
+    /// Held while tables of this service are built; shared by the service's successive views.
+    building: Arc<tokio::sync::Mutex<()>>,
+    /// Set when a newer view replaced this one.
+    superseded: AtomicBool,
 }
 
 impl Versions for ServiceView {
@@ -112,13 +112,20 @@ impl Versions for ServiceView {
 }
 
 impl ServiceView {
-    fn new(snapshot: Arc<ServiceSnapshot>) -> Self {
+    fn new(snapshot: Arc<ServiceSnapshot>, previous: Option<&ServiceView>) -> Self {
         Self {
             unversioned: SubsetView::new(snapshot.unversioned.clone()),
             versions: snapshot.versions.iter().map(|(v, s)| (v.clone(), SubsetView::new(s.clone()))).collect(),
             up: SubsetView::new(snapshot.up.clone()),
             snapshot,
+            building: previous.map(|p| p.building.clone()).unwrap_or_default(),
+            superseded: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a newer view of the service replaced this one (or the service was forgotten).
+    pub fn is_superseded(&self) -> bool {
+        self.superseded.load(Ordering::Relaxed)
     }
 
     pub fn subsets(&self) -> impl Iterator<Item = &SubsetView> {
@@ -170,15 +177,18 @@ impl Views {
         let mut map = (**self.map.load()).clone();
         for name in services {
             let Some(snapshot) = catalog.get(name) else {
-                map.remove(name);
+                if let Some(gone) = map.remove(name) {
+                    gone.superseded.store(true, Ordering::Relaxed);
+                }
                 continue;
             };
             let previous = map.get(name).cloned();
             if previous.as_ref().is_some_and(|view| Arc::ptr_eq(&view.snapshot, snapshot)) {
                 continue;
             }
-            let view = Arc::new(ServiceView::new(snapshot.clone()));
+            let view = Arc::new(ServiceView::new(snapshot.clone(), previous.as_deref()));
             if let Some(previous) = previous {
+                previous.superseded.store(true, Ordering::Relaxed);
                 self.carry_over(&view, &previous);
             }
             map.insert(name.clone(), view);
@@ -199,10 +209,7 @@ impl Views {
                 subset.build(wanted, &self.stats);
             } else {
                 let (view, label, stats) = (view.clone(), subset.label().clone(), self.stats.clone());
-                tokio::spawn(async move {
-                    build(&view, &label, wanted, &stats).await;
-                    tracing::debug!(service = %view.snapshot.name, subset = %label, "tables built after publication");
-                });
+                tokio::spawn(async move { build(&view, &label, wanted, &stats).await });
             }
         }
     }
@@ -228,18 +235,21 @@ pub async fn ensure(view: &Arc<ServiceView>, subset: &SubsetView, needs: Needs, 
 }
 
 async fn build_absent(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stats: &Arc<Stats>) {
+    let _building = view.building.lock().await;
     let Some(subset) = view.subset(label) else { return };
-    let _building = subset.building.lock().await;
     let absent = subset.absent(needs);
     if absent.any() {
         run_build(view, label, absent, stats).await;
     }
 }
 
-/// Builds `needs` for the subset labelled `label` (replacing inherited tables).
+/// Builds `needs` for the subset labelled `label` (replacing inherited tables), unless a newer
+/// view replaced this one while the build waited its turn.
 async fn build(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stats: &Arc<Stats>) {
-    let Some(subset) = view.subset(label) else { return };
-    let _building = subset.building.lock().await;
+    let _building = view.building.lock().await;
+    if view.is_superseded() {
+        return;
+    }
     run_build(view, label, needs, stats).await;
 }
 

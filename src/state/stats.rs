@@ -4,8 +4,11 @@
 //! flight for its instance until a report for that instance arrives or the in-flight timeout
 //! passes ([`Stats::on_pick`]). From these rota keeps, per instance:
 //!
-//! - the in-flight count, in one-second buckets so that picks nobody reports expire without a
-//!   per-pick record (a report retires the oldest outstanding pick; only the count matters);
+//! - the in-flight count, in time buckets (an eighth of the in-flight timeout wide, at least a
+//!   second) so that picks nobody reports expire without a per-pick record (a report retires the
+//!   oldest outstanding pick; only the count matters). A pick stops counting between the timeout
+//!   and the timeout plus one bucket after it was made. The buckets are reserved once per
+//!   instance, so a warm pick never allocates;
 //! - a latency EWMA whose weight decays with time (time constant `latency_decay`), so it
 //!   follows the recent window rather than the lifetime mean Ribbon's `ServerStats` used;
 //! - success and failure counts over a sliding window;
@@ -94,6 +97,12 @@ pub enum Outcome {
     Failure,
 }
 
+/// In-flight buckets per timeout.
+const BUCKETS_PER_TIMEOUT: u64 = 8;
+/// In-flight buckets one instance holds at most: a timeout's worth, the current one, and one
+/// that straddles the timeout.
+const IN_FLIGHT_BUCKETS: usize = BUCKETS_PER_TIMEOUT as usize + 2;
+
 /// Every latency sample moves the EWMA by at least this fraction, so a burst of samples at
 /// one instant (no time elapsed) still counts.
 const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
@@ -102,7 +111,8 @@ const COUNT_BUCKETS: u64 = 6;
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// (second since origin, picks still outstanding from that second), oldest first.
+    /// (bucket since origin, picks still outstanding from that bucket), oldest first; at most
+    /// [`IN_FLIGHT_BUCKETS`] entries.
     in_flight: VecDeque<(u64, u32)>,
     in_flight_total: u64,
     ewma_ms: Option<f64>,
@@ -242,6 +252,11 @@ impl Stats {
         self.services.get(service)?.get(id).map(|s| s.clone())
     }
 
+    /// Width of an in-flight bucket, in seconds.
+    fn bucket_width(&self) -> u64 {
+        self.config.in_flight_timeout.as_secs().max(1).div_ceil(BUCKETS_PER_TIMEOUT).max(1)
+    }
+
     fn second(&self, now: Instant) -> u64 {
         now.duration_since(self.origin).as_secs()
     }
@@ -249,11 +264,17 @@ impl Stats {
     /// Counts a successful pick under `rule`, in flight on its instance until reported.
     pub fn on_pick(&self, handle: &StatsHandle, rule: &Arc<str>) {
         let second = self.second(Instant::now());
+        let bucket = second / self.bucket_width();
         let mut inner = handle.stats.lock();
         self.expire_in_flight(&mut inner, second);
         match inner.in_flight.back_mut() {
-            Some((s, count)) if *s == second => *count += 1,
-            _ => inner.in_flight.push_back((second, 1)),
+            Some((b, count)) if *b == bucket => *count += 1,
+            _ => {
+                if inner.in_flight.capacity() < IN_FLIGHT_BUCKETS {
+                    inner.in_flight.reserve_exact(IN_FLIGHT_BUCKETS);
+                }
+                inner.in_flight.push_back((bucket, 1));
+            }
         }
         inner.in_flight_total += 1;
         inner.publish(Instant::now());
@@ -395,9 +416,12 @@ impl Stats {
     /// Drops the in-flight picks older than the timeout; whether any were.
     fn expire_in_flight(&self, inner: &mut Inner, second: u64) -> bool {
         let timeout = self.config.in_flight_timeout.as_secs().max(1);
+        let width = self.bucket_width();
         let mut expired = false;
-        while let Some(&(s, count)) = inner.in_flight.front() {
-            if second.saturating_sub(s) < timeout {
+        while let Some(&(bucket, count)) = inner.in_flight.front() {
+            // Measured from the bucket's last second: no pick stops counting early.
+            let last = bucket * width + width - 1;
+            if second.saturating_sub(last) < timeout {
                 break;
             }
             inner.in_flight_total -= u64::from(count);
@@ -499,8 +523,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(20)).await;
         stats.on_pick(&handle, &rule);
         assert_eq!(stats.load("svc", "a").in_flight, 3);
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(stats.load("svc", "a").in_flight, 1, "the first picks timed out after 30 s");
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(stats.load("svc", "a").in_flight, 3, "29 s: nothing times out early");
+        // The timeout is 30 s; buckets are 4 s wide, so the first picks expire by 34 s.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(stats.load("svc", "a").in_flight, 1, "the first picks timed out");
         tokio::time::advance(Duration::from_secs(20)).await;
         assert_eq!(stats.load("svc", "a").in_flight, 0);
         // A late report never drives the count below zero.

@@ -254,9 +254,9 @@ func (fc *fallbackCache) synced(service string) bool {
 // pick chooses, round robin, an up instance of service from the cached list, with the
 // version isolation rota applies: version v picks among instances of version v, or when
 // there are none among the instances with no version (and says so in Fallback); no
-// version picks among the instances with no version. As on rota, ticket t takes position
-// t mod n of that subset and an excluded instance there passes the pick on to the next;
-// a subset that is empty or all excluded gives nothing (never another subset).
+// version picks among the instances with no version. As rota's round robin, ticket t takes
+// position t mod k among the k instances of that subset that are not excluded; a subset that
+// is empty or all excluded gives nothing (never another subset).
 func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick, bool) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
@@ -265,8 +265,13 @@ func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick,
 		return nil, false
 	}
 	subset, fallback := v.subset(version)
-	allowed := func(i Instance) bool { return !slices.Contains(exclude, i.ID) }
-	if !slices.ContainsFunc(subset, allowed) {
+	var accepted []Instance
+	for _, candidate := range subset {
+		if !slices.Contains(exclude, candidate.ID) {
+			accepted = append(accepted, candidate)
+		}
+	}
+	if len(accepted) == 0 {
 		return nil, false
 	}
 	label := version
@@ -276,14 +281,7 @@ func (fc *fallbackCache) pick(service, version string, exclude []string) (*Pick,
 	key := [2]string{service, label}
 	ticket := fc.counters[key]
 	fc.counters[key] = ticket + 1
-	n := uint64(len(subset))
-	var chosen Instance
-	for step := range n {
-		if candidate := subset[(ticket+step)%n]; allowed(candidate) {
-			chosen = candidate
-			break
-		}
-	}
+	chosen := accepted[ticket%uint64(len(accepted))]
 	return &Pick{
 		Instance:      chosen,
 		Ticket:        ticket,

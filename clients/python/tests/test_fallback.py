@@ -104,12 +104,12 @@ def test_exclude_is_applied_after_version_isolation() -> None:
     assert cache.pick("x", exclude=("v1",)) is None
 
 
-def test_exclude_skips_to_the_next_instance_of_the_rotation() -> None:
-    # As rota: ticket t takes position t mod n of the subset; an excluded instance there passes
-    # the pick on to the next one. (Dropping excluded ids first would give a, c, a.)
+def test_exclude_rotates_over_the_instances_left() -> None:
+    # As rota's round robin: ticket t takes position t mod k among the k instances that are not
+    # excluded. (Skipping forward from position t mod n would give a, c, c.)
     cache = cache_with(inst("a"), inst("b"), inst("c"))
     results = [cache.pick(exclude=("b",)) for _ in range(3)]
-    assert [(r.instance.id, r.ticket) for r in results if r] == [("a", 0), ("c", 1), ("c", 2)]
+    assert [(r.instance.id, r.ticket) for r in results if r] == [("a", 0), ("c", 1), ("a", 2)]
 
 
 def test_an_empty_snapshot_of_a_rota_that_has_not_seen_the_service_keeps_the_list() -> None:

@@ -72,8 +72,8 @@ export class InstanceCache {
    * Round robin as the conformance README's local fallback contract says: version isolation
    * first (a version V gets the `UP` instances of version V, or when there are none the `UP`
    * instances with no version; no version gets the `UP` instances with no version); ticket `t`
-   * (0, 1, 2, ... per service and subset) takes position `t mod n` of that subset, by id, and an
-   * excluded instance there passes the pick on to the next one, in order. Exclusion never sends
+   * (0, 1, 2, ... per service and subset) takes position `t mod k` among the k instances of that
+   * subset (by id) that are not excluded, as rota's round robin does. Exclusion never sends
    * a versioned pick to the unversioned instances. `undefined` when the subset is empty or all
    * excluded (or the service is not cached; see `has`).
    */
@@ -93,17 +93,14 @@ export class InstanceCache {
       fallback = `no instance with version ${JSON.stringify(version)}; picked from instances with no version`;
     }
     const excluded = new Set(options.exclude ?? []);
-    if (subset.every((i) => excluded.has(i.id))) {
+    const accepted = subset.filter((i) => !excluded.has(i.id));
+    if (accepted.length === 0) {
       return undefined;
     }
     const key = `${service}\0${subsetVersion}`;
     const ticket = this.#counters.get(key) ?? 0n;
     this.#counters.set(key, ticket + 1n);
-    const start = Number(ticket % BigInt(subset.length));
-    let instance = subset[start] as Instance;
-    for (let step = 1; excluded.has(instance.id); step += 1) {
-      instance = subset[(start + step) % subset.length] as Instance;
-    }
+    const instance = accepted[Number(ticket % BigInt(accepted.length))] as Instance;
     return { instance, ticket, fallback, epoch: cached.epoch };
   }
 

@@ -86,12 +86,13 @@ describe('InstanceCache (local fallback)', () => {
     assert.equal(cache.pick('svc', { version: 'v1', exclude: ['v1-a'] }), undefined, 'all excluded');
   });
 
-  it('skips excluded ids', () => {
+  it('rotates over the instances not excluded', () => {
     const cache = new InstanceCache();
     cache.replace('svc', [instance('a'), instance('b'), instance('c')], 1n);
-    // Ticket t takes position t mod 3 of [a, b, c]; b's turn passes on to c.
-    assert.deepEqual(ids(cache, 6, { exclude: ['b'] }), ['a', 'c', 'c', 'a', 'c', 'c']);
-    // c's turn wraps around to a.
+    // As rota's round robin: ticket t takes position t mod 2 of [a, c] (skipping forward from
+    // position t mod 3 of [a, b, c] would give a, c, c).
+    assert.deepEqual(ids(cache, 6, { exclude: ['b'] }), ['a', 'c', 'a', 'c', 'a', 'c']);
+    // Tickets 6, 7, 8 over [a, b].
     assert.deepEqual(ids(cache, 3, { exclude: ['c'] }), ['a', 'b', 'a']);
   });
 

@@ -206,10 +206,9 @@ class InstanceCache:
             counter = self._counters.setdefault(label, itertools.count())
             ticket = next(counter)
             epoch = self._epoch
-        n = len(isolated)
-        chosen = next(
-            isolated[(ticket + step) % n] for step in range(n) if isolated[(ticket + step) % n].id not in excluded
-        )
+        # As rota's round robin: the rotation runs over the candidates that are not excluded.
+        accepted = [i for i in isolated if i.id not in excluded]
+        chosen = accepted[ticket % len(accepted)]
         return PickResult(
             instance=chosen,
             ticket=ticket,

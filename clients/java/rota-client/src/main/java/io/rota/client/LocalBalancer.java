@@ -13,8 +13,8 @@ import io.rota.v1.PickRequest;
  * Picks from a locally kept instance list while rota is unreachable, by round robin as the
  * conformance README's local fallback contract says: version isolation first (version V picks
  * the UP instances of version V, else the UP instances with no version; no version picks the UP
- * instances with no version); ticket {@code t} takes position {@code t mod n} of that subset (by
- * id), and an excluded instance there passes the pick on to the next one, in order.
+ * instances with no version); ticket {@code t} takes position {@code t mod k} among the k
+ * instances of that subset (by id) that are not excluded, as rota's round robin does.
  *
  * <p>A subset that is empty or all excluded fails as on rota ({@code UNAVAILABLE}, reason
  * {@code no_eligible_instance}): exclusion never sends a versioned pick to the unversioned
@@ -42,21 +42,14 @@ final class LocalBalancer {
             fallback = "no instance with version " + quoted(version) + "; picked from instances with no version";
         }
         Set<String> excluded = Set.copyOf(request.getExcludeList());
-        if (candidates.stream().allMatch(i -> excluded.contains(i.id()))) {
+        List<Instance> accepted = candidates.stream().filter(i -> !excluded.contains(i.id())).toList();
+        if (accepted.isEmpty()) {
             throw new RotaException(Status.Code.UNAVAILABLE, unavailable(request), NO_ELIGIBLE_INSTANCE, false,
                     null);
         }
         long ticket = counters.computeIfAbsent(request.getService() + '\0' + subset, k -> new AtomicLong())
                 .getAndIncrement();
-        int n = candidates.size();
-        int start = (int) Long.remainderUnsigned(ticket, n);
-        Instance chosen = null;
-        for (int step = 0; chosen == null; step++) {
-            Instance candidate = candidates.get((start + step) % n);
-            if (!excluded.contains(candidate.id())) {
-                chosen = candidate;
-            }
-        }
+        Instance chosen = accepted.get((int) Long.remainderUnsigned(ticket, accepted.size()));
         return new Pick(chosen, ticket, RULE, fallback, epoch, true);
     }
 

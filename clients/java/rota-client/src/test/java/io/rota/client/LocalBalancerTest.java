@@ -101,17 +101,18 @@ class LocalBalancerTest {
     void excludedIdsAreSkippedInsideTheSubset() {
         LocalBalancer balancer = new LocalBalancer();
         assertEquals(List.of("b", "b"), ids(balancer, request("", "a", "e"), 2));
-        // Ticket 2 takes position 2 of [a, b, e]: e.
-        assertEquals("e", balancer.pick(request("", "b"), INSTANCES, 9).id());
+        // Ticket 2 takes position 2 mod 2 of [a, e], the instances left: a.
+        assertEquals("a", balancer.pick(request("", "b"), INSTANCES, 9).id());
         assertEquals(List.of("z2", "z2"), ids(balancer, request("zlt", "z1"), 2));
     }
 
     @Test
-    void anExcludedInstancePassesItsTurnToTheNextOne() {
+    void theRotationRunsOverTheInstancesNotExcluded() {
         LocalBalancer balancer = new LocalBalancer();
-        // Ticket t takes position t mod 3 of [a, b, e]; b's turn goes on to e.
-        assertEquals(List.of("a", "e", "e", "a", "e", "e"), ids(balancer, request("", "b"), 6));
-        // e's turn wraps around to a.
+        // As rota's round robin: ticket t takes position t mod 2 of [a, e] (skipping forward
+        // from position t mod 3 of [a, b, e] would give a, e, e).
+        assertEquals(List.of("a", "e", "a", "e", "a", "e"), ids(balancer, request("", "b"), 6));
+        // Tickets 6, 7, 8 over [a, b].
         assertEquals(List.of("a", "b", "a"), ids(balancer, request("", "e"), 3));
     }
 

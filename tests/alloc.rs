@@ -48,6 +48,7 @@ fn warm_picks_do_not_allocate() {
         "availability_filtering(limit=100000)",
         "least_request",
         "zone_avoidance",
+        "response_time",
     ];
     for (rule, exclude) in rules.iter().flat_map(|rule| [(*rule, &tried[..0]), (*rule, &tried[..])]) {
         let pick = |k: usize| {

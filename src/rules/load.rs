@@ -12,7 +12,9 @@
 //! - the `k`-th among the least loaded untripped candidates (best available, ties rotated);
 //! - the first untripped candidate at or after a position whose in-flight count is under a limit;
 //! - per zone: candidates, tripped, in flight (zone avoidance), and the `k`-th untripped
-//!   candidate of a set of zones.
+//!   candidate of a set of zones;
+//! - the candidate at a given point of the cumulative `response_time` weights
+//!   (`Σ latency − latencyᵢ`, see that rule), from per-node sums of the known latencies.
 //!
 //! An update costs O(log n) per tree it touches (two with several zones). A pick's excluded
 //! candidates are masked out of the trees for the duration of one query and put back, under the
@@ -169,7 +171,7 @@ impl LoadIndex {
         let n = inner.leaves.len();
         let masked = excluded.positions().iter().copied().filter(move |&p| p < n);
         for position in masked.clone() {
-            inner.put(position, None);
+            inner.put(position, None, None);
         }
         let answer = query(&Query { inner: &inner, now });
         for position in masked {
@@ -209,14 +211,17 @@ impl Inner {
             zone.tripped = zone.tripped + u64::from(tripped) - u64::from(was);
         }
         self.tripped[position] = tripped;
-        self.put(position, (!tripped).then_some(leaf.in_flight));
+        self.put(position, (!tripped).then_some(leaf.in_flight), Some(leaf.latency_ms));
     }
 
-    /// Sets a leaf in the trees: `Some(in flight)` when it may be chosen, `None` when not.
-    fn put(&mut self, position: usize, value: Option<u64>) {
-        self.all.set(position, value);
+    /// Sets a leaf in the trees: `Some(in flight)` when it may be chosen by the load-reading
+    /// rules (not tripped, not masked), `None` when not; `latency` is `Some(latest latency)`
+    /// while the candidate takes part at all (not masked), `None` when masked.
+    fn put(&mut self, position: usize, value: Option<u64>, latency: Option<Option<f64>>) {
+        let leaf = Node::leaf(value, latency);
+        self.all.set(position, leaf);
         if let Some(zone) = self.zones.get_mut(self.zone_of[position] as usize) {
-            zone.tree.set(self.local_of[position] as usize, value);
+            zone.tree.set(self.local_of[position] as usize, leaf);
         }
     }
 }
@@ -320,6 +325,39 @@ impl Query<'_> {
     pub fn has_zones(&self) -> bool {
         !self.inner.zones.is_empty()
     }
+
+    /// `response_time`'s weights over the candidates that are not excluded: `Σ L − Lᵢ`, where
+    /// Lᵢ is a candidate's latency (the mean of the known ones when it has none) and Σ L their
+    /// sum. `None` when no latency is known or every weight is zero; otherwise the candidate
+    /// at `point` ∈ [0, 1) of the cumulative weights, in position order. O(log n).
+    pub fn by_latency_weight(&self, point: f64) -> Option<usize> {
+        let tree = &self.inner.all;
+        let root = tree.root();
+        if root.known == 0 {
+            return None;
+        }
+        let mean = root.sum / f64::from(root.known);
+        let latencies = |node: Node| node.sum + f64::from(node.present - node.known) * mean;
+        let total = latencies(root);
+        let weight = |node: Node| (f64::from(node.present) * total - latencies(node)).max(0.0);
+        let all = weight(root);
+        if all <= f64::EPSILON {
+            return None;
+        }
+        let mut target = point * all;
+        let mut i = 1;
+        while i < tree.size {
+            let (left, right) = (tree.nodes[2 * i], tree.nodes[2 * i + 1]);
+            let on_left = weight(left);
+            if left.present > 0 && (target < on_left || right.present == 0) {
+                i *= 2;
+            } else {
+                target -= on_left;
+                i = 2 * i + 1;
+            }
+        }
+        Some(i - tree.size)
+    }
 }
 
 /// A segment tree over leaves that are either free (with an in-flight count) or not.
@@ -338,22 +376,40 @@ struct Node {
     min_count: u32,
     /// Free leaves.
     free: u32,
+    /// Leaves taking part (not masked), tripped or not.
+    present: u32,
+    /// Present leaves with a known latency, and the sum of those latencies (ms).
+    known: u32,
+    sum: f64,
 }
 
-const EMPTY: Node = Node { min: u64::MAX, min_count: 0, free: 0 };
+const EMPTY: Node = Node { min: u64::MAX, min_count: 0, free: 0, present: 0, known: 0, sum: 0.0 };
 
 impl Node {
-    fn leaf(value: Option<u64>) -> Self {
-        match value {
-            Some(in_flight) => Node { min: in_flight, min_count: 1, free: 1 },
+    fn leaf(value: Option<u64>, latency: Option<Option<f64>>) -> Self {
+        let mut node = match value {
+            Some(in_flight) => Node { min: in_flight, min_count: 1, free: 1, ..EMPTY },
             None => EMPTY,
+        };
+        if let Some(latency) = latency {
+            node.present = 1;
+            node.known = u32::from(latency.is_some());
+            node.sum = latency.unwrap_or(0.0);
         }
+        node
     }
 
     fn join(a: Node, b: Node) -> Node {
         let min = a.min.min(b.min);
         let count = |n: Node| if n.min == min && n.free > 0 { n.min_count } else { 0 };
-        Node { min, min_count: count(a) + count(b), free: a.free + b.free }
+        Node {
+            min,
+            min_count: count(a) + count(b),
+            free: a.free + b.free,
+            present: a.present + b.present,
+            known: a.known + b.known,
+            sum: a.sum + b.sum,
+        }
     }
 }
 
@@ -363,7 +419,7 @@ impl Tree {
         let size = n.next_power_of_two().max(1);
         let mut nodes = vec![EMPTY; 2 * size];
         for leaf in &mut nodes[size..size + n] {
-            *leaf = Node::leaf(Some(0));
+            *leaf = Node::leaf(Some(0), Some(None));
         }
         for i in (1..size).rev() {
             nodes[i] = Node::join(nodes[2 * i], nodes[2 * i + 1]);
@@ -371,9 +427,9 @@ impl Tree {
         Self { nodes, size }
     }
 
-    fn set(&mut self, position: usize, value: Option<u64>) {
+    fn set(&mut self, position: usize, leaf: Node) {
         let mut i = self.size + position;
-        self.nodes[i] = Node::leaf(value);
+        self.nodes[i] = leaf;
         while i > 1 {
             i /= 2;
             self.nodes[i] = Node::join(self.nodes[2 * i], self.nodes[2 * i + 1]);
@@ -494,6 +550,47 @@ mod tests {
             // The mask is lifted after the query.
             let all_untripped = loads.iter().filter(|l| !l.1).count();
             prop_assert_eq!(index.query(now, Excluded::default(), |q| q.available()), all_untripped);
+        }
+    }
+
+    proptest! {
+        /// The candidate found by one descent is the one whose share of the cumulative
+        /// `response_time` weights holds the point (checked against a scan, up to rounding).
+        #[test]
+        fn latency_weights_match_a_scan(
+            latencies in proptest::collection::vec(proptest::option::of(1.0f64..100.0), 1..30),
+            excluded in proptest::collection::btree_set(0usize..30, 0..4),
+            point in 0.0f64..1.0,
+        ) {
+            let now = Instant::now();
+            let n = latencies.len();
+            let index = LoadIndex::new(&instances(n));
+            for (position, latency) in latencies.iter().enumerate() {
+                index.set(position, LoadSample { latency_ms: *latency, ..Default::default() }, now);
+            }
+            let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
+            let accepted: Vec<usize> = (0..n).filter(|p| !excluded.contains(p)).collect();
+            let known: Vec<f64> = accepted.iter().filter_map(|&p| latencies[p]).collect();
+            let found = index.query(now, Excluded::new(&excluded), |q| q.by_latency_weight(point));
+            if known.is_empty() {
+                prop_assert_eq!(found, None);
+                return Ok(());
+            }
+            let mean = known.iter().sum::<f64>() / known.len() as f64;
+            let latency = |p: usize| latencies[p].unwrap_or(mean);
+            let total: f64 = accepted.iter().map(|&p| latency(p)).sum();
+            let weight = |p: usize| if excluded.contains(&p) { 0.0 } else { total - latency(p) };
+            let all: f64 = (0..n).map(weight).sum();
+            if all <= f64::EPSILON {
+                prop_assert_eq!(found, None);
+                return Ok(());
+            }
+            let chosen = found.expect("weights exist");
+            prop_assert!(!excluded.contains(&chosen), "an excluded candidate was chosen");
+            let before: f64 = (0..chosen).map(weight).sum();
+            let target = point * all;
+            let slack = 1e-9 * all;
+            prop_assert!(before <= target + slack && target <= before + weight(chosen) + slack);
         }
     }
 

@@ -6,8 +6,9 @@
 //! quickly. Until any instance has a reported latency the rule is plain round robin; an instance
 //! without samples yet counts as average. Weights are sampled with the injected random source.
 //!
-//! Cost: linear in the candidates (every latency is read from the subset's load index under one
-//! lock); the one load-aware rule that still reads them all.
+//! Cost: O(log n). The subset's load index keeps, per node of its segment tree, how many
+//! candidates take part, how many have a latency and the sum of those latencies; the weights'
+//! total and any prefix of them follow from those, so the sampled point is found by one descent.
 
 use super::{Choice, Draw, Needs, Params, RoundRobin, RuleDef, RuleError, Select};
 
@@ -16,35 +17,13 @@ pub struct ResponseTime;
 
 impl Select for ResponseTime {
     fn select(&self, draw: &Draw<'_>, rng: &mut fastrand::Rng) -> Option<Choice> {
-        let members = draw.members();
-        // Excluded candidates take no part: no latency, and (below) no weight.
-        let latencies: Vec<Option<f64>> = draw.loads_by_position(|loads| {
-            (0..members.len())
-                .map(|index| if draw.accepts(index) { loads.load(index).latency_ms } else { None })
-                .collect()
-        })?;
-        let (sum, known) =
-            latencies.iter().flatten().fold((0.0, 0usize), |(sum, count), latency| (sum + latency, count + 1));
-        if known == 0 {
-            return RoundRobin.select(draw, rng);
+        let point = rng.f64();
+        // Excluded candidates take no part: masked out of the index, no latency, no weight.
+        match draw.loads(|loads| loads.by_latency_weight(point))? {
+            Some(index) => Some(Choice::at(index)),
+            // No latency known yet, or nothing to prefer (one instance, or all weights zero).
+            None => RoundRobin.select(draw, rng),
         }
-        let mean = sum / known as f64;
-        let latency = |index: usize| latencies[index].unwrap_or(mean);
-        let total_latency: f64 = (0..members.len()).filter(|&index| draw.accepts(index)).map(latency).sum();
-        let weight = |index: usize| if draw.accepts(index) { (total_latency - latency(index)).max(0.0) } else { 0.0 };
-        let total_weight: f64 = (0..members.len()).map(weight).sum();
-        if total_weight <= f64::EPSILON {
-            // One instance, or all weights zero: nothing to prefer.
-            return RoundRobin.select(draw, rng);
-        }
-        let mut target = rng.f64() * total_weight;
-        for index in 0..members.len() {
-            target -= weight(index);
-            if target < 0.0 {
-                return Some(Choice::at(index));
-            }
-        }
-        (0..members.len()).rev().find(|&index| draw.accepts(index)).map(Choice::at)
     }
 }
 

@@ -44,7 +44,8 @@ func startRota(t *testing.T, listen string) *rotaServer {
 		bin = filepath.Join(root, "target", "debug", "rota")
 	}
 	cmd := exec.Command(bin, "serve", "--listen", listen)
-	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off")
+	// No start-up warm-up: the run registers its instances before anything follows them.
+	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off", "ROTA_WARMUP=0s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -26,7 +26,7 @@ use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
 use rota::rules::{Candidates, Draw, Excluded, LoadIndex, Needs, Select, parse};
-use rota::state::{CounterKey, MemoryState, RotationCache, Stats};
+use rota::state::{BreakerConfig, CounterKey, MemoryState, Outcome, RotationCache, Stats};
 
 #[path = "../tests/support/counting_alloc.rs"]
 mod counting_alloc;
@@ -82,6 +82,12 @@ fn select_benches(c: &mut Criterion) {
         candidates.build(Needs { schedule: true, maglev: true, load: false });
         let index = Arc::new(LoadIndex::new(candidates.members()));
         stats.attach(&index, candidates.members());
+        // Every instance has a reported latency (1 to 50 ms), so `response_time` weighs them.
+        let breaker = BreakerConfig::default();
+        for (i, instance) in candidates.members().iter().enumerate() {
+            let latency = std::time::Duration::from_millis(1 + (i % 50) as u64);
+            stats.on_outcome(&instance.service, &instance.id, Outcome::Success, latency, &breaker);
+        }
         candidates.tables.load.store(Some(index));
         let rotations = RotationCache::default();
         for (name, excluding) in RULES.iter().flat_map(|name| EXCLUDING.map(|e| (*name, e))) {
@@ -191,12 +197,14 @@ fn publish_benches(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("announce", n), &n, |b, _| {
             b.iter(|| {
                 k += 1;
+                // Two ids in turn, each with a new weight every time: every announce changes
+                // the service, so every one is published.
                 let spec = InstanceSpec {
                     id: format!("extra-{}", k % 2),
                     service: "svc".into(),
                     host: "10.9.9.9".into(),
                     port: 8080,
-                    weight: Some(100 + k % 2),
+                    weight: Some(100 + k % 1000),
                     ..Default::default()
                 };
                 runtime.block_on(lease.announce(vec![spec])).unwrap()

@@ -92,7 +92,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             count: leased.count,
             instances: leased.instances.iter().map(|i| convert::instance(i)).collect(),
             epoch: leased.epoch,
-            rule: leased.rule.to_string(),
+            rule: String::from(&*leased.rule),
             fallback: leased.fallback.unwrap_or_default(),
         }))
     }

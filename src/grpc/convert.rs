@@ -39,14 +39,16 @@ pub fn status(status: Status) -> pb::InstanceStatus {
     }
 }
 
+/// Strings are copied with `String::from`, not `to_string` (which goes through `Display` and
+/// its formatter for an `Arc<str>`): this runs for every pick.
 pub fn instance(instance: &Instance) -> pb::Instance {
     pb::Instance {
-        id: instance.id.to_string(),
-        service: instance.service.to_string(),
+        id: String::from(&*instance.id),
+        service: String::from(&*instance.service),
         host: instance.host.clone(),
         port: u32::from(instance.port),
-        version: instance.version.to_string(),
-        zone: instance.zone.to_string(),
+        version: String::from(&*instance.version),
+        zone: String::from(&*instance.zone),
         weight: Some(instance.weight),
         metadata: instance.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         status: status(instance.status).into(),
@@ -76,7 +78,7 @@ pub fn picked(picked: Picked) -> pb::PickResponse {
     pb::PickResponse {
         instance: Some(instance(&picked.instance)),
         ticket: picked.ticket,
-        rule: picked.rule.to_string(),
+        rule: String::from(&*picked.rule),
         fallback: picked.fallback.unwrap_or_default(),
         epoch: picked.epoch,
         error: None,

@@ -57,6 +57,8 @@ pub struct LoadIndex {
 #[derive(Debug)]
 struct Inner {
     leaves: Vec<LoadSample>,
+    /// Picks in flight over every leaf, kept as leaves change.
+    in_flight: u64,
     /// Whether each leaf counts as tripped in the trees (its breaker was open when last looked at).
     tripped: Vec<bool>,
     all: Tree,
@@ -79,6 +81,9 @@ struct Zone {
     in_flight: u64,
     tripped: u64,
 }
+
+/// Per-zone totals, on the stack for up to 8 zones: no allocation per pick.
+pub type Zones<'a> = smallvec::SmallVec<[ZoneLoad<'a>; 8]>;
 
 /// The per-zone totals zone avoidance compares.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +124,7 @@ impl LoadIndex {
         Self {
             inner: Mutex::new(Inner {
                 leaves: vec![LoadSample::default(); n],
+                in_flight: 0,
                 tripped: vec![false; n],
                 all: Tree::new(n),
                 zone_of,
@@ -149,6 +155,7 @@ impl LoadIndex {
             return;
         }
         let previous = std::mem::replace(&mut inner.leaves[position], sample);
+        inner.in_flight = inner.in_flight - previous.in_flight + sample.in_flight;
         let zone_number = inner.zone_of[position] as usize;
         if let Some(zone) = inner.zones.get_mut(zone_number) {
             zone.in_flight = zone.in_flight - previous.in_flight + sample.in_flight;
@@ -265,14 +272,14 @@ impl Query<'_> {
 
     /// Picks in flight on every candidate (excluded ones too).
     pub fn total_in_flight(&self) -> u64 {
-        self.inner.leaves.iter().map(|leaf| leaf.in_flight).sum()
+        self.inner.in_flight
     }
 
     /// Zones sorted by name with their totals; empty when all candidates share one zone.
     /// Excluded candidates are left out of the counts.
-    pub fn zones(&self, excluded: Excluded<'_>) -> Vec<ZoneLoad<'_>> {
+    pub fn zones(&self, excluded: Excluded<'_>) -> Zones<'_> {
         let inner = self.inner;
-        let mut zones: Vec<ZoneLoad<'_>> = inner
+        let mut zones: Zones<'_> = inner
             .zones
             .iter()
             .map(|zone| ZoneLoad {
@@ -541,9 +548,10 @@ mod tests {
             let from = (ticket as usize) % n;
             let expect_under = usable.iter().copied().filter(|&p| p >= from).find(|&p| loads[p].0 < limit)
                 .or_else(|| usable.iter().copied().find(|&p| loads[p].0 < limit));
-            let (nth, least, under) = index.query(now, Excluded::new(&excluded), |q| {
-                (q.nth_available(ticket), q.least_loaded(ticket), q.next_under(from, limit))
+            let (nth, least, under, total) = index.query(now, Excluded::new(&excluded), |q| {
+                (q.nth_available(ticket), q.least_loaded(ticket), q.next_under(from, limit), q.total_in_flight())
             });
+            prop_assert_eq!(total, loads.iter().map(|l| l.0).sum::<u64>(), "every leaf, excluded ones too");
             prop_assert_eq!(nth, expect_nth);
             prop_assert_eq!(least, expect_least);
             prop_assert_eq!(under, expect_under);

@@ -32,7 +32,7 @@ use crate::registry::Instance;
 
 pub use cache::RuleCache;
 pub use consistent_hash::{Maglev, hash_key};
-pub use load::{Load, LoadIndex, LoadSample, Query, ZoneLoad};
+pub use load::{Load, LoadIndex, LoadSample, Query, ZoneLoad, Zones};
 pub use spec::{MAX_RULE_LEN, Params, ParsedRule, RuleError, parse, short_duration};
 pub use tables::{Built, Candidates, Needs, Tables};
 pub use version_isolation::{Fallback, Isolated, Versions, isolate};

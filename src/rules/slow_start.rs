@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, short_duration};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Weighted, short_duration};
 
 /// Default ramp length (Envoy requires one; 30 s is a common choice).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
@@ -75,9 +75,8 @@ impl Select for SlowStart {
         }
         let members = draw.members();
         let at = |slot: usize| built.position(slots[slot] as usize, &draw.candidates.subset);
-        let start = (draw.ticket % slots.len() as u64) as usize;
-        // The ticket's own slot, or the next accepted one (as `weighted` skips exclusions).
-        let first = (0..slots.len()).filter_map(|step| at((start + step) % slots.len())).find(|&i| draw.accepts(i))?;
+        // The ticket's own slot, or the next accepted one: `weighted`'s choice.
+        let first = Weighted.select(draw, rng)?.index;
         let mut candidate = first;
         for _ in 0..MAX_DRAWS {
             let factor = self.factor(members[candidate].up_since, draw.now);

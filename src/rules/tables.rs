@@ -99,16 +99,6 @@ impl Candidates {
         self.subset.is_empty()
     }
 
-    /// Which of `needs` is missing or was built for other members.
-    pub fn missing(&self, needs: Needs) -> Needs {
-        let stale = |built: Option<bool>| built != Some(true);
-        Needs {
-            schedule: needs.schedule && stale(self.tables.schedule.load().as_ref().map(|b| b.is_for(&self.subset))),
-            maglev: needs.maglev && stale(self.tables.maglev.load().as_ref().map(|b| b.is_for(&self.subset))),
-            load: needs.load && self.tables.load.load().is_none(),
-        }
-    }
-
     /// Builds the weight schedule and Maglev table named in `needs` (the load index is the
     /// statistics store's to build: it feeds it).
     pub fn build(&self, needs: Needs) {

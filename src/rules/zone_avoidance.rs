@@ -22,7 +22,7 @@
 //! over all candidates and says so.
 
 use super::availability::ALL_UNAVAILABLE;
-use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, ZoneLoad};
+use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, ZoneLoad, Zones};
 
 /// Share of tripped instances at which a zone is dropped.
 pub const TRIPPED_SHARE: f64 = 0.99999;
@@ -81,7 +81,7 @@ fn choose(draw: &Draw<'_>, loads: &Query<'_>) -> Option<usize> {
 }
 
 /// Ribbon's zone filter over the snapshot; returns the zones to keep.
-fn available_zones<'a>(zones: &mut Vec<ZoneLoad<'a>>) -> Vec<&'a str> {
+fn available_zones<'a>(zones: &mut Zones<'a>) -> smallvec::SmallVec<[&'a str; 8]> {
     if zones.len() <= 1 {
         return zones.iter().map(|z| z.zone).collect();
     }

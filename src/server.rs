@@ -25,7 +25,7 @@ use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::pb;
 use crate::policy::{Policies, PolicySet, file::ConfigError};
 use crate::registry::{Registry, RegistryConfig};
-use crate::state::{StateBackend, StatsConfig};
+use crate::state::{StateBackend, StateConfig, StatsConfig};
 use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles, TlsReloads};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
@@ -70,6 +70,8 @@ pub struct ServeConfig {
     pub housekeeping_interval: Duration,
     /// Memory budget of the sticky assignments, in bytes.
     pub sticky_memory_bytes: usize,
+    /// Where rule state lives.
+    pub state: StateConfig,
     /// TLS (and mTLS when a client CA is given) on the gRPC listener; `None` serves plaintext.
     pub tls: Option<TlsFiles>,
     /// Bearer tokens and their scopes; `None` serves without authentication.
@@ -121,6 +123,7 @@ impl Default for ServeConfig {
             limits: Limits::default(),
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
             sticky_memory_bytes: crate::state::DEFAULT_STICKY_MEMORY_BYTES,
+            state: StateConfig::Memory,
             tls: None,
             auth: None,
             warmup: None,
@@ -215,7 +218,7 @@ impl Server {
         let registry = Registry::spawn(config.registry);
         let balancer = Arc::new(Balancer::new(
             registry.clone(),
-            StateBackend::memory(config.sticky_memory_bytes),
+            StateBackend::open(&config.state, config.sticky_memory_bytes),
             policies.clone(),
             config.stats,
         ));

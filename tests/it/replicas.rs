@@ -258,3 +258,59 @@ async fn a_replica_follows_a_sentinel_failover() {
     sorted.dedup();
     assert_eq!(sorted.len(), tickets.len(), "no ticket repeated through the failover: {tickets:?}");
 }
+
+/// Waits until `server`'s registry holds exactly `ids` for `service`.
+async fn wait_instances(server: &TestServer, service: &str, ids: &[&str]) {
+    let mut snapshots = server.server.balancer().registry().subscribe(service).await.expect("registry runs");
+    let wanted: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    tokio::time::timeout(
+        PATIENCE,
+        snapshots.wait_for(|s| s.instances.iter().map(|i| i.id.to_string()).eq(wanted.iter().cloned())),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{service} never held exactly {ids:?}"))
+    .expect("registry runs");
+}
+
+#[tokio::test]
+async fn registrations_on_any_replica_are_pickable_on_every_replica() {
+    let redis = RedisServer::start().await;
+    let (one, two, three) =
+        (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("merged", "a", 1), instance("merged", "b", 2)]).await;
+    let c = two.register(vec![instance("merged", "c", 3)]).await;
+    for server in [&one, &two, &three] {
+        wait_instances(server, "merged", &["a", "b", "c"]).await;
+    }
+    let mut consumers = clients(&[&one, &two, &three]).await;
+    let mut sequence = String::new();
+    for i in 0..9 {
+        sequence.push_str(&picked_id(&pick(&mut consumers[i % 3], "merged", PickOptions::rule("round_robin")).await));
+    }
+    assert_eq!(sequence, "abcabcabc", "three replicas, one table, one rotation");
+    // The same id on another replica is refused there, as on one server.
+    let refused = three.client().await.register(vec![instance("merged", "a", 9)]).await.expect("register");
+    assert!(refused.require_all_accepted().is_err(), "a second owner of `a` was accepted");
+    // A withdrawal on its own replica reaches the others.
+    drop(c);
+    for server in [&one, &two, &three] {
+        wait_instances(server, "merged", &["a", "b"]).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("leaving", "a", 1)]).await;
+    let _b = two.register(vec![instance("leaving", "b", 2)]).await;
+    wait_instances(&two, "leaving", &["a", "b"]).await;
+    // Dropped, its sharing stops without a word to Redis (as if killed): its key expires and
+    // the others drop its instances.
+    drop(one);
+    wait_instances(&two, "leaving", &["b"]).await;
+    let mut client = two.client().await;
+    for _ in 0..3 {
+        assert_eq!(picked_id(&pick(&mut client, "leaving", PickOptions::rule("round_robin")).await), "b");
+    }
+}

@@ -10,6 +10,7 @@
 //! A pick that finds the link down never waits for Redis.
 
 mod link;
+mod table;
 mod target;
 mod tickets;
 
@@ -21,6 +22,7 @@ use std::time::Duration;
 use crate::hash::ConcurrentMap;
 
 pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link};
+pub use table::{POLL, REPLICA_LEASE, RESYNC, TableSharing};
 pub use target::Target;
 pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};
 

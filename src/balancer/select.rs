@@ -85,10 +85,26 @@ impl Balancer {
                     None => None,
                 };
                 let tripped = |index: usize| draw.loads(|loads| loads.load(index).tripped).unwrap_or(false);
-                match remembered.filter(|&index| !tripped(index)) {
+                match (remembered, remembered.filter(|&index| !tripped(index))) {
                     // Still UP, not drained, not tripped: keep the assignment (refreshed below).
-                    Some(index) => (index, Some((key, *ttl))),
-                    None => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
+                    (_, Some(index)) => (index, Some((key, *ttl))),
+                    // No assignment yet: claim one; a consumer that claimed the key first (on
+                    // another replica, say) wins when its choice is eligible here.
+                    (None, None) => {
+                        let chosen = choose(selector, &draw, &mut rng, &mut fallback, rule)?;
+                        let id = candidates.members()[chosen].id.clone();
+                        let winner = self.state.sticky_claim(key.clone(), id, *ttl).await?;
+                        let index = candidates
+                            .members()
+                            .binary_search_by(|i| (*i.id).cmp(&*winner))
+                            .ok()
+                            .filter(|&index| draw.accepts(index) && !tripped(index))
+                            .unwrap_or(chosen);
+                        // The claim set (or read) the assignment: nothing to refresh.
+                        (index, None)
+                    }
+                    // Remembered but not eligible now: reassign.
+                    (Some(_), None) => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
                 }
             }
             _ => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, None),

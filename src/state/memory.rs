@@ -215,6 +215,15 @@ impl MemoryState {
         (entry.1 > Instant::now()).then(|| entry.0.clone())
     }
 
+    /// Remembers `key → id` for `ttl` unless the key has a live assignment; the one that holds.
+    pub fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
+        if let Some(current) = self.sticky_get(&key) {
+            return current;
+        }
+        self.sticky_set(key, id.clone(), ttl);
+        id
+    }
+
     /// Remembers `key → id` for `ttl`, unless a new key would exceed the entry cap or the memory
     /// budget even after expired entries are pruned (then the pick is simply not sticky).
     pub fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {

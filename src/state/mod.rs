@@ -141,6 +141,15 @@ impl StateBackend {
         }
     }
 
+    /// Remembers `key → id` for `ttl` unless `key` already has a live assignment; returns the
+    /// assignment that holds (the earlier one, or `id`).
+    pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Result<Arc<str>, StateError> {
+        match self {
+            StateBackend::Memory(memory) => Ok(memory.sticky_claim(key, id, ttl)),
+            StateBackend::Redis(redis) => Ok(redis.sticky_claim(key, id, ttl).await),
+        }
+    }
+
     /// Remembers (or refreshes) `key → id` for `ttl`.
     pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Result<(), StateError> {
         match self {

@@ -314,3 +314,31 @@ async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
         assert_eq!(picked_id(&pick(&mut client, "leaving", PickOptions::rule("round_robin")).await), "b");
     }
 }
+
+#[tokio::test]
+async fn a_new_sticky_key_picked_on_two_replicas_at_once_gets_one_instance() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "race").await;
+    let consumers = clients(&[&one, &two, &one, &two]).await;
+    let mut tasks = Vec::new();
+    for mut client in consumers {
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for user in 0..30 {
+                // Each replica's first choice for a key follows the shared ticket, so two
+                // replicas choosing at once choose differently; the claim decides.
+                let options = PickOptions::rule("sticky").key(format!("user-{user}"));
+                answers.push((user, picked_id(&pick(&mut client, "race", options).await)));
+            }
+            answers
+        }));
+    }
+    let mut assigned: HashMap<usize, String> = HashMap::new();
+    for task in tasks {
+        for (user, id) in task.await.expect("consumer") {
+            let first = assigned.entry(user).or_insert_with(|| id.clone());
+            assert_eq!(*first, id, "user-{user} got two instances");
+        }
+    }
+}

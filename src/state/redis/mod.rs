@@ -126,6 +126,39 @@ impl RedisState {
         }
     }
 
+    /// `SET … NX GET`: the first replica to assign a key wins; later claims read its choice.
+    pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
+        let redis_key = sticky_key(&key);
+        let millis = ttl.as_millis().max(1) as u64;
+        let value = id.clone();
+        let earlier = self
+            .link
+            .run(|mut conn| async move {
+                redis::cmd("SET")
+                    .arg(&redis_key)
+                    .arg(&*value)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(millis)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            })
+            .await;
+        match earlier {
+            Some(Some(earlier)) => {
+                let earlier: Arc<str> = earlier.into();
+                self.local.sticky_set(key, earlier.clone(), ttl);
+                earlier
+            }
+            Some(None) => {
+                self.local.sticky_set(key, id.clone(), ttl);
+                id
+            }
+            None => self.local.sticky_claim(key, id, ttl),
+        }
+    }
+
     pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
         let redis_key = sticky_key(&key);
         let millis = ttl.as_millis().max(1) as u64;

@@ -227,7 +227,8 @@ impl Server {
             // Each replica shares its own streams' instances and copies the others'.
             let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
             tracing::info!(%replica, target = %link.target(), "sharing state and instances through Redis");
-            background.push(crate::state::redis::TableSharing::spawn(registry.clone(), link.clone(), replica));
+            background.push(crate::state::redis::TableSharing::spawn(registry.clone(), link.clone(), replica.clone()));
+            background.push(crate::state::redis::LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica));
         }
         if let Some(path) = &config.policy_file {
             background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));

@@ -102,6 +102,11 @@ impl Balancer {
     }
 
     /// The pick views of every service.
+    /// The per-instance call statistics.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
     pub fn views(&self) -> &Arc<Views> {
         &self.views
     }

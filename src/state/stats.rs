@@ -125,11 +125,47 @@ struct Inner {
     picks: Vec<(Arc<str>, u64)>,
     /// The load indexes (and positions in them) this instance's changes are pushed to.
     watchers: Vec<(Weak<LoadIndex>, u32)>,
+    /// What the other rota replicas sharing this state last said of the instance.
+    remote: RemoteLoad,
+}
+
+/// One instance's load as the other replicas see it, merged: their picks in flight, their
+/// successive failures, the latest end of a breaker one of them tripped, and the mean of
+/// their latency averages.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RemoteLoad {
+    pub in_flight: u64,
+    pub successive_failures: u32,
+    pub tripped_until: Option<Instant>,
+    pub latency_ms: Option<f64>,
+}
+
+/// One instance's load as this replica alone sees it, to share with the others.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalLoad {
+    pub service: Arc<str>,
+    pub id: Arc<str>,
+    pub in_flight: u64,
+    pub successive_failures: u32,
+    pub tripped_for: Option<Duration>,
+    pub latency_ms: Option<f64>,
 }
 
 impl Inner {
     fn sample(&self) -> LoadSample {
-        LoadSample { in_flight: self.in_flight_total, latency_ms: self.ewma_ms, tripped_until: self.tripped_until }
+        LoadSample {
+            in_flight: self.in_flight_total + self.remote.in_flight,
+            latency_ms: self.latency_ms(),
+            tripped_until: self.tripped_until.max(self.remote.tripped_until),
+        }
+    }
+
+    /// This replica's latency average, merged with the others' (the mean of the two).
+    fn latency_ms(&self) -> Option<f64> {
+        match (self.ewma_ms, self.remote.latency_ms) {
+            (Some(local), Some(remote)) => Some((local + remote) / 2.0),
+            (local, remote) => local.or(remote),
+        }
     }
 
     /// Pushes the current load to every live index; forgets dead ones.
@@ -339,7 +375,9 @@ impl Stats {
             }
             Outcome::Failure => {
                 inner.successive_failures = inner.successive_failures.saturating_add(1);
-                let blackout = breaker.blackout(inner.successive_failures);
+                // Other replicas' successive failures count too: the breaker trips on the fleet's.
+                let blackout =
+                    breaker.blackout(inner.successive_failures.saturating_add(inner.remote.successive_failures));
                 if !blackout.is_zero() {
                     inner.tripped_until = Some(now + blackout);
                 }
@@ -366,8 +404,9 @@ impl Stats {
         if self.expire_in_flight(&mut inner, self.second(now)) {
             inner.publish(now);
         }
-        let tripped = inner.tripped_until.is_some_and(|until| until > now);
-        Load { in_flight: inner.in_flight_total, latency_ms: inner.ewma_ms, tripped }
+        let sample = inner.sample();
+        let tripped = sample.tripped_until.is_some_and(|until| until > now);
+        Load { in_flight: sample.in_flight, latency_ms: sample.latency_ms, tripped }
     }
 
     pub fn report(&self, service: &str, id: &str) -> InstanceReport {
@@ -377,16 +416,57 @@ impl Stats {
         if self.expire_in_flight(&mut inner, self.second(now)) {
             inner.publish(now);
         }
-        let tripped_for = inner.tripped_until.filter(|until| *until > now).map(|until| until - now);
+        let sample = inner.sample();
+        let tripped_for = sample.tripped_until.filter(|until| *until > now).map(|until| until - now);
         let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
         let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
         let (successes, failures) = live.fold((0, 0), |(s, f), (_, ok, fail)| (s + ok, f + fail));
         InstanceReport {
-            load: Load { in_flight: inner.in_flight_total, latency_ms: inner.ewma_ms, tripped: tripped_for.is_some() },
+            load: Load { in_flight: sample.in_flight, latency_ms: sample.latency_ms, tripped: tripped_for.is_some() },
             successes,
             failures,
-            successive_failures: inner.successive_failures,
+            successive_failures: inner.successive_failures.saturating_add(inner.remote.successive_failures),
             tripped_for,
+        }
+    }
+
+    /// The instances whose load this replica has something to say about (picks in flight,
+    /// failures, a tripped breaker), as it alone sees them. Linear in the instances with
+    /// statistics; replicas sharing state through Redis send this to each other.
+    pub fn local_loads(&self) -> Vec<LocalLoad> {
+        let now = Instant::now();
+        let second = self.second(now);
+        let mut loads = Vec::new();
+        for service in self.services.iter() {
+            for instance in service.value().iter() {
+                let mut inner = instance.value().lock();
+                if self.expire_in_flight(&mut inner, second) {
+                    inner.publish(now);
+                }
+                let tripped_for = inner.tripped_until.filter(|until| *until > now).map(|until| until - now);
+                if inner.in_flight_total > 0 || inner.successive_failures > 0 || tripped_for.is_some() {
+                    loads.push(LocalLoad {
+                        service: service.key().clone(),
+                        id: instance.key().clone(),
+                        in_flight: inner.in_flight_total,
+                        successive_failures: inner.successive_failures,
+                        tripped_for,
+                        latency_ms: inner.ewma_ms,
+                    });
+                }
+            }
+        }
+        loads
+    }
+
+    /// Sets what the other replicas say of one instance (an entry is made if there is none) and
+    /// tells the load indexes when it changes the instance's load.
+    pub fn set_remote(&self, service: &Arc<str>, id: &Arc<str>, remote: RemoteLoad) {
+        let stats = self.entry(service, id);
+        let mut inner = stats.lock();
+        if inner.remote != remote {
+            inner.remote = remote;
+            inner.publish(Instant::now());
         }
     }
 
@@ -394,7 +474,7 @@ impl Stats {
     pub fn next_breaker_reset(&self, service: &str) -> Option<Instant> {
         let now = Instant::now();
         let instances = self.services.get(service)?;
-        instances.iter().filter_map(|s| s.lock().tripped_until.filter(|until| *until > now)).min()
+        instances.iter().filter_map(|s| s.lock().sample().tripped_until.filter(|until| *until > now)).min()
     }
 
     /// Forgets instances for which `keep` returns false (they left the registry) once no

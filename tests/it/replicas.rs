@@ -342,3 +342,69 @@ async fn a_new_sticky_key_picked_on_two_replicas_at_once_gets_one_instance() {
         }
     }
 }
+
+fn failure(service: &str, id: &str) -> pb::CallOutcome {
+    pb::CallOutcome {
+        service: service.into(),
+        instance_id: id.into(),
+        latency_us: 2_000,
+        result: pb::CallResult::Error as i32,
+        ..Default::default()
+    }
+}
+
+/// Waits until `server`'s statistics of `service`/`id` satisfy `done` (they follow the other
+/// replicas' within a few exchange intervals).
+async fn wait_stats(server: &TestServer, service: &str, id: &str, done: impl Fn(&rota::state::InstanceReport) -> bool) {
+    let stats = server.server.balancer().stats().clone();
+    tokio::time::timeout(PATIENCE, async {
+        while !done(&stats.report(service, id)) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{service}/{id}: {:?}", stats.report(service, id)));
+}
+
+#[tokio::test]
+async fn a_breaker_trips_on_failures_reported_through_two_replicas_and_holds_on_both() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "cb").await;
+    let (mut first, mut second) = (one.client().await, two.client().await);
+    first.report(vec![failure("cb", "b"), failure("cb", "b")]).await.expect("report");
+    wait_stats(&two, "cb", "b", |r| r.successive_failures == 2).await;
+    assert!(two.server.balancer().stats().report("cb", "b").tripped_for.is_none(), "two failures trip nothing");
+    // The third failure, through the other replica, trips the breaker there at once ...
+    second.report(vec![failure("cb", "b")]).await.expect("report");
+    assert!(two.server.balancer().stats().report("cb", "b").tripped_for.is_some(), "the fleet's third failure");
+    // ... and replica one honours it.
+    wait_stats(&one, "cb", "b", |r| r.tripped_for.is_some()).await;
+    for _ in 0..6 {
+        let picked = pick(&mut first, "cb", PickOptions::rule("best_available")).await;
+        assert_ne!(picked_id(&picked), "b", "a tripped instance was picked");
+    }
+}
+
+#[tokio::test]
+async fn load_aware_rules_weigh_the_picks_in_flight_on_other_replicas() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "load").await;
+    let mut first = one.client().await;
+    // Three unreported picks of `a` on replica one.
+    for _ in 0..3 {
+        let only_a = PickOptions::rule("round_robin").exclude(["b", "c"]);
+        assert_eq!(picked_id(&pick(&mut first, "load", only_a).await), "a");
+    }
+    wait_stats(&two, "load", "a", |r| r.load.in_flight == 3).await;
+    // Replica two's least-loaded picks go to b and c, idle fleet-wide, never to a.
+    let mut second = two.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(picked_id(&pick(&mut second, "load", PickOptions::rule("best_available")).await));
+    }
+    ids.sort();
+    assert_eq!(ids, ["b", "b", "c", "c"], "best_available weighed replica one's picks");
+    wait_stats(&one, "load", "b", |r| r.load.in_flight == 2).await;
+}

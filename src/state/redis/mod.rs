@@ -10,6 +10,7 @@
 //! A pick that finds the link down never waits for Redis.
 
 mod link;
+mod loads;
 mod table;
 mod target;
 mod tickets;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use crate::hash::ConcurrentMap;
 
 pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link};
+pub use loads::{INTERVAL as LOADS_INTERVAL, LOADS_TTL, LoadSharing};
 pub use table::{POLL, REPLICA_LEASE, RESYNC, TableSharing};
 pub use target::Target;
 pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};

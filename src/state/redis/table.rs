@@ -54,7 +54,7 @@ fn holders_key(service: &str) -> String {
     format!("rota:{{{service}}}:holders")
 }
 
-fn replica_key(replica: &str) -> String {
+pub(super) fn replica_key(replica: &str) -> String {
     format!("rota:replica:{replica}")
 }
 

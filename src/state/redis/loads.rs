@@ -54,6 +54,9 @@ fn decode(text: &str) -> Option<(u64, u32, Duration, Option<f64>)> {
     Some((in_flight, successive, tripped, (latency >= 0.0).then_some(latency)))
 }
 
+/// One instance of one service.
+type InstanceKey = (Arc<str>, Arc<str>);
+
 fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -65,7 +68,7 @@ pub struct LoadSharing {
     /// Services this replica wrote loads for last time.
     written: HashSet<Arc<str>>,
     /// Instances the other replicas said something of last time.
-    remote: HashSet<(Arc<str>, Arc<str>)>,
+    remote: HashSet<InstanceKey>,
 }
 
 impl LoadSharing {
@@ -92,7 +95,7 @@ impl LoadSharing {
             return;
         }
         let Some(merged) = self.read().await else { return };
-        let seen: HashSet<(Arc<str>, Arc<str>)> = merged.keys().cloned().collect();
+        let seen: HashSet<InstanceKey> = merged.keys().cloned().collect();
         for ((service, id), remote) in merged {
             self.stats.set_remote(&service, &id, remote);
         }
@@ -135,7 +138,7 @@ impl LoadSharing {
     }
 
     /// The other replicas' loads of every active service, merged per instance.
-    async fn read(&mut self) -> Option<HashMap<(Arc<str>, Arc<str>), RemoteLoad>> {
+    async fn read(&mut self) -> Option<HashMap<InstanceKey, RemoteLoad>> {
         let since = wall_ms().saturating_sub(ACTIVE_WINDOW.as_millis() as u64);
         let (services, replicas): (Vec<String>, Vec<String>) = self
             .link
@@ -170,7 +173,8 @@ impl LoadSharing {
         let hashes: Vec<HashMap<String, String>> =
             self.link.run(|mut c| async move { pipe.query_async(&mut c).await }).await?;
         let now = Instant::now();
-        let mut merged: HashMap<(Arc<str>, Arc<str>), (RemoteLoad, f64, u32)> = HashMap::new();
+        // Per instance: the merged load, and the sum and count of the latencies given.
+        let mut merged: HashMap<InstanceKey, (RemoteLoad, f64, u32)> = HashMap::new();
         for ((service, _), hash) in pairs.iter().zip(hashes) {
             let service: Arc<str> = service.as_str().into();
             for (id, text) in hash {

@@ -60,9 +60,18 @@ pub struct BenchArgs {
     pub scale_services: usize,
     #[arg(long, default_value_t = 100)]
     pub scale_streams: usize,
+    /// State backends run instead: unary Pick on memory, Redis exact and Redis with ticket
+    /// blocks of 16 and 256 (ratios to memory, Redis commands per pick), then the time from a
+    /// registration on one replica to its arrival on another.
+    #[arg(long)]
+    pub backends: bool,
+    /// Redis for --backends (`redis://HOST:PORT`, databases 1 to 5 are used); by default a
+    /// `redis-server` is started on a free loopback port.
+    #[arg(long, requires = "backends")]
+    pub redis: Option<String>,
 }
 
-struct Spawned(Child);
+pub(super) struct Spawned(pub(super) Child);
 
 /// Resident memory of a process, in bytes (Linux).
 fn resident_bytes(pid: u32) -> Option<u64> {
@@ -103,7 +112,7 @@ pub async fn floor_server() -> Result<(), CliError> {
 }
 
 /// Starts this binary with `args`, and reads the address from its first line.
-fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
+pub(super) fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
     let exe = std::env::current_exe()?;
     // The benchmark registers before it picks: no start-up warm-up to wait out.
     let mut child = Command::new(exe)
@@ -125,7 +134,7 @@ fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
 }
 
 /// Registers `count` instances, at most 1000 per stream.
-async fn register(endpoint: &str, service: &str, count: usize) -> Result<Vec<Registration>, CliError> {
+pub(super) async fn register(endpoint: &str, service: &str, count: usize) -> Result<Vec<Registration>, CliError> {
     let mut registrations = Vec::new();
     let instances: Vec<pb::Instance> = (0..count)
         .map(|i| pb::Instance {
@@ -148,6 +157,9 @@ async fn register(endpoint: &str, service: &str, count: usize) -> Result<Vec<Reg
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.scale {
         return scale(args).await;
+    }
+    if args.backends {
+        return super::bench_backends::run(args).await;
     }
     let (server, endpoint) = match &args.server {
         Some(server) => (None, server.clone()),
@@ -192,7 +204,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
 }
 
 /// The load the arguments describe: picks of `service` under `--rule`.
-fn load_config(args: &BenchArgs, endpoint: &str, service: &str, server_pid: Option<u32>) -> LoadConfig {
+pub(super) fn load_config(args: &BenchArgs, endpoint: &str, service: &str, server_pid: Option<u32>) -> LoadConfig {
     LoadConfig {
         endpoint: endpoint.to_owned(),
         connections: args.connections,

@@ -2,6 +2,7 @@
 //! (`pick`, `register`, `ls`, `watch`) and a self-contained `demo`.
 
 mod bench;
+mod bench_backends;
 mod demo;
 mod pick;
 mod register;

@@ -29,7 +29,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::pb;
 use crate::pb::balancer_client::BalancerClient;
 
-pub use report::{LoadResult, print_table};
+pub use report::{LoadResult, combine_windows, print_table};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

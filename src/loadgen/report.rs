@@ -133,6 +133,11 @@ pub fn combine_by_mode(results: &[LoadResult]) -> Vec<LoadResult> {
     modes.iter().filter_map(|mode| LoadResult::combine(&windows_of(results, *mode))).collect()
 }
 
+/// The windows of one mode taken together; `None` when there are none.
+pub fn combine_windows(results: &[LoadResult]) -> Option<LoadResult> {
+    LoadResult::combine(&results.iter().collect::<Vec<_>>())
+}
+
 fn windows_of(results: &[LoadResult], mode: Mode) -> Vec<&LoadResult> {
     results.iter().filter(|r| r.mode == mode).collect()
 }

@@ -144,8 +144,9 @@ pub struct PolicyReloads {
 /// Re-reads `path` when it changes or on SIGHUP, replacing the file's layer of the policies
 /// only when the new file validates; each outcome is counted in `reloads`.
 pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Sender<PolicyReloads>) -> JoinHandle<()> {
+    // Taken now, not when the task first runs: a change made in between is still a change.
+    let mut last_seen = modified(&path);
     tokio::spawn(async move {
-        let mut last_seen = modified(&path);
         let mut ticker = tokio::time::interval(POLL_INTERVAL);
         #[cfg(unix)]
         let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();

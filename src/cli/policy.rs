@@ -116,7 +116,7 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
 }
 
 fn print_rows(policies: &[pb::Policy]) {
-    println!("{:<24} {:<8} {:<24} {:<8} {:<20} {}", "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER", "GRAY");
+    println!("{:<24} {:<8} {:<24} {:<8} {:<20} GRAY", "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER");
     for policy in policies {
         println!("{}", row(policy));
     }

@@ -307,7 +307,8 @@ impl Server {
             Some((listener, addr)) => {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
                     .with_auth(config.auth.clone())
-                    .with_limits(admission, streams);
+                    .with_limits(admission, streams)
+                    .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
             }

@@ -6,6 +6,7 @@ use rota::policy::file::PolicyReloads;
 use tokio::sync::watch;
 use tonic::Code;
 
+use crate::admin::get;
 use crate::harness::{PATIENCE, TestServer, instance};
 
 fn policy_file(name: &str, text: &str) -> std::path::PathBuf {
@@ -74,6 +75,10 @@ async fn runtime_overrides_survive_policy_file_reloads_until_reset() {
     assert_eq!((defaults.rule.as_str(), defaults.source()), ("weighted", Default));
     let entries: Vec<_> = listing.services.iter().map(|p| (p.service.as_str(), p.rule.as_str(), p.source())).collect();
     assert_eq!(entries, [("orders", "random", Runtime)]);
+    let (_, metrics) = get(server.server.admin_addr().unwrap(), "/metrics").await;
+    for series in ["rota_policy_overrides 1", "rota_policy_reloads_total{result=\"applied\"} 1"] {
+        assert!(metrics.lines().any(|l| l == series), "no {series:?} in\n{metrics}");
+    }
 
     // Dropping the override: the reloaded file's policy applies, to picks too.
     let now = admin.reset_policy("orders").await.unwrap();
@@ -81,6 +86,8 @@ async fn runtime_overrides_survive_policy_file_reloads_until_reset() {
     assert_eq!(picked_rule(&mut admin, "orders").await, "repeat(n=3)");
     let entries: Vec<_> = admin.list_policies().await.unwrap().services.into_iter().map(|p| p.source()).collect();
     assert_eq!(entries, [File]);
+    let (_, metrics) = get(server.server.admin_addr().unwrap(), "/metrics").await;
+    assert!(metrics.lines().any(|l| l == "rota_policy_overrides 0"), "{metrics}");
 }
 
 #[tokio::test]
@@ -115,4 +122,6 @@ async fn bad_policy_calls_get_precise_codes_and_change_nothing() {
     rewrite(&path, "[defaults]\nrule = \"random\"\nbreaker = { blackout_base = \"25s\" }\n");
     reloaded(&mut reloads, 0, 1).await;
     assert_eq!(admin.list_policies().await.unwrap(), before, "nothing changed");
+    let (_, metrics) = get(server.server.admin_addr().unwrap(), "/metrics").await;
+    assert!(metrics.lines().any(|l| l == "rota_policy_reloads_total{result=\"refused\"} 1"), "{metrics}");
 }

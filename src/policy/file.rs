@@ -171,7 +171,10 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Se
             last_seen = now_seen;
             let outcome = match load(&path) {
                 Ok(set) => policies.replace_file(set).map_err(|e| format!("{}: {e}", path.display())),
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    policies.file_refused();
+                    Err(e.to_string())
+                }
             };
             match outcome {
                 Ok(()) => {

@@ -15,7 +15,9 @@
 //! An override is resolved over the defaults (its unset fields take the defaults, as
 //! `SetPolicy` always did), so a reload that changes the defaults re-resolves every override;
 //! if one no longer validates against the new defaults (a `blackout_max` below the new
-//! `blackout_base`, say), the reload is refused as a whole and names that service.
+//! `blackout_base`, say), the reload is refused as a whole and names that service. The refused
+//! file is held back, and applies as soon as that override is reset or replaced by one that
+//! validates over it (a later read of the file, good or bad, supersedes it).
 //!
 //! Writes go through one mutex held while the merged set is built and stored, so two writers
 //! never interleave a read-modify-swap and a reload cannot lose an override set meanwhile.
@@ -27,6 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
+use tracing::info;
 
 use super::{Policy, PolicySet, PolicySource, PolicySpec};
 use crate::registry::{InvalidField, validate_service_name};
@@ -61,8 +64,8 @@ fn applies(source: PolicySource) -> &'static str {
 /// Why a reloaded file was refused; the policies in force stay.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the runtime override of {service:?} does not validate over the file's defaults ({error}); reset it or change \
-     the file"
+    "the runtime override of {service:?} does not validate over the file's defaults ({error}); the file applies once \
+     that override is reset or replaced"
 )]
 pub struct OverrideConflict {
     pub service: String,
@@ -82,6 +85,9 @@ struct Layers {
     /// The file's policies as loaded (every service's source is `File`).
     file: PolicySet,
     runtime: BTreeMap<String, Override>,
+    /// The last file read, when it was refused because an override could not live with it:
+    /// it applies as soon as the overrides change so that it can.
+    held_back: Option<PolicySet>,
 }
 
 impl Layers {
@@ -94,6 +100,36 @@ impl Layers {
             set.sources.insert(service.clone(), PolicySource::Runtime);
         }
         set
+    }
+
+    /// Makes `file` the file layer, with every override resolved again over its defaults
+    /// when they changed; refuses it (and changes nothing) if an override does not validate.
+    fn take_file(&mut self, file: PolicySet) -> Result<(), (OverrideConflict, PolicySet)> {
+        if file.defaults != self.file.defaults {
+            let mut runtime = BTreeMap::new();
+            for (service, entry) in &self.runtime {
+                match entry.spec.resolve(&file.defaults, "policy") {
+                    Ok(policy) => {
+                        runtime
+                            .insert(service.clone(), Override { spec: entry.spec.clone(), policy: Arc::new(policy) });
+                    }
+                    Err(error) => return Err((OverrideConflict { service: service.clone(), error }, file)),
+                }
+            }
+            self.runtime = runtime;
+        }
+        self.file = file;
+        Ok(())
+    }
+
+    /// Applies the held-back file if the overrides now allow it.
+    fn retry_held_back(&mut self) {
+        if let Some(file) = self.held_back.take() {
+            match self.take_file(file) {
+                Ok(()) => info!("the policy file held back by a runtime override applies now"),
+                Err((_, file)) => self.held_back = Some(file),
+            }
+        }
     }
 }
 
@@ -109,7 +145,7 @@ pub struct Policies {
 impl Policies {
     /// Policies with `file` as the file layer and no runtime overrides.
     pub fn new(file: PolicySet) -> Self {
-        let layers = Layers { file, runtime: BTreeMap::new() };
+        let layers = Layers { file, ..Layers::default() };
         Self { current: ArcSwap::from_pointee(layers.merged()), layers: Mutex::new(layers) }
     }
 
@@ -126,23 +162,22 @@ impl Policies {
 
     /// Replaces the file layer (a reload). Runtime overrides stay; when the defaults changed
     /// they are resolved again over the new ones, and if one no longer validates nothing
-    /// changes.
+    /// changes: the file is held back until that override is reset or replaced.
     pub fn replace_file(&self, file: PolicySet) -> Result<(), OverrideConflict> {
         let mut layers = self.write();
-        if file.defaults != layers.file.defaults {
-            let mut runtime = BTreeMap::new();
-            for (service, entry) in &layers.runtime {
-                let policy = entry
-                    .spec
-                    .resolve(&file.defaults, "policy")
-                    .map_err(|error| OverrideConflict { service: service.clone(), error })?;
-                runtime.insert(service.clone(), Override { spec: entry.spec.clone(), policy: Arc::new(policy) });
-            }
-            layers.runtime = runtime;
+        layers.held_back = None;
+        if let Err((conflict, file)) = layers.take_file(file) {
+            layers.held_back = Some(file);
+            return Err(conflict);
         }
-        layers.file = file;
         self.current.store(Arc::new(layers.merged()));
         Ok(())
+    }
+
+    /// The file could not be read or did not validate: a file held back earlier is no longer
+    /// what the file says, and will not apply.
+    pub fn file_refused(&self) {
+        self.write().held_back = None;
     }
 
     /// Sets `service`'s runtime override from a spec resolved over the defaults; returns the
@@ -154,9 +189,12 @@ impl Policies {
         if !layers.runtime.contains_key(service) && layers.runtime.len() >= MAX_RUNTIME_OVERRIDES {
             return Err(PolicyError::TooManyOverrides { limit: MAX_RUNTIME_OVERRIDES });
         }
-        layers.runtime.insert(service.to_owned(), Override { spec, policy: policy.clone() });
-        self.current.store(Arc::new(layers.merged()));
-        Ok(policy)
+        layers.runtime.insert(service.to_owned(), Override { spec, policy });
+        layers.retry_held_back();
+        let merged = layers.merged();
+        let now = merged.for_service(service).clone();
+        self.current.store(Arc::new(merged));
+        Ok(now)
     }
 
     /// Drops `service`'s runtime override; returns the policy now in force for it and where
@@ -168,6 +206,7 @@ impl Policies {
             let in_force = layers.file.source(service);
             return Err(PolicyError::NoOverride { service: service.to_owned(), in_force });
         }
+        layers.retry_held_back();
         let merged = layers.merged();
         let now = (merged.for_service(service).clone(), merged.source(service));
         self.current.store(Arc::new(merged));
@@ -269,6 +308,33 @@ mod tests {
         assert_eq!(error.service, "payments");
         assert!(error.to_string().contains("policy.blackout_max must be at least blackout_base"), "{error}");
         assert!(Arc::ptr_eq(&before, &policies.load_full()), "nothing was published");
+        assert_eq!(rule(&policies, "other"), ("random".into(), PolicySource::Default), "the old file stays");
+
+        // Once the override is gone, the held-back file applies.
+        let (policy, source) = policies.reset_service("payments").unwrap();
+        assert_eq!((&*policy.rule.canonical, source), ("weighted", PolicySource::Default));
+        assert_eq!(rule(&policies, "orders"), ("weighted".into(), PolicySource::Default), "the new file applies");
+    }
+
+    #[test]
+    fn a_held_back_file_applies_when_its_override_is_replaced_but_not_after_a_bad_read() {
+        let policies = Policies::new(parse(FILE).unwrap());
+        let max = |secs| PolicySpec { blackout_max: Some(std::time::Duration::from_secs(secs)), ..Default::default() };
+        policies.set_service("payments", max(20)).unwrap();
+        let conflicting = "[defaults]\nrule = \"weighted\"\nbreaker = { blackout_base = \"25s\" }\n";
+        policies.replace_file(parse(conflicting).unwrap()).unwrap_err();
+        // Replaced by an override that validates over the held-back file: both apply, and the
+        // answer is the override resolved over the new defaults.
+        let now = policies.set_service("payments", max(40)).unwrap();
+        assert_eq!((&*now.rule.canonical, now.breaker.blackout_base.as_secs()), ("weighted", 25));
+        assert_eq!(rule(&policies, "other"), ("weighted".into(), PolicySource::Default));
+
+        // A refused file followed by a read that failed: the held-back file is forgotten.
+        let policies = Policies::new(parse(FILE).unwrap());
+        policies.set_service("payments", max(20)).unwrap();
+        policies.replace_file(parse(conflicting).unwrap()).unwrap_err();
+        policies.file_refused();
+        policies.reset_service("payments").unwrap();
         assert_eq!(rule(&policies, "other"), ("random".into(), PolicySource::Default), "the old file stays");
     }
 

@@ -124,4 +124,9 @@ async fn bad_policy_calls_get_precise_codes_and_change_nothing() {
     assert_eq!(admin.list_policies().await.unwrap(), before, "nothing changed");
     let (_, metrics) = get(server.server.admin_addr().unwrap(), "/metrics").await;
     assert!(metrics.lines().any(|l| l == "rota_policy_reloads_total{result=\"refused\"} 1"), "{metrics}");
+
+    // Resetting that override lets the held-back file apply.
+    let now = admin.reset_policy("payments").await.unwrap();
+    assert_eq!((now.rule.as_str(), now.source()), ("random", pb::PolicySource::Default));
+    assert_eq!(rule_and_source(&mut admin, "orders").await, ("random".into(), pb::PolicySource::Default));
 }

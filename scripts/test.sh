@@ -59,6 +59,7 @@ step build cargo build --locked --bin rota
 export ROTA_BIN="$root/target/debug/rota"
 
 if [ "$run_rust" = 1 ]; then
+  step redis-install scripts/install-redis.sh
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
   step rust cargo test --locked
 fi

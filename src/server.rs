@@ -26,7 +26,7 @@ use crate::pb;
 use crate::policy::file::{ConfigError, PolicyReloads};
 use crate::policy::{Policies, PolicySet};
 use crate::registry::{Registry, RegistryConfig};
-use crate::state::{StateBackend, StatsConfig};
+use crate::state::{StateBackend, StateConfig, StatsConfig};
 use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles, TlsReloads};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.
@@ -71,6 +71,8 @@ pub struct ServeConfig {
     pub housekeeping_interval: Duration,
     /// Memory budget of the sticky assignments, in bytes.
     pub sticky_memory_bytes: usize,
+    /// Where rule state lives.
+    pub state: StateConfig,
     /// TLS (and mTLS when a client CA is given) on the gRPC listener; `None` serves plaintext.
     pub tls: Option<TlsFiles>,
     /// Bearer tokens and their scopes; `None` serves without authentication.
@@ -122,6 +124,7 @@ impl Default for ServeConfig {
             limits: Limits::default(),
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
             sticky_memory_bytes: crate::state::DEFAULT_STICKY_MEMORY_BYTES,
+            state: StateConfig::Memory,
             tls: None,
             auth: None,
             warmup: None,
@@ -217,11 +220,17 @@ impl Server {
         let registry = Registry::spawn(config.registry);
         let balancer = Arc::new(Balancer::new(
             registry.clone(),
-            StateBackend::memory(config.sticky_memory_bytes),
+            StateBackend::open(&config.state, config.sticky_memory_bytes),
             policies.clone(),
             config.stats,
         ));
         let mut background = Vec::new();
+        if let Some(link) = balancer.state().link() {
+            // Each replica shares its own streams' instances and copies the others'.
+            let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
+            tracing::info!(%replica, target = %link.target(), "sharing state and instances through Redis");
+            background.push(crate::state::redis::TableSharing::spawn(registry.clone(), link.clone(), replica));
+        }
         let policy_reloads = config.policy_file.as_ref().map(|path| {
             let reloads = watch::Sender::new(PolicyReloads::default());
             let receiver = reloads.subscribe();

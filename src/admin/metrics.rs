@@ -148,8 +148,8 @@ fn render_catalog(state: &AdminState, out: &mut String) {
 
     // The in-process backend cannot be unreachable; a shared backend reports its link here.
     header(out, "rota_state_backend_up", "gauge", "1 while the state backend answers.");
-    let backend = state.balancer.state().name();
-    let _ = writeln!(out, "rota_state_backend_up{{backend=\"{backend}\"}} 1");
+    let backend = state.balancer.state();
+    let _ = writeln!(out, "rota_state_backend_up{{backend=\"{}\"}} {}", backend.name(), u8::from(backend.is_up()));
 
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
     for snapshot in &services {

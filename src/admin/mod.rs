@@ -180,6 +180,14 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Ready unless stopping. A replica whose state backend is unreachable stays ready (it answers
+/// picks from local state, which beats not answering) and says so in the body.
 async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, &'static str) {
-    if state.is_stopping() { (StatusCode::SERVICE_UNAVAILABLE, "stopping") } else { (StatusCode::OK, "ready") }
+    if state.is_stopping() {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopping")
+    } else if !state.balancer.state().is_up() {
+        (StatusCode::OK, "ready (degraded: state backend unreachable, answering from local state)")
+    } else {
+        (StatusCode::OK, "ready")
+    }
 }

@@ -74,6 +74,15 @@ pub struct ServeArgs {
     /// Memory budget of sticky assignments, in bytes [default: 134217728].
     #[arg(long, env = "ROTA_STICKY_MEMORY_BYTES")]
     pub sticky_memory_bytes: Option<String>,
+    /// Where rule state lives: `memory` (this process) or a Redis shared by several replicas,
+    /// `redis://HOST:PORT[/DB]` or `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]`
+    /// [default: memory].
+    #[arg(long, env = "ROTA_STATE")]
+    pub state: Option<String>,
+    /// With a Redis state: spare tickets a replica reserves per Redis call (1 keeps every
+    /// rotation exact per pick; more trades interleaving for fewer Redis calls) [default: 1].
+    #[arg(long, env = "ROTA_TICKET_BLOCK")]
+    pub ticket_block: Option<String>,
     /// Time between housekeeping rounds (departed instances' statistics, expired sticky
     /// assignments, idle counters, forgotten services) [default: 30s].
     #[arg(long, env = "ROTA_HOUSEKEEPING_INTERVAL")]
@@ -134,6 +143,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         idle_timeout: args.idle_timeout,
         max_open_streams: args.max_open_streams,
         sticky_memory_bytes: args.sticky_memory_bytes,
+        state: args.state,
+        ticket_block: args.ticket_block,
         housekeeping_interval: args.housekeeping_interval,
         service_idle_timeout: args.service_idle_timeout,
         max_services: args.max_services,

@@ -25,7 +25,8 @@ use crate::registry::{
 use crate::server::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig,
 };
-use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StatsConfig};
+use crate::state::redis::MAX_TICKET_BLOCK;
+use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StateConfig, StatsConfig};
 use crate::tls::TlsFiles;
 
 /// A setting given on the command line or in the environment (clap merges those two).
@@ -51,6 +52,8 @@ pub struct Overrides {
     pub idle_timeout: Option<String>,
     pub max_open_streams: Option<String>,
     pub sticky_memory_bytes: Option<String>,
+    pub state: Option<String>,
+    pub ticket_block: Option<String>,
     pub housekeeping_interval: Option<String>,
     pub service_idle_timeout: Option<String>,
     pub max_services: Option<String>,
@@ -135,6 +138,8 @@ struct ServerTable {
     idle_timeout: Option<String>,
     max_open_streams: Option<u64>,
     sticky_memory_bytes: Option<u64>,
+    state: Option<String>,
+    ticket_block: Option<u64>,
     housekeeping_interval: Option<String>,
     service_idle_timeout: Option<String>,
     max_services: Option<u64>,
@@ -308,6 +313,21 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         (64 << 10)..=(1 << 40),
         DEFAULT_STICKY_MEMORY_BYTES as u64,
     )? as usize;
+    let ticket_block = integer(
+        "server.ticket_block",
+        &overrides.ticket_block,
+        table.ticket_block,
+        1..=u64::from(MAX_TICKET_BLOCK),
+        1,
+    )? as u32;
+    let state = match pick(&overrides.state, table.state.clone()) {
+        None => StateConfig::Memory,
+        Some((value, source)) => StateConfig::parse(&value, ticket_block).map_err(|problem| ConfigError {
+            source_name: source,
+            key: "server.state".into(),
+            problem,
+        })?,
+    };
     let housekeeping_interval = duration(
         "server.housekeeping_interval",
         &overrides.housekeeping_interval,
@@ -389,6 +409,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             limits,
             housekeeping_interval,
             sticky_memory_bytes,
+            state,
             tls,
             auth,
             warmup: Some(warmup),
@@ -488,7 +509,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -508,6 +529,8 @@ impl Settings {
             d(self.serve.limits.connections.handshake_timeout),
             d(self.serve.limits.connections.idle_timeout),
             self.serve.sticky_memory_bytes,
+            crate::policy::file::toml_string(&self.serve.state.to_url()),
+            self.serve.state.ticket_block(),
             d(self.serve.housekeeping_interval),
             d(self.serve.registry.service_idle_timeout),
             self.serve.registry.max_services,

@@ -33,7 +33,7 @@ pub(crate) type LeaseId = u64;
 const MAX_BATCH: usize = 1024;
 
 pub(crate) enum Command {
-    Open { lease: LeaseId, token: Option<Arc<str>>, expired: oneshot::Sender<()> },
+    Open { lease: LeaseId, token: Option<Arc<str>>, limit: usize, expired: oneshot::Sender<()> },
     Announce { lease: LeaseId, instances: Vec<Instance>, reply: oneshot::Sender<Outcome> },
     Update { lease: LeaseId, update: ValidUpdate, reply: oneshot::Sender<Outcome> },
     Withdraw { lease: LeaseId, refs: Vec<InstanceRef>, reply: oneshot::Sender<Outcome> },
@@ -58,6 +58,8 @@ struct ServiceEntry {
 struct LeaseEntry {
     /// The token the stream authenticated with, if any.
     token: Option<Arc<str>>,
+    /// Instances the lease may hold at once.
+    limit: usize,
     deadline: Instant,
     /// Ordered, so a withdraw-all acknowledges instances in a stable order.
     owned: BTreeSet<(Arc<str>, Arc<str>)>,
@@ -157,10 +159,10 @@ impl Index {
 
     fn apply(&mut self, command: Command) {
         match command {
-            Command::Open { lease, token, expired } => {
+            Command::Open { lease, token, limit, expired } => {
                 let deadline = Instant::now() + self.config.heartbeat_timeout;
                 self.deadlines.insert((deadline, lease));
-                let entry = LeaseEntry { token, deadline, owned: BTreeSet::new(), expired: Some(expired) };
+                let entry = LeaseEntry { token, limit, deadline, owned: BTreeSet::new(), expired: Some(expired) };
                 self.leases.insert(lease, entry);
             }
             Command::Announce { lease, instances, reply } => {
@@ -210,8 +212,8 @@ impl Index {
             .filter(|key| !entry.owned.contains(key))
             .collect();
         let count = entry.owned.len() + new_keys.len();
-        if count > self.config.max_instances_per_stream {
-            let limit = self.config.max_instances_per_stream;
+        if count > entry.limit {
+            let limit = entry.limit;
             outcome.refuse_all(instances.iter().map(InstanceRef::of), Refused::TooManyInstances { count, limit });
             return outcome;
         }
@@ -521,7 +523,7 @@ mod tests {
         );
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (expired, mut expiry) = oneshot::channel();
-        index.apply(Command::Open { lease: 1, token: None, expired });
+        index.apply(Command::Open { lease: 1, token: None, limit: 1000, expired });
         tokio::time::advance(RegistryConfig::default().heartbeat_timeout * 2).await;
         tx.send(Command::Touch { lease: 1 }).unwrap();
         index.on_deadline(&mut rx, Instant::now());

@@ -71,7 +71,7 @@ impl Lease {
     ) -> Self {
         let (expired_tx, expired) = oneshot::channel();
         // If the registry has stopped, `expired` resolves at once and the stream ends.
-        let _ = tx.send(Command::Open { lease: id, token, expired: expired_tx });
+        let _ = tx.send(Command::Open { lease: id, token, limit: max_instances, expired: expired_tx });
         open_leases.fetch_add(1, Ordering::Relaxed);
         Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
     }

@@ -198,6 +198,20 @@ impl Registry {
         )
     }
 
+    /// Opens a lease that may hold up to `max_instances` instances: the registry's own copy of
+    /// instances another rota replica holds, which are not limited like one provider's stream.
+    pub fn open_mirror_lease(&self, max_instances: usize) -> Lease {
+        let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
+        Lease::open(
+            id,
+            None,
+            self.shared.tx.clone(),
+            self.shared.config.heartbeat_timeout,
+            max_instances,
+            self.shared.open_leases.clone(),
+        )
+    }
+
     /// Follows one service's snapshots. The receiver starts at the current snapshot (an empty
     /// one at epoch 0 if the service has never been registered) and sees every later one.
     pub async fn subscribe(&self, service: &str) -> Result<watch::Receiver<Arc<ServiceSnapshot>>, RegistryClosed> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::hash::ConcurrentMap;
 use tokio::time::Instant;
 
+use super::redis::SharedCounter;
 use super::{CounterKey, StickyKey};
 
 /// Sticky assignments kept at most; past this, new keys are not remembered (stickiness is
@@ -35,9 +36,15 @@ pub struct Rotation {
     rule: Arc<str>,
     ticket: Arc<AtomicU64>,
     picked: Arc<AtomicU64>,
+    /// The counter shared with other replicas, when the state lives in Redis.
+    shared: Option<Arc<SharedCounter>>,
 }
 
 impl Rotation {
+    pub fn shared(&self) -> Option<&Arc<SharedCounter>> {
+        self.shared.as_ref()
+    }
+
     /// Counts one successful pick from this rotation.
     pub fn tally(&self) {
         self.picked.fetch_add(1, Ordering::Relaxed);
@@ -139,11 +146,24 @@ impl MemoryState {
         key: impl FnOnce() -> CounterKey,
         picked: impl FnOnce() -> Arc<AtomicU64>,
     ) -> Cow<'c, Rotation> {
+        self.rotation_with(cache, rule, key, picked, |_| None)
+    }
+
+    /// [`Self::rotation`], attaching `shared(key)` to a rotation not yet cached.
+    pub(crate) fn rotation_with<'c>(
+        &self,
+        cache: &'c RotationCache,
+        rule: &str,
+        key: impl FnOnce() -> CounterKey,
+        picked: impl FnOnce() -> Arc<AtomicU64>,
+        shared: impl FnOnce(&CounterKey) -> Option<Arc<SharedCounter>>,
+    ) -> Cow<'c, Rotation> {
         if let Some(rotation) = cache.find(rule) {
             return Cow::Borrowed(rotation);
         }
         let key = key();
-        let rotation = Rotation { ticket: self.counter(&key), rule: key.rule, picked: picked() };
+        let shared = shared(&key);
+        let rotation = Rotation { ticket: self.counter(&key), rule: key.rule, picked: picked(), shared };
         match cache.remember(&rotation) {
             Some(cached) => Cow::Borrowed(cached),
             None => Cow::Owned(rotation),
@@ -153,6 +173,11 @@ impl MemoryState {
     /// Draws the next ticket of a rotation.
     pub fn draw(&self, rotation: &Rotation) -> u64 {
         rotation.ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The in-process counter of a rotation.
+    pub(crate) fn local_counter(&self, key: &CounterKey) -> Arc<AtomicU64> {
+        self.counter(key)
     }
 
     fn counter(&self, key: &CounterKey) -> Arc<AtomicU64> {

@@ -2,11 +2,12 @@
 //! sticky assignments and per-instance call statistics.
 //!
 //! Counters are keyed by (service, rule, subset) — never by the snapshot — so a registration
-//! change does not restart a rotation. The [`StateBackend`] enum is the seam where a shared
-//! store (several rota replicas drawing from one counter) plugs in beside the in-process
-//! [`MemoryState`]; an enum rather than a trait object keeps the pick path free of boxed futures.
+//! change does not restart a rotation. The [`StateBackend`] enum holds either the in-process
+//! [`MemoryState`] or a [`RedisState`] shared by several rota replicas drawing from one counter;
+//! an enum rather than a trait object keeps the pick path free of boxed futures.
 
 mod memory;
+pub mod redis;
 mod stats;
 
 use std::borrow::Cow;
@@ -15,6 +16,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
+pub use redis::{RedisConfig, RedisState};
 pub use stats::{
     BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Outcome, Stats, StatsConfig,
     StatsHandle,
@@ -48,6 +50,40 @@ pub enum StateError {
 #[derive(Debug)]
 pub enum StateBackend {
     Memory(MemoryState),
+    Redis(RedisState),
+}
+
+/// Which backend `rota serve` uses (`--state`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StateConfig {
+    #[default]
+    Memory,
+    Redis(RedisConfig),
+}
+
+impl StateConfig {
+    /// Parses `--state`: `memory`, or a Redis address (see [`redis::Target`]).
+    pub fn parse(text: &str, ticket_block: u32) -> Result<Self, String> {
+        match text {
+            "memory" => Ok(Self::Memory),
+            _ => Ok(Self::Redis(RedisConfig { target: redis::Target::parse(text)?, ticket_block })),
+        }
+    }
+
+    /// The address as `--state` takes it (with any password: this is for config files).
+    pub fn to_url(&self) -> String {
+        match self {
+            Self::Memory => "memory".into(),
+            Self::Redis(redis) => redis.target.to_url(),
+        }
+    }
+
+    pub fn ticket_block(&self) -> u32 {
+        match self {
+            Self::Memory => 1,
+            Self::Redis(redis) => redis.ticket_block,
+        }
+    }
 }
 
 impl Default for StateBackend {
@@ -61,6 +97,7 @@ impl StateBackend {
     pub async fn next_ticket(&self, key: &CounterKey) -> Result<u64, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.next_ticket(key)),
+            StateBackend::Redis(redis) => Ok(redis.reserve_tickets(key, 1).await),
         }
     }
 
@@ -68,6 +105,7 @@ impl StateBackend {
     pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> Result<u64, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.reserve_tickets(key, count)),
+            StateBackend::Redis(redis) => Ok(redis.reserve_tickets(key, count).await),
         }
     }
 
@@ -83,6 +121,7 @@ impl StateBackend {
     ) -> Cow<'c, Rotation> {
         match self {
             StateBackend::Memory(memory) => memory.rotation(cache, rule, key, picked),
+            StateBackend::Redis(redis) => redis.rotation(cache, rule, key, picked),
         }
     }
 
@@ -90,6 +129,7 @@ impl StateBackend {
     pub async fn draw(&self, rotation: &Rotation) -> Result<u64, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.draw(rotation)),
+            StateBackend::Redis(redis) => Ok(redis.draw(rotation).await),
         }
     }
 
@@ -97,6 +137,7 @@ impl StateBackend {
     pub async fn sticky_get(&self, key: &StickyKey) -> Result<Option<Arc<str>>, StateError> {
         match self {
             StateBackend::Memory(memory) => Ok(memory.sticky_get(key)),
+            StateBackend::Redis(redis) => Ok(redis.sticky_get(key).await),
         }
     }
 
@@ -107,12 +148,41 @@ impl StateBackend {
                 memory.sticky_set(key, id, ttl);
                 Ok(())
             }
+            StateBackend::Redis(redis) => {
+                redis.sticky_set(key, id, ttl).await;
+                Ok(())
+            }
         }
     }
 
     /// In-process state whose sticky assignments may use `sticky_budget` bytes.
     pub fn memory(sticky_budget: usize) -> Self {
         StateBackend::Memory(MemoryState::new(sticky_budget))
+    }
+
+    /// The backend `config` names; a Redis link is kept on the current runtime.
+    pub fn open(config: &StateConfig, sticky_budget: usize) -> Self {
+        match config {
+            StateConfig::Memory => Self::memory(sticky_budget),
+            StateConfig::Redis(redis) => StateBackend::Redis(RedisState::connect(redis.clone(), sticky_budget)),
+        }
+    }
+
+    /// The link to Redis, for a shared backend.
+    pub fn link(&self) -> Option<&Arc<redis::Link>> {
+        match self {
+            StateBackend::Memory(_) => None,
+            StateBackend::Redis(redis) => Some(redis.link()),
+        }
+    }
+
+    /// Whether the backend answers: always for the in-process one; for Redis, whether its link
+    /// is up (while it is down, picks are answered from local state).
+    pub fn is_up(&self) -> bool {
+        match self {
+            StateBackend::Memory(_) => true,
+            StateBackend::Redis(redis) => redis.is_up(),
+        }
     }
 
     /// Drops expired sticky entries and idle rotation counters.
@@ -122,18 +192,21 @@ impl StateBackend {
                 memory.prune_sticky();
                 memory.prune_counters();
             }
+            StateBackend::Redis(redis) => redis.housekeeping(),
         }
     }
 
     pub fn sticky_usage(&self) -> StickyUsage {
         match self {
             StateBackend::Memory(memory) => memory.sticky_usage(),
+            StateBackend::Redis(redis) => redis.sticky_usage(),
         }
     }
 
     pub fn name(&self) -> &'static str {
         match self {
             StateBackend::Memory(_) => "memory",
+            StateBackend::Redis(_) => "redis",
         }
     }
 }

@@ -1,0 +1,196 @@
+//! The connection to Redis, and whether it answers.
+//!
+//! One multiplexed connection carries every command of a replica (commands are pipelined on
+//! it, not one connection per request). A keeper task checks it every [`CHECK_INTERVAL`] with a
+//! `PING`, reconnects when it fails, and — under Sentinel — asks the sentinels for the current
+//! primary on each check, so a failover is followed without a restart. The link is *up* while
+//! the last command or check succeeded; callers skip Redis entirely while it is down and answer
+//! from local state, so an outage costs a pick nothing after the first failure.
+
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisError};
+use tokio::sync::{Notify, watch};
+
+use super::target::Target;
+
+/// Time between checks of the link (and, under Sentinel, of which server is the primary).
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
+/// Longest wait for one command's answer before the link counts as down.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// Longest wait to open a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub struct Link {
+    target: Target,
+    conn: ArcSwapOption<Connected>,
+    up: AtomicBool,
+    /// The outage was logged (one line per outage, not per failed command).
+    logged_down: AtomicBool,
+    /// Times the link went from down to up: a replica re-publishes what it holds after each.
+    recoveries: AtomicU64,
+    /// Wakes the keeper early after a failed command.
+    failed: Arc<Notify>,
+    /// Follows `up`, for whoever waits on a change.
+    changes: watch::Sender<bool>,
+}
+
+/// An open connection and the address it reached.
+struct Connected {
+    conn: MultiplexedConnection,
+    addr: String,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("target", &self.target).field("up", &self.is_up()).finish()
+    }
+}
+
+impl Link {
+    /// A link to `target`, with its keeper running on the current runtime. It starts down and
+    /// comes up at the keeper's first successful check (which runs at once).
+    pub fn spawn(target: Target) -> Arc<Self> {
+        let link = Arc::new(Self {
+            target,
+            conn: ArcSwapOption::empty(),
+            up: AtomicBool::new(false),
+            logged_down: AtomicBool::new(false),
+            recoveries: AtomicU64::new(0),
+            failed: Arc::new(Notify::new()),
+            changes: watch::Sender::new(false),
+        });
+        tokio::spawn(keep(Arc::downgrade(&link), link.failed.clone()));
+        link
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Sees every change of [`Link::is_up`].
+    pub fn watch(&self) -> watch::Receiver<bool> {
+        self.changes.subscribe()
+    }
+
+    /// How many times the link has come up (the first connection counts).
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries.load(Ordering::Acquire)
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The connection, while the link is up.
+    pub fn connection(&self) -> Option<MultiplexedConnection> {
+        if !self.is_up() {
+            return None;
+        }
+        self.conn.load().as_ref().map(|c| c.conn.clone())
+    }
+
+    /// Runs one command (or pipeline) on the link; any failure or a late answer marks the link
+    /// down. `None` when the link is down or the command failed: the caller answers locally.
+    pub async fn run<T, F>(&self, command: impl FnOnce(MultiplexedConnection) -> F) -> Option<T>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        let conn = self.connection()?;
+        match tokio::time::timeout(COMMAND_TIMEOUT, command(conn)).await {
+            Ok(Ok(value)) => Some(value),
+            Ok(Err(error)) => {
+                self.down(&format!("command failed: {error}"));
+                None
+            }
+            Err(_) => {
+                self.down(&format!("no answer within {COMMAND_TIMEOUT:?}"));
+                None
+            }
+        }
+    }
+
+    /// A command failed: the link is down and the keeper checks it at once.
+    fn down(&self, why: &str) {
+        self.mark_down(why);
+        self.failed.notify_one();
+    }
+
+    fn mark_down(&self, why: &str) {
+        self.up.store(false, Ordering::Release);
+        self.changes.send_if_modified(|up| std::mem::replace(up, false));
+        if !self.logged_down.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                target = %self.target,
+                "state backend unreachable ({why}); answering picks from local state until it returns"
+            );
+        }
+    }
+
+    fn came_up(&self) {
+        if !self.up.swap(true, Ordering::AcqRel) {
+            self.recoveries.fetch_add(1, Ordering::AcqRel);
+            self.logged_down.store(false, Ordering::Release);
+            tracing::info!(target = %self.target, "state backend up");
+        }
+        self.changes.send_if_modified(|up| !std::mem::replace(up, true));
+    }
+
+    /// One check: reconnect if needed (asking the sentinels where the primary is), then `PING`.
+    async fn check(&self) -> Result<(), String> {
+        let addr = self.target.primary().await?;
+        let current = self.conn.load_full();
+        let conn = match current {
+            Some(connected) if connected.addr == addr && self.is_up() => connected.conn.clone(),
+            _ => {
+                let conn = connect(&addr, &self.target).await?;
+                self.conn.store(Some(Arc::new(Connected { conn: conn.clone(), addr: addr.clone() })));
+                conn
+            }
+        };
+        let mut conn = conn;
+        match tokio::time::timeout(COMMAND_TIMEOUT, redis::cmd("PING").query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(format!("PING to {addr} failed: {error}")),
+            Err(_) => Err(format!("PING to {addr} not answered within {COMMAND_TIMEOUT:?}")),
+        }
+    }
+}
+
+async fn connect(addr: &str, target: &Target) -> Result<MultiplexedConnection, String> {
+    let mut info: ConnectionInfo =
+        format!("redis://{addr}/").into_connection_info().map_err(|e| format!("bad address {addr}: {e}"))?;
+    info = target.apply_credentials(info);
+    let client = Client::open(info).map_err(|e| format!("cannot open {addr}: {e}"))?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(COMMAND_TIMEOUT));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+/// The keeper: checks the link until it is dropped.
+async fn keep(link: Weak<Link>, failed: Arc<Notify>) {
+    loop {
+        let Some(strong) = link.upgrade() else { return };
+        match strong.check().await {
+            Ok(()) => strong.came_up(),
+            Err(why) => {
+                strong.mark_down(&why);
+                strong.conn.store(None);
+            }
+        }
+        drop(strong);
+        tokio::select! {
+            _ = tokio::time::sleep(CHECK_INTERVAL) => {}
+            _ = failed.notified() => {}
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Rule state shared by several rota replicas through Redis.
+//!
+//! Rotation counters ([`tickets`]) and sticky assignments live in Redis, so a consumer gets the
+//! same answer from any replica. Every key of a service carries the service's name as its hash
+//! tag (`rota:{orders}:…`), so on Redis Cluster a service's counters and sticky keys live on one
+//! shard and a fleet scales out by service.
+//!
+//! The replica keeps in-process state beside it ([`MemoryState`]): rotation caches, the local
+//! counters and sticky assignments it answers from while Redis is unreachable (see [`link`]).
+//! A pick that finds the link down never waits for Redis.
+
+mod link;
+mod table;
+mod target;
+mod tickets;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use crate::hash::ConcurrentMap;
+
+pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link};
+pub use table::{POLL, REPLICA_LEASE, RESYNC, TableSharing};
+pub use target::Target;
+pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};
+
+use super::memory::{MemoryState, Rotation, RotationCache, StickyUsage};
+use super::{CounterKey, StickyKey};
+
+/// Largest `ticket_block`.
+pub const MAX_TICKET_BLOCK: u32 = 65_536;
+
+/// How a replica reaches Redis and shares its counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub target: Target,
+    /// Spare tickets a replica reserves per Redis call; 1 keeps the rotation exact per pick.
+    pub ticket_block: u32,
+}
+
+#[derive(Debug)]
+pub struct RedisState {
+    local: MemoryState,
+    link: Arc<Link>,
+    counters: ConcurrentMap<CounterKey, Arc<SharedCounter>>,
+    ticket_block: u32,
+}
+
+/// The Redis key of a rotation counter.
+pub fn counter_key(key: &CounterKey) -> String {
+    format!("rota:{{{}}}:ticket:{}:{}", key.service, key.subset, key.rule)
+}
+
+/// The Redis key of a sticky assignment.
+pub fn sticky_key(key: &StickyKey) -> String {
+    format!("rota:{{{}}}:sticky:{}:{}", key.service, key.subset, key.key)
+}
+
+impl RedisState {
+    /// State in Redis at `config.target`, reached by a link kept on the current runtime; local
+    /// sticky assignments (used while Redis is unreachable) may use `sticky_budget` bytes.
+    pub fn connect(config: RedisConfig, sticky_budget: usize) -> Self {
+        Self {
+            local: MemoryState::new(sticky_budget),
+            link: Link::spawn(config.target),
+            counters: ConcurrentMap::default(),
+            ticket_block: config.ticket_block.clamp(1, MAX_TICKET_BLOCK),
+        }
+    }
+
+    pub fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    fn counter(&self, key: &CounterKey) -> Arc<SharedCounter> {
+        if let Some(counter) = self.counters.get(key) {
+            return counter.clone();
+        }
+        self.counters
+            .entry(key.clone())
+            .or_insert_with(|| {
+                SharedCounter::spawn(
+                    counter_key(key),
+                    self.local.local_counter(key),
+                    self.link.clone(),
+                    self.ticket_block,
+                )
+            })
+            .clone()
+    }
+
+    pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> u64 {
+        self.counter(key).draw(count).await
+    }
+
+    pub fn rotation<'c>(
+        &self,
+        cache: &'c RotationCache,
+        rule: &str,
+        key: impl FnOnce() -> CounterKey,
+        picked: impl FnOnce() -> Arc<AtomicU64>,
+    ) -> Cow<'c, Rotation> {
+        self.local.rotation_with(cache, rule, key, picked, |key| Some(self.counter(key)))
+    }
+
+    pub async fn draw(&self, rotation: &Rotation) -> u64 {
+        match rotation.shared() {
+            Some(counter) => counter.draw(1).await,
+            None => self.local.draw(rotation),
+        }
+    }
+
+    pub async fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
+        let redis_key = sticky_key(key);
+        let remote =
+            self.link
+                .run(|mut conn| async move {
+                    redis::cmd("GET").arg(&redis_key).query_async::<Option<String>>(&mut conn).await
+                })
+                .await;
+        match remote {
+            Some(found) => found.map(Arc::from),
+            None => self.local.sticky_get(key),
+        }
+    }
+
+    pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
+        let redis_key = sticky_key(&key);
+        let millis = ttl.as_millis().max(1) as u64;
+        let value = id.clone();
+        self.link
+            .run(|mut conn| async move {
+                redis::cmd("SET").arg(&redis_key).arg(&*value).arg("PX").arg(millis).query_async::<()>(&mut conn).await
+            })
+            .await;
+        // Also kept locally, to answer from while Redis is unreachable.
+        self.local.sticky_set(key, id, ttl);
+    }
+
+    /// Drops local sticky entries that expired, and drawers of rotations nobody used since the
+    /// last round (their Redis counters expire on their own).
+    pub fn housekeeping(&self) {
+        self.counters.retain(|_, counter| Arc::strong_count(counter) > 1 || counter.take_used());
+        self.local.prune_sticky();
+        self.local.prune_counters();
+    }
+
+    pub fn sticky_usage(&self) -> StickyUsage {
+        self.local.sticky_usage()
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.link.is_up()
+    }
+}

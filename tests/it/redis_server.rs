@@ -1,0 +1,140 @@
+//! Real `redis-server` (and `redis-sentinel`) processes on free loopback ports, for the tests of
+//! the shared state. `scripts/test.sh` installs Debian's packages when they are missing.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::PATIENCE;
+
+/// One Redis process; killed when dropped.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    args: Vec<String>,
+    binary: &'static str,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("a free loopback port").local_addr().unwrap().port()
+}
+
+fn scratch_dir(name: &str, port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rota-redis-{}-{name}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+impl RedisServer {
+    /// A Redis server without persistence, on a free loopback port, answering `PING`.
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// A server with extra `redis-server` arguments (e.g. `--replicaof`).
+    pub async fn start_with(extra: &[&str]) -> Self {
+        let port = free_port();
+        let dir = scratch_dir("server", port);
+        let mut args: Vec<String> =
+            ["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(["--dir".into(), dir.display().to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut server = Self { port, child: None, dir, args, binary: "redis-server" };
+        server.spawn().await;
+        server
+    }
+
+    /// A sentinel on a free loopback port watching the primary at `primary_port` as `master`,
+    /// deciding alone (quorum 1) and quickly (1 s to call it down).
+    pub async fn sentinel(master: &str, primary_port: u16) -> Self {
+        let port = free_port();
+        let dir = scratch_dir("sentinel", port);
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "bind 127.0.0.1\nport {port}\ndir {}\nsentinel monitor {master} 127.0.0.1 {primary_port} 1\n\
+                 sentinel down-after-milliseconds {master} 1000\nsentinel failover-timeout {master} 5000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir.display()
+            ),
+        )
+        .expect("sentinel config");
+        let mut sentinel =
+            Self { port, child: None, dir, args: vec![config.display().to_string()], binary: "redis-sentinel" };
+        sentinel.spawn().await;
+        sentinel
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new(self.binary)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} (scripts/test.sh installs it): {e}", self.binary));
+        self.child = Some(child);
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                if self.query::<String>(&["PING"]).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{} on port {} did not answer PING", self.binary, self.port));
+    }
+
+    /// Kills the process (SIGKILL): its data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same port (empty: nothing is persisted).
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// Runs one command on a fresh connection.
+    pub async fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query_async(&mut conn).await
+    }
+
+    /// How many times commands named `name` (lower case, e.g. `evalsha`) ran.
+    pub async fn calls(&self, name: &str) -> u64 {
+        let info: String = self.query(&["INFO", "commandstats"]).await.expect("INFO");
+        let prefix = format!("cmdstat_{name}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,316 @@
+//! Several rota replicas sharing their rule state through a real Redis server: one rotation
+//! across replicas, exact under concurrency, sticky from any replica, and picks that go on
+//! while Redis is away without repeating a ticket after it returns.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rota::client::{PickOptions, RotaClient};
+use rota::pb;
+use rota::state::StateConfig;
+
+use crate::admin::get;
+use crate::harness::{PATIENCE, TestServer, instance, picked_id};
+use crate::redis_server::RedisServer;
+
+/// A replica whose state lives at `url`, once its link to Redis is up.
+async fn replica(url: &str, ticket_block: u32) -> TestServer {
+    let state = StateConfig::parse(url, ticket_block).expect("a valid state address");
+    let server = TestServer::start_with(|config| config.state = state).await;
+    wait_link(&server, true).await;
+    server
+}
+
+/// Waits until the replica's link to Redis is `up` (or down).
+async fn wait_link(server: &TestServer, up: bool) {
+    let mut link = server.server.balancer().state().link().expect("a Redis-backed replica").watch();
+    tokio::time::timeout(PATIENCE, link.wait_for(|now| *now == up))
+        .await
+        .unwrap_or_else(|_| panic!("the link did not become {}", if up { "up" } else { "down" }))
+        .expect("the link is kept");
+}
+
+/// The three instances `a`, `b`, `c` of `service`, registered on every replica.
+async fn register_everywhere(replicas: &[&TestServer], service: &str) -> Vec<rota::client::Registration> {
+    let mut held = Vec::new();
+    for replica in replicas {
+        let instances = vec![instance(service, "a", 1), instance(service, "b", 2), instance(service, "c", 3)];
+        held.push(replica.register(instances).await);
+    }
+    held
+}
+
+async fn clients(replicas: &[&TestServer]) -> Vec<RotaClient> {
+    let mut clients = Vec::new();
+    for replica in replicas {
+        clients.push(replica.client().await);
+    }
+    clients
+}
+
+async fn pick(client: &mut RotaClient, service: &str, options: PickOptions) -> pb::PickResponse {
+    client.pick(service, options).await.expect("pick")
+}
+
+#[tokio::test]
+async fn consumers_alternating_replicas_follow_one_rotation() {
+    let redis = RedisServer::start().await;
+    let (one, two, three) =
+        (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two, &three], "alt").await;
+    let mut consumers = clients(&[&one, &two, &three]).await;
+    let mut sequence = String::new();
+    let mut tickets = Vec::new();
+    for i in 0..12 {
+        let picked = pick(&mut consumers[i % 3], "alt", PickOptions::rule("round_robin")).await;
+        sequence.push_str(&picked_id(&picked));
+        tickets.push(picked.ticket);
+    }
+    assert_eq!(sequence, "abcabcabcabc");
+    assert_eq!(tickets, (0..12).collect::<Vec<u64>>(), "one counter across the replicas");
+    let mut repeat = String::new();
+    for i in 0..9 {
+        // Two consumers per replica, alternating replicas on every pick.
+        repeat.push_str(&picked_id(&pick(&mut consumers[i % 2], "alt", PickOptions::rule("repeat(n=3)")).await));
+    }
+    assert_eq!(repeat, "aaabbbccc");
+}
+
+/// Picks `per_consumer` times from each of `consumers` concurrently; (ticket, id) of each.
+async fn concurrent_picks(
+    consumers: Vec<RotaClient>,
+    service: &'static str,
+    per_consumer: usize,
+) -> Vec<(u64, String)> {
+    let mut tasks = Vec::new();
+    for mut client in consumers {
+        tasks.push(tokio::spawn(async move {
+            let mut picks = Vec::new();
+            for _ in 0..per_consumer {
+                let picked = pick(&mut client, service, PickOptions::rule("round_robin")).await;
+                picks.push((picked.ticket, picked_id(&picked)));
+            }
+            picks
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("consumer task"));
+    }
+    all
+}
+
+fn shares(picks: &[(u64, String)]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for (_, id) in picks {
+        *counts.entry(id.clone()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_calls() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "busy").await;
+    let mut consumers = clients(&[&one, &two, &one, &two, &one, &two, &one, &two]).await;
+    // Warm each connection (and each replica's rotation) with one pick.
+    for consumer in &mut consumers[..2] {
+        pick(consumer, "busy", PickOptions::rule("round_robin")).await;
+    }
+    let before = redis.calls("evalsha").await + redis.calls("eval").await;
+    let picks = concurrent_picks(consumers, "busy", 60).await;
+    let calls = redis.calls("evalsha").await + redis.calls("eval").await - before;
+    let mut tickets: Vec<u64> = picks.iter().map(|(ticket, _)| *ticket).collect();
+    tickets.sort_unstable();
+    assert_eq!(tickets, (2..482).collect::<Vec<u64>>(), "each ticket drawn once across replicas");
+    // Tickets 2..482 map to b, c, a, ...: 160 each.
+    assert_eq!(shares(&picks), HashMap::from([("a".into(), 160), ("b".into(), 160), ("c".into(), 160)]));
+    assert!(calls <= 480, "at most one Redis call per pick, got {calls}");
+}
+
+#[tokio::test]
+async fn ticket_blocks_hand_out_each_ticket_once_with_few_redis_calls() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 16).await, replica(&redis.url(), 16).await);
+    let _held = register_everywhere(&[&one, &two], "blocks").await;
+    let consumers = clients(&[&one, &two, &one, &two]).await;
+    let before = redis.calls("evalsha").await + redis.calls("eval").await;
+    let picks = concurrent_picks(consumers, "blocks", 48).await;
+    let calls = redis.calls("evalsha").await + redis.calls("eval").await - before;
+    let mut tickets: Vec<u64> = picks.iter().map(|(ticket, _)| *ticket).collect();
+    tickets.sort_unstable();
+    tickets.dedup();
+    assert_eq!(tickets.len(), 192, "no ticket handed out twice");
+    // Each replica drew 96 tickets in blocks of 16 (a call may draw a few more when picks
+    // arrive together): far fewer calls than picks.
+    assert!(calls <= 2 * 96 / 16 + 4, "{calls} Redis calls for 192 picks");
+}
+
+#[tokio::test]
+async fn sticky_keys_answer_the_same_from_any_replica() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "cart").await;
+    let mut consumers = clients(&[&one, &two]).await;
+    for user in 0..12 {
+        let key = format!("user-{user}");
+        let first = picked_id(&pick(&mut consumers[user % 2], "cart", PickOptions::rule("sticky").key(&key)).await);
+        for round in 0..3 {
+            let again = picked_id(
+                &pick(&mut consumers[(user + round + 1) % 2], "cart", PickOptions::rule("sticky").key(&key)).await,
+            );
+            assert_eq!(again, first, "{key} moved between replicas");
+        }
+    }
+    let stored: Vec<String> = redis.query(&["KEYS", "rota:{cart}:sticky:*"]).await.expect("KEYS");
+    assert_eq!(stored.len(), 12, "one shared assignment per key: {stored:?}");
+}
+
+#[tokio::test]
+async fn picks_go_on_while_redis_is_away_and_no_ticket_repeats_after_it_returns() {
+    let mut redis = RedisServer::start().await;
+    let server = replica(&redis.url(), 1).await;
+    let admin = server.server.admin_addr().expect("admin listener");
+    let _held = register_everywhere(&[&server], "outage").await;
+    let mut client = server.client().await;
+    let mut tickets = Vec::new();
+    for _ in 0..5 {
+        tickets.push(pick(&mut client, "outage", PickOptions::rule("round_robin")).await.ticket);
+    }
+    redis.kill();
+    // No pick fails: the first waits for the command timeout at most, the rest answer locally.
+    for _ in 0..5 {
+        tickets.push(pick(&mut client, "outage", PickOptions::rule("round_robin")).await.ticket);
+    }
+    wait_link(&server, false).await;
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 200, "a degraded replica stays ready");
+    assert!(body.contains("degraded"), "{body}");
+    let (_, metrics) = get(admin, "/metrics").await;
+    assert!(metrics.contains("rota_state_backend_up{backend=\"redis\"} 0"), "{metrics}");
+    // Redis comes back empty (nothing persisted): the replica's local counter is the floor.
+    redis.restart().await;
+    wait_link(&server, true).await;
+    for _ in 0..5 {
+        tickets.push(pick(&mut client, "outage", PickOptions::rule("round_robin")).await.ticket);
+    }
+    assert_eq!(tickets, (0..15).collect::<Vec<u64>>(), "one sequence through the outage");
+    let stored: Option<u64> = redis.query(&["GET", "rota:{outage}:ticket:version=:round_robin"]).await.expect("GET");
+    assert_eq!(stored, Some(15), "Redis resumed past the tickets handed out locally");
+    let (_, metrics) = get(admin, "/metrics").await;
+    assert!(metrics.contains("rota_state_backend_up{backend=\"redis\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_replica_follows_a_sentinel_failover() {
+    let primary = RedisServer::start().await;
+    let secondary = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]).await;
+    let sentinel = RedisServer::sentinel("main", primary.port).await;
+    let url = format!("redis+sentinel://127.0.0.1:{}/main", sentinel.port);
+    let server = replica(&url, 1).await;
+    let _held = register_everywhere(&[&server], "failover").await;
+    let mut client = server.client().await;
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        tickets.push(pick(&mut client, "failover", PickOptions::rule("round_robin")).await.ticket);
+    }
+    // The replica must have caught up before the promotion, or the counter would be lost.
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let copied: Option<u64> =
+                secondary.query(&["GET", "rota:{failover}:ticket:version=:round_robin"]).await.unwrap_or(None);
+            if copied == Some(3) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the secondary copies the counter");
+    let _: String = sentinel.query(&["SENTINEL", "FAILOVER", "main"]).await.expect("failover starts");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let role: Vec<redis::Value> = secondary.query(&["ROLE"]).await.expect("ROLE");
+            if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the secondary is promoted");
+    // Picks never fail; once rota has followed the promotion, they draw on the new primary.
+    let mut on_new_primary = false;
+    for _ in 0..200 {
+        tickets.push(pick(&mut client, "failover", PickOptions::rule("round_robin")).await.ticket);
+        let stored: Option<u64> =
+            secondary.query(&["GET", "rota:{failover}:ticket:version=:round_robin"]).await.expect("GET");
+        if stored.is_some_and(|n| n > 3) {
+            on_new_primary = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(on_new_primary, "rota never drew on the promoted primary");
+    let mut sorted = tickets.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), tickets.len(), "no ticket repeated through the failover: {tickets:?}");
+}
+
+/// Waits until `server`'s registry holds exactly `ids` for `service`.
+async fn wait_instances(server: &TestServer, service: &str, ids: &[&str]) {
+    let mut snapshots = server.server.balancer().registry().subscribe(service).await.expect("registry runs");
+    let wanted: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    tokio::time::timeout(
+        PATIENCE,
+        snapshots.wait_for(|s| s.instances.iter().map(|i| i.id.to_string()).eq(wanted.iter().cloned())),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{service} never held exactly {ids:?}"))
+    .expect("registry runs");
+}
+
+#[tokio::test]
+async fn registrations_on_any_replica_are_pickable_on_every_replica() {
+    let redis = RedisServer::start().await;
+    let (one, two, three) =
+        (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("merged", "a", 1), instance("merged", "b", 2)]).await;
+    let c = two.register(vec![instance("merged", "c", 3)]).await;
+    for server in [&one, &two, &three] {
+        wait_instances(server, "merged", &["a", "b", "c"]).await;
+    }
+    let mut consumers = clients(&[&one, &two, &three]).await;
+    let mut sequence = String::new();
+    for i in 0..9 {
+        sequence.push_str(&picked_id(&pick(&mut consumers[i % 3], "merged", PickOptions::rule("round_robin")).await));
+    }
+    assert_eq!(sequence, "abcabcabc", "three replicas, one table, one rotation");
+    // The same id on another replica is refused there, as on one server.
+    let refused = three.client().await.register(vec![instance("merged", "a", 9)]).await.expect("register");
+    assert!(refused.require_all_accepted().is_err(), "a second owner of `a` was accepted");
+    // A withdrawal on its own replica reaches the others.
+    drop(c);
+    for server in [&one, &two, &three] {
+        wait_instances(server, "merged", &["a", "b"]).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("leaving", "a", 1)]).await;
+    let _b = two.register(vec![instance("leaving", "b", 2)]).await;
+    wait_instances(&two, "leaving", &["a", "b"]).await;
+    // Dropped, its sharing stops without a word to Redis (as if killed): its key expires and
+    // the others drop its instances.
+    drop(one);
+    wait_instances(&two, "leaving", &["b"]).await;
+    let mut client = two.client().await;
+    for _ in 0..3 {
+        assert_eq!(picked_id(&pick(&mut client, "leaving", PickOptions::rule("round_robin")).await), "b");
+    }
+}

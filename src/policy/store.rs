@@ -102,33 +102,47 @@ impl Layers {
         set
     }
 
-    /// Makes `file` the file layer, with every override resolved again over its defaults
-    /// when they changed; refuses it (and changes nothing) if an override does not validate.
-    fn take_file(&mut self, file: PolicySet) -> Result<(), (OverrideConflict, PolicySet)> {
-        if file.defaults != self.file.defaults {
-            let mut runtime = BTreeMap::new();
-            for (service, entry) in &self.runtime {
-                match entry.spec.resolve(&file.defaults, "policy") {
-                    Ok(policy) => {
-                        runtime
-                            .insert(service.clone(), Override { spec: entry.spec.clone(), policy: Arc::new(policy) });
-                    }
-                    Err(error) => return Err((OverrideConflict { service: service.clone(), error }, file)),
-                }
-            }
-            self.runtime = runtime;
+    /// The overrides resolved again over `file`'s defaults (`None`: the defaults did not
+    /// change, nor do the overrides), or the first that does not validate over them.
+    fn rebased(&self, file: &PolicySet) -> Result<Option<BTreeMap<String, Override>>, OverrideConflict> {
+        if file.defaults == self.file.defaults {
+            return Ok(None);
         }
-        self.file = file;
-        Ok(())
+        let mut runtime = BTreeMap::new();
+        for (service, entry) in &self.runtime {
+            let policy = entry
+                .spec
+                .resolve(&file.defaults, "policy")
+                .map_err(|error| OverrideConflict { service: service.clone(), error })?;
+            runtime.insert(service.clone(), Override { spec: entry.spec.clone(), policy: Arc::new(policy) });
+        }
+        Ok(Some(runtime))
+    }
+
+    /// Makes `file` the file layer if every override validates over it; else holds it back.
+    fn take_file(&mut self, file: PolicySet) -> Result<(), OverrideConflict> {
+        match self.rebased(&file) {
+            Ok(runtime) => {
+                if let Some(runtime) = runtime {
+                    self.runtime = runtime;
+                }
+                self.file = file;
+                self.held_back = None;
+                Ok(())
+            }
+            Err(conflict) => {
+                self.held_back = Some(file);
+                Err(conflict)
+            }
+        }
     }
 
     /// Applies the held-back file if the overrides now allow it.
     fn retry_held_back(&mut self) {
-        if let Some(file) = self.held_back.take() {
-            match self.take_file(file) {
-                Ok(()) => info!("the policy file held back by a runtime override applies now"),
-                Err((_, file)) => self.held_back = Some(file),
-            }
+        if let Some(file) = self.held_back.take()
+            && self.take_file(file).is_ok()
+        {
+            info!("the policy file held back by a runtime override applies now");
         }
     }
 }
@@ -165,11 +179,7 @@ impl Policies {
     /// changes: the file is held back until that override is reset or replaced.
     pub fn replace_file(&self, file: PolicySet) -> Result<(), OverrideConflict> {
         let mut layers = self.write();
-        layers.held_back = None;
-        if let Err((conflict, file)) = layers.take_file(file) {
-            layers.held_back = Some(file);
-            return Err(conflict);
-        }
+        layers.take_file(file)?;
         self.current.store(Arc::new(layers.merged()));
         Ok(())
     }

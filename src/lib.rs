@@ -14,7 +14,8 @@
 //! - [`state`] — rule state shared by all consumers: rotation counters, sticky assignments,
 //!   per-instance call statistics and circuit breakers.
 //! - [`policy`] — per-service policies (default rule, isolation fallback, gray release,
-//!   breaker settings) from the config file and the `Policies` RPCs, swapped atomically.
+//!   breaker settings): the config file's layer and runtime overrides from the `Policies` RPCs,
+//!   kept by one writer and published merged, swapped atomically.
 //! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.

@@ -23,7 +23,8 @@ use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::pb;
-use crate::policy::{Policies, PolicySet, file::ConfigError};
+use crate::policy::file::{ConfigError, PolicyReloads};
+use crate::policy::{Policies, PolicySet};
 use crate::registry::{Registry, RegistryConfig};
 use crate::state::{StateBackend, StateConfig, StatsConfig};
 use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles, TlsReloads};
@@ -155,6 +156,7 @@ pub struct Server {
     local_addr: SocketAddr,
     tls: bool,
     tls_reloads: Option<watch::Receiver<TlsReloads>>,
+    policy_reloads: Option<watch::Receiver<PolicyReloads>>,
     admin_addr: Option<SocketAddr>,
     balancer: Arc<Balancer>,
     health: tonic_health::server::HealthReporter,
@@ -230,9 +232,12 @@ impl Server {
             background.push(crate::state::redis::TableSharing::spawn(registry.clone(), link.clone(), replica.clone()));
             background.push(crate::state::redis::LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica));
         }
-        if let Some(path) = &config.policy_file {
-            background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone()));
-        }
+        let policy_reloads = config.policy_file.as_ref().map(|path| {
+            let reloads = watch::Sender::new(PolicyReloads::default());
+            let receiver = reloads.subscribe();
+            background.push(crate::policy::file::spawn_reloader(path.clone(), policies.clone(), reloads));
+            receiver
+        });
         background.push(tokio::spawn(housekeeping(balancer.clone(), config.housekeeping_interval)));
         // Unreported picks stop counting as in flight within about a second of their timeout.
         let expiring = balancer.clone();
@@ -312,7 +317,8 @@ impl Server {
             Some((listener, addr)) => {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
                     .with_auth(config.auth.clone())
-                    .with_limits(admission, streams);
+                    .with_limits(admission, streams)
+                    .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
             }
@@ -322,6 +328,7 @@ impl Server {
             local_addr,
             tls: tls.is_some(),
             tls_reloads: tls.as_ref().map(ReloadingAcceptor::reloads),
+            policy_reloads,
             admin_addr,
             balancer,
             health,
@@ -346,6 +353,11 @@ impl Server {
     /// What the TLS reloader made of the changes it saw, when TLS is on.
     pub fn tls_reloads(&self) -> Option<watch::Receiver<TlsReloads>> {
         self.tls_reloads.clone()
+    }
+
+    /// What the policy file's reloader made of the changes it saw, when there is a file.
+    pub fn policy_reloads(&self) -> Option<watch::Receiver<PolicyReloads>> {
+        self.policy_reloads.clone()
     }
 
     /// The server's balancer, for embedding rota in-process.

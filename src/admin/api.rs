@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::AdminState;
 use crate::balancer::PickResult;
-use crate::policy::{IsolationFallback, Policy};
+use crate::policy::{IsolationFallback, Policy, PolicySource};
 
 #[derive(Debug, Serialize)]
 pub struct ServiceSummary {
@@ -116,9 +116,10 @@ pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     Some(ServiceView { name: snapshot.name.to_string(), epoch: snapshot.epoch, instances, picks_by_rule })
 }
 
-pub(super) fn policy_json(service: Option<&str>, policy: &Policy) -> serde_json::Value {
+pub(super) fn policy_json(service: Option<&str>, policy: &Policy, source: PolicySource) -> serde_json::Value {
     serde_json::json!({
         "service": service,
+        "source": source.as_str(),
         "rule": &*policy.rule.canonical,
         "isolation_fallback": match policy.isolation_fallback {
             IsolationFallback::Fail => "fail",
@@ -140,8 +141,10 @@ pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value
     let set = state.balancer.policies().load();
     let mut names: Vec<&String> = set.services.keys().collect();
     names.sort();
-    let services: Vec<_> = names.into_iter().map(|name| policy_json(Some(name), &set.services[name])).collect();
-    Json(serde_json::json!({ "defaults": policy_json(None, &set.defaults), "services": services }))
+    let services: Vec<_> =
+        names.into_iter().map(|name| policy_json(Some(name), &set.services[name], set.source(name))).collect();
+    let defaults = policy_json(None, &set.defaults, PolicySource::Default);
+    Json(serde_json::json!({ "defaults": defaults, "services": services }))
 }
 
 /// A small icon for the browser tab (a ring with a marked position), so that the browser's

@@ -674,7 +674,7 @@ impl Feed {
                 picks_by_rule: Default::default(),
             });
             let policies = state.balancer.policies().load();
-            let policy = policy_json(Some(&service), policies.for_service(&service));
+            let policy = policy_json(Some(&service), policies.for_service(&service), policies.source(&service));
             let update = Update { view, policy, history: history.since(&service, &mut cursor) };
             if !update.history.kept {
                 // The ring went (its service was forgotten): follow the next one from scratch.

@@ -39,7 +39,22 @@ pub fn render(state: &AdminState) -> String {
     render_catalog(state, &mut out);
     render_grpc(state, &mut out);
     render_limits(state, &mut out);
+    render_policies(state, &mut out);
     out
+}
+
+fn render_policies(state: &AdminState, out: &mut String) {
+    let policies = state.balancer.policies();
+    header(out, "rota_policy_overrides", "gauge", "Runtime policy overrides in force (SetPolicy).");
+    let _ = writeln!(out, "rota_policy_overrides {}", policies.runtime_overrides());
+    header(out, "rota_policy_overrides_limit", "gauge", "The cap on runtime policy overrides.");
+    let _ = writeln!(out, "rota_policy_overrides_limit {}", crate::policy::MAX_RUNTIME_OVERRIDES);
+    if let Some(reloads) = &state.policy_reloads {
+        let reloads = *reloads.borrow();
+        header(out, "rota_policy_reloads_total", "counter", "Reloads of the policy file, applied or refused.");
+        let _ = writeln!(out, "rota_policy_reloads_total{{result=\"applied\"}} {}", reloads.applied);
+        let _ = writeln!(out, "rota_policy_reloads_total{{result=\"refused\"}} {}", reloads.refused);
+    }
 }
 
 fn render_limits(state: &AdminState, out: &mut String) {

@@ -36,6 +36,7 @@ use crate::balancer::Balancer;
 use crate::grpc::metrics::GrpcMetrics;
 use crate::grpc::streams::OpenStreams;
 use crate::listener::Admission;
+use crate::policy::file::PolicyReloads;
 
 /// The dashboard page, served as is.
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -59,6 +60,8 @@ pub struct AdminState {
     auth: Option<Arc<Authenticator>>,
     /// The gRPC listener's connection caps and the server's open streams, when serving.
     limits: Option<(Arc<Admission>, Arc<OpenStreams>)>,
+    /// What the policy file's reloader made of its changes, when there is a file.
+    policy_reloads: Option<watch::Receiver<PolicyReloads>>,
 }
 
 impl AdminState {
@@ -70,12 +73,18 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining, auth: None, limits: None }
+        Self { balancer, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None }
     }
 
     /// Reports the connection caps and open streams in `/metrics`.
     pub fn with_limits(mut self, connections: Arc<Admission>, streams: Arc<OpenStreams>) -> Self {
         self.limits = Some((connections, streams));
+        self
+    }
+
+    /// Reports the policy file's reloads in `/metrics`.
+    pub fn with_policy_reloads(mut self, reloads: Option<watch::Receiver<PolicyReloads>>) -> Self {
+        self.policy_reloads = reloads;
         self
     }
 

@@ -1,10 +1,11 @@
 //! The `rota` command line: a server (`serve`), client commands against a running server
-//! (`pick`, `register`, `ls`, `watch`) and a self-contained `demo`.
+//! (`pick`, `register`, `ls`, `watch`, `policy`) and a self-contained `demo`.
 
 mod bench;
 mod bench_backends;
 mod demo;
 mod pick;
+mod policy;
 mod register;
 mod serve;
 mod show;
@@ -36,6 +37,8 @@ pub enum Command {
     Ls(LsArgs),
     /// Print a service's instances, then every change to them.
     Watch(WatchArgs),
+    /// Show the policies in force; set or reset (drop) a service's runtime override.
+    Policy(policy::PolicyArgs),
     /// Start an embedded server with three providers and show the rules at work.
     Demo,
     /// Load a server (its own by default) and print throughput and latency per mode.
@@ -148,6 +151,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Register(args) => register::run(args).await,
         Command::Ls(args) => show::ls(args).await,
         Command::Watch(args) => show::watch(args).await,
+        Command::Policy(args) => policy::run(args).await,
         Command::Demo => demo::run().await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,

@@ -228,6 +228,13 @@ impl RotaClient {
         Ok(self.policies.set_policy(self.request(pb::SetPolicyRequest { policy: Some(policy) })).await?.into_inner())
     }
 
+    /// Drops a service's runtime policy override; returns the policy now in force (the config
+    /// file's, or the defaults). `NOT_FOUND` when the service has no override.
+    pub async fn reset_policy(&mut self, service: &str) -> Result<pb::Policy, ClientError> {
+        let request = pb::ResetPolicyRequest { service: service.to_owned() };
+        Ok(self.policies.reset_policy(self.request(request)).await?.into_inner())
+    }
+
     pub async fn list_policies(&mut self) -> Result<pb::ListPoliciesResponse, ClientError> {
         Ok(self.policies.list_policies(self.request(pb::ListPoliciesRequest {})).await?.into_inner())
     }

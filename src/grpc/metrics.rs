@@ -26,7 +26,7 @@ pub const HANDLING_BUCKETS: [f64; 9] = [0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0
 
 /// `(grpc_service, grpc_method, grpc_type)` of every method served; the last entry is the
 /// catch-all for paths that name none of them.
-pub const METHODS: [(&str, &str, &str); 16] = [
+pub const METHODS: [(&str, &str, &str); 17] = [
     ("rota.v1.Balancer", "Pick", "unary"),
     ("rota.v1.Balancer", "PickStream", "bidi_stream"),
     ("rota.v1.Balancer", "Report", "unary"),
@@ -38,13 +38,14 @@ pub const METHODS: [(&str, &str, &str); 16] = [
     ("rota.v1.Policies", "GetPolicy", "unary"),
     ("rota.v1.Policies", "SetPolicy", "unary"),
     ("rota.v1.Policies", "ListPolicies", "unary"),
+    ("rota.v1.Policies", "ResetPolicy", "unary"),
     ("grpc.health.v1.Health", "Check", "unary"),
     ("grpc.health.v1.Health", "Watch", "server_stream"),
     ("grpc.reflection.v1.ServerReflection", "ServerReflectionInfo", "bidi_stream"),
     ("grpc.reflection.v1alpha.ServerReflection", "ServerReflectionInfo", "bidi_stream"),
     ("unknown", "unknown", "unknown"),
 ];
-const UNKNOWN_METHOD: usize = 15;
+const UNKNOWN_METHOD: usize = 16;
 
 /// gRPC status code names, indexed by code.
 pub const CODES: [&str; 17] = [

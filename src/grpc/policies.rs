@@ -1,4 +1,4 @@
-//! `rota.v1.Policies`: read and replace per-service policies at runtime.
+//! `rota.v1.Policies`: read per-service policies, and set or drop their runtime overrides.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::pb;
-use crate::policy::{GraySpec, IsolationFallback, Policies, Policy, PolicySpec};
+use crate::policy::{GraySpec, IsolationFallback, Policies, Policy, PolicySource, PolicySpec};
 use crate::registry::{InvalidField, validate_service_name};
 
 pub struct PoliciesService {
@@ -19,7 +19,7 @@ impl PoliciesService {
     }
 }
 
-fn to_pb(service: &str, policy: &Policy, is_default: bool) -> pb::Policy {
+fn to_pb(service: &str, policy: &Policy, source: PolicySource) -> pb::Policy {
     pb::Policy {
         service: service.to_owned(),
         rule: policy.rule.canonical.to_string(),
@@ -37,7 +37,13 @@ fn to_pb(service: &str, policy: &Policy, is_default: bool) -> pb::Policy {
             blackout_base_ms: policy.breaker.blackout_base.as_millis() as u64,
             blackout_max_ms: policy.breaker.blackout_max.as_millis() as u64,
         }),
-        is_default,
+        is_default: source == PolicySource::Default,
+        source: match source {
+            PolicySource::Default => pb::PolicySource::Default,
+            PolicySource::File => pb::PolicySource::File,
+            PolicySource::Runtime => pb::PolicySource::Runtime,
+        }
+        .into(),
     }
 }
 
@@ -73,17 +79,16 @@ impl pb::policies_server::Policies for PoliciesService {
         let service = &request.get_ref().service;
         validate_service_name("service", service)?;
         let set = self.policies.load();
-        let own = set.services.get(service.as_str());
-        let policy = own.unwrap_or(&set.defaults);
-        Ok(Response::new(to_pb(service, policy, own.is_none())))
+        Ok(Response::new(to_pb(service, set.for_service(service), set.source(service))))
     }
 
     async fn set_policy(&self, request: Request<pb::SetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
         let policy = request.into_inner().policy.ok_or_else(|| InvalidField::new("policy", "must be set"))?;
+        validate_service_name("policy.service", &policy.service)?;
         let spec = spec(&policy)?;
         let stored = self.policies.set_service(&policy.service, spec)?;
-        tracing::info!(service = %policy.service, rule = %stored.rule.canonical, "policy set");
-        Ok(Response::new(to_pb(&policy.service, &stored, false)))
+        tracing::info!(service = %policy.service, rule = %stored.rule.canonical, "policy override set");
+        Ok(Response::new(to_pb(&policy.service, &stored, PolicySource::Runtime)))
     }
 
     async fn list_policies(
@@ -91,8 +96,17 @@ impl pb::policies_server::Policies for PoliciesService {
         _request: Request<pb::ListPoliciesRequest>,
     ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
         let set = self.policies.load();
-        let mut services: Vec<pb::Policy> = set.services.iter().map(|(name, p)| to_pb(name, p, false)).collect();
+        let mut services: Vec<pb::Policy> =
+            set.services.iter().map(|(name, p)| to_pb(name, p, set.source(name))).collect();
         services.sort_by(|a, b| a.service.cmp(&b.service));
-        Ok(Response::new(pb::ListPoliciesResponse { defaults: Some(to_pb("", &set.defaults, true)), services }))
+        let defaults = to_pb("", &set.defaults, PolicySource::Default);
+        Ok(Response::new(pb::ListPoliciesResponse { defaults: Some(defaults), services }))
+    }
+
+    async fn reset_policy(&self, request: Request<pb::ResetPolicyRequest>) -> Result<Response<pb::Policy>, Status> {
+        let service = &request.get_ref().service;
+        let (policy, source) = self.policies.reset_service(service)?;
+        tracing::info!(service = %service, now = %source, "policy override dropped");
+        Ok(Response::new(to_pb(service, &policy, source)))
     }
 }

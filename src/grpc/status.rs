@@ -9,6 +9,7 @@ use super::streams::TooManyStreams;
 use super::warmup::{Refusal, WarmingUp};
 use crate::auth::AuthError;
 use crate::balancer::PickError;
+use crate::policy::PolicyError;
 use crate::registry::{InvalidField, Refused, RegistryClosed};
 use crate::state::StateError;
 
@@ -106,6 +107,19 @@ impl From<Draining> for Status {
 impl From<InvalidField> for Status {
     fn from(error: InvalidField) -> Self {
         Status::invalid_argument(error.to_string())
+    }
+}
+
+/// A runtime policy change that was refused; nothing changed.
+impl From<PolicyError> for Status {
+    fn from(error: PolicyError) -> Self {
+        match error {
+            PolicyError::Invalid(invalid) => invalid.into(),
+            PolicyError::TooManyOverrides { .. } => Status::resource_exhausted(error.to_string()),
+            // Not an idempotent OK: a reset of a service that has no override is most often a
+            // misspelled name, and an OK would hide it.
+            PolicyError::NoOverride { .. } => Status::not_found(error.to_string()),
+        }
     }
 }
 

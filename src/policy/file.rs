@@ -14,7 +14,8 @@
 //! The file is read completely and validated before anything is applied. Unknown keys are
 //! errors (a typo must not silently do nothing). While rota runs, the file is re-read when it
 //! changes (checked every [`POLL_INTERVAL`]) or on SIGHUP; a file that does not validate is
-//! reported and the policies in force stay.
+//! reported and the policies in force stay. A reload replaces the file's layer of the
+//! policies only: runtime overrides set with `SetPolicy` stay in force (see [`super::store`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
@@ -128,11 +130,23 @@ pub fn load(path: &Path) -> Result<PolicySet, ConfigError> {
     parse(&text).map_err(error)
 }
 
-/// Re-reads `path` when it changes or on SIGHUP, replacing the policies only when the new file
-/// validates.
-pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>) -> JoinHandle<()> {
+/// How many times the reloader read the file again, and what it made of it: the one way to
+/// know that a change has been looked at (a refused one changes nothing else).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyReloads {
+    /// Reloads now in force.
+    pub applied: u64,
+    /// Reloads refused (the file did not validate, or a runtime override could not live with
+    /// it); the policies in force stayed.
+    pub refused: u64,
+}
+
+/// Re-reads `path` when it changes or on SIGHUP, replacing the file's layer of the policies
+/// only when the new file validates; each outcome is counted in `reloads`.
+pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Sender<PolicyReloads>) -> JoinHandle<()> {
+    // Taken now, not when the task first runs: a change made in between is still a change.
+    let mut last_seen = modified(&path);
     tokio::spawn(async move {
-        let mut last_seen = modified(&path);
         let mut ticker = tokio::time::interval(POLL_INTERVAL);
         #[cfg(unix)]
         let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -155,12 +169,22 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>) -> JoinHandle<()> 
                 continue;
             }
             last_seen = now_seen;
-            match load(&path) {
-                Ok(set) => {
-                    policies.replace(set);
+            let outcome = match load(&path) {
+                Ok(set) => policies.replace_file(set).map_err(|e| format!("{}: {e}", path.display())),
+                Err(e) => {
+                    policies.file_refused();
+                    Err(e.to_string())
+                }
+            };
+            match outcome {
+                Ok(()) => {
+                    reloads.send_modify(|r| r.applied += 1);
                     info!(path = %path.display(), "policies reloaded");
                 }
-                Err(e) => error!(error = %e, "policy file refused; the policies in force stay"),
+                Err(e) => {
+                    reloads.send_modify(|r| r.refused += 1);
+                    error!(error = %e, "policy file refused; the policies in force stay");
+                }
             }
         }
     })

@@ -2,19 +2,19 @@
 //! isolation does when nothing is left, gray-release version weights, and breaker settings.
 //!
 //! Policies come from the config file (`[defaults]` and `[services.NAME]`, see [`file`]) and
-//! can be read and replaced at runtime. The whole set is one immutable [`PolicySet`] behind an
+//! from runtime overrides (`SetPolicy`); [`Policies`] keeps the two as layers and is their one
+//! writer (see [`store`]). What picks read is one immutable merged [`PolicySet`] behind an
 //! `ArcSwap`: a pick loads it once, so it sees the old policy or the new one, never a mix.
 //! Every policy is validated completely before it is stored; a bad one is refused and the old
 //! one stays.
 
 pub mod file;
 mod gray;
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-use arc_swap::ArcSwap;
 
 use crate::hash::Map;
 use crate::registry::{InvalidField, validate_service_name};
@@ -22,6 +22,35 @@ use crate::rules::{self, ParsedRule};
 use crate::state::BreakerConfig;
 
 pub use gray::GrayRelease;
+pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError};
+
+/// Which layer the policy in force for a service came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum PolicySource {
+    /// The service has no policy of its own; the defaults apply.
+    #[default]
+    Default,
+    /// The config file's `[services.NAME]`.
+    File,
+    /// A runtime override (`SetPolicy`).
+    Runtime,
+}
+
+impl PolicySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicySource::Default => "default",
+            PolicySource::File => "file",
+            PolicySource::Runtime => "runtime",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What version isolation does when neither the requested version nor unversioned instances
 /// are available.
@@ -123,6 +152,8 @@ pub struct PolicySet {
     /// The specs the services' policies were resolved from, to re-resolve them when the
     /// defaults change and to show operators what they wrote.
     pub specs: Map<String, PolicySpec>,
+    /// Where each of `services` came from (a service not in it has [`PolicySource::Default`]).
+    pub sources: Map<String, PolicySource>,
 }
 
 impl PolicySet {
@@ -130,68 +161,22 @@ impl PolicySet {
         self.services.get(service).unwrap_or(&self.defaults)
     }
 
+    pub fn source(&self, service: &str) -> PolicySource {
+        self.sources.get(service).copied().unwrap_or_default()
+    }
+
     /// Builds a set from the defaults' spec and the services' specs, validating everything.
     pub fn build(defaults: &PolicySpec, services: &BTreeMap<String, PolicySpec>) -> Result<Self, InvalidField> {
         let defaults = Arc::new(defaults.resolve(&Policy::default(), "defaults")?);
-        let mut set = PolicySet { defaults, services: Map::default(), specs: Map::default() };
+        let mut set = PolicySet { defaults, ..Default::default() };
         for (name, spec) in services {
             validate_service_name(&format!("services.{name}"), name)?;
             let policy = spec.resolve(&set.defaults, &format!("services.{name}"))?;
             set.services.insert(name.clone(), Arc::new(policy));
             set.specs.insert(name.clone(), spec.clone());
+            set.sources.insert(name.clone(), PolicySource::File);
         }
         Ok(set)
-    }
-}
-
-/// The live policy set.
-#[derive(Debug, Default)]
-pub struct Policies {
-    current: ArcSwap<PolicySet>,
-}
-
-impl Policies {
-    pub fn new(set: PolicySet) -> Self {
-        Self { current: ArcSwap::from_pointee(set) }
-    }
-
-    pub fn load(&self) -> arc_swap::Guard<Arc<PolicySet>> {
-        self.current.load()
-    }
-
-    /// Replaces the whole set (a config reload).
-    pub fn replace(&self, set: PolicySet) {
-        self.current.store(Arc::new(set));
-    }
-
-    /// Sets one service's policy from a spec resolved over the defaults; returns the result.
-    pub fn set_service(&self, service: &str, spec: PolicySpec) -> Result<Arc<Policy>, InvalidField> {
-        validate_service_name("service", service)?;
-        let mut result = None;
-        let mut error = None;
-        // rcu: concurrent setters each apply on top of the latest set, so none is lost.
-        self.current.rcu(|current| {
-            let mut next = PolicySet::clone(current);
-            match spec.resolve(&next.defaults, "policy") {
-                Ok(policy) => {
-                    let policy = Arc::new(policy);
-                    next.services.insert(service.to_owned(), policy.clone());
-                    next.specs.insert(service.to_owned(), spec.clone());
-                    result = Some(policy);
-                    error = None;
-                }
-                Err(e) => {
-                    error = Some(e);
-                    result = None;
-                }
-            }
-            next
-        });
-        match (result, error) {
-            (Some(policy), _) => Ok(policy),
-            (None, Some(e)) => Err(e),
-            (None, None) => unreachable!("rcu runs its closure at least once"),
-        }
     }
 }
 
@@ -235,15 +220,5 @@ mod tests {
             bad(PolicySpec { blackout_max: Some(Duration::from_secs(1)), ..Default::default() }),
             "services.s.blackout_max must be at least blackout_base and at most 1h"
         );
-    }
-
-    #[test]
-    fn a_refused_set_keeps_the_old_policy() {
-        let policies = Policies::default();
-        let good = PolicySpec { rule: Some("random".into()), ..Default::default() };
-        policies.set_service("orders", good).unwrap();
-        let bad = PolicySpec { rule: Some("nope".into()), ..Default::default() };
-        assert!(policies.set_service("orders", bad).is_err());
-        assert_eq!(&*policies.load().for_service("orders").rule.canonical, "random");
     }
 }

@@ -169,7 +169,15 @@ async fn health_policies_and_dashboard_are_served() {
     assert_eq!(status, 200);
     let policies: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(policies["defaults"]["rule"], "round_robin");
+    assert_eq!(policies["defaults"]["source"], "default");
     assert_eq!(policies["services"], json!([]));
+    let mut client = server.client().await;
+    let set = pb::Policy { service: "orders".into(), rule: "random".into(), ..Default::default() };
+    client.set_policy(set).await.unwrap();
+    let (_, body) = get(addr, "/api/policies").await;
+    let policies: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(policies["services"][0]["service"], "orders");
+    assert_eq!(policies["services"][0]["source"], "runtime");
     let (status, page) = get(addr, "/").await;
     assert_eq!(status, 200);
     assert!(page.contains("/api/events?service="), "the dashboard follows the event stream");

@@ -45,7 +45,7 @@ fn code<T>(result: Result<T, ClientError>) -> Code {
 }
 
 /// The rota RPCs, in the order of the matrix's columns.
-const RPCS: [&str; 11] = [
+const RPCS: [&str; 12] = [
     "Pick",
     "PickStream",
     "Lease",
@@ -57,6 +57,7 @@ const RPCS: [&str; 11] = [
     "GetPolicy",
     "SetPolicy",
     "ListPolicies",
+    "ResetPolicy",
 ];
 
 /// Calls every rota RPC once and returns each call's status code.
@@ -83,6 +84,8 @@ async fn call_everything(c: &mut RotaClient) -> Vec<Code> {
     let policy = pb::Policy { service: "orders-1".into(), rule: "round_robin".into(), ..Default::default() };
     let set_policy = code(c.set_policy(policy).await);
     let list_policies = code(c.list_policies().await);
+    // Drops the override SetPolicy just set, where SetPolicy was allowed.
+    let reset_policy = code(c.reset_policy("orders-1").await);
     vec![
         pick,
         stream,
@@ -95,6 +98,7 @@ async fn call_everything(c: &mut RotaClient) -> Vec<Code> {
         get_policy,
         set_policy,
         list_policies,
+        reset_policy,
     ]
 }
 
@@ -104,13 +108,13 @@ async fn each_scope_opens_exactly_its_calls() {
     let server = server().await;
     let _orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
 
-    let matrix: [(Option<&str>, [Code; 11]); 6] = [
-        (None, [UA; 11]),
-        (Some("not-a-token-at-all-000"), [UA; 11]),
-        (Some(PICK), [OK, OK, OK, OK, PD, OK, OK, OK, PD, PD, PD]),
-        (Some(ORDERS), [PD, PD, PD, PD, OK, PD, PD, PD, PD, PD, PD]),
-        (Some(PAYMENTS), [PD; 11]),
-        (Some(ADMIN), [PD, PD, PD, PD, PD, PD, PD, PD, OK, OK, OK]),
+    let matrix: [(Option<&str>, [Code; 12]); 6] = [
+        (None, [UA; 12]),
+        (Some("not-a-token-at-all-000"), [UA; 12]),
+        (Some(PICK), [OK, OK, OK, OK, PD, OK, OK, OK, PD, PD, PD, PD]),
+        (Some(ORDERS), [PD, PD, PD, PD, OK, PD, PD, PD, PD, PD, PD, PD]),
+        (Some(PAYMENTS), [PD; 12]),
+        (Some(ADMIN), [PD, PD, PD, PD, PD, PD, PD, PD, OK, OK, OK, OK]),
     ];
     for (token, expected) in matrix {
         let mut c = client(&server, token).await;

@@ -253,13 +253,12 @@ fn an_invalid_config_file_stops_serve_before_binding() {
     assert!(stderr.contains("rota.toml: services.orders.rule is invalid: rule \"zigzag\" is unknown"), "{stderr}");
 }
 
-#[test]
-fn the_config_file_sets_policies_and_reloads_on_sighup() {
-    let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
-    // This server's log is read: each reload says whether it applied or refused the file.
+/// `rota serve --config PATH` with its log (at info: each reload says whether it applied or
+/// refused the file) read line by line.
+fn serve_config(path: &std::path::Path) -> (Serving, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--warmup", "0s", "--config"])
-        .arg(&path)
+        .arg(path)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -270,26 +269,89 @@ fn the_config_file_sets_policies_and_reloads_on_sighup() {
     let addr =
         first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
     let log = log_lines(child.stderr.take().unwrap());
-    let server = Serving { child, endpoint: format!("http://{addr}") };
+    (Serving { child, endpoint: format!("http://{addr}") }, log)
+}
+
+/// Replaces the file at once (a rename), so the server's poll never reads it half written.
+fn rewrite(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+fn hangup(server: &Serving) {
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+}
+
+#[test]
+fn the_config_file_sets_policies_and_reloads_on_sighup() {
+    let path = temp_config("reload", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
+    let (server, log) = serve_config(&path);
     let (register, _) = register_in_background(&server, &["cfg", "127.0.0.1:7101", "--id", "a"]);
     let mut register = Serving { child: register, endpoint: String::new() };
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("repeat(n=2)"), "{picked}");
 
     // A bad edit is refused (the log says so) and the policy in force stays...
-    std::fs::write(&path, "[services.cfg]\nrule = \"nope\"\n").unwrap();
-    let hangup = |pid: u32| assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success());
-    hangup(server.child.id());
+    rewrite(&path, "[services.cfg]\nrule = \"nope\"\n");
+    hangup(&server);
     wait_for_line(&log, "policy file refused");
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("repeat(n=2)"), "the old policy stays after a refused edit: {picked}");
     // ...then a good one applies once the log says it was reloaded.
-    std::fs::write(&path, "[services.cfg]\nrule = \"random\"\n").unwrap();
-    hangup(server.child.id());
+    rewrite(&path, "[services.cfg]\nrule = \"random\"\n");
+    hangup(&server);
     wait_for_line(&log, "policies reloaded");
     let picked = text(&rota(&server, &["pick", "cfg"]).stdout);
     assert!(picked.contains("random"), "the new policy applies: {picked}");
     let _ = register.child.kill();
+}
+
+#[test]
+fn policy_set_survives_a_reload_and_policy_reset_drops_it() {
+    let path = temp_config("override", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
+    let (server, log) = serve_config(&path);
+    // Columns: SERVICE SOURCE RULE ...; the first line is the header.
+    let policy = |args: &[&str]| {
+        let output = rota(&server, &[&["policy"], args].concat());
+        assert!(output.status.success(), "rota policy {args:?}: {}", text(&output.stderr));
+        text(&output.stdout)
+    };
+    let row = |out: &str, service: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(service));
+        line.unwrap_or_else(|| panic!("no row for {service}: {out}")).split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(row(&policy(&["get", "cfg"]), "cfg")[1..3], ["file", "repeat(n=2)"]);
+
+    let set = policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any"]);
+    assert_eq!(row(&set, "cfg")[1..4], ["runtime", "weighted", "any"]);
+    // The file changes and is reloaded: the override stays in force.
+    rewrite(&path, "[services.cfg]\nrule = \"repeat(n=3)\"\n[services.other]\nrule = \"random\"\n");
+    hangup(&server);
+    wait_for_line(&log, "policies reloaded");
+    let listing = policy(&["ls"]);
+    assert_eq!(row(&listing, "(defaults)")[1..3], ["default", "round_robin"]);
+    assert_eq!(row(&listing, "cfg")[1..3], ["runtime", "weighted"]);
+    assert_eq!(row(&listing, "other")[1..3], ["file", "random"]);
+
+    // Reset drops the override: the reloaded file's policy applies.
+    let reset = policy(&["reset", "cfg"]);
+    assert!(reset.starts_with("dropped the runtime override of cfg"), "{reset}");
+    assert_eq!(row(&reset, "cfg")[1..3], ["file", "repeat(n=3)"]);
+    assert_eq!(row(&policy(&["get", "cfg"]), "cfg")[1..3], ["file", "repeat(n=3)"]);
+
+    // Nothing left to reset, or a name that cannot be a service: a precise error, exit status 1.
+    let again = rota(&server, &["policy", "reset", "cfg"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(
+        text(&again.stderr).trim(),
+        "rota: NOT_FOUND: service \"cfg\" has no runtime override to reset; the config file's policy of it applies"
+    );
+    let bad = rota(&server, &["policy", "reset", "a b"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stderr).starts_with("rota: INVALID_ARGUMENT: service "), "{}", text(&bad.stderr));
+    assert_eq!(row(&policy(&["get", "cfg"]), "cfg")[1..3], ["file", "repeat(n=3)"]);
 }
 
 /// The lines of a child's output, read on a thread of their own.

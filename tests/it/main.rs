@@ -9,6 +9,7 @@ mod errors;
 mod harness;
 mod hostile;
 mod limits;
+mod policy;
 mod redis_server;
 mod registration;
 mod replicas;

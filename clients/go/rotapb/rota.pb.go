@@ -188,6 +188,63 @@ func (IsolationFallback) EnumDescriptor() ([]byte, []int) {
 	return file_rota_v1_rota_proto_rawDescGZIP(), []int{2}
 }
 
+// Where the policy in force for a service came from.
+type PolicySource int32
+
+const (
+	PolicySource_POLICY_SOURCE_UNSPECIFIED PolicySource = 0
+	// The service has no policy of its own: the defaults apply (the file's `[defaults]`, else
+	// rota's built-in ones). Also the source of ListPoliciesResponse.defaults.
+	PolicySource_POLICY_SOURCE_DEFAULT PolicySource = 1
+	// The config file's `[services.NAME]`.
+	PolicySource_POLICY_SOURCE_FILE PolicySource = 2
+	// A runtime override set with SetPolicy.
+	PolicySource_POLICY_SOURCE_RUNTIME PolicySource = 3
+)
+
+// Enum value maps for PolicySource.
+var (
+	PolicySource_name = map[int32]string{
+		0: "POLICY_SOURCE_UNSPECIFIED",
+		1: "POLICY_SOURCE_DEFAULT",
+		2: "POLICY_SOURCE_FILE",
+		3: "POLICY_SOURCE_RUNTIME",
+	}
+	PolicySource_value = map[string]int32{
+		"POLICY_SOURCE_UNSPECIFIED": 0,
+		"POLICY_SOURCE_DEFAULT":     1,
+		"POLICY_SOURCE_FILE":        2,
+		"POLICY_SOURCE_RUNTIME":     3,
+	}
+)
+
+func (x PolicySource) Enum() *PolicySource {
+	p := new(PolicySource)
+	*p = x
+	return p
+}
+
+func (x PolicySource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PolicySource) Descriptor() protoreflect.EnumDescriptor {
+	return file_rota_v1_rota_proto_enumTypes[3].Descriptor()
+}
+
+func (PolicySource) Type() protoreflect.EnumType {
+	return &file_rota_v1_rota_proto_enumTypes[3]
+}
+
+func (x PolicySource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PolicySource.Descriptor instead.
+func (PolicySource) EnumDescriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{3}
+}
+
 type Instance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Unique within the service; defaults to "host:port".
@@ -1058,7 +1115,10 @@ type Policy struct {
 	Gray    *GrayRelease `protobuf:"bytes,4,opt,name=gray,proto3" json:"gray,omitempty"`
 	Breaker *Breaker     `protobuf:"bytes,5,opt,name=breaker,proto3" json:"breaker,omitempty"`
 	// In responses: true when the service has no policy of its own and the defaults apply.
-	IsDefault     bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	IsDefault bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	// In responses: which layer the policy came from (`is_default` is `source == DEFAULT`).
+	// Ignored in SetPolicy.
+	Source        PolicySource `protobuf:"varint,7,opt,name=source,proto3,enum=rota.v1.PolicySource" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1133,6 +1193,13 @@ func (x *Policy) GetIsDefault() bool {
 		return x.IsDefault
 	}
 	return false
+}
+
+func (x *Policy) GetSource() PolicySource {
+	if x != nil {
+		return x.Source
+	}
+	return PolicySource_POLICY_SOURCE_UNSPECIFIED
 }
 
 type GetPolicyRequest struct {
@@ -1260,6 +1327,50 @@ func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
 	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
 }
 
+type ResetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetPolicyRequest) Reset() {
+	*x = ResetPolicyRequest{}
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetPolicyRequest) ProtoMessage() {}
+
+func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*ResetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ResetPolicyRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
 type ListPoliciesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Defaults      *Policy                `protobuf:"bytes,1,opt,name=defaults,proto3" json:"defaults,omitempty"`
@@ -1270,7 +1381,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1393,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1406,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListPoliciesResponse) GetDefaults() *Policy {
@@ -1328,7 +1439,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1451,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1464,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegisterRequest) GetMsg() isRegisterRequest_Msg {
@@ -1438,7 +1549,7 @@ type Announce struct {
 
 func (x *Announce) Reset() {
 	*x = Announce{}
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1561,7 @@ func (x *Announce) String() string {
 func (*Announce) ProtoMessage() {}
 
 func (x *Announce) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1574,7 @@ func (x *Announce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announce.ProtoReflect.Descriptor instead.
 func (*Announce) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Announce) GetInstances() []*Instance {
@@ -1481,7 +1592,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1604,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1617,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
 }
 
 // Changes one instance owned by this stream. Fields left unset keep their value.
@@ -1522,7 +1633,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1645,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1658,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Update) GetInstance() *InstanceRef {
@@ -1587,7 +1698,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1710,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1723,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Metadata) GetEntries() map[string]string {
@@ -1632,7 +1743,7 @@ type Withdraw struct {
 
 func (x *Withdraw) Reset() {
 	*x = Withdraw{}
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1755,7 @@ func (x *Withdraw) String() string {
 func (*Withdraw) ProtoMessage() {}
 
 func (x *Withdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1768,7 @@ func (x *Withdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
 func (*Withdraw) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Withdraw) GetInstances() []*InstanceRef {
@@ -1680,7 +1791,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1803,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1816,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterResponse) GetMsg() isRegisterResponse_Msg {
@@ -1767,7 +1878,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1890,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1903,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Ack) GetLeaseId() uint64 {
@@ -1843,7 +1954,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1966,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1979,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Refusal) GetInstance() *InstanceRef {
@@ -1902,7 +2013,7 @@ type Closing struct {
 
 func (x *Closing) Reset() {
 	*x = Closing{}
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2025,7 @@ func (x *Closing) String() string {
 func (*Closing) ProtoMessage() {}
 
 func (x *Closing) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2038,7 @@ func (x *Closing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closing.ProtoReflect.Descriptor instead.
 func (*Closing) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Closing) GetReason() string {
@@ -1945,7 +2056,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2068,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2081,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
 }
 
 type ListServicesResponse struct {
@@ -1982,7 +2093,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2105,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2118,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListServicesResponse) GetServices() []*ServiceSummary {
@@ -2029,7 +2140,7 @@ type ServiceSummary struct {
 
 func (x *ServiceSummary) Reset() {
 	*x = ServiceSummary{}
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2152,7 @@ func (x *ServiceSummary) String() string {
 func (*ServiceSummary) ProtoMessage() {}
 
 func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2165,7 @@ func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSummary.ProtoReflect.Descriptor instead.
 func (*ServiceSummary) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ServiceSummary) GetName() string {
@@ -2094,7 +2205,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2217,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2230,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListInstancesRequest) GetService() string {
@@ -2139,7 +2250,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2262,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2275,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2190,7 +2301,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2313,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2326,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2242,7 +2353,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2365,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2378,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2358,7 +2469,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2481,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2494,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -2467,7 +2578,7 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\aBreaker\x12+\n" +
 	"\x11failure_threshold\x18\x01 \x01(\rR\x10failureThreshold\x12(\n" +
 	"\x10blackout_base_ms\x18\x02 \x01(\x04R\x0eblackoutBaseMs\x12&\n" +
-	"\x0fblackout_max_ms\x18\x03 \x01(\x04R\rblackoutMaxMs\"\xf6\x01\n" +
+	"\x0fblackout_max_ms\x18\x03 \x01(\x04R\rblackoutMaxMs\"\xa5\x02\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12I\n" +
@@ -2475,12 +2586,15 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x04gray\x18\x04 \x01(\v2\x14.rota.v1.GrayReleaseR\x04gray\x12*\n" +
 	"\abreaker\x18\x05 \x01(\v2\x10.rota.v1.BreakerR\abreaker\x12\x1d\n" +
 	"\n" +
-	"is_default\x18\x06 \x01(\bR\tisDefault\",\n" +
+	"is_default\x18\x06 \x01(\bR\tisDefault\x12-\n" +
+	"\x06source\x18\a \x01(\x0e2\x15.rota.v1.PolicySourceR\x06source\",\n" +
 	"\x10GetPolicyRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\";\n" +
 	"\x10SetPolicyRequest\x12'\n" +
 	"\x06policy\x18\x01 \x01(\v2\x0f.rota.v1.PolicyR\x06policy\"\x15\n" +
-	"\x13ListPoliciesRequest\"p\n" +
+	"\x13ListPoliciesRequest\".\n" +
+	"\x12ResetPolicyRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\"p\n" +
 	"\x14ListPoliciesResponse\x12+\n" +
 	"\bdefaults\x18\x01 \x01(\v2\x0f.rota.v1.PolicyR\bdefaults\x12+\n" +
 	"\bservices\x18\x02 \x03(\v2\x0f.rota.v1.PolicyR\bservices\"\xd9\x01\n" +
@@ -2562,17 +2676,23 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x11IsolationFallback\x12\"\n" +
 	"\x1eISOLATION_FALLBACK_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ISOLATION_FALLBACK_FAIL\x10\x01\x12\x1a\n" +
-	"\x16ISOLATION_FALLBACK_ANY\x10\x022\xf1\x01\n" +
+	"\x16ISOLATION_FALLBACK_ANY\x10\x02*{\n" +
+	"\fPolicySource\x12\x1d\n" +
+	"\x19POLICY_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15POLICY_SOURCE_DEFAULT\x10\x01\x12\x16\n" +
+	"\x12POLICY_SOURCE_FILE\x10\x02\x12\x19\n" +
+	"\x15POLICY_SOURCE_RUNTIME\x10\x032\xf1\x01\n" +
 	"\bBalancer\x123\n" +
 	"\x04Pick\x12\x14.rota.v1.PickRequest\x1a\x15.rota.v1.PickResponse\x12=\n" +
 	"\n" +
 	"PickStream\x12\x14.rota.v1.PickRequest\x1a\x15.rota.v1.PickResponse(\x010\x01\x129\n" +
 	"\x06Report\x12\x16.rota.v1.ReportRequest\x1a\x17.rota.v1.ReportResponse\x126\n" +
-	"\x05Lease\x12\x15.rota.v1.LeaseRequest\x1a\x16.rota.v1.LeaseResponse2\xc9\x01\n" +
+	"\x05Lease\x12\x15.rota.v1.LeaseRequest\x1a\x16.rota.v1.LeaseResponse2\x86\x02\n" +
 	"\bPolicies\x127\n" +
 	"\tGetPolicy\x12\x19.rota.v1.GetPolicyRequest\x1a\x0f.rota.v1.Policy\x127\n" +
 	"\tSetPolicy\x12\x19.rota.v1.SetPolicyRequest\x1a\x0f.rota.v1.Policy\x12K\n" +
-	"\fListPolicies\x12\x1c.rota.v1.ListPoliciesRequest\x1a\x1d.rota.v1.ListPoliciesResponse2\xa3\x02\n" +
+	"\fListPolicies\x12\x1c.rota.v1.ListPoliciesRequest\x1a\x1d.rota.v1.ListPoliciesResponse\x12;\n" +
+	"\vResetPolicy\x12\x1b.rota.v1.ResetPolicyRequest\x1a\x0f.rota.v1.Policy2\xa3\x02\n" +
 	"\bRegistry\x12C\n" +
 	"\bRegister\x12\x18.rota.v1.RegisterRequest\x1a\x19.rota.v1.RegisterResponse(\x010\x01\x12K\n" +
 	"\fListServices\x12\x1c.rota.v1.ListServicesRequest\x1a\x1d.rota.v1.ListServicesResponse\x12N\n" +
@@ -2593,115 +2713,120 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 	return file_rota_v1_rota_proto_rawDescData
 }
 
-var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_rota_v1_rota_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: rota.v1.InstanceStatus
 	(CallResult)(0),               // 1: rota.v1.CallResult
 	(IsolationFallback)(0),        // 2: rota.v1.IsolationFallback
-	(*Instance)(nil),              // 3: rota.v1.Instance
-	(*InstanceRef)(nil),           // 4: rota.v1.InstanceRef
-	(*LeaseRequest)(nil),          // 5: rota.v1.LeaseRequest
-	(*LeaseResponse)(nil),         // 6: rota.v1.LeaseResponse
-	(*PickRequest)(nil),           // 7: rota.v1.PickRequest
-	(*PickResponse)(nil),          // 8: rota.v1.PickResponse
-	(*CallOutcome)(nil),           // 9: rota.v1.CallOutcome
-	(*ReportRequest)(nil),         // 10: rota.v1.ReportRequest
-	(*ReportResponse)(nil),        // 11: rota.v1.ReportResponse
-	(*PickError)(nil),             // 12: rota.v1.PickError
-	(*GrayRelease)(nil),           // 13: rota.v1.GrayRelease
-	(*Breaker)(nil),               // 14: rota.v1.Breaker
-	(*Policy)(nil),                // 15: rota.v1.Policy
-	(*GetPolicyRequest)(nil),      // 16: rota.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 17: rota.v1.SetPolicyRequest
-	(*ListPoliciesRequest)(nil),   // 18: rota.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),  // 19: rota.v1.ListPoliciesResponse
-	(*RegisterRequest)(nil),       // 20: rota.v1.RegisterRequest
-	(*Announce)(nil),              // 21: rota.v1.Announce
-	(*Heartbeat)(nil),             // 22: rota.v1.Heartbeat
-	(*Update)(nil),                // 23: rota.v1.Update
-	(*Metadata)(nil),              // 24: rota.v1.Metadata
-	(*Withdraw)(nil),              // 25: rota.v1.Withdraw
-	(*RegisterResponse)(nil),      // 26: rota.v1.RegisterResponse
-	(*Ack)(nil),                   // 27: rota.v1.Ack
-	(*Refusal)(nil),               // 28: rota.v1.Refusal
-	(*Closing)(nil),               // 29: rota.v1.Closing
-	(*ListServicesRequest)(nil),   // 30: rota.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 31: rota.v1.ListServicesResponse
-	(*ServiceSummary)(nil),        // 32: rota.v1.ServiceSummary
-	(*ListInstancesRequest)(nil),  // 33: rota.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil), // 34: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),          // 35: rota.v1.WatchRequest
-	(*WatchEvent)(nil),            // 36: rota.v1.WatchEvent
-	(*InstanceList)(nil),          // 37: rota.v1.InstanceList
-	nil,                           // 38: rota.v1.Instance.MetadataEntry
-	nil,                           // 39: rota.v1.GrayRelease.VersionsEntry
-	nil,                           // 40: rota.v1.Metadata.EntriesEntry
+	(PolicySource)(0),             // 3: rota.v1.PolicySource
+	(*Instance)(nil),              // 4: rota.v1.Instance
+	(*InstanceRef)(nil),           // 5: rota.v1.InstanceRef
+	(*LeaseRequest)(nil),          // 6: rota.v1.LeaseRequest
+	(*LeaseResponse)(nil),         // 7: rota.v1.LeaseResponse
+	(*PickRequest)(nil),           // 8: rota.v1.PickRequest
+	(*PickResponse)(nil),          // 9: rota.v1.PickResponse
+	(*CallOutcome)(nil),           // 10: rota.v1.CallOutcome
+	(*ReportRequest)(nil),         // 11: rota.v1.ReportRequest
+	(*ReportResponse)(nil),        // 12: rota.v1.ReportResponse
+	(*PickError)(nil),             // 13: rota.v1.PickError
+	(*GrayRelease)(nil),           // 14: rota.v1.GrayRelease
+	(*Breaker)(nil),               // 15: rota.v1.Breaker
+	(*Policy)(nil),                // 16: rota.v1.Policy
+	(*GetPolicyRequest)(nil),      // 17: rota.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 18: rota.v1.SetPolicyRequest
+	(*ListPoliciesRequest)(nil),   // 19: rota.v1.ListPoliciesRequest
+	(*ResetPolicyRequest)(nil),    // 20: rota.v1.ResetPolicyRequest
+	(*ListPoliciesResponse)(nil),  // 21: rota.v1.ListPoliciesResponse
+	(*RegisterRequest)(nil),       // 22: rota.v1.RegisterRequest
+	(*Announce)(nil),              // 23: rota.v1.Announce
+	(*Heartbeat)(nil),             // 24: rota.v1.Heartbeat
+	(*Update)(nil),                // 25: rota.v1.Update
+	(*Metadata)(nil),              // 26: rota.v1.Metadata
+	(*Withdraw)(nil),              // 27: rota.v1.Withdraw
+	(*RegisterResponse)(nil),      // 28: rota.v1.RegisterResponse
+	(*Ack)(nil),                   // 29: rota.v1.Ack
+	(*Refusal)(nil),               // 30: rota.v1.Refusal
+	(*Closing)(nil),               // 31: rota.v1.Closing
+	(*ListServicesRequest)(nil),   // 32: rota.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 33: rota.v1.ListServicesResponse
+	(*ServiceSummary)(nil),        // 34: rota.v1.ServiceSummary
+	(*ListInstancesRequest)(nil),  // 35: rota.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil), // 36: rota.v1.ListInstancesResponse
+	(*WatchRequest)(nil),          // 37: rota.v1.WatchRequest
+	(*WatchEvent)(nil),            // 38: rota.v1.WatchEvent
+	(*InstanceList)(nil),          // 39: rota.v1.InstanceList
+	nil,                           // 40: rota.v1.Instance.MetadataEntry
+	nil,                           // 41: rota.v1.GrayRelease.VersionsEntry
+	nil,                           // 42: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	38, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	40, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
-	3,  // 2: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
-	3,  // 3: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
-	12, // 4: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
+	4,  // 2: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
+	4,  // 3: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
+	13, // 4: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
 	1,  // 5: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
-	9,  // 6: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
-	39, // 7: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	10, // 6: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
+	41, // 7: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
 	2,  // 8: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
-	13, // 9: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
-	14, // 10: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
-	15, // 11: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
-	15, // 12: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
-	15, // 13: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
-	21, // 14: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
-	22, // 15: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
-	23, // 16: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
-	25, // 17: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
-	3,  // 18: rota.v1.Announce.instances:type_name -> rota.v1.Instance
-	4,  // 19: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
-	0,  // 20: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
-	24, // 21: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	40, // 22: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
-	4,  // 23: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
-	27, // 24: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
-	29, // 25: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
-	4,  // 26: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
-	28, // 27: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
-	4,  // 28: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
-	32, // 29: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
-	3,  // 30: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	37, // 31: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	3,  // 32: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	3,  // 33: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	4,  // 34: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	3,  // 35: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	7,  // 36: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	7,  // 37: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	10, // 38: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	5,  // 39: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
-	16, // 40: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	17, // 41: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	18, // 42: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	20, // 43: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	30, // 44: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	33, // 45: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	35, // 46: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	8,  // 47: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	8,  // 48: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	11, // 49: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	6,  // 50: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
-	15, // 51: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	15, // 52: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	19, // 53: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	26, // 54: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	31, // 55: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	34, // 56: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	36, // 57: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	47, // [47:58] is the sub-list for method output_type
-	36, // [36:47] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	14, // 9: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
+	15, // 10: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
+	3,  // 11: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
+	16, // 12: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
+	16, // 13: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
+	16, // 14: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
+	23, // 15: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
+	24, // 16: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
+	25, // 17: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
+	27, // 18: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
+	4,  // 19: rota.v1.Announce.instances:type_name -> rota.v1.Instance
+	5,  // 20: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
+	0,  // 21: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
+	26, // 22: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
+	42, // 23: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	5,  // 24: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
+	29, // 25: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
+	31, // 26: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
+	5,  // 27: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
+	30, // 28: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
+	5,  // 29: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
+	34, // 30: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
+	4,  // 31: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
+	39, // 32: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	4,  // 33: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	4,  // 34: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	5,  // 35: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	4,  // 36: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	8,  // 37: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	8,  // 38: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	11, // 39: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	6,  // 40: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	17, // 41: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	18, // 42: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	19, // 43: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	20, // 44: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
+	22, // 45: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	32, // 46: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	35, // 47: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	37, // 48: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	9,  // 49: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	9,  // 50: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	12, // 51: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	7,  // 52: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	16, // 53: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	16, // 54: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	21, // 55: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	16, // 56: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
+	28, // 57: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	33, // 58: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	36, // 59: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	38, // 60: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	49, // [49:61] is the sub-list for method output_type
+	37, // [37:49] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -2710,18 +2835,18 @@ func file_rota_v1_rota_proto_init() {
 		return
 	}
 	file_rota_v1_rota_proto_msgTypes[0].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[17].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[18].OneofWrappers = []any{
 		(*RegisterRequest_Announce)(nil),
 		(*RegisterRequest_Heartbeat)(nil),
 		(*RegisterRequest_Update)(nil),
 		(*RegisterRequest_Withdraw)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[20].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[23].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[21].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[24].OneofWrappers = []any{
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[33].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[34].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -2732,8 +2857,8 @@ func file_rota_v1_rota_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   38,
+			NumEnums:      4,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

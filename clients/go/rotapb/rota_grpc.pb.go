@@ -261,6 +261,7 @@ const (
 	Policies_GetPolicy_FullMethodName    = "/rota.v1.Policies/GetPolicy"
 	Policies_SetPolicy_FullMethodName    = "/rota.v1.Policies/SetPolicy"
 	Policies_ListPolicies_FullMethodName = "/rota.v1.Policies/ListPolicies"
+	Policies_ResetPolicy_FullMethodName  = "/rota.v1.Policies/ResetPolicy"
 )
 
 // PoliciesClient is the client API for Policies service.
@@ -269,15 +270,25 @@ const (
 //
 // Per-service policies: the rule used when a request names none, the version-isolation
 // fallback, gray-release weights and circuit-breaker settings. A change applies atomically: a
-// pick sees the old policy or the new one, never a mix. The config file's policies are
-// replaced as a whole when the file is reloaded.
+// pick sees the old policy or the new one, never a mix.
+//
+// Policies come in two layers: the config file's (`[defaults]` and `[services.NAME]`, replaced
+// as a whole when the file is reloaded) and runtime overrides set with SetPolicy. A service's
+// runtime override wins over the file's policy of that service and survives file reloads until
+// ResetPolicy drops it. `Policy.source` says which layer a policy in force came from.
 type PoliciesClient interface {
 	// The policy in force for a service (the defaults if it has none of its own).
 	GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
-	// Replaces one service's policy. Unset fields take the defaults. A bad policy is refused with
-	// INVALID_ARGUMENT naming the field, and the old one stays.
+	// Sets a runtime override of one service's policy. Unset fields take the defaults (not the
+	// file's policy of the service). A bad policy is refused with INVALID_ARGUMENT naming the
+	// field, and the old one stays. A new override beyond the limit on runtime overrides (1000)
+	// is refused with RESOURCE_EXHAUSTED; replacing an existing one is always allowed.
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
 	ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error)
+	// Drops a service's runtime override; returns the policy now in force (the file's policy of
+	// the service, else the defaults). A service without a runtime override is NOT_FOUND and
+	// nothing changes; an invalid service name is INVALID_ARGUMENT.
+	ResetPolicy(ctx context.Context, in *ResetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
 }
 
 type policiesClient struct {
@@ -318,21 +329,41 @@ func (c *policiesClient) ListPolicies(ctx context.Context, in *ListPoliciesReque
 	return out, nil
 }
 
+func (c *policiesClient) ResetPolicy(ctx context.Context, in *ResetPolicyRequest, opts ...grpc.CallOption) (*Policy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Policy)
+	err := c.cc.Invoke(ctx, Policies_ResetPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoliciesServer is the server API for Policies service.
 // All implementations must embed UnimplementedPoliciesServer
 // for forward compatibility.
 //
 // Per-service policies: the rule used when a request names none, the version-isolation
 // fallback, gray-release weights and circuit-breaker settings. A change applies atomically: a
-// pick sees the old policy or the new one, never a mix. The config file's policies are
-// replaced as a whole when the file is reloaded.
+// pick sees the old policy or the new one, never a mix.
+//
+// Policies come in two layers: the config file's (`[defaults]` and `[services.NAME]`, replaced
+// as a whole when the file is reloaded) and runtime overrides set with SetPolicy. A service's
+// runtime override wins over the file's policy of that service and survives file reloads until
+// ResetPolicy drops it. `Policy.source` says which layer a policy in force came from.
 type PoliciesServer interface {
 	// The policy in force for a service (the defaults if it has none of its own).
 	GetPolicy(context.Context, *GetPolicyRequest) (*Policy, error)
-	// Replaces one service's policy. Unset fields take the defaults. A bad policy is refused with
-	// INVALID_ARGUMENT naming the field, and the old one stays.
+	// Sets a runtime override of one service's policy. Unset fields take the defaults (not the
+	// file's policy of the service). A bad policy is refused with INVALID_ARGUMENT naming the
+	// field, and the old one stays. A new override beyond the limit on runtime overrides (1000)
+	// is refused with RESOURCE_EXHAUSTED; replacing an existing one is always allowed.
 	SetPolicy(context.Context, *SetPolicyRequest) (*Policy, error)
 	ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error)
+	// Drops a service's runtime override; returns the policy now in force (the file's policy of
+	// the service, else the defaults). A service without a runtime override is NOT_FOUND and
+	// nothing changes; an invalid service name is INVALID_ARGUMENT.
+	ResetPolicy(context.Context, *ResetPolicyRequest) (*Policy, error)
 	mustEmbedUnimplementedPoliciesServer()
 }
 
@@ -351,6 +382,9 @@ func (UnimplementedPoliciesServer) SetPolicy(context.Context, *SetPolicyRequest)
 }
 func (UnimplementedPoliciesServer) ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPolicies not implemented")
+}
+func (UnimplementedPoliciesServer) ResetPolicy(context.Context, *ResetPolicyRequest) (*Policy, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetPolicy not implemented")
 }
 func (UnimplementedPoliciesServer) mustEmbedUnimplementedPoliciesServer() {}
 func (UnimplementedPoliciesServer) testEmbeddedByValue()                  {}
@@ -427,6 +461,24 @@ func _Policies_ListPolicies_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Policies_ResetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoliciesServer).ResetPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Policies_ResetPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoliciesServer).ResetPolicy(ctx, req.(*ResetPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Policies_ServiceDesc is the grpc.ServiceDesc for Policies service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -445,6 +497,10 @@ var Policies_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPolicies",
 			Handler:    _Policies_ListPolicies_Handler,
+		},
+		{
+			MethodName: "ResetPolicy",
+			Handler:    _Policies_ResetPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -26,6 +26,13 @@ class IsolationFallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ISOLATION_FALLBACK_UNSPECIFIED: _ClassVar[IsolationFallback]
     ISOLATION_FALLBACK_FAIL: _ClassVar[IsolationFallback]
     ISOLATION_FALLBACK_ANY: _ClassVar[IsolationFallback]
+
+class PolicySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_SOURCE_UNSPECIFIED: _ClassVar[PolicySource]
+    POLICY_SOURCE_DEFAULT: _ClassVar[PolicySource]
+    POLICY_SOURCE_FILE: _ClassVar[PolicySource]
+    POLICY_SOURCE_RUNTIME: _ClassVar[PolicySource]
 INSTANCE_STATUS_UNSPECIFIED: InstanceStatus
 UP: InstanceStatus
 DRAINING: InstanceStatus
@@ -37,6 +44,10 @@ CALL_RESULT_ERROR: CallResult
 ISOLATION_FALLBACK_UNSPECIFIED: IsolationFallback
 ISOLATION_FALLBACK_FAIL: IsolationFallback
 ISOLATION_FALLBACK_ANY: IsolationFallback
+POLICY_SOURCE_UNSPECIFIED: PolicySource
+POLICY_SOURCE_DEFAULT: PolicySource
+POLICY_SOURCE_FILE: PolicySource
+POLICY_SOURCE_RUNTIME: PolicySource
 
 class Instance(_message.Message):
     __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status")
@@ -199,20 +210,22 @@ class Breaker(_message.Message):
     def __init__(self, failure_threshold: _Optional[int] = ..., blackout_base_ms: _Optional[int] = ..., blackout_max_ms: _Optional[int] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default")
+    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default", "source")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRAY_FIELD_NUMBER: _ClassVar[int]
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     service: str
     rule: str
     isolation_fallback: IsolationFallback
     gray: GrayRelease
     breaker: Breaker
     is_default: bool
-    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ...) -> None: ...
+    source: PolicySource
+    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ..., source: _Optional[_Union[PolicySource, str]] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ("service",)
@@ -229,6 +242,12 @@ class SetPolicyRequest(_message.Message):
 class ListPoliciesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ResetPolicyRequest(_message.Message):
+    __slots__ = ("service",)
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    def __init__(self, service: _Optional[str] = ...) -> None: ...
 
 class ListPoliciesResponse(_message.Message):
     __slots__ = ("defaults", "services")

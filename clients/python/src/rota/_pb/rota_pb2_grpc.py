@@ -256,8 +256,12 @@ class PoliciesStub:
 
     Per-service policies: the rule used when a request names none, the version-isolation
     fallback, gray-release weights and circuit-breaker settings. A change applies atomically: a
-    pick sees the old policy or the new one, never a mix. The config file's policies are
-    replaced as a whole when the file is reloaded.
+    pick sees the old policy or the new one, never a mix.
+
+    Policies come in two layers: the config file's (`[defaults]` and `[services.NAME]`, replaced
+    as a whole when the file is reloaded) and runtime overrides set with SetPolicy. A service's
+    runtime override wins over the file's policy of that service and survives file reloads until
+    ResetPolicy drops it. `Policy.source` says which layer a policy in force came from.
     """
 
     def __init__(self, channel):
@@ -281,6 +285,11 @@ class PoliciesStub:
                 request_serializer=rota_dot_v1_dot_rota__pb2.ListPoliciesRequest.SerializeToString,
                 response_deserializer=rota_dot_v1_dot_rota__pb2.ListPoliciesResponse.FromString,
                 _registered_method=True)
+        self.ResetPolicy = channel.unary_unary(
+                '/rota.v1.Policies/ResetPolicy',
+                request_serializer=rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.SerializeToString,
+                response_deserializer=rota_dot_v1_dot_rota__pb2.Policy.FromString,
+                _registered_method=True)
 
 
 class PoliciesServicer:
@@ -290,8 +299,12 @@ class PoliciesServicer:
 
     Per-service policies: the rule used when a request names none, the version-isolation
     fallback, gray-release weights and circuit-breaker settings. A change applies atomically: a
-    pick sees the old policy or the new one, never a mix. The config file's policies are
-    replaced as a whole when the file is reloaded.
+    pick sees the old policy or the new one, never a mix.
+
+    Policies come in two layers: the config file's (`[defaults]` and `[services.NAME]`, replaced
+    as a whole when the file is reloaded) and runtime overrides set with SetPolicy. A service's
+    runtime override wins over the file's policy of that service and survives file reloads until
+    ResetPolicy drops it. `Policy.source` says which layer a policy in force came from.
     """
 
     def GetPolicy(self, request, context):
@@ -302,8 +315,10 @@ class PoliciesServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetPolicy(self, request, context):
-        """Replaces one service's policy. Unset fields take the defaults. A bad policy is refused with
-        INVALID_ARGUMENT naming the field, and the old one stays.
+        """Sets a runtime override of one service's policy. Unset fields take the defaults (not the
+        file's policy of the service). A bad policy is refused with INVALID_ARGUMENT naming the
+        field, and the old one stays. A new override beyond the limit on runtime overrides (1000)
+        is refused with RESOURCE_EXHAUSTED; replacing an existing one is always allowed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -311,6 +326,15 @@ class PoliciesServicer:
 
     def ListPolicies(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetPolicy(self, request, context):
+        """Drops a service's runtime override; returns the policy now in force (the file's policy of
+        the service, else the defaults). A service without a runtime override is NOT_FOUND and
+        nothing changes; an invalid service name is INVALID_ARGUMENT.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -333,6 +357,11 @@ def add_PoliciesServicer_to_server(servicer, server):
                     request_deserializer=rota_dot_v1_dot_rota__pb2.ListPoliciesRequest.FromString,
                     response_serializer=rota_dot_v1_dot_rota__pb2.ListPoliciesResponse.SerializeToString,
             ),
+            'ResetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetPolicy,
+                    request_deserializer=rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.FromString,
+                    response_serializer=rota_dot_v1_dot_rota__pb2.Policy.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'rota.v1.Policies', rpc_method_handlers)
@@ -348,8 +377,12 @@ class Policies:
 
     Per-service policies: the rule used when a request names none, the version-isolation
     fallback, gray-release weights and circuit-breaker settings. A change applies atomically: a
-    pick sees the old policy or the new one, never a mix. The config file's policies are
-    replaced as a whole when the file is reloaded.
+    pick sees the old policy or the new one, never a mix.
+
+    Policies come in two layers: the config file's (`[defaults]` and `[services.NAME]`, replaced
+    as a whole when the file is reloaded) and runtime overrides set with SetPolicy. A service's
+    runtime override wins over the file's policy of that service and survives file reloads until
+    ResetPolicy drops it. `Policy.source` says which layer a policy in force came from.
     """
 
     @staticmethod
@@ -423,6 +456,33 @@ class Policies:
             '/rota.v1.Policies/ListPolicies',
             rota_dot_v1_dot_rota__pb2.ListPoliciesRequest.SerializeToString,
             rota_dot_v1_dot_rota__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rota.v1.Policies/ResetPolicy',
+            rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.SerializeToString,
+            rota_dot_v1_dot_rota__pb2.Policy.FromString,
             options,
             channel_credentials,
             insecure,

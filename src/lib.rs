@@ -12,7 +12,10 @@
 //!   weighted, response time, least request, consistent hash, ...), one file each, as pure
 //!   functions over a snapshot subset, a ticket and a read-only view of instance load.
 //! - [`state`] — rule state shared by all consumers: rotation counters, sticky assignments,
-//!   per-instance call statistics and circuit breakers.
+//!   per-instance call statistics and circuit breakers; in this process, or in Redis for
+//!   several replicas.
+//! - [`replicas`] — several rota servers acting as one through Redis: each shares its
+//!   registration streams' instances, its statistics and its runtime policies with the others.
 //! - [`policy`] — per-service policies (default rule, isolation fallback, gray release,
 //!   breaker settings): the config file's layer and runtime overrides from the `Policies` RPCs,
 //!   kept by one writer and published merged, swapped atomically.
@@ -44,6 +47,7 @@ pub mod listener;
 pub mod loadgen;
 pub mod policy;
 pub mod registry;
+pub mod replicas;
 pub mod rules;
 pub mod server;
 pub mod soak;

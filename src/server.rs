@@ -226,11 +226,7 @@ impl Server {
         ));
         let mut background = Vec::new();
         if let Some(link) = balancer.state().link() {
-            // Each replica shares its own streams' instances and copies the others'.
-            let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
-            tracing::info!(%replica, target = %link.target(), "sharing state and instances through Redis");
-            background.push(crate::state::redis::TableSharing::spawn(registry.clone(), link.clone(), replica.clone()));
-            background.push(crate::state::redis::LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica));
+            background.extend(crate::replicas::spawn(&balancer, &policies, link));
         }
         let policy_reloads = config.policy_file.as_ref().map(|path| {
             let reloads = watch::Sender::new(PolicyReloads::default());

@@ -59,10 +59,7 @@ async fn query<T: redis::FromRedisValue>(url: &str, args: &[&str]) -> redis::Red
 /// Commands the Redis server ran since its statistics were last reset.
 async fn commands(url: &str) -> Result<u64, CliError> {
     let info: String = query(url, &["INFO", "commandstats"]).await.map_err(usage)?;
-    Ok(info
-        .lines()
-        .filter_map(|line| line.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
-        .sum())
+    Ok(info.lines().filter_map(|line| line.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok()).sum())
 }
 
 struct Backend {

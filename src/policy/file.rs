@@ -112,6 +112,48 @@ impl PolicyToml {
     }
 }
 
+/// One policy spec as a TOML table body (the keys a `[services.NAME]` table takes), only the
+/// fields it sets; [`spec_from_toml`] reads it back.
+pub fn spec_to_toml(spec: &PolicySpec) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if let Some(rule) = &spec.rule {
+        let _ = writeln!(out, "rule = {}", toml_string(rule));
+    }
+    if let Some(fallback) = spec.isolation_fallback {
+        let fallback = match fallback {
+            IsolationFallback::Fail => "fail",
+            IsolationFallback::Any => "any",
+        };
+        let _ = writeln!(out, "isolation_fallback = \"{fallback}\"");
+    }
+    if let Some(gray) = &spec.gray {
+        let versions: Vec<String> = gray.versions.iter().map(|(v, w)| format!("{} = {w}", toml_string(v))).collect();
+        let _ =
+            writeln!(out, "gray = {{ unversioned = {}, versions = {{ {} }} }}", gray.unversioned, versions.join(", "));
+    }
+    let mut breaker = Vec::new();
+    if let Some(threshold) = spec.failure_threshold {
+        breaker.push(format!("failure_threshold = {threshold}"));
+    }
+    if let Some(base) = spec.blackout_base {
+        breaker.push(format!("blackout_base = \"{}\"", humantime::format_duration(base)));
+    }
+    if let Some(max) = spec.blackout_max {
+        breaker.push(format!("blackout_max = \"{}\"", humantime::format_duration(max)));
+    }
+    if !breaker.is_empty() {
+        let _ = writeln!(out, "breaker = {{ {} }}", breaker.join(", "));
+    }
+    out
+}
+
+/// Reads a spec written by [`spec_to_toml`] (fields are checked when the spec is resolved).
+pub fn spec_from_toml(text: &str) -> Result<PolicySpec, String> {
+    let table: PolicyToml = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
+    table.spec("policy")
+}
+
 /// Parses and validates policy TOML.
 pub fn parse(text: &str) -> Result<PolicySet, String> {
     let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
@@ -284,6 +326,21 @@ mod tests {
             let value: toml::Value = toml::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
             assert_eq!(value["x"].as_str(), Some(text), "{line}");
         }
+    }
+
+    #[test]
+    fn specs_read_back_as_written() {
+        let set = parse(
+            "[services.a]\nrule = \"repeat(n=3)\"\nisolation_fallback = \"any\"\n\
+             gray = { unversioned = 1, versions = { \"v2\" = 3 } }\n\
+             breaker = { failure_threshold = 5, blackout_max = \"1m\" }\n",
+        )
+        .unwrap();
+        let spec = set.specs["a"].clone();
+        assert_eq!(spec_from_toml(&spec_to_toml(&spec)).unwrap(), spec);
+        let empty = PolicySpec::default();
+        assert_eq!(spec_from_toml(&spec_to_toml(&empty)).unwrap(), empty);
+        assert!(spec_from_toml("rule = 3").is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::rules::{self, ParsedRule};
 use crate::state::BreakerConfig;
 
 pub use gray::GrayRelease;
-pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError};
+pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError, RuntimeChange};
 
 /// Which layer the policy in force for a service came from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

@@ -26,7 +26,9 @@
 //! happens while it is held.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use tokio::sync::mpsc;
 
 use arc_swap::ArcSwap;
 use tracing::info;
@@ -154,13 +156,24 @@ pub struct Policies {
     current: ArcSwap<PolicySet>,
     /// The only write path: held while a change is validated, merged and published.
     layers: Mutex<Layers>,
+    /// Where changes of the runtime layer made here (`SetPolicy`, `ResetPolicy`) go, once
+    /// something shares them with other replicas.
+    runtime_changes: OnceLock<mpsc::UnboundedSender<RuntimeChange>>,
 }
+
+/// One change of the runtime layer made on this replica: a service's new override, or `None`
+/// when it was dropped.
+pub type RuntimeChange = (String, Option<PolicySpec>);
 
 impl Policies {
     /// Policies with `file` as the file layer and no runtime overrides.
     pub fn new(file: PolicySet) -> Self {
         let layers = Layers { file, ..Layers::default() };
-        Self { current: ArcSwap::from_pointee(layers.merged()), layers: Mutex::new(layers) }
+        Self {
+            current: ArcSwap::from_pointee(layers.merged()),
+            layers: Mutex::new(layers),
+            runtime_changes: OnceLock::new(),
+        }
     }
 
     /// The merged set in force.
@@ -199,7 +212,8 @@ impl Policies {
         if !layers.runtime.contains_key(service) && layers.runtime.len() >= MAX_RUNTIME_OVERRIDES {
             return Err(PolicyError::TooManyOverrides { limit: MAX_RUNTIME_OVERRIDES });
         }
-        layers.runtime.insert(service.to_owned(), Override { spec, policy });
+        layers.runtime.insert(service.to_owned(), Override { spec: spec.clone(), policy });
+        self.tell((service.to_owned(), Some(spec)));
         layers.retry_held_back();
         let merged = layers.merged();
         let now = merged.for_service(service).clone();
@@ -216,6 +230,7 @@ impl Policies {
             let in_force = layers.file.source(service);
             return Err(PolicyError::NoOverride { service: service.to_owned(), in_force });
         }
+        self.tell((service.to_owned(), None));
         layers.retry_held_back();
         let merged = layers.merged();
         let now = (merged.for_service(service).clone(), merged.source(service));
@@ -226,6 +241,49 @@ impl Policies {
     /// The merged set in force, to keep.
     pub fn load_full(&self) -> Arc<PolicySet> {
         self.current.load_full()
+    }
+
+    /// Every later change of the runtime layer made here, in order (one follower at most:
+    /// `None` when one follows already).
+    pub fn follow_runtime_changes(&self) -> Option<mpsc::UnboundedReceiver<RuntimeChange>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.runtime_changes.set(tx).ok()?;
+        Some(rx)
+    }
+
+    /// Told while the layers are locked, so the follower sees changes in the order they apply.
+    fn tell(&self, change: RuntimeChange) {
+        if let Some(follower) = self.runtime_changes.get() {
+            let _ = follower.send(change);
+        }
+    }
+
+    /// The runtime layer as sent: service → spec.
+    pub fn runtime_specs(&self) -> BTreeMap<String, PolicySpec> {
+        self.write().runtime.iter().map(|(service, entry)| (service.clone(), entry.spec.clone())).collect()
+    }
+
+    /// Replaces the whole runtime layer with `specs` (what the replicas share), each resolved
+    /// over the file's defaults; a spec that does not resolve here, or one past
+    /// [`MAX_RUNTIME_OVERRIDES`], is left out and logged. Not counted as a local change.
+    pub fn replace_runtime(&self, specs: BTreeMap<String, PolicySpec>) {
+        let mut layers = self.write();
+        let mut runtime = BTreeMap::new();
+        for (service, spec) in specs {
+            if runtime.len() >= MAX_RUNTIME_OVERRIDES || validate_service_name("service", &service).is_err() {
+                tracing::warn!(%service, "shared policy override left out: invalid name or over the limit");
+                continue;
+            }
+            match spec.resolve(&layers.file.defaults, "policy") {
+                Ok(policy) => {
+                    runtime.insert(service, Override { spec, policy: Arc::new(policy) });
+                }
+                Err(error) => tracing::warn!(%service, %error, "shared policy override left out"),
+            }
+        }
+        layers.runtime = runtime;
+        layers.retry_held_back();
+        self.current.store(Arc::new(layers.merged()));
     }
 
     /// How many runtime overrides are in force.

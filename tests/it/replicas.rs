@@ -408,3 +408,75 @@ async fn load_aware_rules_weigh_the_picks_in_flight_on_other_replicas() {
     assert_eq!(ids, ["b", "b", "c", "c"], "best_available weighed replica one's picks");
     wait_stats(&one, "load", "b", |r| r.load.in_flight == 2).await;
 }
+
+/// Waits until `server` answers GetPolicy for `service` with `rule`.
+async fn wait_policy(server: &TestServer, service: &str, rule: &str) -> pb::Policy {
+    let mut client = server.client().await;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let policy = client.get_policy(service).await.expect("GetPolicy");
+            if policy.rule == rule {
+                return policy;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{service}'s rule never became {rule}"))
+}
+
+#[tokio::test]
+async fn a_policy_set_on_one_replica_applies_on_all_and_a_reset_anywhere_drops_it() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_everywhere(&[&one, &two], "pol").await;
+    let policy = pb::Policy { service: "pol".into(), rule: "repeat(n=3)".into(), ..Default::default() };
+    one.client().await.set_policy(policy).await.expect("SetPolicy");
+    let seen = wait_policy(&two, "pol", "repeat(n=3)").await;
+    assert_eq!(seen.source, pb::PolicySource::Runtime as i32);
+    // Picks without a rule follow the shared override on both replicas, in one rotation.
+    let mut consumers = clients(&[&one, &two]).await;
+    let mut sequence = String::new();
+    for i in 0..9 {
+        sequence.push_str(&picked_id(&pick(&mut consumers[i % 2], "pol", PickOptions::default()).await));
+    }
+    assert_eq!(sequence, "aaabbbccc");
+    two.client().await.reset_policy("pol").await.expect("ResetPolicy");
+    let back = wait_policy(&one, "pol", "round_robin").await;
+    assert_eq!(back.source, pb::PolicySource::Default as i32);
+}
+
+#[tokio::test]
+async fn gray_release_is_exact_across_replicas() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _stable = one.register(vec![instance("gray", "s1", 1), instance("gray", "s2", 2)]).await;
+    let _canary = two.register(vec![crate::harness::versioned("gray", "c1", 3, "v2")]).await;
+    for server in [&one, &two] {
+        wait_instances(server, "gray", &["c1", "s1", "s2"]).await;
+    }
+    let mut gray = pb::GrayRelease { unversioned: 3, ..Default::default() };
+    gray.versions.insert("v2".into(), 1);
+    let policy =
+        pb::Policy { service: "gray".into(), rule: "round_robin".into(), gray: Some(gray), ..Default::default() };
+    one.client().await.set_policy(policy).await.expect("SetPolicy");
+    let mut client = two.client().await;
+    tokio::time::timeout(PATIENCE, async {
+        while client.get_policy("gray").await.expect("GetPolicy").gray.is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the gray release reaches replica two");
+    let mut consumers = clients(&[&one, &two]).await;
+    let mut canary = Vec::new();
+    for i in 0..40 {
+        if picked_id(&pick(&mut consumers[i % 2], "gray", PickOptions::default()).await) == "c1" {
+            canary.push(i);
+        }
+    }
+    // One gray schedule for the fleet: every fourth pick, whichever replica answers it (with a
+    // schedule per replica, each replica's fourth pick would be every eighth of the fleet's).
+    assert_eq!(canary.len(), 10, "{canary:?}");
+    assert!(canary.windows(2).all(|w| w[1] - w[0] == 4), "not every fourth pick: {canary:?}");
+}

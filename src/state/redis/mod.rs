@@ -10,8 +10,6 @@
 //! A pick that finds the link down never waits for Redis.
 
 mod link;
-mod loads;
-mod table;
 mod target;
 mod tickets;
 
@@ -23,8 +21,6 @@ use std::time::Duration;
 use crate::hash::ConcurrentMap;
 
 pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link};
-pub use loads::{INTERVAL as LOADS_INTERVAL, LOADS_TTL, LoadSharing};
-pub use table::{POLL, REPLICA_LEASE, RESYNC, TableSharing};
 pub use target::Target;
 pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};
 

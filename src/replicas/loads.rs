@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::link::Link;
+use crate::state::redis::Link;
 use crate::state::{LocalLoad, RemoteLoad, Stats};
 
 /// Time between exchanges of loads.

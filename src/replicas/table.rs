@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::link::Link;
 use crate::registry::{Instance, InstanceRef, InstanceSpec, Lease, Registry, RequestedStatus, Status};
+use crate::state::redis::Link;
 
 /// How long a replica's instances outlive its last renewal.
 pub const REPLICA_LEASE: Duration = Duration::from_secs(5);

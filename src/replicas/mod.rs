@@ -1,0 +1,42 @@
+//! Several rota servers acting as one, through the Redis they share their state in.
+//!
+//! Rotation counters and sticky assignments are read and written in Redis on the pick path
+//! ([`crate::state::redis`]). Everything else a replica knows is shared in the background,
+//! never on the pick path:
+//!
+//! - [`table`]: the instances each replica's registration streams hold, copied into every
+//!   other replica's registry, and dropped when their replica stops renewing its key;
+//! - [`loads`]: each replica's picks in flight, failures, breakers and latencies, merged into
+//!   every other replica's statistics;
+//! - [`policies`]: runtime policy overrides (`SetPolicy`, `ResetPolicy`) made on any replica.
+//!
+//! Each replica names itself with a random id at start; the failure behaviour of each piece is
+//! described in its module and in `docs/deploy.md`.
+
+pub mod loads;
+pub mod policies;
+pub mod table;
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use crate::balancer::Balancer;
+use crate::policy::Policies;
+use crate::state::redis::Link;
+
+pub use loads::LoadSharing;
+pub use policies::PolicySharing;
+pub use table::TableSharing;
+
+/// Starts sharing this replica's table, statistics and policies through `link`.
+pub fn spawn(balancer: &Arc<Balancer>, policies: &Arc<Policies>, link: &Arc<Link>) -> Vec<JoinHandle<()>> {
+    let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
+    tracing::info!(%replica, target = %link.target(), "sharing state, instances, statistics and policies through Redis");
+    let mut tasks = vec![
+        TableSharing::spawn(balancer.registry().clone(), link.clone(), replica.clone()),
+        LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica),
+    ];
+    tasks.extend(PolicySharing::spawn(policies.clone(), link.clone()));
+    tasks
+}

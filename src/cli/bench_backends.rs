@@ -174,9 +174,7 @@ fn throughput(results: &[LoadResult]) -> f64 {
 /// another: p50 and p99 over 100 registrations.
 async fn propagation(base: &str, args: &BenchArgs) -> Result<(), CliError> {
     let state = format!("{base}/5");
-    let serve = |state: &str| {
-        spawn(&["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state", state]).map(|(s, e)| (s, e))
-    };
+    let serve = |state: &str| spawn(&["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state", state]);
     let (_one, first) = serve(&state)?;
     let (_two, second) = serve(&state)?;
     let service = format!("{}-propagation", args.service);

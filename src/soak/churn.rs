@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::history::{Change, Event, Findings, History, Pick, PickRule, Tally, UNKNOWN, Universe};
 use super::provider::{Owned, Provider, ProviderLog};
 use super::{CALL_TIMEOUT, Check, Clock, ScenarioReport, SoakError, SoakOptions, bounded};
-use crate::client::{PickOptions, RotaClient};
+use crate::client::{self, PickOptions, RotaClient};
 use crate::pb;
 
 const SERVICES: [&str; 3] = ["soak-a", "soak-b", "soak-c"];
@@ -309,7 +309,7 @@ impl Consumer {
             } else {
                 let pick = client.pick(service, options);
                 match tokio::time::timeout(CALL_TIMEOUT, pick).await {
-                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Ok(answer) => answer.map(client::Pick::into_response).map_err(|e| e.to_string()),
                     Err(_) => Err(STALLED.into()),
                 }
             };

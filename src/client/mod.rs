@@ -226,7 +226,7 @@ impl RotaClient {
     /// with nothing eligible fails as rota would: `UNAVAILABLE`, reason
     /// `no_eligible_instance`. A service that is not followed gets the unreachable error.
     pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<Pick, ClientError> {
-        let shared = self.fallback.shared.clone();
+        let shared = &self.fallback.shared;
         if shared.shortcut() && shared.synced(service) {
             let cause = tonic::Status::unavailable(format!(
                 "rota failed {} picks in a row; not asked again for {:?}",

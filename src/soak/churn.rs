@@ -279,7 +279,9 @@ struct PickStream {
 impl Consumer {
     async fn run(self) -> Result<ConsumerLog, SoakError> {
         let mut rng = fastrand::Rng::with_seed(self.seed);
-        let mut client = bounded("connect", RotaClient::connect(&self.endpoint)).await?;
+        // The soak judges a slow pick against its own CALL_TIMEOUT (a stall); the client deadline lies beyond it.
+        let mut client =
+            bounded("connect", RotaClient::connect(&self.endpoint)).await?.with_pick_timeout(2 * CALL_TIMEOUT);
         let mut stream = None;
         let mut log = ConsumerLog::default();
         let started = Instant::now();

@@ -45,10 +45,9 @@ impl ClientError {
     /// Whether rota could not be reached, as opposed to answering with an error: a connection
     /// that could not be made, or a call that ended `UNAVAILABLE` or `DEADLINE_EXCEEDED` without
     /// rota's `rota-error` trailer (connection refused, reset or lost, the deadline passing, a
-    /// proxy with no rota behind it, a connection shedding load). Every failure rota decides
-    /// carries that trailer, `warming_up` included, so none of them is unreachable; every other
-    /// code is an answer too. The definition all clients share is in
-    /// `clients/conformance/README.md`, "Local fallback".
+    /// proxy with no rota behind it). Every failure rota decides carries that trailer,
+    /// `warming_up` included, so none of them is unreachable; every other code is an answer too.
+    /// The definition all clients share is in `clients/conformance/README.md`, "Unreachable".
     pub fn is_unreachable(&self) -> bool {
         match self {
             ClientError::Connect { .. } => true,

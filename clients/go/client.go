@@ -90,7 +90,6 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	b := o.backoff.withDefaults()
 	dialOptions := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(answerTracker{}),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: grpcbackoff.Config{
 				BaseDelay:  b.Initial,

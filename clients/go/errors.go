@@ -28,8 +28,9 @@ type Error struct {
 	// when rota did not decide the failure, and on calls other than Pick.
 	Reason string
 	// Unreachable is true when rota could not be reached (connection refused or lost, the
-	// deadline passed before rota answered) rather than answering with an error. Set on
-	// errors of Pick.
+	// deadline passed before rota answered: UNAVAILABLE or DEADLINE_EXCEEDED without a
+	// Reason) rather than answering with an error; warming_up is an answer. Set on errors
+	// of Pick.
 	Unreachable bool
 
 	status *status.Status

@@ -135,36 +135,48 @@ func TestCacheHonoursExcludeAndReportsMisses(t *testing.T) {
 	}
 }
 
+// TestUnreachableMeansNoAnswerFromRota checks the definition every client shares
+// (clients/conformance/README.md, "Unreachable"): UNAVAILABLE or DEADLINE_EXCEEDED without
+// rota's reason, whoever sent it; nothing that carries a reason; no other code.
 func TestUnreachableMeansNoAnswerFromRota(t *testing.T) {
 	for _, tc := range []struct {
-		code     codes.Code
-		answered bool
-		want     bool
+		code   codes.Code
+		reason string
+		want   bool
 	}{
-		{codes.Unavailable, false, true},
-		{codes.DeadlineExceeded, false, true},
-		{codes.Unavailable, true, false}, // rota's "nothing eligible"
-		{codes.DeadlineExceeded, true, false},
-		{codes.NotFound, true, false},
-		{codes.InvalidArgument, true, false},
-		{codes.Canceled, false, false},
-		{codes.Internal, false, false},
+		{codes.Unavailable, "", true},
+		{codes.DeadlineExceeded, "", true},
+		{codes.Unavailable, "no_eligible_instance", false},
+		{codes.Unavailable, reasonWarmingUp, false}, // falls back, but rota answered
+		{codes.NotFound, "unknown_service", false},
+		{codes.InvalidArgument, "invalid_rule", false},
+		{codes.NotFound, "", false},
+		{codes.Canceled, "", false},
+		{codes.Internal, "", false},
+		{codes.Unknown, "", false},
 	} {
-		if got := unreachable(status.Error(tc.code, "x"), tc.answered); got != tc.want {
-			t.Errorf("unreachable(%s, answered=%v) = %v, want %v", tc.code, tc.answered, got, tc.want)
+		var trailer metadata.MD
+		if tc.reason != "" {
+			trailer = metadata.Pairs(ErrorReasonKey, tc.reason)
+		}
+		err := status.Error(tc.code, "x")
+		if got := pickError(err, trailer); got.Unreachable != tc.want || got.Reason != tc.reason {
+			t.Errorf("pickError(%s, reason %q) = unreachable %v, reason %q; want %v", tc.code, tc.reason,
+				got.Unreachable, got.Reason, tc.want)
 		}
 	}
 }
 
 // TestPickFallsBackOnlyWhenRotaIsUnreachable runs a client against a fake rota that
-// answers every pick with UNAVAILABLE: that answer is passed on; once the fake is stopped,
-// picks come from the watched list.
+// answers every pick with UNAVAILABLE no_eligible_instance: that answer is passed on; once
+// the fake is stopped, picks come from the watched list.
 func TestPickFallsBackOnlyWhenRotaIsUnreachable(t *testing.T) {
 	ctx := testContext(t, 20*time.Second)
 	fake := &fakeRota{
 		pickFunc: func(*rotapb.PickRequest) (*rotapb.PickResponse, error) {
 			return nil, status.Error(codes.Unavailable, `no instance of "svc" is up`)
 		},
+		pickTrailer: metadata.Pairs(ErrorReasonKey, "no_eligible_instance"),
 		snapshot: []*rotapb.Instance{
 			pbInstance("a", "", rotapb.InstanceStatus_UP),
 			pbInstance("b", "", rotapb.InstanceStatus_UP),
@@ -180,7 +192,8 @@ func TestPickFallsBackOnlyWhenRotaIsUnreachable(t *testing.T) {
 
 	_, err := c.Pick(ctx, "svc")
 	var rerr *Error
-	if !errors.As(err, &rerr) || rerr.Code != codes.Unavailable || rerr.Message != `no instance of "svc" is up` {
+	if !errors.As(err, &rerr) || rerr.Code != codes.Unavailable || rerr.Message != `no instance of "svc" is up` ||
+		rerr.Unreachable {
 		t.Fatalf("with rota answering: got %v, want rota's own UNAVAILABLE", err)
 	}
 

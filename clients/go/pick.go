@@ -2,13 +2,11 @@ package rota
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
@@ -107,9 +105,8 @@ func (c *Client) Pick(ctx context.Context, service string, opts ...PickOption) (
 		callCtx, cancel = context.WithTimeout(ctx, DefaultPickTimeout)
 		defer cancel()
 	}
-	answered := new(atomic.Bool)
 	var trailer metadata.MD
-	resp, err := c.balancer.Pick(context.WithValue(callCtx, answeredKey{}, answered), &rotapb.PickRequest{
+	resp, err := c.balancer.Pick(callCtx, &rotapb.PickRequest{
 		Service: service,
 		Rule:    req.rule,
 		Version: req.version,
@@ -121,7 +118,7 @@ func (c *Client) Pick(ctx context.Context, service string, opts ...PickOption) (
 		c.outage.answered(c.log)
 		return pickFromProto(resp), nil
 	}
-	rerr := pickError(err, trailer, answered.Load())
+	rerr := pickError(err, trailer)
 	if !rerr.Unreachable && rerr.Reason != reasonWarmingUp {
 		c.outage.answered(c.log)
 		return nil, rerr
@@ -151,13 +148,13 @@ func (c *Client) localPick(ctx context.Context, service string, req pickRequest,
 
 // pickError converts a failed pick into an *Error with rota's reason and whether rota was
 // reached at all.
-func pickError(err error, trailer metadata.MD, answered bool) *Error {
+func pickError(err error, trailer metadata.MD) *Error {
 	st := status.Convert(err)
 	rerr := &Error{Code: st.Code(), Message: st.Message(), status: st, cause: err}
 	if values := trailer.Get(ErrorReasonKey); len(values) > 0 {
 		rerr.Reason = values[0]
 	}
-	rerr.Unreachable = rerr.Reason == "" && unreachable(err, answered)
+	rerr.Unreachable = rerr.Reason == "" && unreachable(err)
 	return rerr
 }
 
@@ -171,38 +168,15 @@ func pickFromProto(resp *rotapb.PickResponse) *Pick {
 	}
 }
 
-// unreachable tells a failure to reach rota from an answer of rota: only a call that got
-// no response headers from the server and failed with UNAVAILABLE or DEADLINE_EXCEEDED
-// (the transport's codes) counts. rota's own UNAVAILABLE ("nothing eligible") is an answer.
-func unreachable(err error, answered bool) bool {
-	if answered {
-		return false
-	}
+// unreachable tells a failure to reach rota from an answer of rota, for a status without
+// rota's rota-error trailer (rota marks every pick failure it decides with one, warming_up
+// included): UNAVAILABLE or DEADLINE_EXCEEDED — connection refused or lost, the deadline
+// passing, a proxy with no rota behind it — and nothing else. The definition every client
+// shares is in clients/conformance/README.md, "Unreachable".
+func unreachable(err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded:
 		return true
 	}
 	return false
 }
-
-// answeredKey carries, in a call's context, the flag that answerTracker sets when the
-// server's response headers (or trailers-only response) arrive.
-type answeredKey struct{}
-
-// answerTracker is a gRPC stats handler recording whether the server answered a call.
-type answerTracker struct{}
-
-func (answerTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-
-func (answerTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s.(type) {
-	case *stats.InHeader, *stats.InTrailer:
-		if answered, ok := ctx.Value(answeredKey{}).(*atomic.Bool); ok {
-			answered.Store(true)
-		}
-	}
-}
-
-func (answerTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
-
-func (answerTracker) HandleConn(context.Context, stats.ConnStats) {}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the Python client's whole test suite: unit tests, the conformance scenarios (sync and
-# asyncio clients) and the integration tests against live `rota serve` processes.
+# Runs the Python client's whole test suite: the linters (ruff check, ruff format --check, mypy
+# --strict on the package), then unit tests, the conformance scenarios (sync and asyncio
+# clients) and the integration tests against live `rota serve` processes.
 #
-# Creates .venv here, installs the package in editable mode with its test extras from PyPI,
-# then runs pytest (extra arguments are passed on). The protobuf/gRPC stubs in src/rota/_pb are
+# Creates .venv here, installs the package in editable mode with its test and lint extras from
+# PyPI (pinned in pyproject.toml), runs the linters, then pytest (extra arguments are passed on). The protobuf/gRPC stubs in src/rota/_pb are
 # committed; tests/test_stubs.py fails when they differ from what proto/rota/v1/rota.proto
 # generates, and tests/test_install.py installs the package into fresh virtual environments
 # outside the repository. The tests use $ROTA_BIN when set, else they run
@@ -21,7 +22,10 @@ if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-.venv/bin/python -m pip install --quiet --editable ".[test]"
+.venv/bin/python -m pip install --quiet --editable ".[test,lint]"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 # A full run (no arguments) must collect at least this many tests; pytest itself fails a run
 # that collects none (exit status 5), and `exec` passes its status on unchanged.
 if [[ $# -eq 0 ]]; then

@@ -58,7 +58,7 @@ pub async fn run() -> Result<(), CliError> {
             if !picked.fallback.is_empty() && !notes.contains(&note) {
                 notes.push(note);
             }
-            row.push(picked.instance.map(|i| i.id).unwrap_or_default());
+            row.push(picked.into_response().instance.map(|i| i.id).unwrap_or_default());
         }
     }
     println!();

@@ -8,9 +8,17 @@
 //! println!("{:?}", picked.instance);
 //! # Ok(()) }
 //! ```
+//!
+//! A client that [follows](RotaClient::follow) a service keeps picking it while rota is
+//! unreachable, round robin over the last instance list it saw (see [`fallback`]).
 
+mod error;
+pub mod fallback;
 mod lease;
 mod registration;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -19,76 +27,10 @@ use crate::pb::balancer_client::BalancerClient;
 use crate::pb::policies_client::PoliciesClient;
 use crate::pb::registry_client::RegistryClient;
 
+pub use error::{ClientError, ERROR_REASON_KEY, WARMING_UP, code_name};
+use error::{status_with_reason, transport_status_as_contract};
 pub use lease::{LeasedPicker, LocalPick};
 pub use registration::Registration;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("invalid server address {0:?}")]
-    Address(String),
-    #[error("the token cannot be sent as a header: it contains characters outside visible ASCII")]
-    Token,
-    #[error("cannot connect to rota at {address}: {}", causes(.source))]
-    Connect { address: String, source: tonic::transport::Error },
-    #[error("cannot set up TLS: {}", causes(.0))]
-    Tls(tonic::transport::Error),
-    #[error("{}: {}", code_name(.0.code()), .0.message())]
-    Status(#[from] tonic::Status),
-    #[error("{}: registration refused: {message}", code_name(*.code))]
-    Refused { code: tonic::Code, message: String },
-    #[error("the server closed the registration stream: {0}")]
-    Closed(String),
-}
-
-impl ClientError {
-    /// The gRPC status code, when the server answered with one.
-    pub fn code(&self) -> Option<tonic::Code> {
-        match self {
-            ClientError::Status(status) => Some(status.code()),
-            _ => None,
-        }
-    }
-}
-
-/// An error and its causes, `outer: inner: innermost` (tonic's transport error alone says only
-/// "transport error"; the cause — connection refused, a TLS or DNS failure — is below it).
-fn causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-/// `NOT_FOUND` rather than tonic's "Some requested entity was not found".
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
 
 /// Everything in a pick request but the service.
 #[derive(Debug, Clone, Default)]
@@ -137,6 +79,49 @@ impl PickOptions {
     }
 }
 
+/// The instance chosen for one call: rota's answer, or the client's own when rota could not be
+/// reached. It dereferences to the [`pb::PickResponse`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    pub response: pb::PickResponse,
+    /// True when rota could not be reached and this client picked, round robin over the last
+    /// instance list seen (see [`RotaClient::follow`]); the ticket is then this client's own
+    /// count, per service and subset, and the rule `round_robin`.
+    pub local_fallback: bool,
+}
+
+impl Pick {
+    pub fn into_response(self) -> pb::PickResponse {
+        self.response
+    }
+}
+
+impl std::ops::Deref for Pick {
+    type Target = pb::PickResponse;
+
+    fn deref(&self) -> &pb::PickResponse {
+        &self.response
+    }
+}
+
+/// Bounds a pick when the caller set no deadline of its own (see
+/// [`RotaClient::with_pick_timeout`]); past it the pick counts as rota being unreachable.
+pub const DEFAULT_PICK_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 keepalive on the channel notices a rota that stopped answering without waiting for
+/// TCP; rota accepts pings every 10 s or more.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The client's settings on an endpoint: keepalive, and a connect timeout no longer than a
+/// pick may take.
+fn tuned(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .connect_timeout(DEFAULT_PICK_TIMEOUT)
+}
+
 /// How to reach a rota server over TLS.
 #[derive(Debug, Clone, Default)]
 pub struct TlsOptions {
@@ -156,6 +141,9 @@ pub struct RotaClient {
     policies: PoliciesClient<Channel>,
     /// `Bearer TOKEN`, sent with every call when set.
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    pick_timeout: Duration,
+    /// Followed services and the local fallback's state, shared by every clone.
+    fallback: Arc<fallback::Fallback>,
 }
 
 impl RotaClient {
@@ -163,8 +151,18 @@ impl RotaClient {
     pub async fn connect(address: &str) -> Result<Self, ClientError> {
         let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
         let endpoint = Endpoint::from_shared(uri.clone()).map_err(|_| ClientError::Address(address.to_owned()))?;
-        let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { address: uri, source })?;
+        let channel =
+            tuned(endpoint).connect().await.map_err(|source| ClientError::Connect { address: uri, source })?;
         Ok(Self::from_channel(channel))
+    }
+
+    /// A client of `http://HOST:PORT` that connects on its first call, and again after the
+    /// connection is lost, so it can be created (and pick from followed services) while rota is
+    /// down.
+    pub fn connect_lazy(address: &str) -> Result<Self, ClientError> {
+        let uri = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
+        let endpoint = Endpoint::from_shared(uri).map_err(|_| ClientError::Address(address.to_owned()))?;
+        Ok(Self::from_channel(tuned(endpoint).connect_lazy()))
     }
 
     /// Connects to `https://HOST:PORT` (a bare `HOST:PORT` is accepted too), trusting only
@@ -179,7 +177,7 @@ impl RotaClient {
             config = config.domain_name(domain);
         }
         let endpoint = Endpoint::from_shared(uri.clone()).map_err(|_| ClientError::Address(address.to_owned()))?;
-        let endpoint = endpoint.tls_config(config).map_err(ClientError::Tls)?;
+        let endpoint = tuned(endpoint.tls_config(config).map_err(ClientError::Tls)?);
         let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { address: uri, source })?;
         Ok(Self::from_channel(channel))
     }
@@ -190,7 +188,15 @@ impl RotaClient {
             registry: RegistryClient::new(channel.clone()),
             policies: PoliciesClient::new(channel),
             token: None,
+            pick_timeout: DEFAULT_PICK_TIMEOUT,
+            fallback: Arc::default(),
         }
+    }
+
+    /// Bounds each pick by `timeout` instead of [`DEFAULT_PICK_TIMEOUT`].
+    pub fn with_pick_timeout(mut self, timeout: Duration) -> Self {
+        self.pick_timeout = timeout;
+        self
     }
 
     /// Sends `token` as `authorization: Bearer TOKEN` with every call.
@@ -209,8 +215,111 @@ impl RotaClient {
         request
     }
 
-    pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<pb::PickResponse, ClientError> {
-        Ok(self.balancer.pick(self.request(options.request(service))).await?.into_inner())
+    /// Asks rota for one instance of `service`, within the pick timeout.
+    ///
+    /// When rota cannot be reached ([`ClientError::is_unreachable`]) or is warming up after a
+    /// restart, and `service` is [followed](Self::follow), the client picks itself from the
+    /// last instance list seen and marks the pick [`local_fallback`](Pick::local_fallback); a
+    /// warning is logged on the first local pick of an outage and when rota answers again.
+    /// After [`fallback::SHORTCUT_AFTER`] unreachable picks in a row, picks of followed
+    /// services go straight to the local fallback for [`fallback::SHORTCUT_FOR`]. A local pick
+    /// with nothing eligible fails as rota would: `UNAVAILABLE`, reason
+    /// `no_eligible_instance`. A service that is not followed gets the unreachable error.
+    pub async fn pick(&mut self, service: &str, options: PickOptions) -> Result<Pick, ClientError> {
+        let shared = &self.fallback.shared;
+        if shared.shortcut() && shared.synced(service) {
+            let cause = tonic::Status::unavailable(format!(
+                "rota failed {} picks in a row; not asked again for {:?}",
+                fallback::SHORTCUT_AFTER,
+                fallback::SHORTCUT_FOR
+            ));
+            return self.local_pick(service, &options, ClientError::Status(cause));
+        }
+        let mut request = self.request(options.request(service));
+        request.set_timeout(self.pick_timeout);
+        let error = match tokio::time::timeout(self.pick_timeout, self.balancer.pick(request)).await {
+            Ok(Ok(response)) => {
+                shared.answered();
+                return Ok(Pick { response: response.into_inner(), local_fallback: false });
+            }
+            Ok(Err(status)) => ClientError::Status(transport_status_as_contract(status)),
+            Err(_) => ClientError::Status(tonic::Status::deadline_exceeded(format!(
+                "rota did not answer within {:?}",
+                self.pick_timeout
+            ))),
+        };
+        if !error.falls_back() {
+            shared.answered();
+            return Err(error);
+        }
+        shared.unreachable();
+        if !shared.synced(service) {
+            return Err(error);
+        }
+        self.local_pick(service, &options, error)
+    }
+
+    /// Answers from the last list seen; nothing eligible there is rota's own answer
+    /// (`UNAVAILABLE no_eligible_instance`), not "unreachable".
+    fn local_pick(&self, service: &str, options: &PickOptions, cause: ClientError) -> Result<Pick, ClientError> {
+        let shared = &self.fallback.shared;
+        match shared.pick(service, &options.version, &options.exclude) {
+            None => Err(cause),
+            Some(Err(why)) => Err(ClientError::Status(status_with_reason(
+                tonic::Code::Unavailable,
+                format!("{why}; {cause}"),
+                fallback::NO_ELIGIBLE_INSTANCE,
+            ))),
+            Some(Ok(local)) => {
+                shared.picked_locally(service, &cause);
+                let response = pb::PickResponse {
+                    instance: Some(local.instance),
+                    ticket: local.ticket,
+                    rule: "round_robin".into(),
+                    fallback: local.fallback,
+                    epoch: local.epoch,
+                    error: None,
+                };
+                Ok(Pick { response, local_fallback: true })
+            }
+        }
+    }
+
+    /// Follows `service` for the local fallback: a background `Watch`, reconnecting with
+    /// jittered exponential backoff for as long as any clone of this client lives, keeps a copy
+    /// of its instance list that [`pick`](Self::pick) answers from while rota is unreachable.
+    /// Resolves once the first list has arrived (which may be never while rota is down: bound
+    /// the wait with a timeout; the watch goes on). Following a service that does not exist
+    /// yet is allowed.
+    pub async fn follow(&self, service: &str) {
+        self.fallback.follow(service, self.registry.clone(), self.token.clone());
+        self.wait_followed(service, |_| true).await;
+    }
+
+    /// The instance list kept for `service` (all statuses, by id); `None` while it is not
+    /// followed or its first list has not arrived.
+    pub fn followed(&self, service: &str) -> Option<Vec<pb::Instance>> {
+        self.fallback.shared.instances(service)
+    }
+
+    /// Waits until the list kept for `service` satisfies `done`; returns it.
+    pub async fn wait_followed(
+        &self,
+        service: &str,
+        mut done: impl FnMut(&[pb::Instance]) -> bool,
+    ) -> Vec<pb::Instance> {
+        let mut changes = self.fallback.shared.changes();
+        loop {
+            if let Some(instances) = self.followed(service)
+                && done(&instances)
+            {
+                return instances;
+            }
+            if changes.changed().await.is_err() {
+                // The sender lives in `self`; it cannot have gone.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Reports call outcomes; returns how many were recorded and how many ignored.
@@ -265,3 +374,6 @@ impl RotaClient {
         Registration::open(&mut self.registry, self.token.clone(), instances).await
     }
 }
+
+#[cfg(test)]
+mod tests;

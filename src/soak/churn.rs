@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::history::{Change, Event, Findings, History, Pick, PickRule, Tally, UNKNOWN, Universe};
 use super::provider::{Owned, Provider, ProviderLog};
 use super::{CALL_TIMEOUT, Check, Clock, ScenarioReport, SoakError, SoakOptions, bounded};
-use crate::client::{PickOptions, RotaClient};
+use crate::client::{self, PickOptions, RotaClient};
 use crate::pb;
 
 const SERVICES: [&str; 3] = ["soak-a", "soak-b", "soak-c"];
@@ -279,7 +279,9 @@ struct PickStream {
 impl Consumer {
     async fn run(self) -> Result<ConsumerLog, SoakError> {
         let mut rng = fastrand::Rng::with_seed(self.seed);
-        let mut client = bounded("connect", RotaClient::connect(&self.endpoint)).await?;
+        // The soak judges a slow pick against its own CALL_TIMEOUT (a stall); the client deadline lies beyond it.
+        let mut client =
+            bounded("connect", RotaClient::connect(&self.endpoint)).await?.with_pick_timeout(2 * CALL_TIMEOUT);
         let mut stream = None;
         let mut log = ConsumerLog::default();
         let started = Instant::now();
@@ -309,7 +311,7 @@ impl Consumer {
             } else {
                 let pick = client.pick(service, options);
                 match tokio::time::timeout(CALL_TIMEOUT, pick).await {
-                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Ok(answer) => answer.map(client::Pick::into_response).map_err(|e| e.to_string()),
                     Err(_) => Err(STALLED.into()),
                 }
             };

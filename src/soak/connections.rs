@@ -21,7 +21,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use tokio::time::Instant;
 
 use super::slowloris::{Attack, Tallies, hold};
-use super::{Check, ScenarioReport, SoakError, SoakOptions, Target, bounded, ms};
+use super::{CALL_TIMEOUT, Check, ScenarioReport, SoakError, SoakOptions, Target, bounded, ms};
 use crate::client::{PickOptions, RotaClient, TlsOptions};
 use crate::pb;
 
@@ -158,10 +158,12 @@ async fn phase(
 }
 
 async fn connect(endpoint: &str, tls: &Option<TlsOptions>) -> Result<RotaClient, SoakError> {
-    Ok(match tls {
+    let client = match tls {
         Some(tls) => RotaClient::connect_tls(endpoint, tls.clone()).await?,
         None => RotaClient::connect(endpoint).await?,
-    })
+    };
+    // The soak judges a slow pick against its own CALL_TIMEOUT (a stall); the client deadline lies beyond it.
+    Ok(client.with_pick_timeout(2 * CALL_TIMEOUT))
 }
 
 #[derive(Debug, Default)]

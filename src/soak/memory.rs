@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Check, ScenarioReport, SoakError, SoakOptions, bounded, flag_if_supported, mib};
+use super::{CALL_TIMEOUT, Check, ScenarioReport, SoakError, SoakOptions, bounded, flag_if_supported, mib};
 use crate::client::{PickOptions, RotaClient};
 use crate::pb;
 
@@ -152,7 +152,8 @@ impl Totals {
 /// Rounds of fresh services, varied rules and keys, and a close, until `until`.
 async fn churn_names(endpoint: String, worker: usize, until: Instant) -> Result<Totals, SoakError> {
     let mut totals = Totals::default();
-    let client = bounded("connect", RotaClient::connect(&endpoint)).await?;
+    // The soak judges a slow pick against its own CALL_TIMEOUT (a stall); the client deadline lies beyond it.
+    let client = bounded("connect", RotaClient::connect(&endpoint)).await?.with_pick_timeout(2 * CALL_TIMEOUT);
     let mut round = 0u64;
     // Bounded by time, and by count should the rounds be very fast.
     while Instant::now() < until && round < 1_000_000 {

@@ -76,7 +76,9 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         report.figure("server bytes per instance", after.saturating_sub(before) / instances as u64);
     }
 
-    let mut client = bounded("connect", RotaClient::connect(&target.endpoint)).await?;
+    // The soak judges a slow pick against its own CALL_TIMEOUT (a stall); the client deadline lies beyond it.
+    let mut client =
+        bounded("connect", RotaClient::connect(&target.endpoint)).await?.with_pick_timeout(2 * CALL_TIMEOUT);
     let service = "scale-0000";
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut failed, mut first_error) = (0u64, None);

@@ -16,4 +16,16 @@ fi
 export ROTA_TEST_OUTPUT="$repo_root/test-output"
 
 npm ci --no-audit --no-fund
-npm test
+
+# A run in which no test ran (a renamed file, a suite that registered no test) fails. node --test
+# summarises as "ℹ tests N" (spec reporter) or "# tests N" (TAP, its default off a terminal).
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+npm test 2>&1 | tee "$log" || status=$?
+[[ $status -eq 0 ]] || exit "$status"
+ran="$(sed -nE 's/^(ℹ|#) tests ([0-9]+)$/\2/p' "$log" | tail -n 1)"
+if [[ -z "$ran" || "$ran" -eq 0 ]]; then
+  echo "tests/browser/test.sh: no test ran" >&2
+  exit 1
+fi

@@ -1,19 +1,88 @@
-//! Runs every scenario in `clients/conformance/scenarios/` through the Rust client, against one
-//! live server, as every other client's suite does.
-//!
-//! The Rust client (`rota::client`) is the thin client behind the CLI: it has no local fallback,
-//! so it cannot run the scenarios that follow a service and stop the server (`follow`,
-//! `stop_server`, `start_server`); those are skipped here (all named `fallback*`) and run by
-//! every client that has one.
+//! Runs every scenario in `clients/conformance/scenarios/` through the Rust client, as every
+//! other client's suite does: against one live in-process server, except the scenarios that stop
+//! their server (the local fallback ones), which each get a `rota serve` process of their own,
+//! killed and started again on the same address as the scenario says.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 use rota::client::{ClientError, PickOptions, Registration, RotaClient, code_name};
 use rota::pb::{self, register_request::Msg};
 use serde::Deserialize;
 
 use crate::harness::{PATIENCE, TestServer, picked_id};
+
+/// The rota a scenario talks to: the shared in-process server, or a process of its own.
+struct Target {
+    endpoint: String,
+    process: Option<Child>,
+}
+
+impl Target {
+    fn shared(server: &TestServer) -> Self {
+        Self { endpoint: server.server.endpoint(), process: None }
+    }
+
+    /// `rota serve` on a free loopback port, with no warm-up.
+    fn own() -> Self {
+        let (process, endpoint) = serve("127.0.0.1:0", &[]);
+        Self { endpoint, process: Some(process) }
+    }
+
+    /// Kills the process and reaps it: its port is closed.
+    fn stop(&mut self) -> Result<(), String> {
+        let mut process = self.process.take().ok_or("stop_server needs a server of the scenario's own")?;
+        process.kill().map_err(|e| e.to_string())?;
+        process.wait().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Starts the process again on the same address.
+    fn start(&mut self, warmup: &str) -> Result<(), String> {
+        if self.process.is_some() {
+            return Err("start_server while the server runs".into());
+        }
+        let listen = self.endpoint.trim_start_matches("http://").to_owned();
+        let (process, endpoint) = serve(&listen, &["--warmup", warmup]);
+        if endpoint != self.endpoint {
+            return Err(format!("restarted on {endpoint}, expected {}", self.endpoint));
+        }
+        self.process = Some(process);
+        Ok(())
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// `rota serve --listen LISTEN EXTRA...` once it has printed its address, and that address as
+/// an endpoint.
+fn serve(listen: &str, extra: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rota"))
+        .args(["serve", "--listen", listen, "--admin-listen", "off"])
+        .args(extra)
+        // A flag given in `extra` wins over the environment.
+        .env("ROTA_WARMUP", "0s")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rota serve starts");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}"));
+    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+    (child, format!("http://{addr}"))
+}
+
+async fn connect(target: &Target) -> RotaClient {
+    RotaClient::connect(&target.endpoint).await.expect("client connects")
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -236,10 +305,10 @@ fn code_of(error: &ClientError) -> String {
     error.code().map(code_name).unwrap_or("(no status)").to_owned()
 }
 
-async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
+async fn run(target: &mut Target, scenario: &Scenario) -> Result<(), String> {
     let mut connections = Vec::new();
     for _ in 0..scenario.connections {
-        connections.push(server.client().await);
+        connections.push(connect(target).await);
     }
     let mut streams: HashMap<String, Registration> = HashMap::new();
     let mut watches: HashMap<String, tonic::Streaming<pb::WatchEvent>> = HashMap::new();
@@ -254,7 +323,7 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         .await
                         .map_err(|e| fail(e.to_string()))?,
                     None => {
-                        let mut client: RotaClient = server.client().await;
+                        let mut client: RotaClient = connect(target).await;
                         let registration = client.register(instances.clone()).await.map_err(|e| fail(e.to_string()))?;
                         let ack = registration.ack().clone();
                         streams.insert(stream.clone(), registration);
@@ -313,8 +382,11 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         {
                             return Err(fail(format!("rule {:?}, expected {rule:?}", picked.rule)));
                         }
-                        if expect.local == Some(true) {
-                            return Err(fail("a local pick was expected; this client has no local fallback".into()));
+                        if picked.local_fallback != expect.local.unwrap_or(false) {
+                            return Err(fail(format!(
+                                "local_fallback {}, expected {:?}",
+                                picked.local_fallback, expect.local
+                            )));
                         }
                     }
                     (Ok(picked), Some(code)) => {
@@ -329,8 +401,10 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         {
                             return Err(fail(format!("{error:?} does not mention {text:?}")));
                         }
-                        if expect.unreachable == Some(true) && reason_of(&error).is_some() {
-                            return Err(fail(format!("{error} came from rota, expected \"unreachable\"")));
+                        if let Some(unreachable) = expect.unreachable
+                            && error.is_unreachable() != unreachable
+                        {
+                            return Err(fail(format!("{error}: unreachable is not {unreachable}")));
                         }
                     }
                     (Err(error), None) => return Err(fail(format!("pick failed: {error}"))),
@@ -346,9 +420,7 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                 expect_rule,
                 expect_local,
             } => {
-                if *expect_local == Some(true) {
-                    return Err(fail("local picks were expected; this client has no local fallback".into()));
-                }
+                let local = expect_local.unwrap_or(false);
                 let mut ids = Vec::new();
                 let mut tickets = Vec::new();
                 for i in 0..*count {
@@ -364,6 +436,12 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                         && picked.rule != *rule
                     {
                         return Err(fail(format!("pick {i}: rule {:?}, expected {rule:?}", picked.rule)));
+                    }
+                    if picked.local_fallback != local {
+                        return Err(fail(format!(
+                            "pick {i}: local_fallback {}, expected {local}",
+                            picked.local_fallback
+                        )));
                     }
                     ids.push(picked_id(&picked));
                     tickets.push(picked.ticket);
@@ -477,31 +555,28 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                 }
             }
             Step::Follow { connection, service, expect_ids } => {
-                return Err(fail(format!(
-                    "this client has no local fallback: cannot follow {service:?} ({expect_ids:?}) on connection {connection}"
-                )));
+                let client = &connections[*connection];
+                let followed = async {
+                    client.follow(service).await;
+                    client
+                        .wait_followed(service, |instances| instances.iter().map(|i| &i.id).eq(expect_ids.iter()))
+                        .await
+                };
+                if tokio::time::timeout(PATIENCE, followed).await.is_err() {
+                    let kept: Option<Vec<String>> =
+                        client.followed(service).map(|list| list.into_iter().map(|i| i.id).collect());
+                    return Err(fail(format!("kept {kept:?} after {PATIENCE:?}, expected {expect_ids:?}")));
+                }
             }
             Step::StopServer {} => {
-                return Err(fail("this client has no local fallback: stop_server has nothing to test".into()));
+                target.stop().map_err(fail)?;
+                // The providers are gone with the server: end their streams without withdrawing.
+                streams.clear();
             }
-            Step::StartServer { warmup } => {
-                return Err(fail(format!(
-                    "this client has no local fallback: start_server (warmup {warmup}) is not run"
-                )));
-            }
+            Step::StartServer { warmup } => target.start(warmup).map_err(fail)?,
         }
     }
     Ok(())
-}
-
-/// The `rota-error` reason of a status rota itself sent.
-fn reason_of(error: &ClientError) -> Option<String> {
-    match error {
-        ClientError::Status(status) => {
-            status.metadata().get("rota-error").and_then(|v| v.to_str().ok()).map(str::to_owned)
-        }
-        _ => None,
-    }
 }
 
 fn status_name(value: i32) -> &'static str {
@@ -539,13 +614,15 @@ impl EventJson {
     }
 }
 
-/// Whether a scenario needs a client with a local fallback (it follows a service or stops the
-/// server).
-fn needs_local_fallback(scenario: &Scenario) -> bool {
-    scenario
-        .steps
-        .iter()
-        .any(|step| matches!(step, Step::Follow { .. } | Step::StopServer {} | Step::StartServer { .. }))
+/// Whether a scenario needs a server of its own (it stops the server).
+fn needs_own_server(scenario: &Scenario) -> bool {
+    scenario.steps.iter().any(|step| matches!(step, Step::StopServer {}))
+}
+
+/// Runs `scenario` against the shared server, or a server of its own when it needs one.
+async fn run_on(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
+    let mut target = if needs_own_server(scenario) { Target::own() } else { Target::shared(server) };
+    run(&mut target, scenario).await
 }
 
 fn parse(file: &std::path::Path) -> Scenario {
@@ -559,20 +636,19 @@ async fn every_conformance_scenario_passes() {
     let files = scenario_files();
     assert!(files.len() >= 14, "scenarios found: {files:?}");
     let mut failures = Vec::new();
-    let mut skipped = Vec::new();
+    let mut own_server = Vec::new();
     for file in &files {
         let scenario = parse(file);
-        if needs_local_fallback(&scenario) {
-            skipped.push(file.file_stem().unwrap().to_string_lossy().into_owned());
-            continue;
+        if needs_own_server(&scenario) {
+            own_server.push(file.file_stem().unwrap().to_string_lossy().into_owned());
         }
-        if let Err(failure) = run(&server, &scenario).await {
+        if let Err(failure) = run_on(&server, &scenario).await {
             failures.push(format!("{} ({}): {failure}", scenario.name, file.display()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // Only the fallback scenarios are left to clients with a local fallback.
-    assert!(!skipped.is_empty() && skipped.iter().all(|name| name.starts_with("fallback")), "skipped {skipped:?}");
+    // The local fallback scenarios ran too, each on a server of its own.
+    assert!(own_server.iter().any(|name| name.starts_with("fallback")), "own servers for {own_server:?}");
 }
 
 /// The runner is not a rubber stamp: a wrong expectation in any kind of step fails the scenario
@@ -587,6 +663,10 @@ async fn the_runner_fails_a_wrong_expectation() {
         ("withdraw_mid_rotation.json", "[2, 3, 4, 5]", "[2, 3, 4, 6]", "step 6"),
         ("lease.json", r#""first_ticket": 0"#, r#""first_ticket": 1"#, "step 1"),
         ("watch.json", r#"{"removed": "a"}"#, r#"{"removed": "b"}"#, "step"),
+        ("fallback.json", r#""ticket": 4, "local": true"#, r#""ticket": 3, "local": true"#, "step 9"),
+        ("fallback.json", r#""expect_local": true,"#, r#""expect_local": false,"#, "step 7"),
+        ("fallback.json", r#""unreachable": true"#, r#""unreachable": false"#, "step 14"),
+        ("fallback_restart.json", r#""ticket": 0, "local": false"#, r#""ticket": 0, "local": true"#, "step 8"),
     ];
     for (name, right, wrong, step) in cases {
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
@@ -594,7 +674,7 @@ async fn the_runner_fails_a_wrong_expectation() {
         // Service names get a suffix so the broken copy does not share rotations with others.
         let broken = text.replacen(right, wrong, 1).replace("\"service\": \"conf-", "\"service\": \"broken-conf-");
         let scenario: Scenario = serde_json::from_str(&broken).unwrap();
-        let failure = run(&server, &scenario).await.expect_err(name);
+        let failure = run_on(&server, &scenario).await.expect_err(name);
         assert!(failure.starts_with(step), "{name}: {failure}");
     }
 }

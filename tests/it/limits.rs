@@ -62,7 +62,8 @@ async fn requests_beyond_the_per_connection_limit_are_shed() {
         ..Default::default()
     };
     client.report(vec![failure.clone(), failure.clone(), failure]).await.unwrap();
-    let mut waiting = client.clone();
+    // The pick asks rota to wait up to 3 s, longer than the client's default pick deadline.
+    let mut waiting = client.clone().with_pick_timeout(Duration::from_secs(10));
     let slow = tokio::spawn(async move { waiting.pick("shed", PickOptions::rule("retry(max_ms=3000)")).await });
     // While the slow pick holds the connection's only slot, another request on the same
     // connection is shed at once.

@@ -180,9 +180,14 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
                 picked = await driver.pick(connections[i % len(connections)], step["request"])
             except RotaError as error:
                 raise StepFailed(f"pick {i} failed: {error}") from None
-            _check(picked.local_fallback == local, f"pick {i} has local_fallback {picked.local_fallback}, expected {local}")
+            _check(
+                picked.local_fallback == local, f"pick {i} has local_fallback {picked.local_fallback}, expected {local}"
+            )
             if "expect_rule" in step:
-                _check(picked.rule == step["expect_rule"], f"pick {i} has rule {picked.rule!r}, expected {step['expect_rule']!r}")
+                _check(
+                    picked.rule == step["expect_rule"],
+                    f"pick {i} has rule {picked.rule!r}, expected {step['expect_rule']!r}",
+                )
             tickets.append(picked.ticket)
             if "expect_fallback" in step:
                 wanted = "some" if step["expect_fallback"] else "none"

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from collections.abc import Callable
 
 from conformance import AsyncDriver, SyncDriver, needs_own_server, run_scenario, scenario_files
 from rota_harness import SCENARIOS, RotaServer
@@ -31,9 +30,7 @@ def test_every_op_is_exercised() -> None:
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.stem)
-async def test_sync_client(
-    path: Path, rota_server: RotaServer, private_server: Callable[..., RotaServer]
-) -> None:
+async def test_sync_client(path: Path, rota_server: RotaServer, private_server: Callable[..., RotaServer]) -> None:
     if needs_own_server(path):
         server = private_server()
         await run_scenario(path, SyncDriver(server.address, server, private_server))
@@ -83,7 +80,9 @@ async def test_runner_rejects_unknown_keys(tmp_path: Path, rota_server: RotaServ
              "request": {"service": "py-runner-keys"}, "expect_ids": ["a"], "expect_ticket": [0]}
         ]}"""
     )
-    with pytest.raises(AssertionError, match=r"step 1 \(pick_sequence\) failed: unknown step fields \['expect_ticket'\]"):
+    with pytest.raises(
+        AssertionError, match=r"step 1 \(pick_sequence\) failed: unknown step fields \['expect_ticket'\]"
+    ):
         await run_scenario(scenario, SyncDriver(rota_server.address))
 
 

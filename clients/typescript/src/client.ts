@@ -12,7 +12,7 @@ import {
 } from '@grpc/grpc-js';
 
 import type { BackoffOptions } from './backoff.js';
-import { NO_ELIGIBLE_INSTANCE, RotaError, asRotaError, isUnreachable } from './errors.js';
+import { NO_ELIGIBLE_INSTANCE, RotaError, asRotaError, fallsBack, neverAnswered } from './errors.js';
 import { InstanceCache } from './fallback.js';
 import type { BalancerClient } from './generated/rota/v1/Balancer.js';
 import type { ListInstancesResponse__Output } from './generated/rota/v1/ListInstancesResponse.js';
@@ -138,7 +138,7 @@ export function classifyError(error: unknown): CallResult {
       return 'CONNECT_FAILURE';
     }
     if (typeof code === 'number' && (current as Partial<ServiceError>).metadata instanceof Metadata) {
-      return isUnreachable(current as ServiceError) ? 'CONNECT_FAILURE' : 'ERROR';
+      return neverAnswered(current as ServiceError) ? 'CONNECT_FAILURE' : 'ERROR';
     }
     current = (current as { cause?: unknown }).cause;
   }
@@ -264,7 +264,7 @@ export class RotaClient implements AsyncDisposable {
       );
     } catch (error) {
       const failure = asRotaError(error);
-      if (!failure.unreachable) {
+      if (!fallsBack(failure)) {
         this.#rotaAnswered();
         throw failure;
       }

@@ -27,9 +27,9 @@ export function errorReason(metadata: Metadata | undefined): string {
  *
  * `reason` is rota's stable token for a pick it refused (the `rota-error` trailer:
  * `no_eligible_instance`, `unknown_service`, `warming_up`, ...), empty when the failure did not
- * come from rota. `unreachable` tells a transport failure, an expired deadline or a rota still
- * warming up after a restart (rota's answer cannot be had now) from an answer of rota's (for
- * example `UNAVAILABLE` because no instance is eligible).
+ * come from rota. `unreachable` tells a failure to reach rota (a transport failure, an expired
+ * deadline; see `isUnreachable`) from an answer of rota's (for example `UNAVAILABLE` because no
+ * instance is eligible, or `warming_up` after a restart).
  */
 export class RotaError extends Error {
   override readonly name: string = 'RotaError';
@@ -68,20 +68,34 @@ export class RotaError extends Error {
 }
 
 /**
- * True when rota's answer cannot be had: grpc-js made up the status itself (connection refused
- * or dropped, deadline expired; an answer of the server always carries its response headers,
- * `content-type`, which grpc-js hands over with the status), or rota answered that it is
- * still warming up after a restart (`rota-error: warming_up`).
+ * True when rota could not be reached, as opposed to answering — the definition every client
+ * shares (`clients/conformance/README.md`, "Unreachable"): `UNAVAILABLE` or `DEADLINE_EXCEEDED`
+ * without rota's `rota-error` trailer (connection refused or dropped, deadline expired, a proxy
+ * with no rota behind it). rota marks every pick failure it decides with that trailer,
+ * `warming_up` included, so none of those is unreachable (see `fallsBack`).
  */
 export function isUnreachable(error: Pick<ServiceError, 'code' | 'metadata'>): boolean {
-  const reason = errorReason(error.metadata);
-  if (reason === WARMING_UP) {
-    return true;
-  }
   if (error.code !== status.UNAVAILABLE && error.code !== status.DEADLINE_EXCEEDED) {
     return false;
   }
-  return reason === '' && (error.metadata?.get('content-type').length ?? 0) === 0;
+  return errorReason(error.metadata) === '';
+}
+
+/** Whether a failed pick is answered by the local fallback: rota unreachable, or warming up. */
+export function fallsBack(error: RotaError): boolean {
+  return error.unreachable || error.reason === WARMING_UP;
+}
+
+/**
+ * True when a gRPC call got no answer from its server at all: grpc-js made the status up itself
+ * (connection refused or dropped, deadline expired), where an answer of the server always carries
+ * its response headers (`content-type`), which grpc-js hands over with the status.
+ */
+export function neverAnswered(error: Pick<ServiceError, 'code' | 'metadata'>): boolean {
+  if (error.code !== status.UNAVAILABLE && error.code !== status.DEADLINE_EXCEEDED) {
+    return false;
+  }
+  return (error.metadata?.get('content-type').length ?? 0) === 0;
 }
 
 /** `register()` was refused for some of its instances (see `refused`); nothing stays registered. */

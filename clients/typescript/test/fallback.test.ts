@@ -3,6 +3,7 @@ import { describe, it } from 'node:test';
 
 import { Metadata, status, type sendUnaryData, type ServerUnaryCall, type ServerWritableStream } from '@grpc/grpc-js';
 
+import { asRotaError, fallsBack } from '../src/errors.js';
 import { InstanceCache, RotaClient, RotaError, classifyError, isUnreachable, type Instance } from '../src/index.js';
 import type { Instance as InstanceMessage } from '../src/generated/rota/v1/Instance.js';
 import { FakeRota } from './fake-rota.js';
@@ -132,12 +133,38 @@ describe('failure classification', () => {
   const withHeaders = new Metadata();
   withHeaders.set('content-type', 'application/grpc');
 
+  // The definition every client shares: clients/conformance/README.md, "Unreachable".
   it('tells an unreachable rota from an answer of rota', () => {
+    const reason = (value: string, base: Metadata = new Metadata()) => {
+      const metadata = base.clone();
+      metadata.set('rota-error', value);
+      return metadata;
+    };
+    // UNAVAILABLE or DEADLINE_EXCEEDED without rota's reason, whoever made it up: the transport,
+    // or a proxy with no rota behind it (which answers with headers of its own).
     assert.equal(isUnreachable({ code: status.UNAVAILABLE, metadata: new Metadata() }), true);
     assert.equal(isUnreachable({ code: status.DEADLINE_EXCEEDED, metadata: new Metadata() }), true);
-    assert.equal(isUnreachable({ code: status.UNAVAILABLE, metadata: withHeaders }), false);
+    assert.equal(isUnreachable({ code: status.UNAVAILABLE, metadata: withHeaders }), true);
+    assert.equal(isUnreachable({ code: status.DEADLINE_EXCEEDED, metadata: withHeaders }), true);
+    // rota's own answers carry their reason: not unreachable, warming_up included.
+    assert.equal(isUnreachable({ code: status.UNAVAILABLE, metadata: reason('no_eligible_instance', withHeaders) }), false);
+    assert.equal(isUnreachable({ code: status.UNAVAILABLE, metadata: reason('warming_up', withHeaders) }), false);
+    assert.equal(isUnreachable({ code: status.NOT_FOUND, metadata: reason('unknown_service', withHeaders) }), false);
+    // Other codes are answers, or the caller giving up.
     assert.equal(isUnreachable({ code: status.NOT_FOUND, metadata: new Metadata() }), false);
     assert.equal(isUnreachable({ code: status.INVALID_ARGUMENT, metadata: withHeaders }), false);
+    assert.equal(isUnreachable({ code: status.INTERNAL, metadata: new Metadata() }), false);
+    assert.equal(isUnreachable({ code: status.CANCELLED, metadata: new Metadata() }), false);
+
+    // Warming up is not unreachable, but a pick falls back on it all the same.
+    const warming = new RotaError(status.UNAVAILABLE, 'rota is warming up', { metadata: reason('warming_up') });
+    assert.equal(warming.unreachable, false);
+    assert.equal(fallsBack(warming), true);
+    const gone = asRotaError(Object.assign(new Error('14 UNAVAILABLE'), { code: 14, details: 'No connection established', metadata: new Metadata() }));
+    assert.equal(gone.unreachable, true);
+    assert.equal(fallsBack(gone), true);
+    const noneEligible = new RotaError(status.UNAVAILABLE, 'no UP instance', { metadata: reason('no_eligible_instance') });
+    assert.equal(fallsBack(noneEligible), false);
   });
 
   it('classifies failed calls for reports', () => {
@@ -172,7 +199,12 @@ describe('RotaClient local fallback (scripted server)', () => {
   }
 
   it('is used on transport failure only, never on an answer of rota', async () => {
-    const fake = await scripted((_call, callback) => callback({ code: status.UNAVAILABLE, details: 'no UP instance' }));
+    const fake = await scripted((_call, callback) => {
+      // What rota sends when nothing is eligible: UNAVAILABLE with its reason.
+      const metadata = new Metadata();
+      metadata.set('rota-error', 'no_eligible_instance');
+      callback({ code: status.UNAVAILABLE, details: 'no UP instance', metadata });
+    });
     const logger = new CapturingLogger();
     const client = new RotaClient(fake.target, { logger, pickTimeoutMs: 1_000 });
     try {

@@ -140,7 +140,7 @@ describe('outages', () => {
     }
   });
 
-  it('treats warming_up as unreachable', async () => {
+  it("falls back on warming_up, which is rota's answer and not unreachable", async () => {
     const state = { picks: 0, onPick: ((_call, callback) => warmingUp(callback)) as PickHandler };
     const { fake } = await scripted(state);
     const client = new RotaClient(fake.target, { logger: new CapturingLogger() });

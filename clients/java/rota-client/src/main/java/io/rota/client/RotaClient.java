@@ -59,8 +59,9 @@ import io.rota.v1.ReportResponse;
  *
  * <p><b>Local fallback.</b> For each followed service ({@link Builder#follow}, {@link #follow})
  * the client keeps the instance list last seen through {@code Watch}. When a pick fails because
- * rota cannot be reached ({@link RotaException#isUnreachable()}: a transport failure, an expired
- * deadline, or rota still {@code warming_up} after a restart), the client picks from that list as
+ * rota cannot be reached ({@link RotaException#isUnreachable()}: a transport failure or an expired
+ * deadline) or is still {@code warming_up} after a restart ({@link RotaException#fallsBack()}),
+ * the client picks from that list as
  * rota would by round robin (version isolation, then exclusions; tickets 0, 1, 2, ... per
  * service and version subset) and returns a {@link Pick} with {@code localFallback() == true}.
  * The first local pick of an outage is logged at WARNING, the recovery at INFO. After
@@ -257,7 +258,7 @@ public final class RotaClient implements AutoCloseable {
     }
 
     private Pick recover(PickRequest request, RotaException failure) {
-        if (!failure.isUnreachable()) {
+        if (!failure.fallsBack()) {
             rotaAnswered();
             throw failure;
         }

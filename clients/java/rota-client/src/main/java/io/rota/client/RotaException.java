@@ -50,16 +50,23 @@ public class RotaException extends RuntimeException {
         this.unreachable = unreachable;
     }
 
-    /** Converts a failed gRPC call, keeping it as the cause. */
+    /**
+     * Converts a failed gRPC call, keeping it as the cause. A connection that broke under the call,
+     * which grpc-java reports as {@code UNKNOWN} or {@code INTERNAL}, becomes {@code UNAVAILABLE}:
+     * an unreachable rota is always {@code UNAVAILABLE} or {@code DEADLINE_EXCEEDED}.
+     */
     public static RotaException from(StatusRuntimeException e) {
         Status status = e.getStatus();
         String description = status.getDescription();
         if (description == null && status.getCause() != null) {
             description = status.getCause().toString();
         }
+        if (brokenConnection(status.getCode(), e.getTrailers())) {
+            return new RotaException(Status.Code.UNAVAILABLE, "connection to rota lost: " + describe(status), "",
+                    true, e);
+        }
         String reason = reason(e.getTrailers());
-        return new RotaException(status.getCode(), description, reason,
-                unreachable(status.getCode(), reason) || brokenConnection(status.getCode(), e.getTrailers()), e);
+        return new RotaException(status.getCode(), description, reason, unreachable(status.getCode(), reason), e);
     }
 
     /** Converts any throwable from a gRPC call; non-gRPC failures become {@code UNKNOWN}. */
@@ -81,13 +88,11 @@ public class RotaException extends RuntimeException {
 
     /**
      * {@code UNAVAILABLE} or {@code DEADLINE_EXCEEDED} without rota's reason was made up on the
-     * way (connection refused or lost, deadline expired); {@code warming_up} is rota saying it
-     * cannot answer yet. Both mean: rota's answer is not to be had now.
+     * way (connection refused or lost, deadline expired, a proxy with no rota behind it): rota
+     * marks every pick failure it decides with a reason, {@code warming_up} included. The
+     * definition every client shares is in {@code clients/conformance/README.md}.
      */
     private static boolean unreachable(Status.Code code, String reason) {
-        if (WARMING_UP.equals(reason)) {
-            return true;
-        }
         return (code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED)
                 && (reason == null || reason.isEmpty());
     }
@@ -134,11 +139,20 @@ public class RotaException extends RuntimeException {
     }
 
     /**
-     * Whether rota's answer could not be had: rota could not be reached or did not answer in time
-     * ({@code UNAVAILABLE} or {@code DEADLINE_EXCEEDED} without a {@link #reason()}), or it is
-     * {@linkplain #WARMING_UP warming up}. These are the failures a local fallback answers.
+     * Whether rota could not be reached, as opposed to answering: {@code UNAVAILABLE} or
+     * {@code DEADLINE_EXCEEDED} without a {@link #reason()} (connection refused or lost, deadline
+     * expired), including a connection that broke under the call. A rota {@linkplain #WARMING_UP
+     * warming up} answered, so that is not unreachable; see {@link #fallsBack()}.
      */
     public boolean isUnreachable() {
         return unreachable;
+    }
+
+    /**
+     * Whether a failed pick is answered by the local fallback: rota is unreachable, or it is
+     * {@linkplain #WARMING_UP warming up} after a restart and cannot decide yet.
+     */
+    public boolean fallsBack() {
+        return unreachable || WARMING_UP.equals(reason);
     }
 }

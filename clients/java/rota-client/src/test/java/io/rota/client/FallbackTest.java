@@ -24,7 +24,7 @@ import io.rota.v1.WatchEvent;
 
 /**
  * The watch-fed local fallback answers when rota's answer cannot be had (transport failure,
- * expired deadline, {@code warming_up}), never instead of an answer of rota's.
+ * expired deadline) or is {@code warming_up}, never instead of any other answer of rota's.
  */
 class FallbackTest {
     private static final Instance A = Instance.of("svc", "127.0.0.1", 9001).withId("a");
@@ -280,26 +280,46 @@ class FallbackTest {
         }
     }
 
+    /** The definition every client shares: clients/conformance/README.md, "Unreachable". */
     @Test
     void whatCountsAsUnreachable() {
         Metadata answered = new Metadata();
         answered.put(Metadata.Key.of("content-type", Metadata.ASCII_STRING_MARSHALLER), "application/grpc");
+        // UNAVAILABLE or DEADLINE_EXCEEDED without rota's reason, whoever sent it (a proxy with
+        // no rota behind it answers with headers of its own).
         assertTrue(RotaException.from(Status.UNAVAILABLE.withDescription("io exception").asRuntimeException()).isUnreachable());
         assertTrue(RotaException.from(Status.DEADLINE_EXCEEDED.asRuntimeException()).isUnreachable());
-        assertTrue(RotaException.from(Status.UNKNOWN.withDescription("channel closed").asRuntimeException(new Metadata()))
-                .isUnreachable());
-        assertTrue(RotaException.from(Status.INTERNAL.withDescription("RST_STREAM").asRuntimeException()).isUnreachable());
+        assertTrue(RotaException.from(Status.UNAVAILABLE.asRuntimeException(answered)).isUnreachable());
+        assertTrue(RotaException.from(Status.DEADLINE_EXCEEDED.asRuntimeException(answered)).isUnreachable());
+        // A connection that broke under the call, as grpc-java reports it, is reported UNAVAILABLE.
+        RotaException closed = RotaException.from(Status.UNKNOWN.withDescription("channel closed")
+                .asRuntimeException(new Metadata()));
+        assertTrue(closed.isUnreachable());
+        assertEquals(Status.Code.UNAVAILABLE, closed.getCode());
+        RotaException reset = RotaException.from(Status.INTERNAL.withDescription("RST_STREAM").asRuntimeException());
+        assertTrue(reset.isUnreachable());
+        assertEquals(Status.Code.UNAVAILABLE, reset.getCode());
+        assertTrue(reset.getDescription().contains("RST_STREAM"), reset.getDescription());
+
+        // Warming up is rota's answer: not unreachable, but it falls back all the same.
         RotaException warming = RotaException.from(FakeRota.refusal(Status.UNAVAILABLE, "warming_up"));
-        assertTrue(warming.isUnreachable());
+        assertFalse(warming.isUnreachable());
+        assertTrue(warming.fallsBack());
         assertEquals(RotaException.WARMING_UP, warming.reason());
 
         RotaException noneEligible = RotaException.from(FakeRota.refusal(Status.UNAVAILABLE, "no_eligible_instance"));
         assertFalse(noneEligible.isUnreachable());
+        assertFalse(noneEligible.fallsBack());
         assertEquals("no_eligible_instance", noneEligible.reason());
+        RotaException unknownService = RotaException.from(FakeRota.refusal(Status.NOT_FOUND, "unknown_service"));
+        assertFalse(unknownService.isUnreachable());
+        assertFalse(unknownService.fallsBack());
         assertFalse(RotaException.from(Status.UNKNOWN.asRuntimeException(answered)).isUnreachable());
+        assertFalse(RotaException.from(Status.INTERNAL.asRuntimeException(answered)).isUnreachable());
         assertFalse(RotaException.from(Status.NOT_FOUND.asRuntimeException()).isUnreachable());
         assertFalse(RotaException.from(Status.INVALID_ARGUMENT.asRuntimeException()).isUnreachable());
         assertFalse(RotaException.from(Status.CANCELLED.asRuntimeException()).isUnreachable());
+        assertTrue(RotaException.from(Status.DEADLINE_EXCEEDED.asRuntimeException()).fallsBack());
         assertEquals("", RotaException.from(Status.UNAVAILABLE.asRuntimeException()).reason());
     }
 

@@ -75,36 +75,34 @@ impl Balancer {
             Rule::Sticky(Sticky { ttl }) => {
                 let key =
                     StickyKey { service: snapshot.name.clone(), subset: subset.label().clone(), key: query.key.into() };
-                let remembered = match self.state.sticky_get(&key).await? {
-                    // Members are sorted by id; an excluded instance is not kept for this pick.
-                    Some(id) => candidates
-                        .members()
-                        .binary_search_by(|i| (*i.id).cmp(&*id))
-                        .ok()
-                        .filter(|&index| draw.accepts(index)),
-                    None => None,
-                };
                 let tripped = |index: usize| draw.loads(|loads| loads.load(index).tripped).unwrap_or(false);
-                match (remembered, remembered.filter(|&index| !tripped(index))) {
-                    // Still UP, not drained, not tripped: keep the assignment (refreshed below).
-                    (_, Some(index)) => (index, Some((key, *ttl))),
-                    // No assignment yet: claim one; a consumer that claimed the key first (on
-                    // another replica, say) wins when its choice is eligible here.
-                    (None, None) => {
+                // Members are sorted by id; an excluded or tripped instance is not kept.
+                let eligible = |id: &str| {
+                    candidates
+                        .members()
+                        .binary_search_by(|i| (*i.id).cmp(id))
+                        .ok()
+                        .filter(|&index| draw.accepts(index) && !tripped(index))
+                };
+                match self.state.sticky_get(&key).await? {
+                    Some(id) => match eligible(&id) {
+                        // Still UP, not drained, not tripped: keep the assignment (refreshed below).
+                        Some(index) => (index, Some((key, *ttl))),
+                        // Gone, excluded or tripped: reassign.
+                        None => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
+                    },
+                    // No assignment yet: claim one. A consumer that claimed the key first (on
+                    // another replica, say) wins when its choice is eligible here; then the
+                    // claim set or read the assignment and there is nothing to refresh.
+                    None => {
                         let chosen = choose(selector, &draw, &mut rng, &mut fallback, rule)?;
                         let id = candidates.members()[chosen].id.clone();
                         let winner = self.state.sticky_claim(key.clone(), id, *ttl).await?;
-                        let index = candidates
-                            .members()
-                            .binary_search_by(|i| (*i.id).cmp(&*winner))
-                            .ok()
-                            .filter(|&index| draw.accepts(index) && !tripped(index))
-                            .unwrap_or(chosen);
-                        // The claim set (or read) the assignment: nothing to refresh.
-                        (index, None)
+                        match eligible(&winner) {
+                            Some(index) => (index, None),
+                            None => (chosen, Some((key, *ttl))),
+                        }
                     }
-                    // Remembered but not eligible now: reassign.
-                    (Some(_), None) => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
                 }
             }
             _ => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, None),

@@ -42,7 +42,7 @@ async fn rule_and_source(client: &mut RotaClient, service: &str) -> (String, pb:
 }
 
 async fn picked_rule(client: &mut RotaClient, service: &str) -> String {
-    client.pick(service, PickOptions::default()).await.unwrap().rule
+    client.pick(service, PickOptions::default()).await.unwrap().into_response().rule
 }
 
 #[tokio::test]

@@ -49,7 +49,7 @@ async fn clients(replicas: &[&TestServer]) -> Vec<RotaClient> {
 }
 
 async fn pick(client: &mut RotaClient, service: &str, options: PickOptions) -> pb::PickResponse {
-    client.pick(service, options).await.expect("pick")
+    client.pick(service, options).await.expect("pick").into_response()
 }
 
 #[tokio::test]
@@ -479,4 +479,73 @@ async fn gray_release_is_exact_across_replicas() {
     // schedule per replica, each replica's fourth pick would be every eighth of the fleet's).
     assert_eq!(canary.len(), 10, "{canary:?}");
     assert!(canary.windows(2).all(|w| w[1] - w[0] == 4), "not every fourth pick: {canary:?}");
+}
+
+/// One pick of the shared rule script: rule, key, zone, version.
+type Step = (&'static str, &'static str, &'static str, &'static str);
+
+/// The same picks, in order, on `server`: `id@ticket` of each.
+async fn run_script(server: &TestServer, service: &str, script: &[Step]) -> Vec<String> {
+    let mut client = server.client().await;
+    let mut answers = Vec::new();
+    for (rule, key, zone, version) in script {
+        let options = PickOptions::rule(*rule).key(*key).zone(*zone).version(*version);
+        let picked = pick(&mut client, service, options).await;
+        answers.push(format!("{rule}:{}@{}", picked_id(&picked), picked.ticket));
+    }
+    answers
+}
+
+#[tokio::test]
+async fn every_deterministic_rule_answers_the_same_sequence_on_memory_and_on_redis() {
+    let redis = RedisServer::start().await;
+    let memory = TestServer::start().await;
+    let shared = replica(&redis.url(), 1).await;
+    let instances = || {
+        let zoned = |id: &str, port: u32, zone: &str, weight: u32| pb::Instance {
+            zone: zone.into(),
+            weight: Some(weight),
+            ..instance("suite", id, port)
+        };
+        vec![
+            zoned("a", 1, "east", 100),
+            zoned("b", 2, "east", 200),
+            zoned("c", 3, "west", 300),
+            crate::harness::versioned("suite", "z", 4, "zlt"),
+        ]
+    };
+    let _on_memory = memory.register(instances()).await;
+    let _on_redis = shared.register(instances()).await;
+    let mut script: Vec<Step> = Vec::new();
+    for rule in [
+        "round_robin",
+        "repeat(n=3)",
+        "weighted",
+        "best_available",
+        "availability_filtering",
+        "retry(rule=round_robin)",
+    ] {
+        script.extend(std::iter::repeat_n((rule, "", "", ""), 12));
+    }
+    script.extend(std::iter::repeat_n(("zone_avoidance", "", "west", ""), 6));
+    script.extend(std::iter::repeat_n(("round_robin", "", "", "zlt"), 3));
+    for key in ["u1", "u2", "u3", "u4", "u1", "u2", "u3", "u4"] {
+        script.push(("consistent_hash", key, "", ""));
+        script.push(("sticky", key, "", ""));
+    }
+    let on_memory = run_script(&memory, "suite", &script).await;
+    let on_redis = run_script(&shared, "suite", &script).await;
+    assert_eq!(on_memory.len(), script.len());
+    assert_eq!(
+        on_memory[..6],
+        [
+            "round_robin:a@0",
+            "round_robin:b@1",
+            "round_robin:c@2",
+            "round_robin:a@3",
+            "round_robin:b@4",
+            "round_robin:c@5"
+        ]
+    );
+    assert_eq!(on_redis, on_memory, "the Redis backend answers as the in-process one");
 }

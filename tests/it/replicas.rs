@@ -549,3 +549,89 @@ async fn every_deterministic_rule_answers_the_same_sequence_on_memory_and_on_red
     );
     assert_eq!(on_redis, on_memory, "the Redis backend answers as the in-process one");
 }
+
+/// Picks of one consumer under load: (phase when the pick started, ticket), and any failure.
+struct Tally {
+    picks: Vec<(u8, u64)>,
+    failures: Vec<String>,
+}
+
+#[tokio::test]
+async fn under_load_redis_dies_and_returns_without_a_failed_pick_or_a_ticket_drawn_twice_after() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+    let mut redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("storm", "a", 1)]).await;
+    let _b = two.register(vec![instance("storm", "b", 2)]).await;
+    for server in [&one, &two] {
+        wait_instances(server, "storm", &["a", "b"]).await;
+    }
+    let phase = Arc::new(AtomicU8::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (count_tx, mut count) = tokio::sync::watch::channel(0usize);
+    let count_tx = Arc::new(count_tx);
+    let mut tasks = Vec::new();
+    for (n, mut client) in clients(&[&one, &two, &one, &two]).await.into_iter().enumerate() {
+        let (phase, stop, count_tx) = (phase.clone(), stop.clone(), count_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tally = Tally { picks: Vec::new(), failures: Vec::new() };
+            while !stop.load(Ordering::Relaxed) {
+                let started = phase.load(Ordering::Relaxed);
+                match client.pick("storm", PickOptions::rule("round_robin")).await {
+                    Ok(picked) => tally.picks.push((started, picked.ticket)),
+                    Err(error) => tally.failures.push(error.to_string()),
+                }
+                count_tx.send_modify(|c| *c += 1);
+            }
+            (n % 2, tally)
+        }));
+    }
+    let counter = count.clone();
+    let at_least = |n: usize| {
+        let mut count = counter.clone();
+        async move {
+            tokio::time::timeout(PATIENCE, count.wait_for(|c| *c >= n)).await.expect("picks go on").expect("counting");
+        }
+    };
+    let seen = *count.borrow_and_update();
+    at_least(seen + 100).await;
+    redis.kill();
+    phase.store(1, Ordering::Relaxed);
+    wait_link(&one, false).await;
+    wait_link(&two, false).await;
+    let seen = *count.borrow_and_update();
+    at_least(seen + 100).await;
+    redis.restart().await;
+    wait_link(&one, true).await;
+    wait_link(&two, true).await;
+    phase.store(2, Ordering::Relaxed);
+    let seen = *count.borrow_and_update();
+    at_least(seen + 200).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut by_replica: [Vec<(u8, u64)>; 2] = [Vec::new(), Vec::new()];
+    for task in tasks {
+        let (replica, tally) = task.await.expect("consumer");
+        assert!(tally.failures.is_empty(), "failed picks: {:?}", tally.failures);
+        by_replica[replica].extend(tally.picks);
+    }
+    let all: Vec<(u8, u64)> = by_replica.iter().flatten().copied().collect();
+    let before = all.iter().filter(|(p, _)| *p == 0).map(|(_, t)| *t).max().expect("picks before the outage");
+    let mut after: Vec<u64> = all.iter().filter(|(p, _)| *p == 2).map(|(_, t)| *t).collect();
+    assert!(after.iter().all(|t| *t > before), "a ticket from before the outage was drawn again");
+    for picks in &by_replica {
+        let outage = picks.iter().filter(|(p, _)| *p == 1).map(|(_, t)| *t).max().unwrap_or(0);
+        assert!(
+            picks.iter().filter(|(p, _)| *p == 2).all(|(_, t)| *t > outage),
+            "a replica drew again a ticket it handed out during the outage"
+        );
+    }
+    let drawn = after.len();
+    after.sort_unstable();
+    after.dedup();
+    assert_eq!(after.len(), drawn, "a ticket was drawn twice after recovery");
+    // The table reconverges: a registration after the restart reaches the other replica.
+    let _c = one.register(vec![instance("storm", "c", 3)]).await;
+    wait_instances(&two, "storm", &["a", "b", "c"]).await;
+}

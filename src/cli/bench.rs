@@ -158,9 +158,6 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.scale {
         return scale(args).await;
     }
-    if args.backends {
-        return super::bench_backends::run(args).await;
-    }
     let (server, endpoint) = match &args.server {
         Some(server) => (None, server.clone()),
         None => {

@@ -153,6 +153,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Watch(args) => show::watch(args).await,
         Command::Policy(args) => policy::run(args).await,
         Command::Demo => demo::run().await,
+        Command::Bench(args) if args.backends => bench_backends::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,
         Command::FloorServer => bench::floor_server().await,

@@ -27,11 +27,6 @@ const RESPONSE_BUFFER: usize = 16;
 /// Why a stream is ended when the server shuts down.
 pub const SHUTTING_DOWN: &str = "rota is shutting down; reconnect to another replica and announce again";
 
-/// A new stream asked of a server that is shutting down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("rota is shutting down; connect to another replica")]
-pub struct Draining;
-
 pub fn serve(
     registry: &Registry,
     inbound: Streaming<pb::RegisterRequest>,

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::peers::PeerStreams;
 use super::streams::OpenStreams;
 use super::warmup::Warmup;
-use super::{auth, convert, register};
+use super::{auth, convert, register, status};
 use crate::balancer::PickError;
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
@@ -61,7 +61,7 @@ impl pb::registry_server::Registry for RegistryService {
         if *self.drain.borrow() {
             // A provider that reconnects here while this server drains would be sent away at
             // once; tell it now, so it goes on to another replica without an announce.
-            return Err(register::Draining.into());
+            return Err(status::Draining.into());
         }
         let peer_slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
         let slots = (peer_slot, self.streams.acquire()?);
@@ -115,7 +115,7 @@ impl pb::registry_server::Registry for RegistryService {
         let name = request.into_inner().service;
         checked_service(&name)?;
         if *self.drain.borrow() {
-            return Err(register::Draining.into());
+            return Err(status::Draining.into());
         }
         let slot = self.streams.acquire()?;
         let mut snapshots = self.registry.subscribe(&name).await?;
@@ -128,7 +128,7 @@ impl pb::registry_server::Registry for RegistryService {
                 () = warmup.until_seen(&mut snapshots) => {}
                 () = tx.closed() => return,
                 () = register::draining(&mut drain) => {
-                    let _ = tx.send(Err(register::Draining.into())).await;
+                    let _ = tx.send(Err(status::Draining.into())).await;
                     return;
                 }
             }
@@ -167,7 +167,7 @@ impl pb::registry_server::Registry for RegistryService {
                     }
                     () = tx.closed() => break,
                     () = register::draining(&mut drain) => {
-                        let _ = tx.send(Err(register::Draining.into())).await;
+                        let _ = tx.send(Err(status::Draining.into())).await;
                         break;
                     }
                 }

@@ -4,7 +4,6 @@
 use tonic::{Code, Status};
 
 use super::peers::TooManyRegistrations;
-use super::register::Draining;
 use super::streams::TooManyStreams;
 use super::warmup::{Refusal, WarmingUp};
 use crate::auth::AuthError;
@@ -96,6 +95,11 @@ impl From<TooManyRegistrations> for Status {
         Status::resource_exhausted(error.to_string())
     }
 }
+
+/// A new stream asked of a server that is shutting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rota is shutting down; connect to another replica")]
+pub struct Draining;
 
 impl From<Draining> for Status {
     fn from(error: Draining) -> Self {

@@ -187,24 +187,20 @@ impl Registry {
     /// Opens a lease for one registration stream authenticated as `token` (its name), whose
     /// services count against that token's limit.
     pub fn open_lease_for(&self, token: Option<Arc<str>>) -> Lease {
-        let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
-        Lease::open(
-            id,
-            token,
-            self.shared.tx.clone(),
-            self.shared.config.heartbeat_timeout,
-            self.shared.config.max_instances_per_stream,
-            self.shared.open_leases.clone(),
-        )
+        self.open(token, self.shared.config.max_instances_per_stream)
     }
 
     /// Opens a lease that may hold up to `max_instances` instances: the registry's own copy of
     /// instances another rota replica holds, which are not limited like one provider's stream.
     pub fn open_mirror_lease(&self, max_instances: usize) -> Lease {
+        self.open(None, max_instances)
+    }
+
+    fn open(&self, token: Option<Arc<str>>, max_instances: usize) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
         Lease::open(
             id,
-            None,
+            token,
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,
             max_instances,

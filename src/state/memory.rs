@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::hash::ConcurrentMap;
 use tokio::time::Instant;
 
-use super::redis::SharedCounter;
+use super::redis::tickets::SharedCounter;
 use super::{CounterKey, StickyKey};
 
 /// Sticky assignments kept at most; past this, new keys are not remembered (stickiness is

@@ -11,7 +11,7 @@
 
 mod link;
 mod target;
-mod tickets;
+pub(crate) mod tickets;
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 //!   servers' (the sentinels are asked without them).
 
 use std::fmt;
+use std::time::Duration;
 
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
@@ -151,6 +152,9 @@ impl Target {
     }
 }
 
+/// Longest wait for a sentinel to connect or answer.
+const SENTINEL_TIMEOUT: Duration = Duration::from_millis(500);
+
 fn check_addr(addr: &str) -> Result<(), String> {
     let port = addr.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
     match port {
@@ -163,8 +167,8 @@ async fn ask_sentinel(sentinel: &str, master: &str) -> Result<String, String> {
     let info = format!("redis://{sentinel}/").into_connection_info().map_err(|e| e.to_string())?;
     let client = redis::Client::open(info).map_err(|e| e.to_string())?;
     let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(super::link::COMMAND_TIMEOUT))
-        .set_response_timeout(Some(super::link::COMMAND_TIMEOUT));
+        .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+        .set_response_timeout(Some(SENTINEL_TIMEOUT));
     let mut conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| e.to_string())?;
     let answer: Option<(String, u16)> = redis::cmd("SENTINEL")
         .arg("get-master-addr-by-name")

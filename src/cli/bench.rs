@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// registration on one replica to its arrival on another.
     #[arg(long)]
     pub backends: bool,
+    /// Publication run instead: the time from an Announce to its acknowledgement (the service
+    /// published and its pick views in place) in services of 10,000 and 100,000 instances.
+    #[arg(long)]
+    pub publication: bool,
     /// Redis for --backends (`redis://HOST:PORT`, databases 1 to 5 are used); by default a
     /// `redis-server` is started on a free loopback port.
     #[arg(long, requires = "backends")]

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_backends;
+mod bench_publish;
 mod demo;
 mod pick;
 mod policy;
@@ -154,6 +155,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Policy(args) => policy::run(args).await,
         Command::Demo => demo::run().await,
         Command::Bench(args) if args.backends => bench_backends::run(args).await,
+        Command::Bench(args) if args.publication => bench_publish::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,
         Command::FloorServer => bench::floor_server().await,

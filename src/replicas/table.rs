@@ -35,6 +35,8 @@ use crate::state::redis::Link;
 pub const REPLICA_LEASE: Duration = Duration::from_secs(5);
 /// Time between reads of the change stream (and renewals of the replica's key).
 pub const POLL: Duration = Duration::from_millis(200);
+/// Shortest time between two writes of local changes outside the polls.
+const FLUSH: Duration = Duration::from_millis(50);
 /// Time between full resyncs of every service.
 pub const RESYNC: Duration = Duration::from_secs(10);
 /// Entries the change stream keeps (approximately).
@@ -148,13 +150,22 @@ impl TableSharing {
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut next_resync = Instant::now() + RESYNC;
+        let mut next_flush = Instant::now();
         loop {
             tokio::select! {
-                changed = published.recv() => match changed {
-                    Ok(services) => self.dirty.extend(services.iter().cloned()),
-                    Err(RecvError::Lagged(_)) => self.all_dirty(),
-                    Err(RecvError::Closed) => return,
-                },
+                changed = published.recv() => {
+                    match changed {
+                        Ok(services) => self.dirty.extend(services.iter().cloned()),
+                        Err(RecvError::Lagged(_)) => self.all_dirty(),
+                        Err(RecvError::Closed) => return,
+                    }
+                    // Written at once (at most every FLUSH), not at the next poll: the other
+                    // replicas then see a registration within one of their polls.
+                    if self.link.is_up() && Instant::now() >= next_flush {
+                        next_flush = Instant::now() + FLUSH;
+                        self.flush().await;
+                    }
+                }
                 _ = poll.tick() => {
                     // Copies are kept (and their leases alive) while Redis is unreachable.
                     for mirror in self.mirrors.values() {
@@ -200,12 +211,8 @@ impl TableSharing {
         {
             return;
         }
-        let dirty: Vec<Arc<str>> = self.dirty.drain().collect();
-        for service in dirty {
-            if !self.write(&service).await {
-                self.dirty.insert(service);
-                return;
-            }
+        if !self.flush().await {
+            return;
         }
         let changed = if full { self.all_services().await } else { self.read_changes().await };
         let Some(changed) = changed else { return };
@@ -215,6 +222,18 @@ impl TableSharing {
             }
         }
         self.drop_dead_replicas().await;
+    }
+
+    /// Writes every service changed here since the last flush; false when Redis did not answer.
+    async fn flush(&mut self) -> bool {
+        let dirty: Vec<Arc<str>> = self.dirty.drain().collect();
+        for (n, service) in dirty.iter().enumerate() {
+            if !self.write(service).await {
+                self.dirty.extend(dirty[n..].iter().cloned());
+                return false;
+            }
+        }
+        true
     }
 
     /// Writes this replica's own instances of `service`; false when Redis did not answer.

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
 pub use stats::{
-    BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Outcome, Stats, StatsConfig,
-    StatsHandle,
+    BreakerConfig, InstancePicks, InstanceReport, Load, MAX_TALLIED_RULES, OTHER_RULE, Origin, Outcome, Stats,
+    StatsConfig, StatsHandle,
 };
 
 /// Identifies one shared rotation.

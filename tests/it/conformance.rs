@@ -416,6 +416,7 @@ async fn run(server: &TestServer, scenario: &Scenario) -> Result<(), String> {
                             rule: o.rule.clone(),
                             latency_us: o.latency_us,
                             result: result.into(),
+                            leased: false,
                         })
                     })
                     .collect::<Result<Vec<_>, String>>()?;

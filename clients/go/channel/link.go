@@ -139,6 +139,7 @@ func (r *reporter) flush() {
 		for i, o := range batch {
 			outcomes[i] = &rotapb.CallOutcome{
 				Service: r.service, InstanceId: o.instance, Ticket: o.ticket, Rule: o.rule, LatencyUs: o.latencyUs, Result: o.result,
+				Leased: true,
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

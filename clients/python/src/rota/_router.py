@@ -262,6 +262,7 @@ class Router:
                 rule=draw.rule,
                 latency_us=latency_ns // 1000,
                 result=result,
+                leased=True,
             )
         )
 

@@ -93,6 +93,7 @@ final class RotaPicker extends SubchannelPicker {
                             .setRule(draw.rule())
                             .setLatencyUs((System.nanoTime() - started) / 1000)
                             .setResult(result)
+                            .setLeased(true)
                             .build());
                 }
             };

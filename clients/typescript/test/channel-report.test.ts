@@ -19,7 +19,7 @@ import { CapturingLogger, RotaServer, silentLogger, waitFor } from './harness.js
 const HOUR_MS = 3_600_000;
 
 function outcome(ticket: number): CallOutcome {
-  return { service: 'echo', instanceId: 'a', ticket: String(ticket), rule: 'round_robin', latencyUs: '10', result: 'CALL_RESULT_OK', leased: true };
+  return { service: 'echo', instanceId: 'a', ticket: String(ticket), rule: 'round_robin', latencyUs: '10', result: 'CALL_RESULT_OK' };
 }
 
 /** A stand-in for rota that records each Report, or fails it while `down`. */

@@ -315,7 +315,6 @@ class RotaPicker implements Picker {
           rule,
           latencyUs: Math.round((performance.now() - started) * 1000).toString(),
           result: code === status.OK ? 'CALL_RESULT_OK' : code === status.UNAVAILABLE ? 'CALL_RESULT_CONNECT_FAILURE' : 'CALL_RESULT_ERROR',
-          leased: true,
         });
       },
     };

@@ -88,7 +88,9 @@ export class RotaLink {
     }
     const batch = this.#pending.splice(0, MAX_REPORT_BATCH);
     this.#reporting = true;
-    this.balancer.Report({ outcomes: batch }, { deadline: Date.now() + 2_000 }, (error) => {
+    // Every outcome a channel reports is of a call no unary pick counted in flight at rota.
+    const outcomes = batch.map((o) => ({ ...o, leased: true }));
+    this.balancer.Report({ outcomes }, { deadline: Date.now() + 2_000 }, (error) => {
       this.#reporting = false;
       if (this.#closed) {
         return;

@@ -149,6 +149,8 @@ class _Callable:
         self._method = method
         self._serializer = serializer
         self._deserializer = deserializer
+        # The instance channels' multicallables, made once per channel.
+        self._calls: dict[str, tuple[grpc.aio.Channel, Any]] = {}
 
     def __call__(
         self,
@@ -170,9 +172,14 @@ class _Callable:
 
     def start(self, draw: Draw, request: Any, metadata: Metadata | None, kwargs: dict[str, Any]) -> Any:
         ch = self._channel.routing.channel_for(draw)
-        factory = getattr(ch, self._kind)(
-            self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
-        )
+        cached = self._calls.get(draw.member.id)
+        if cached is not None and cached[0] is ch:
+            factory = cached[1]
+        else:
+            factory = getattr(ch, self._kind)(
+                self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
+            )
+            self._calls[draw.member.id] = (ch, factory)
         if request is None and self._kind.startswith("stream"):
             return factory(metadata=metadata, **kwargs)
         return factory(request, metadata=metadata, **kwargs)

@@ -136,14 +136,21 @@ class _Callable:
         self._method = method
         self._serializer = serializer
         self._deserializer = deserializer
+        # The instance channels' multicallables, made once per channel (grpcio's are costly to make).
+        self._calls: dict[str, tuple[grpc.Channel, Any]] = {}
 
     def _route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
         return self._channel.routing.route(metadata, timeout)
 
     def _inner(self, draw: Draw) -> Any:
         ch = self._channel.routing.channel_for(draw)
+        cached = self._calls.get(draw.member.id)
+        if cached is not None and cached[0] is ch:
+            return cached[1]
         factory = getattr(ch, self._kind)
-        return factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
+        call = factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
+        self._calls[draw.member.id] = (ch, call)
+        return call
 
     def _report(
         self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None, answered: bool

@@ -81,6 +81,10 @@ class Router:
         with self._lock:
             return dict(self._members)
 
+    def has_members(self) -> bool:
+        """Whether an instance is known; a plain read (the dict is replaced, never changed in place)."""
+        return bool(self._members)
+
     def on_members(self, listener: Callable[[dict[str, Member]], None]) -> None:
         with self._lock:
             self._listeners.append(listener)

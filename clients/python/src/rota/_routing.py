@@ -199,7 +199,7 @@ class CallRouting(Generic[C]):
 
     def try_route(self, metadata: Metadata | None) -> tuple[Draw, Metadata | None] | None:
         """A draw for the call if one is at hand without waiting (a lease held, an instance usable)."""
-        if not self.router.members():
+        if not self.router.has_members():
             return None
         decision = self.router.draw(self.router.rotation(version_of(metadata)), self.usable)
         if isinstance(decision, Draw):
@@ -208,6 +208,9 @@ class CallRouting(Generic[C]):
 
     def route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
         """A draw for the call and its metadata, waiting (at most ``timeout``) for a first lease."""
+        routed = self.try_route(metadata)
+        if routed is not None:
+            return routed
         bound = timeout or DEFAULT_ROUTE_TIMEOUT
         try:
             self.router.wait_synced(bound)
@@ -230,7 +233,7 @@ class CallRouting(Generic[C]):
         return result
 
     def connectivity(self) -> grpc.ChannelConnectivity:
-        return grpc.ChannelConnectivity.READY if self.router.members() else grpc.ChannelConnectivity.CONNECTING
+        return grpc.ChannelConnectivity.READY if self.router.has_members() else grpc.ChannelConnectivity.CONNECTING
 
     def close(self) -> None:
         self.instances.close()

@@ -57,13 +57,28 @@ type Round = { rps: number; p99: number; calls: number };
 const a: Round[] = [];
 const b: Round[] = [];
 const q: Round[] = [];
+// The order of the three channels rotates from round to round, so that none always runs first
+// (while the process warms up, or the machine's load drifts, the first of a round is at a
+// disadvantage).
+const runs: (() => Promise<void>)[] = [
+  async () => {
+    const leasesBefore = leaseCalls.count;
+    const r = await round(rota, roundMs);
+    rotaLeases += leaseCalls.count - leasesBefore;
+    rotaCalls += r.calls;
+    a.push(r);
+  },
+  async () => {
+    b.push(await round(rr, roundMs));
+  },
+  async () => {
+    q.push(await round(quiet, roundMs));
+  },
+];
 for (let i = 0; i < rounds; i++) {
-  const leasesBefore = leaseCalls.count;
-  a.push(await round(rota, roundMs));
-  rotaLeases += leaseCalls.count - leasesBefore;
-  rotaCalls += a[i]!.calls;
-  b.push(await round(rr, roundMs));
-  q.push(await round(quiet, roundMs));
+  for (let j = 0; j < runs.length; j++) {
+    await runs[(i + j) % runs.length]!();
+  }
   console.log(
     `round ${i + 1}: rota ${a[i]!.rps.toFixed(0)} rps p99 ${a[i]!.p99.toFixed(0)} µs | round_robin ${b[i]!.rps.toFixed(0)} rps p99 ${b[i]!.p99.toFixed(0)} µs | rota without reports ${q[i]!.rps.toFixed(0)} rps p99 ${q[i]!.p99.toFixed(0)} µs`,
   );

@@ -81,7 +81,9 @@ class OutcomeBuffer:
                 self._pending.popleft()
                 self._drop(1)
             self._pending.append(outcome)
-            full = len(self._pending) >= self._batch
+            # Exactly at a full batch: while rota is away the buffer stays above it, and waking
+            # the sender on every call would retry a failing Report in a loop.
+            full = len(self._pending) == self._batch
         if full:
             self._wake.set()
 

@@ -54,7 +54,9 @@ export class RotaLink {
       this.#drop(1);
     }
     this.#pending.push(outcome);
-    if (this.#pending.length >= MAX_REPORT_BATCH) {
+    // Exactly at a full batch: while rota is away the buffer stays above it, and flushing on
+    // every call would retry a failing Report in a loop.
+    if (this.#pending.length === MAX_REPORT_BATCH) {
       this.#flushSoon();
     }
   }

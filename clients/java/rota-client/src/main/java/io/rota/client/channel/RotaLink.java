@@ -143,7 +143,9 @@ final class RotaLink implements AutoCloseable {
                 drop(1);
             }
             pending.addLast(outcome);
-            full = pending.size() >= REPORT_BATCH;
+            // Exactly at a full batch: while rota is away the queue stays above it, and flushing
+            // on every RPC would retry a failing Report in a loop.
+            full = pending.size() == REPORT_BATCH;
         }
         if (full) {
             flushSoon();

@@ -83,7 +83,11 @@ def main() -> None:
         print(f"{args.callers} callers, {args.rounds} rounds of {args.seconds:.0f} s each, alternating")
         for round_ in range(1, args.rounds + 1):
             rates: dict[str, float] = {}
-            for name, call in contenders.items():
+            # The order rotates from round to round, so that no contender always runs first.
+            names = list(contenders)
+            shift = (round_ - 1) % len(names)
+            for name in names[shift:] + names[:shift]:
+                call = contenders[name]
                 calls, p50, p99 = run(call, args.seconds, args.callers)
                 rates[name] = calls / args.seconds
                 if name == "rota.channel":

@@ -26,7 +26,7 @@ use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
 use rota::rules::{Candidates, Draw, Excluded, LoadIndex, Needs, Select, parse};
-use rota::state::{BreakerConfig, CounterKey, MemoryState, Outcome, RotationCache, Stats};
+use rota::state::{BreakerConfig, CounterKey, MemoryState, Origin, Outcome, RotationCache, Stats};
 
 #[path = "../tests/support/counting_alloc.rs"]
 mod counting_alloc;
@@ -86,7 +86,7 @@ fn select_benches(c: &mut Criterion) {
         let breaker = BreakerConfig::default();
         for (i, instance) in candidates.members().iter().enumerate() {
             let latency = std::time::Duration::from_millis(1 + (i % 50) as u64);
-            stats.on_outcome(&instance.service, &instance.id, Outcome::Success, latency, &breaker);
+            stats.on_outcome(&instance.service, &instance.id, Outcome::Success, Origin::Pick, latency, &breaker);
         }
         candidates.tables.load.store(Some(index));
         let rotations = RotationCache::default();

@@ -151,6 +151,7 @@ async fn record(server: &Server, selector: u8, bytes: &[u8]) {
                         rule: response.rule,
                         latency_us: response.ticket.wrapping_mul(977),
                         result: (response.ticket % 3 + 1) as i32,
+                        leased: response.ticket % 2 == 0,
                     };
                     let report = pb::ReportRequest { outcomes: vec![outcome] };
                     let _ = server.balancer_service.report(Request::new(report)).await;

@@ -813,6 +813,7 @@ mod tests {
             ticket: 0,
             latency: Duration::from_millis(20),
             result: Some(CallResult::Error),
+            leased: false,
         };
         balancer.report(&vec![failure; 3]).unwrap();
         tokio::time::advance(SAMPLE_INTERVAL).await;

@@ -3,13 +3,16 @@
 //! An outcome is checked against the current snapshot: one that names a service or instance
 //! rota does not know (it left, or never was) is ignored and counted, since consumers report
 //! after the fact and registrations move on meanwhile.
+//!
+//! An outcome marked `leased` comes from a call a gRPC channel routed by a leased ticket (or by
+//! its local rotation): no unary pick counted it in flight, so it must not retire one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{Balancer, PickError};
 use crate::registry::{InvalidField, validate_service_name};
-use crate::state::Outcome;
+use crate::state::{Origin, Outcome};
 
 /// Most outcomes one report may carry.
 pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;
@@ -30,6 +33,8 @@ pub struct CallOutcome {
     pub latency: Duration,
     /// `None` when the consumer sent a result rota does not know.
     pub result: Option<CallResult>,
+    /// Routed by a leased ticket rather than a unary pick.
+    pub leased: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,7 +81,15 @@ impl Balancer {
                         CallResult::Ok => Outcome::Success,
                         CallResult::ConnectFailure | CallResult::Error => Outcome::Failure,
                     };
-                    self.stats.on_outcome(&instance.service, &instance.id, stats_outcome, outcome.latency, breaker);
+                    let origin = if outcome.leased { Origin::Lease } else { Origin::Pick };
+                    self.stats.on_outcome(
+                        &instance.service,
+                        &instance.id,
+                        stats_outcome,
+                        origin,
+                        outcome.latency,
+                        breaker,
+                    );
                     self.reports.record(result);
                     summary.accepted += 1;
                 }

@@ -99,6 +99,7 @@ fn failure(id: &str) -> CallOutcome {
         ticket: 0,
         latency: Duration::from_millis(1),
         result: Some(CallResult::Error),
+        leased: false,
     }
 }
 

@@ -98,5 +98,6 @@ pub fn call_outcome(outcome: pb::CallOutcome) -> CallOutcome {
         ticket: outcome.ticket,
         latency: Duration::from_micros(outcome.latency_us),
         result,
+        leased: outcome.leased,
     }
 }

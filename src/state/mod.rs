@@ -18,8 +18,8 @@ use std::time::Duration;
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
 pub use redis::{RedisConfig, RedisState};
 pub use stats::{
-    BreakerConfig, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE, Outcome, RemoteLoad,
-    Stats, StatsConfig, StatsHandle,
+    BreakerConfig, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE, Origin, Outcome,
+    RemoteLoad, Stats, StatsConfig, StatsHandle,
 };
 
 /// Identifies one shared rotation.

@@ -2,7 +2,9 @@
 //!
 //! Consumers report the outcome of each call ([`Stats::on_outcome`]); every pick counts as in
 //! flight for its instance until a report for that instance arrives or the in-flight timeout
-//! passes ([`Stats::on_pick`]). From these rota keeps, per instance:
+//! passes ([`Stats::on_pick`]). A call routed by a leased ticket never counted as in flight
+//! (a lease reserves tickets, not calls), so its report ([`Origin::Lease`]) feeds latency,
+//! counts and breaker but retires nothing. From these rota keeps, per instance:
 //!
 //! - the in-flight count, in time buckets (an eighth of the in-flight timeout wide, at least a
 //!   second) so that picks nobody reports expire without a per-pick record (a report retires the
@@ -95,6 +97,16 @@ pub struct InstanceReport {
 pub enum Outcome {
     Success,
     Failure,
+}
+
+/// How the reported call found its instance, which decides whether its report retires an
+/// in-flight pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A unary pick, counted in flight by [`Stats::on_pick`] until reported.
+    Pick,
+    /// A leased ticket (or a channel's local rotation): never counted in flight.
+    Lease,
 }
 
 /// In-flight buckets per timeout.
@@ -347,6 +359,7 @@ impl Stats {
         service: &Arc<str>,
         id: &Arc<str>,
         outcome: Outcome,
+        origin: Origin,
         latency: Duration,
         breaker: &BreakerConfig,
     ) {
@@ -355,16 +368,8 @@ impl Stats {
         let stats = self.entry(service, id);
         let mut inner = stats.lock();
         self.expire_in_flight(&mut inner, second);
-        // Retire the oldest outstanding pick.
-        let retired = inner.in_flight.front_mut().map(|(_, count)| {
-            *count -= 1;
-            *count == 0
-        });
-        if let Some(emptied) = retired {
-            inner.in_flight_total -= 1;
-            if emptied {
-                inner.in_flight.pop_front();
-            }
+        if origin == Origin::Pick {
+            Self::retire_oldest_pick(&mut inner);
         }
         self.sample_latency(&mut inner, now, latency);
         self.count(&mut inner, now, outcome);
@@ -511,6 +516,20 @@ impl Stats {
         expired
     }
 
+    /// Retires the oldest outstanding pick, if any: only the count matters, not which pick.
+    fn retire_oldest_pick(inner: &mut Inner) {
+        let retired = inner.in_flight.front_mut().map(|(_, count)| {
+            *count -= 1;
+            *count == 0
+        });
+        if let Some(emptied) = retired {
+            inner.in_flight_total -= 1;
+            if emptied {
+                inner.in_flight.pop_front();
+            }
+        }
+    }
+
     fn sample_latency(&self, inner: &mut Inner, now: Instant, latency: Duration) {
         let sample = latency.as_secs_f64() * 1000.0;
         inner.ewma_ms = Some(match (inner.ewma_ms, inner.last_sample) {
@@ -569,10 +588,10 @@ mod tests {
         let breaker = BreakerConfig::default();
         let (service, id) = key("a");
         for _ in 0..2 {
-            stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+            stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
         }
         assert!(!stats.load("svc", "a").tripped);
-        stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
         assert!(stats.load("svc", "a").tripped);
         assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(10)));
         tokio::time::advance(Duration::from_secs(9)).await;
@@ -581,9 +600,9 @@ mod tests {
         assert!(!stats.load("svc", "a").tripped, "blackout over after 10 s");
 
         // A fourth failure in a row: 20 s. A success clears everything.
-        stats.on_outcome(&service, &id, Outcome::Failure, Duration::from_millis(5), &breaker);
+        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
         assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(20)));
-        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(5), &breaker);
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(5), &breaker);
         let report = stats.report("svc", "a");
         assert_eq!((report.load.tripped, report.successive_failures), (false, 0));
         assert_eq!((report.successes, report.failures), (1, 4));
@@ -598,7 +617,14 @@ mod tests {
             stats.on_pick(&handle, &rule);
         }
         assert_eq!(stats.load("svc", "a").in_flight, 3);
-        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(1), &BreakerConfig::default());
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            Duration::from_millis(1),
+            &BreakerConfig::default(),
+        );
         assert_eq!(stats.load("svc", "a").in_flight, 2);
         tokio::time::advance(Duration::from_secs(20)).await;
         stats.on_pick(&handle, &rule);
@@ -611,8 +637,33 @@ mod tests {
         tokio::time::advance(Duration::from_secs(20)).await;
         assert_eq!(stats.load("svc", "a").in_flight, 0);
         // A late report never drives the count below zero.
-        stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(1), &BreakerConfig::default());
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            Duration::from_millis(1),
+            &BreakerConfig::default(),
+        );
         assert_eq!(stats.load("svc", "a").in_flight, 0);
+    }
+
+    #[test]
+    fn leased_reports_feed_latency_and_breaker_but_retire_no_pick() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        let (handle, rule): (_, Arc<str>) = (stats.handle(&service, &id), "least_request".into());
+        let breaker = BreakerConfig::default();
+        stats.on_pick(&handle, &rule);
+        for _ in 0..3 {
+            stats.on_outcome(&service, &id, Outcome::Failure, Origin::Lease, Duration::from_millis(8), &breaker);
+        }
+        let report = stats.report("svc", "a");
+        assert_eq!(report.load.in_flight, 1, "the unary pick is still in flight");
+        assert_eq!((report.failures, report.successive_failures, report.load.tripped), (3, 3, true));
+        assert_eq!(report.load.latency_ms, Some(8.0));
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(8), &breaker);
+        assert_eq!(stats.load("svc", "a").in_flight, 0, "the pick's own report retires it");
     }
 
     #[tokio::test(start_paused = true)]
@@ -621,13 +672,13 @@ mod tests {
         let (service, id) = key("a");
         let breaker = BreakerConfig::default();
         for _ in 0..10 {
-            stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(100), &breaker);
+            stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(100), &breaker);
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         assert!((stats.load("svc", "a").latency_ms.unwrap() - 100.0).abs() < 1e-9);
         // The instance gets fast: within a few time constants the EWMA is near the new value.
         for _ in 0..40 {
-            stats.on_outcome(&service, &id, Outcome::Success, Duration::from_millis(10), &breaker);
+            stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(10), &breaker);
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         let latency = stats.load("svc", "a").latency_ms.unwrap();
@@ -639,9 +690,9 @@ mod tests {
         let stats = Stats::default();
         let (service, id) = key("a");
         let breaker = BreakerConfig { failure_threshold: 100, ..Default::default() };
-        stats.on_outcome(&service, &id, Outcome::Failure, Duration::ZERO, &breaker);
+        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::ZERO, &breaker);
         tokio::time::advance(Duration::from_secs(30)).await;
-        stats.on_outcome(&service, &id, Outcome::Success, Duration::ZERO, &breaker);
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::ZERO, &breaker);
         assert_eq!(stats.report("svc", "a").failures, 1);
         tokio::time::advance(Duration::from_secs(31)).await;
         let report = stats.report("svc", "a");
@@ -715,7 +766,7 @@ mod tests {
         stats.on_pick(&handle, &"best_available".into());
         assert_eq!(index.load(1, now()).in_flight, 2);
         let breaker = BreakerConfig { failure_threshold: 1, ..BreakerConfig::default() };
-        stats.on_outcome(&service, &b, Outcome::Failure, Duration::from_millis(3), &breaker);
+        stats.on_outcome(&service, &b, Outcome::Failure, Origin::Pick, Duration::from_millis(3), &breaker);
         let load = index.load(1, now());
         assert_eq!((load.in_flight, load.tripped, load.latency_ms), (1, true, Some(3.0)));
         tokio::time::advance(Duration::from_secs(6)).await;

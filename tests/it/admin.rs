@@ -159,6 +159,42 @@ async fn service_view_has_exact_fields_and_unknown_services_are_404() {
     );
 }
 
+/// A report of a call routed by a leased ticket records its latency but leaves the in-flight
+/// count of unary picks alone: the lease never counted its calls in flight.
+#[tokio::test]
+async fn leased_reports_do_not_retire_unary_picks_in_flight() {
+    let server = TestServer::start().await;
+    let _inventory = server.register(vec![instance("inventory", "a", 1)]).await;
+    let mut client = server.client().await;
+    client.pick("inventory", PickOptions::rule("round_robin")).await.expect("pick");
+    let lease =
+        pb::LeaseRequest { service: "inventory".into(), rule: "round_robin".into(), count: 4, ..Default::default() };
+    let leased = client.balancer().lease(lease).await.expect("lease").into_inner();
+    assert_eq!((leased.first_ticket, leased.count), (1, 4));
+    let outcome = |leased: bool| pb::CallOutcome {
+        service: "inventory".into(),
+        instance_id: "a".into(),
+        ticket: 1,
+        rule: "round_robin".into(),
+        latency_us: 4_000,
+        result: pb::CallResult::Ok.into(),
+        leased,
+    };
+    let in_flight = |body: &str| {
+        let view: serde_json::Value = serde_json::from_str(body).unwrap();
+        (view["instances"][0]["in_flight"].as_u64(), view["instances"][0]["latency_ms"].as_f64())
+    };
+
+    let report = client.report(vec![outcome(true); 3]).await.unwrap();
+    assert_eq!((report.accepted, report.ignored), (3, 0));
+    let (_, body) = get(admin(&server), "/api/services/inventory").await;
+    assert_eq!(in_flight(&body), (Some(1), Some(4.0)), "the unary pick is still in flight: {body}");
+
+    client.report(vec![outcome(false)]).await.unwrap();
+    let (_, body) = get(admin(&server), "/api/services/inventory").await;
+    assert_eq!(in_flight(&body).0, Some(0), "the pick's own report retires it: {body}");
+}
+
 #[tokio::test]
 async fn health_policies_and_dashboard_are_served() {
     let server = TestServer::start().await;

@@ -494,6 +494,7 @@ async fn run(target: &mut Target, scenario: &Scenario) -> Result<(), String> {
                             rule: o.rule.clone(),
                             latency_us: o.latency_us,
                             result: result.into(),
+                            leased: false,
                         })
                     })
                     .collect::<Result<Vec<_>, String>>()?;

@@ -29,6 +29,9 @@ type Config struct {
 	// Report, when false, turns off the reporting of call outcomes (default true). Outcomes
 	// feed rota's fleet statistics and breakers; the leasable rules do not read them.
 	Report *bool `json:"report,omitempty"`
+	// TicketHeader, when true, adds each call's ticket as x-rota-ticket metadata (default
+	// false: it costs bytes on every call; see TicketHeader).
+	TicketHeader bool `json:"ticketHeader,omitempty"`
 }
 
 func init() {
@@ -261,6 +264,7 @@ func (b *rotaBalancer) publishLocked() {
 		link:       b.link,
 		version:    b.config.Version,
 		report:     b.config.Report == nil || *b.config.Report,
+		ticket:     b.config.TicketHeader,
 		ready:      ready,
 		connecting: connecting,
 		unsettled:  unsettled,

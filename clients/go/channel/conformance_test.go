@@ -119,7 +119,7 @@ func runScenario(t *testing.T, sc scenario) {
 	}
 	r.target = "rota:///" + service
 	conn, err := grpc.NewClient(r.target, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithResolvers(NewResolver(WithServer(r.rota.addr), WithRule(sc.Rule), WithLogger(quietLogger()),
+		grpc.WithResolvers(NewResolver(WithServer(r.rota.addr), WithRule(sc.Rule), WithLogger(quietLogger()), WithTicketHeader(true),
 			WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 2}))))
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ func consumerMain() int {
 		return 2
 	}
 	conn, err := grpc.NewClient(spec.Target, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithResolvers(NewResolver(WithRule(spec.Rule), WithLogger(quietLogger()))))
+		grpc.WithResolvers(NewResolver(WithRule(spec.Rule), WithLogger(quietLogger()), WithTicketHeader(true))))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

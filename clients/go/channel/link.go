@@ -37,7 +37,7 @@ func newLink(conn, reportConn *grpc.ClientConn, service string, opts resolverOpt
 		log = slog.New(discardHandler{})
 	}
 	l := &link{conn: conn, reportConn: reportConn, balancer: rotapb.NewBalancerClient(conn), service: service, opts: opts, log: log}
-	l.reports = newReporter(rotapb.NewBalancerClient(reportConn), service, log)
+	l.reports = newReporter(rotapb.NewBalancerClient(reportConn), service, log, reportInterval)
 	return l
 }
 
@@ -62,18 +62,25 @@ func (l *link) goOffline() bool { return !l.offline.Swap(true) }
 // goOnline reports whether rota answers again after a lease failure.
 func (l *link) goOnline() bool { return l.offline.Swap(false) }
 
-// reporter batches call outcomes into Report calls: at most every reportInterval, at most
-// maxReportBatch per call, and at most maxPendingOutcomes held while rota is away (older
-// outcomes are dropped first).
+// reporter batches call outcomes into Report calls, off the RPC path: an RPC only appends its
+// outcome under a short lock. A background goroutine sends what is pending every
+// reportInterval, or as soon as a full batch of maxReportBatch is waiting, in calls of at most
+// maxReportBatch outcomes. While rota is away at most maxPendingOutcomes wait; past that the
+// oldest are dropped and counted (a batch that fails goes back in front of the newer ones).
 type reporter struct {
-	client rotapb.BalancerClient
-	log    *slog.Logger
+	client   rotapb.BalancerClient
+	log      *slog.Logger
+	interval time.Duration
 
 	service string
 	mu      sync.Mutex
 	pending []outcome
 	dropped uint64
+	// warned is set once outcomes are being dropped, so that an outage is logged once.
+	warned bool
 
+	// full wakes the sender when a full batch is waiting.
+	full chan struct{}
 	stop chan struct{}
 	done chan struct{}
 }
@@ -93,25 +100,56 @@ type outcome struct {
 	result    rotapb.CallResult
 }
 
-func newReporter(client rotapb.BalancerClient, service string, log *slog.Logger) *reporter {
-	r := &reporter{client: client, service: service, log: log, stop: make(chan struct{}), done: make(chan struct{})}
+func newReporter(client rotapb.BalancerClient, service string, log *slog.Logger, interval time.Duration) *reporter {
+	r := idleReporter(client, service, log, interval)
 	go r.run()
 	return r
+}
+
+// idleReporter is a reporter whose sender is not running yet.
+func idleReporter(client rotapb.BalancerClient, service string, log *slog.Logger, interval time.Duration) *reporter {
+	return &reporter{
+		client: client, service: service, log: log, interval: interval,
+		full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
 }
 
 func (r *reporter) add(o outcome) {
 	r.mu.Lock()
 	if len(r.pending) >= maxPendingOutcomes {
 		r.pending = r.pending[1:]
-		r.dropped++
+		r.drop(1)
 	}
 	r.pending = append(r.pending, o)
+	full := len(r.pending) == maxReportBatch
 	r.mu.Unlock()
+	if full {
+		select {
+		case r.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// drop counts outcomes dropped for lack of room; r.mu is held.
+func (r *reporter) drop(n int) {
+	r.dropped += uint64(n)
+	if !r.warned {
+		r.warned = true
+		r.log.Warn("rota: call outcomes not reported in time; dropping the oldest", "service", r.service, "held", maxPendingOutcomes)
+	}
+}
+
+// droppedOutcomes is how many outcomes were dropped since the channel started.
+func (r *reporter) droppedOutcomes() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dropped
 }
 
 func (r *reporter) run() {
 	defer close(r.done)
-	ticker := time.NewTicker(reportInterval)
+	ticker := time.NewTicker(r.interval)
 	defer ticker.Stop()
 	for {
 		select {
@@ -119,6 +157,8 @@ func (r *reporter) run() {
 			r.flush()
 			return
 		case <-ticker.C:
+			r.flush()
+		case <-r.full:
 			r.flush()
 		}
 	}
@@ -139,21 +179,24 @@ func (r *reporter) flush() {
 		for i, o := range batch {
 			outcomes[i] = &rotapb.CallOutcome{
 				Service: r.service, InstanceId: o.instance, Ticket: o.ticket, Rule: o.rule, LatencyUs: o.latencyUs, Result: o.result,
+				Leased: true,
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := r.client.Report(ctx, &rotapb.ReportRequest{Outcomes: outcomes})
 		cancel()
+		r.mu.Lock()
 		if err != nil {
-			r.mu.Lock()
 			r.pending = append(batch, r.pending...)
 			if excess := len(r.pending) - maxPendingOutcomes; excess > 0 {
 				r.pending = r.pending[excess:]
-				r.dropped += uint64(excess)
+				r.drop(excess)
 			}
 			r.mu.Unlock()
 			return
 		}
+		r.warned = false
+		r.mu.Unlock()
 	}
 }
 

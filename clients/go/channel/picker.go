@@ -17,8 +17,11 @@ import (
 // VersionHeader is the call metadata naming the version a call wants.
 const VersionHeader = "x-rota-version"
 
-// TicketHeader is the metadata the channel adds to every call it routes by a leased ticket,
-// so that an instance (or a test) can see which ticket of the rotation the call was.
+// TicketHeader is the metadata that names the ticket a call was routed by, so that an
+// instance (or a test) can see which ticket of the rotation the call was: the ticket in
+// decimal, or "L" and the local counter for a call routed by the local rotation while rota
+// was unreachable. Channels add it only when asked (WithTicketHeader, or "ticketHeader": true
+// in the policy config), since it adds bytes to every call.
 const TicketHeader = "x-rota-ticket"
 
 // picker maps each RPC to an instance by the next leased ticket of its version.
@@ -27,6 +30,7 @@ type picker struct {
 	link       *link
 	version    string
 	report     bool
+	ticket     bool
 	ready      map[string]balancer.SubConn
 	connecting bool
 	unsettled  bool
@@ -64,8 +68,8 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	}
 	id := d.view.ids[pos]
 	result := balancer.PickResult{SubConn: sc}
-	if !d.local {
-		result.Metadata = metadata.Pairs(TicketHeader, strconv.FormatUint(d.ticket, 10))
+	if p.ticket {
+		result.Metadata = metadata.Pairs(TicketHeader, ticketValue(d))
 	}
 	if !p.report {
 		return result, nil
@@ -90,6 +94,14 @@ func (p *picker) at(view *leaseView, pos int, found bool) balancer.SubConn {
 		return nil
 	}
 	return p.ready[subConnKey(view.ids[pos], view.addrs[pos])]
+}
+
+// ticketValue is a draw's x-rota-ticket: the leased ticket, or "L" and the local counter.
+func ticketValue(d draw) string {
+	if d.local {
+		return "L" + strconv.FormatUint(d.ticket, 10)
+	}
+	return strconv.FormatUint(d.ticket, 10)
 }
 
 // callVersion is the call's x-rota-version metadata, else the version rota.WithVersion put

@@ -38,6 +38,7 @@ type resolverOptions struct {
 	rule        string
 	version     string
 	noReports   bool
+	ticket      bool
 	dialOptions []grpc.DialOption
 	logger      *slog.Logger
 	backoff     rota.Backoff
@@ -55,6 +56,10 @@ func WithVersion(version string) Option { return func(o *resolverOptions) { o.ve
 
 // WithReports turns the reporting of call outcomes on (the default) or off; see Config.Report.
 func WithReports(on bool) Option { return func(o *resolverOptions) { o.noReports = !on } }
+
+// WithTicketHeader adds each call's ticket as x-rota-ticket metadata (off by default); see
+// TicketHeader.
+func WithTicketHeader(on bool) Option { return func(o *resolverOptions) { o.ticket = on } }
 
 // WithRotaDialOptions adds dial options for the connection to rota (after a plaintext
 // transport): pass grpc.WithTransportCredentials for TLS.
@@ -113,7 +118,7 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	}
 	conn.Connect()
 	l := newLink(conn, reportConn, service, b.opts)
-	config := cc.ParseServiceConfig(serviceConfigJSON(b.opts.rule, b.opts.version, !b.opts.noReports))
+	config := cc.ParseServiceConfig(serviceConfigJSON(b.opts.rule, b.opts.version, !b.opts.noReports, b.opts.ticket))
 	if config.Err != nil {
 		l.close()
 		return nil, config.Err
@@ -126,8 +131,9 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 }
 
 // serviceConfigJSON selects the rota policy with the resolver's rule and version.
-func serviceConfigJSON(rule, version string, report bool) string {
-	return fmt.Sprintf(`{"loadBalancingConfig":[{%q:{"rule":%q,"version":%q,"report":%t}}]}`, PolicyName, rule, version, report)
+func serviceConfigJSON(rule, version string, report, ticketHeader bool) string {
+	return fmt.Sprintf(`{"loadBalancingConfig":[{%q:{"rule":%q,"version":%q,"report":%t,"ticketHeader":%t}}]}`,
+		PolicyName, rule, version, report, ticketHeader)
 }
 
 // watchResolver follows one service through Watch and hands its UP instances to the channel.

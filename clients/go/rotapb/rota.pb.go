@@ -758,8 +758,12 @@ type CallOutcome struct {
 	Ticket uint64 `protobuf:"varint,3,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	Rule   string `protobuf:"bytes,4,opt,name=rule,proto3" json:"rule,omitempty"`
 	// How long the call took, in microseconds.
-	LatencyUs     uint64     `protobuf:"varint,5,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
-	Result        CallResult `protobuf:"varint,6,opt,name=result,proto3,enum=rota.v1.CallResult" json:"result,omitempty"`
+	LatencyUs uint64     `protobuf:"varint,5,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
+	Result    CallResult `protobuf:"varint,6,opt,name=result,proto3,enum=rota.v1.CallResult" json:"result,omitempty"`
+	// Set when the call was not routed by a unary Pick: a gRPC channel's leased ticket
+	// (Balancer.Lease), or its local rotation while rota was unreachable. Such a call never
+	// counted as in flight, so rota records its latency and result without retiring a pick.
+	Leased        bool `protobuf:"varint,7,opt,name=leased,proto3" json:"leased,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -834,6 +838,13 @@ func (x *CallOutcome) GetResult() CallResult {
 		return x.Result
 	}
 	return CallResult_CALL_RESULT_UNSPECIFIED
+}
+
+func (x *CallOutcome) GetLeased() bool {
+	if x != nil {
+		return x.Leased
+	}
+	return false
 }
 
 // At most 1000 outcomes per request.
@@ -2551,7 +2562,7 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x04rule\x18\x03 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bfallback\x18\x04 \x01(\tR\bfallback\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12(\n" +
-	"\x05error\x18\x06 \x01(\v2\x12.rota.v1.PickErrorR\x05error\"\xc0\x01\n" +
+	"\x05error\x18\x06 \x01(\v2\x12.rota.v1.PickErrorR\x05error\"\xd8\x01\n" +
 	"\vCallOutcome\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
@@ -2560,7 +2571,8 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x04rule\x18\x04 \x01(\tR\x04rule\x12\x1d\n" +
 	"\n" +
 	"latency_us\x18\x05 \x01(\x04R\tlatencyUs\x12+\n" +
-	"\x06result\x18\x06 \x01(\x0e2\x13.rota.v1.CallResultR\x06result\"A\n" +
+	"\x06result\x18\x06 \x01(\x0e2\x13.rota.v1.CallResultR\x06result\x12\x16\n" +
+	"\x06leased\x18\a \x01(\bR\x06leased\"A\n" +
 	"\rReportRequest\x120\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x14.rota.v1.CallOutcomeR\boutcomes\"F\n" +
 	"\x0eReportResponse\x12\x1a\n" +

@@ -258,6 +258,33 @@ async def test_aio_channel_shares_the_rotation_and_routes_versions(fleet: Any) -
     assert all(instance == IDS[t % 3] for t, instance in tickets.items())
 
 
+def test_ticket_header_is_sent_only_when_asked_for(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    with rota.channel(f"rota://{server.address}/echo", rule="round_robin") as ch:
+        s = echo_pb2_grpc.EchoStub(ch)
+        for i in range(20):
+            echo(s, str(i))
+    assert [r.ticket for r in echoes.received] == [None] * 20
+    s, ch = stub(server)
+    with ch:
+        for i in range(20):
+            echo(s, str(i))
+    assert len(leased_tickets(echoes.received[20:])) == 20
+
+
+async def test_aio_ticket_header_is_sent_only_when_asked_for(fleet: Any) -> None:
+    server, echoes, _, _ = fleet
+    for ticket_header in (False, True):
+        async with rota.aio.channel(
+            f"rota://{server.address}/echo", rule="round_robin", ticket_header=ticket_header
+        ) as ch:
+            s = echo_pb2_grpc.EchoStub(ch)
+            for i in range(20):
+                await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
+    assert [r.ticket for r in echoes.received[:20]] == [None] * 20
+    assert len(leased_tickets(echoes.received[20:])) == 20
+
+
 async def test_aio_channel_skips_a_killed_instance(fleet: Any) -> None:
     server, echoes, _, _ = fleet
     async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin") as ch:

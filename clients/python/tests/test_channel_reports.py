@@ -88,6 +88,7 @@ def test_every_call_is_reported_with_its_ticket(recording: tuple[RecordingRota, 
         assert outcome.result == pb.CALL_RESULT_OK and outcome.service == "echo" and outcome.rule == "round_robin"
         assert received[outcome.ticket] == outcome.instance_id
         assert outcome.latency_us > 0
+        assert outcome.leased, "a leased call never counted in flight at rota"
     counts = [lease.count for lease in fake.leases if lease.count]
     assert all(MIN_BLOCK <= c <= MAX_BLOCK for c in counts), counts
     assert sum(counts) >= 300

@@ -8,6 +8,7 @@ import * as grpc from '@grpc/grpc-js';
 
 import { RotaClient } from '../src/index.js';
 import { OPTION_LOGGER, OPTION_REPORT, OPTION_SERVER } from '../src/channel/index.js';
+import { leaseCalls } from '../src/channel/lease.js';
 import { EchoServer, echoPackage } from './echo.js';
 import { RotaServer, silentLogger } from './harness.js';
 
@@ -15,7 +16,7 @@ const [rounds = 6, roundMs = 2_000, concurrency = 16] = process.argv.slice(2).ma
 
 type Echo = grpc.Client & { Echo(req: object, cb: (e: grpc.ServiceError | null) => void): void };
 
-async function round(client: Echo, ms: number): Promise<{ rps: number; p99: number }> {
+async function round(client: Echo, ms: number): Promise<{ rps: number; p99: number; calls: number }> {
   const latencies: number[] = [];
   const start = performance.now();
   const end = start + ms;
@@ -30,7 +31,7 @@ async function round(client: Echo, ms: number): Promise<{ rps: number; p99: numb
   );
   const elapsed = performance.now() - start;
   latencies.sort((a, b) => a - b);
-  return { rps: (latencies.length * 1000) / elapsed, p99: latencies[Math.floor(latencies.length * 0.99)]! * 1000 };
+  return { rps: (latencies.length * 1000) / elapsed, p99: latencies[Math.floor(latencies.length * 0.99)]! * 1000, calls: latencies.length };
 }
 
 const median = (v: number[]): number => [...v].sort((a, b) => a - b)[v.length >> 1]!;
@@ -50,13 +51,34 @@ const rr = new Echo('rota:///echo', grpc.credentials.createInsecure(), {
 await round(rota, 300);
 await round(rr, 300);
 await round(quiet, 300);
-const a: { rps: number; p99: number }[] = [];
-const b: { rps: number; p99: number }[] = [];
-const q: { rps: number; p99: number }[] = [];
+let rotaCalls = 0;
+let rotaLeases = 0;
+type Round = { rps: number; p99: number; calls: number };
+const a: Round[] = [];
+const b: Round[] = [];
+const q: Round[] = [];
+// The order of the three channels rotates from round to round, so that none always runs first
+// (while the process warms up, or the machine's load drifts, the first of a round is at a
+// disadvantage).
+const runs: (() => Promise<void>)[] = [
+  async () => {
+    const leasesBefore = leaseCalls.count;
+    const r = await round(rota, roundMs);
+    rotaLeases += leaseCalls.count - leasesBefore;
+    rotaCalls += r.calls;
+    a.push(r);
+  },
+  async () => {
+    b.push(await round(rr, roundMs));
+  },
+  async () => {
+    q.push(await round(quiet, roundMs));
+  },
+];
 for (let i = 0; i < rounds; i++) {
-  a.push(await round(rota, roundMs));
-  b.push(await round(rr, roundMs));
-  q.push(await round(quiet, roundMs));
+  for (let j = 0; j < runs.length; j++) {
+    await runs[(i + j) % runs.length]!();
+  }
   console.log(
     `round ${i + 1}: rota ${a[i]!.rps.toFixed(0)} rps p99 ${a[i]!.p99.toFixed(0)} µs | round_robin ${b[i]!.rps.toFixed(0)} rps p99 ${b[i]!.p99.toFixed(0)} µs | rota without reports ${q[i]!.rps.toFixed(0)} rps p99 ${q[i]!.p99.toFixed(0)} µs`,
   );
@@ -67,6 +89,7 @@ const [pa, pb] = [median(a.map((r) => r.p99)), median(b.map((r) => r.p99))];
 console.log(`median: rota ${ra.toFixed(0)} rps, p99 ${pa.toFixed(0)} µs; round_robin ${rb.toFixed(0)} rps, p99 ${pb.toFixed(0)} µs`);
 console.log(`median: rota without reports ${rq.toFixed(0)} rps, p99 ${pq.toFixed(0)} µs`);
 console.log(`throughput ratio rota/round_robin ${(ra / rb).toFixed(3)}; p99 ratio ${(pa / pb).toFixed(3)}`);
+console.log(`RPCs per Lease (rota, reported rounds): ${(rotaCalls / Math.max(rotaLeases, 1)).toFixed(0)} (${rotaCalls} RPCs, ${rotaLeases} leases)`);
 console.log(`throughput ratio rota without reports/round_robin ${(rq / rb).toFixed(3)}; p99 ratio ${(pq / pb).toFixed(3)}`);
 rota.close();
 quiet.close();

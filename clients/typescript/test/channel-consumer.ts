@@ -3,12 +3,13 @@
 
 import * as grpc from '@grpc/grpc-js';
 
-import { OPTION_LOGGER, OPTION_RULE } from '../src/channel/index.js';
+import { OPTION_LOGGER, OPTION_RULE, OPTION_TICKET_HEADER } from '../src/channel/index.js';
 import { echoCalls, echoPackage } from './echo.js';
 
 const [target = '', rule = '', calls = '0', version = '', deadlineMs = '5000'] = process.argv.slice(2);
 const client = new (echoPackage().Echo)(target, grpc.credentials.createInsecure(), {
   [OPTION_RULE]: rule,
+  [OPTION_TICKET_HEADER]: true,
   [OPTION_LOGGER]: { warn: (m: string) => console.error(m) },
 }) as grpc.Client;
 const results = await echoCalls(client, Number(calls), version, Number(deadlineMs));

@@ -12,7 +12,7 @@ import { after, before, describe, it } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { RotaClient, type Registration } from '../src/index.js';
-import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
+import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
 import { viewOf } from '../src/channel/lease.js';
 import { rotaV1 } from '../src/proto.js';
 import { EchoServer, echoCalls, echoPackage, type EchoCall, type EchoResult } from './echo.js';
@@ -280,6 +280,7 @@ describe(`channel scenarios (second consumer: ${consumer.language} process)`, { 
         client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
           [OPTION_SERVER]: server.target,
           [OPTION_RULE]: sc.rule,
+          [OPTION_TICKET_HEADER]: true,
           [OPTION_LOGGER]: silentLogger,
           [OPTION_BACKOFF]: { initialMs: 20, maxMs: 500 },
         }) as grpc.Client;

@@ -51,7 +51,8 @@ export class EchoServer {
     const server = new grpc.Server();
     const record = (metadata: grpc.Metadata): void => {
       const value = metadata.get('x-rota-ticket')[0];
-      log.push({ instance: id, ticket: typeof value === 'string' ? BigInt(value) : -1n });
+      // A local pick's ticket ("L" and the local counter) is not one of the shared rotation.
+      log.push({ instance: id, ticket: typeof value === 'string' && !value.startsWith('L') ? BigInt(value) : -1n });
     };
     server.addService(echoPackage().Echo.service, {
       Echo: (call: grpc.ServerUnaryCall<{ message: string }, unknown>, callback: grpc.sendUnaryData<unknown>) => {

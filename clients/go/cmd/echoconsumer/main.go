@@ -32,6 +32,8 @@ func main() {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(channel.NewResolver(
 			channel.WithRule(*rule),
+			// The echo servers record each call's ticket, which the scenarios check.
+			channel.WithTicketHeader(true),
 			channel.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))),
 		)))
 	if err != nil {

@@ -3,7 +3,8 @@
 It behaves like a :class:`grpc.aio.Channel` (the four multicallable kinds, ``async with``,
 ``close()``), with one :func:`grpc.aio.insecure_channel` (or secure) per instance; ``interceptors``
 go to every instance channel, as grpc.aio takes interceptors at channel creation. Routing,
-leases, outcome reports and the local rotation during outages are those of the sync channel.
+leases, outcome reports and the local rotation during outages are those of the sync channel:
+both use :class:`rota._routing.CallRouting`; only waiting for a first lease runs in a thread here.
 """
 
 from __future__ import annotations
@@ -16,18 +17,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ._channel import (
-    DEFAULT_ROUTE_TIMEOUT,
-    Instances,
-    Metadata,
-    result_of,
-    routing_error,
-    version_of,
-    with_ticket,
-)
 from ._pb import rota_pb2 as pb
-from ._router import NoInstance, Router, parse_target
-from ._tickets import Draw, Member, Refused
+from ._router import Router
+from ._routing import DEFAULT_ROUTE_TIMEOUT, CallRouting, Metadata, open_router, result_of
+from ._tickets import Draw, Member
 
 
 def channel(
@@ -42,8 +35,7 @@ def channel(
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> AsyncRotaChannel:
     """An asyncio channel for ``rota:///SERVICE``; the arguments are those of :func:`rota.channel`."""
-    service, rota_server, chosen_rule, chosen_version = parse_target(target, server, rule, version)
-    router = Router(service, rota_server, chosen_rule, chosen_version)
+    router = open_router(target, server, rule, version)
     return AsyncRotaChannel(router, ticket_header, options, credentials, interceptors)
 
 
@@ -59,13 +51,14 @@ class AsyncRotaChannel:
         interceptors: Sequence[grpc.aio.ClientInterceptor] | None,
     ) -> None:
         self.router = router
-        self._ticket_header = ticket_header
         self._options = list(options or ())
         self._credentials = credentials
         self._interceptors = list(interceptors or ())
-        self._closing: list[Any] = []
-        self.instances = Instances(self._open, self._closing.append)
-        router.on_members(self.instances.update)
+        self._closing: list[grpc.aio.Channel] = []
+        self.routing: CallRouting[grpc.aio.Channel] = CallRouting(
+            router, ticket_header, self._open, self._closing.append, self._usable
+        )
+        self.instances = self.routing.instances
 
     def _open(self, member: Member) -> grpc.aio.Channel:
         if self._credentials is not None:
@@ -85,18 +78,11 @@ class AsyncRotaChannel:
 
     async def route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
         await self._close_gone()
-        version = version_of(metadata)
-        try:
-            if self.router.members():
-                decision = self.router.draw(self.router.rotation(version), self._usable)
-                if isinstance(decision, Draw):
-                    return decision, with_ticket(metadata, decision, self._ticket_header)
-            bound = timeout or DEFAULT_ROUTE_TIMEOUT
-            await asyncio.to_thread(self.router.wait_synced, bound)
-            draw = await asyncio.to_thread(self.router.route, version, self._usable, bound)
-        except (NoInstance, Refused) as error:
-            raise routing_error(error) from None
-        return draw, with_ticket(metadata, draw, self._ticket_header)
+        # A held lease answers at once; waiting for one (or for the instance list) runs in a thread.
+        routed = self.routing.try_route(metadata)
+        if routed is not None:
+            return routed
+        return await asyncio.to_thread(self.routing.route, metadata, timeout)
 
     async def _close_gone(self) -> None:
         while self._closing:
@@ -139,7 +125,7 @@ class AsyncRotaChannel:
         return _Callable(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
-        return grpc.ChannelConnectivity.READY if self.router.members() else grpc.ChannelConnectivity.CONNECTING
+        return self.routing.connectivity()
 
     async def channel_ready(self) -> None:
         await asyncio.to_thread(self.router.wait_synced, DEFAULT_ROUTE_TIMEOUT)
@@ -163,6 +149,8 @@ class _Callable:
         self._method = method
         self._serializer = serializer
         self._deserializer = deserializer
+        # The instance channels' multicallables, made once per channel.
+        self._calls: dict[str, tuple[grpc.aio.Channel, Any]] = {}
 
     def __call__(
         self,
@@ -183,19 +171,21 @@ class _Callable:
         return _Call(self, request, metadata, kwargs)
 
     def start(self, draw: Draw, request: Any, metadata: Metadata | None, kwargs: dict[str, Any]) -> Any:
-        ch = self._channel.instances.get(draw.member)
-        factory = getattr(ch, self._kind)(
-            self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
-        )
+        ch = self._channel.routing.channel_for(draw)
+        cached = self._calls.get(draw.member.id)
+        if cached is not None and cached[0] is ch:
+            factory = cached[1]
+        else:
+            factory = getattr(ch, self._kind)(
+                self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
+            )
+            self._calls[draw.member.id] = (ch, factory)
         if request is None and self._kind.startswith("stream"):
             return factory(metadata=metadata, **kwargs)
         return factory(request, metadata=metadata, **kwargs)
 
     def report(self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None) -> None:
-        result = result_of(code, details, False)
-        if result == pb.CALL_RESULT_CONNECT_FAILURE:
-            self._channel.instances.failed(draw.member.id)
-        self._channel.router.report(draw, time.monotonic_ns() - started, result)
+        self._channel.routing.finished(draw, started, code, details, False)
 
 
 class _Call:

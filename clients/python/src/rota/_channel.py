@@ -11,30 +11,24 @@ rule maps it. Every multicallable kind is offered, so generated stubs and
 - An instance whose connection failed (its channel in TRANSIENT_FAILURE, or a call that could
   not connect) is skipped the way ``exclude`` skips it: the next ticket over the other instances.
   A unary call that could not connect is sent again on the next ticket.
-- Outcomes (status, latency) are reported to rota in batches.
+- Outcomes (status, latency) are reported to rota in batches, off the call's path.
 - rota unreachable: calls go on over the last known instances by a local rotation.
+
+The routing itself (version, ticket, instance, outcome) is :class:`rota._routing.CallRouting`,
+shared with the asyncio channel; this module adapts it to grpcio's synchronous API.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
 
-from ._pb import rota_pb2 as pb
-from ._router import TICKET_HEADER, VERSION_HEADER, NoInstance, Router, parse_target
-from ._tickets import Draw, Member, Refused
-from .version import current_version
-
-#: How long a call waits for the rotation's first lease or a usable instance when it has no timeout.
-DEFAULT_ROUTE_TIMEOUT = 10.0
-#: How long an instance that refused a connection is skipped before it is tried again.
-FAILED_HOLD = 1.0
-
-Metadata = Sequence[tuple[str, str | bytes]]
+from ._router import Router
+from ._routing import CallRouting, Metadata, is_connect_failure, open_router
+from ._tickets import Draw, Member
 
 
 def channel(
@@ -53,142 +47,10 @@ def channel(
     ``127.0.0.1:50051``); ``rule`` a leasable rule (``round_robin``, ``repeat(n=N)``,
     ``weighted``; default: the service's policy rule); ``version`` the version of calls without
     an ``x-rota-version`` entry. ``ticket_header`` adds each call's ticket as ``x-rota-ticket``
-    (``L<n>`` for a local pick). ``options`` and ``credentials`` apply to the instance channels.
+    (``L<n>`` for a local pick); it is off by default because it adds bytes to every call.
+    ``options`` and ``credentials`` apply to the instance channels.
     """
-    service, rota_server, chosen_rule, chosen_version = parse_target(target, server, rule, version)
-    return RotaChannel(Router(service, rota_server, chosen_rule, chosen_version), ticket_header, options, credentials)
-
-
-def version_of(metadata: Metadata | None) -> str | None:
-    """The call's ``x-rota-version`` entry, else the version of the request being handled
-    (:func:`rota.use_version`), else None (the channel's version)."""
-    for key, value in metadata or ():
-        if key.lower() == VERSION_HEADER:
-            return value.decode() if isinstance(value, bytes) else value
-    return current_version()
-
-
-def with_ticket(metadata: Metadata | None, draw: Draw, enabled: bool) -> Metadata | None:
-    if not enabled:
-        return metadata
-    ticket = f"L{draw.ticket}" if draw.local else str(draw.ticket)
-    return [*(m for m in metadata or () if m[0].lower() != TICKET_HEADER), (TICKET_HEADER, ticket)]
-
-
-def result_of(code: grpc.StatusCode | None, details: str | None, answered: bool) -> pb.CallResult:
-    if code is None or code == grpc.StatusCode.OK:
-        return pb.CALL_RESULT_OK
-    if is_connect_failure(code, details) and not answered:
-        return pb.CALL_RESULT_CONNECT_FAILURE
-    return pb.CALL_RESULT_ERROR
-
-
-def is_connect_failure(code: grpc.StatusCode | None, details: str | None) -> bool:
-    """A call that never reached its instance (grpc core's wording for a refused or failed connect)."""
-    text = (details or "").lower()
-    return code == grpc.StatusCode.UNAVAILABLE and ("failed to connect" in text or "connection refused" in text)
-
-
-class RoutingError(grpc.RpcError, grpc.Call):
-    """A call the channel could not route (rota refused, or no instance is usable)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def initial_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return ()
-
-    def trailing_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float:
-        return 0.0
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-
-def routing_error(error: Exception) -> RoutingError:
-    if isinstance(error, Refused) and isinstance(error.code, grpc.StatusCode):
-        return RoutingError(error.code, error.details)
-    return RoutingError(grpc.StatusCode.UNAVAILABLE, str(error))
-
-
-class Instances:
-    """The per-instance channels of a rota channel and whether each is usable; ``factory`` makes one."""
-
-    def __init__(self, factory: Callable[[Member], Any], close: Callable[[Any], None]) -> None:
-        self._factory = factory
-        self._close = close
-        self._lock = threading.Lock()
-        self._channels: dict[str, tuple[Member, Any]] = {}
-        self._failed_until: dict[str, float] = {}
-        self._states: dict[str, grpc.ChannelConnectivity] = {}
-
-    def update(self, members: dict[str, Member]) -> None:
-        gone = []
-        with self._lock:
-            for id_, (member, ch) in list(self._channels.items()):
-                if members.get(id_) != member:
-                    gone.append(ch)
-                    del self._channels[id_]
-                    self._states.pop(id_, None)
-            self.known = set(members)
-        for ch in gone:
-            self._close(ch)
-
-    def get(self, member: Member) -> Any:
-        with self._lock:
-            entry = self._channels.get(member.id)
-            if entry is None:
-                entry = (member, self._factory(member))
-                self._channels[member.id] = entry
-            return entry[1]
-
-    def peek(self, member_id: str) -> Any:
-        """The instance's channel if one is open, else None."""
-        entry = self._channels.get(member_id)
-        return None if entry is None else entry[1]
-
-    def set_state(self, member_id: str, state: grpc.ChannelConnectivity) -> None:
-        self._states[member_id] = state
-        if state == grpc.ChannelConnectivity.READY:
-            self._failed_until.pop(member_id, None)
-
-    def failed(self, member_id: str) -> None:
-        self._failed_until[member_id] = time.monotonic() + FAILED_HOLD
-
-    def usable(self, member_id: str) -> bool:
-        if member_id not in getattr(self, "known", ()):
-            return False
-        until = self._failed_until.get(member_id)
-        if until is not None and time.monotonic() < until:
-            return False
-        return self._states.get(member_id) not in (
-            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-            grpc.ChannelConnectivity.SHUTDOWN,
-        )
-
-    def close(self) -> None:
-        with self._lock:
-            channels = [ch for _, ch in self._channels.values()]
-            self._channels.clear()
-        for ch in channels:
-            self._close(ch)
+    return RotaChannel(open_router(target, server, rule, version), ticket_header, options, credentials)
 
 
 class RotaChannel(grpc.Channel):
@@ -202,11 +64,10 @@ class RotaChannel(grpc.Channel):
         credentials: grpc.ChannelCredentials | None,
     ) -> None:
         self.router = router
-        self._ticket_header = ticket_header
         self._options = list(options or ())
         self._credentials = credentials
-        self.instances = Instances(self._open, lambda ch: ch.close())
-        router.on_members(self.instances.update)
+        self.routing: CallRouting[grpc.Channel] = CallRouting(router, ticket_header, self._open, lambda ch: ch.close())
+        self.instances = self.routing.instances
 
     def _open(self, member: Member) -> grpc.Channel:
         if self._credentials is not None:
@@ -216,20 +77,8 @@ class RotaChannel(grpc.Channel):
         ch.subscribe(lambda state: self.instances.set_state(member.id, state), try_to_connect=True)
         return ch
 
-    def route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
-        try:
-            self.router.wait_synced(timeout or DEFAULT_ROUTE_TIMEOUT)
-            draw = self.router.route(version_of(metadata), self.instances.usable, timeout or DEFAULT_ROUTE_TIMEOUT)
-        except (NoInstance, Refused) as error:
-            raise routing_error(error) from None
-        return draw, with_ticket(metadata, draw, self._ticket_header)
-
-    def instance_channel(self, draw: Draw) -> grpc.Channel:
-        channel: grpc.Channel = self.instances.get(draw.member)
-        return channel
-
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
-        callback(grpc.ChannelConnectivity.READY if self.router.members() else grpc.ChannelConnectivity.CONNECTING)
+        callback(self.routing.connectivity())
 
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
         pass
@@ -271,8 +120,7 @@ class RotaChannel(grpc.Channel):
         return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def close(self) -> None:
-        self.instances.close()
-        self.router.close()
+        self.routing.close()
 
     def __enter__(self) -> RotaChannel:
         return self
@@ -288,19 +136,26 @@ class _Callable:
         self._method = method
         self._serializer = serializer
         self._deserializer = deserializer
+        # The instance channels' multicallables, made once per channel (grpcio's are costly to make).
+        self._calls: dict[str, tuple[grpc.Channel, Any]] = {}
+
+    def _route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
+        return self._channel.routing.route(metadata, timeout)
 
     def _inner(self, draw: Draw) -> Any:
-        ch = self._channel.instance_channel(draw)
+        ch = self._channel.routing.channel_for(draw)
+        cached = self._calls.get(draw.member.id)
+        if cached is not None and cached[0] is ch:
+            return cached[1]
         factory = getattr(ch, self._kind)
-        return factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
+        call = factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
+        self._calls[draw.member.id] = (ch, call)
+        return call
 
     def _report(
         self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None, answered: bool
     ) -> None:
-        result = result_of(code, details, answered)
-        if result == pb.CALL_RESULT_CONNECT_FAILURE:
-            self._channel.instances.failed(draw.member.id)
-        self._channel.router.report(draw, time.monotonic_ns() - started, result)
+        self._channel.routing.finished(draw, started, code, details, answered)
 
     def _track(self, draw: Draw, started: int, call: Any) -> Any:
         def done(_: object = None) -> None:
@@ -338,7 +193,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            draw, md = self._channel.route(metadata, left)
+            draw, md = self._route(metadata, left)
             started = time.monotonic_ns()
             try:
                 result = self._inner(draw).with_call(
@@ -367,7 +222,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._channel.route(metadata, timeout)
+        draw, md = self._route(metadata, timeout)
         started = time.monotonic_ns()
         call = self._inner(draw).future(
             request,
@@ -405,7 +260,7 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._channel.route(metadata, timeout)
+        draw, md = self._route(metadata, timeout)
         started = time.monotonic_ns()
         try:
             result = self._inner(draw).with_call(
@@ -431,7 +286,7 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._channel.route(metadata, timeout)
+        draw, md = self._route(metadata, timeout)
         started = time.monotonic_ns()
         call = self._inner(draw).future(
             request_iterator,
@@ -456,7 +311,7 @@ class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMult
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._channel.route(metadata, timeout)
+        draw, md = self._route(metadata, timeout)
         started = time.monotonic_ns()
         call = self._inner(draw)(
             request,

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -21,6 +20,7 @@ import grpc
 
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
+from ._reports import Outcome, OutcomeBuffer
 from ._tickets import WAIT, Draw, Member, Refused, Rotation, leasable
 from .client import CHANNEL_OPTIONS
 from .errors import error_reason
@@ -31,9 +31,6 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 VERSION_HEADER = "x-rota-version"
 TICKET_HEADER = "x-rota-ticket"
 LEASE_TIMEOUT = 2.0
-REPORT_INTERVAL = 0.1
-REPORT_BATCH = 1000
-REPORT_BACKLOG = 100_000
 
 
 def parse_target(target: str, server: str | None, rule: str | None, version: str | None) -> tuple[str, str, str, str]:
@@ -71,23 +68,22 @@ class Router:
         self._watch_error = ""
         self._rotations: dict[str, Rotation] = {}
         self._listeners: list[Callable[[dict[str, Member]], None]] = []
-        self._outcomes: queue.SimpleQueue[pb.CallOutcome] = queue.SimpleQueue()
-        self._queued = 0
         self._closed = threading.Event()
         self.lease_calls = 0
         self._watch_call: grpc.Future[Any] | None = None
-        self._threads = [
-            threading.Thread(target=self._watch_loop, name=f"rota-watch-{service}", daemon=True),
-            threading.Thread(target=self._report_loop, name=f"rota-report-{service}", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self.outcomes = OutcomeBuffer(self._send_report, f"rota-report-{service}")
+        self._watch_thread = threading.Thread(target=self._watch_loop, name=f"rota-watch-{service}", daemon=True)
+        self._watch_thread.start()
 
     # --- instances ---------------------------------------------------------------------------
 
     def members(self) -> dict[str, Member]:
         with self._lock:
             return dict(self._members)
+
+    def has_members(self) -> bool:
+        """Whether an instance is known; a plain read (the dict is replaced, never changed in place)."""
+        return bool(self._members)
 
     def on_members(self, listener: Callable[[dict[str, Member]], None]) -> None:
         with self._lock:
@@ -251,47 +247,38 @@ class Router:
     # --- outcomes ----------------------------------------------------------------------------
 
     def report(self, draw: Draw, latency_ns: int, result: pb.CallResult) -> None:
-        if self._queued >= REPORT_BACKLOG:
-            return
-        self._queued += 1
-        self._outcomes.put(
-            pb.CallOutcome(
-                service=self.service,
-                instance_id=draw.member.id,
-                ticket=0 if draw.local else draw.ticket,
-                rule=draw.rule,
-                latency_us=latency_ns // 1000,
-                result=result,
-            )
+        """Queues a call's outcome; never blocks the call (see :mod:`rota._reports`)."""
+        ticket = 0 if draw.local else draw.ticket
+        self.outcomes.add(Outcome(draw.member.id, ticket, draw.rule, latency_ns // 1000, result))
+
+    def _send_report(self, batch: Sequence[Outcome]) -> bool:
+        request = pb.ReportRequest(
+            outcomes=[
+                pb.CallOutcome(
+                    service=self.service,
+                    instance_id=o.instance_id,
+                    ticket=o.ticket,
+                    rule=o.rule,
+                    latency_us=o.latency_us,
+                    result=o.result,
+                    # No unary pick counted this call in flight at rota.
+                    leased=True,
+                )
+                for o in batch
+            ]
         )
-
-    def _report_loop(self) -> None:
-        while not self._closed.wait(REPORT_INTERVAL):
-            self._flush()
-        self._flush()
-
-    def _flush(self) -> None:
-        while True:
-            batch: list[pb.CallOutcome] = []
-            while len(batch) < REPORT_BATCH:
-                try:
-                    batch.append(self._outcomes.get_nowait())
-                except queue.Empty:
-                    break
-            self._queued -= len(batch)
-            if not batch:
-                return
-            try:
-                self._balancer.Report(pb.ReportRequest(outcomes=batch), timeout=LEASE_TIMEOUT)
-            except grpc.RpcError as error:
-                log.debug("%d outcomes not reported: %s", len(batch), error)
-                return
+        try:
+            self._balancer.Report(request, timeout=LEASE_TIMEOUT)
+        except grpc.RpcError as error:
+            log.debug("%d outcomes not reported yet: %s", len(batch), error)
+            return False
+        return True
 
     def close(self) -> None:
         self._closed.set()
         if self._watch_call is not None:
             self._watch_call.cancel()
-        self._threads[1].join(timeout=LEASE_TIMEOUT + 1)
+        self.outcomes.close(timeout=LEASE_TIMEOUT + 1)
         self._channel.close()
 
 

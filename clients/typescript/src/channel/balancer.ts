@@ -21,7 +21,12 @@ import { TicketMap, parseLeasedRule } from './mapping.js';
 import { LINK_ATTRIBUTE, type KnownInstance, type ResolvedService } from './resolver.js';
 
 export const POLICY_NAME = 'rota';
-/** Metadata added to every call routed by a leased ticket. */
+/**
+ * Metadata naming the ticket a call was routed by: the ticket in decimal, or `L` and the local
+ * counter for a call routed by the local rotation while rota was unreachable. Added only when
+ * asked (channel option `rota.ticket_header`, or `"ticketHeader": true` in the policy config),
+ * since it adds bytes to every call.
+ */
 export const TICKET_HEADER = 'x-rota-ticket';
 
 const LEASABLE = /^(round_robin|weighted|repeat(\(n=\d+\))?)$/;
@@ -29,13 +34,15 @@ const LEASABLE = /^(round_robin|weighted|repeat(\(n=\d+\))?)$/;
 /**
  * The policy's service-config entry: `{"rota": {"rule": "repeat(n=3)", "version": "v2"}}`.
  * `"report": false` turns off the reporting of call outcomes (they feed rota's statistics and
- * breakers; the leasable rules do not read them).
+ * breakers; the leasable rules do not read them); `"ticketHeader": true` adds each call's
+ * ticket as {@link TICKET_HEADER}.
  */
 export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
   constructor(
     readonly rule: string,
     readonly version: string,
     readonly report: boolean = true,
+    readonly ticketHeader: boolean = false,
   ) {}
 
   getLoadBalancerName(): string {
@@ -43,17 +50,17 @@ export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
   }
 
   toJsonObject(): object {
-    return { [POLICY_NAME]: { rule: this.rule, version: this.version, report: this.report } };
+    return { [POLICY_NAME]: { rule: this.rule, version: this.version, report: this.report, ticketHeader: this.ticketHeader } };
   }
 
   static createFromJson(obj: unknown): RotaLoadBalancingConfig {
-    const o = (obj ?? {}) as { rule?: unknown; version?: unknown; report?: unknown };
+    const o = (obj ?? {}) as { rule?: unknown; version?: unknown; report?: unknown; ticketHeader?: unknown };
     const rule = typeof o.rule === 'string' ? o.rule : '';
     const version = typeof o.version === 'string' ? o.version : '';
     if (rule !== '' && !LEASABLE.test(rule)) {
       throw new Error(`rota: rule ${JSON.stringify(rule)} cannot be leased; use round_robin, repeat(n=N) or weighted`);
     }
-    return new RotaLoadBalancingConfig(rule, version, o.report !== false);
+    return new RotaLoadBalancingConfig(rule, version, o.report !== false, o.ticketHeader === true);
   }
 }
 
@@ -205,7 +212,7 @@ export class RotaLoadBalancer implements LoadBalancer {
       }
     }
     const state = ready.size > 0 ? connectivityState.READY : connecting ? connectivityState.CONNECTING : connectivityState.TRANSIENT_FAILURE;
-    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, this.#config.report, ready, connecting, unsettled);
+    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, this.#config.report, this.#config.ticketHeader, ready, connecting, unsettled);
     this.#helper.updateState(state, picker, state === connectivityState.TRANSIENT_FAILURE ? 'no instance is reachable' : null);
   }
 
@@ -247,6 +254,7 @@ class RotaPicker implements Picker {
     readonly service: string,
     readonly version: string,
     readonly report: boolean,
+    readonly ticketHeader: boolean,
     readonly ready: ReadonlyMap<string, SubchannelInterface>,
     readonly connecting: boolean,
     readonly unsettled: boolean,
@@ -280,8 +288,8 @@ class RotaPicker implements Picker {
         return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
       }
     }
-    if (!draw.local) {
-      args.metadata.set(TICKET_HEADER, draw.ticket.toString());
+    if (this.ticketHeader) {
+      args.metadata.set(TICKET_HEADER, (draw.local ? 'L' : '') + draw.ticket.toString());
     }
     if (!this.report) {
       return { pickResultType: PickResultType.COMPLETE, subchannel, status: null, onCallStarted: null, onCallEnded: null };

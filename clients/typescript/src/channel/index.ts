@@ -15,7 +15,16 @@ import { RotaResolver } from './resolver.js';
 export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.js';
 export { LEASE_TARGET_MS, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
 export { TicketMap, parseLeasedRule, weightSchedule, type LeasedRule } from './mapping.js';
-export { OPTION_BACKOFF, OPTION_LOGGER, OPTION_REPORT, OPTION_RULE, OPTION_SERVER, OPTION_VERSION, SERVER_ENV } from './resolver.js';
+export {
+  OPTION_BACKOFF,
+  OPTION_LOGGER,
+  OPTION_REPORT,
+  OPTION_RULE,
+  OPTION_SERVER,
+  OPTION_TICKET_HEADER,
+  OPTION_VERSION,
+  SERVER_ENV,
+} from './resolver.js';
 
 /** The target scheme: `rota:///SERVICE` or `rota://HOST:PORT/SERVICE`. */
 export const SCHEME = 'rota';

@@ -9,6 +9,9 @@ import type { RotaLink } from './link.js';
 import { TicketMap, parseLeasedRule } from './mapping.js';
 
 /** Bounds of the tickets of one lease (rota accepts at most 65,536). */
+/** Lease calls made by every channel of this process (read by the channel benchmark). */
+export const leaseCalls = { count: 0 };
+
 export const MIN_LEASE = 1;
 export const MAX_LEASE = 65_536;
 /** One lease should last about this long at the measured call rate. */
@@ -217,6 +220,7 @@ export class VersionStream {
     this.#fetching = true;
     const generation = this.owner.generation;
     const link = this.owner.link;
+    leaseCalls.count++;
     link.balancer.Lease(
       { service: link.service, rule: this.owner.rule, version: this.version, count: this.#k },
       new Metadata(),

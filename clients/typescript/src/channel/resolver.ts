@@ -23,6 +23,8 @@ export const OPTION_RULE = 'rota.rule';
 export const OPTION_VERSION = 'rota.version';
 /** `false` turns off the reporting of call outcomes. */
 export const OPTION_REPORT = 'rota.report';
+/** `true` adds each call's ticket as `x-rota-ticket` metadata (off by default). */
+export const OPTION_TICKET_HEADER = 'rota.ticket_header';
 export const OPTION_LOGGER = 'rota.logger';
 export const OPTION_BACKOFF = 'rota.backoff';
 /** The attribute that hands the channel's rota link from the resolver to the policy. */
@@ -82,6 +84,7 @@ export class RotaResolver implements Resolver {
                   rule: (options[OPTION_RULE] as string | undefined) ?? '',
                   version: (options[OPTION_VERSION] as string | undefined) ?? '',
                   report: options[OPTION_REPORT] !== false,
+                  ticketHeader: options[OPTION_TICKET_HEADER] === true,
                 },
               },
             ],

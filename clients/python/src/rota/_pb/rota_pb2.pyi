@@ -147,20 +147,22 @@ class PickResponse(_message.Message):
     def __init__(self, instance: _Optional[_Union[Instance, _Mapping]] = ..., ticket: _Optional[int] = ..., rule: _Optional[str] = ..., fallback: _Optional[str] = ..., epoch: _Optional[int] = ..., error: _Optional[_Union[PickError, _Mapping]] = ...) -> None: ...
 
 class CallOutcome(_message.Message):
-    __slots__ = ("service", "instance_id", "ticket", "rule", "latency_us", "result")
+    __slots__ = ("service", "instance_id", "ticket", "rule", "latency_us", "result", "leased")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     LATENCY_US_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
     service: str
     instance_id: str
     ticket: int
     rule: str
     latency_us: int
     result: CallResult
-    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., ticket: _Optional[int] = ..., rule: _Optional[str] = ..., latency_us: _Optional[int] = ..., result: _Optional[_Union[CallResult, str]] = ...) -> None: ...
+    leased: bool
+    def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., ticket: _Optional[int] = ..., rule: _Optional[str] = ..., latency_us: _Optional[int] = ..., result: _Optional[_Union[CallResult, str]] = ..., leased: _Optional[bool] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("outcomes",)

@@ -1,12 +1,13 @@
 package io.rota.client.channel;
 
 import java.lang.System.Logger.Level;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 
 import com.google.common.util.concurrent.FutureCallback;
@@ -22,6 +23,7 @@ import io.grpc.Metadata;
 import io.grpc.Status;
 import io.rota.v1.BalancerGrpc;
 import io.rota.v1.CallOutcome;
+import io.rota.v1.CallResult;
 import io.rota.v1.LeaseRequest;
 import io.rota.v1.LeaseResponse;
 import io.rota.v1.RegistryGrpc;
@@ -37,10 +39,10 @@ final class RotaLink implements AutoCloseable {
     private static final Metadata.Key<String> ROTA_ERROR = Metadata.Key.of("rota-error", Metadata.ASCII_STRING_MARSHALLER);
     private static final AtomicInteger THREADS = new AtomicInteger();
     /** The server takes at most this many outcomes per Report. */
-    private static final int REPORT_BATCH = 1000;
+    static final int REPORT_BATCH = 1000;
     /** Outcomes kept while rota is unreachable; older ones are dropped past it. */
-    private static final int REPORT_BACKLOG = 100_000;
-    private static final long REPORT_INTERVAL_MS = 100;
+    static final int REPORT_BACKLOG = 20_000;
+    static final long REPORT_INTERVAL_MS = 100;
     private static final long LEASE_DEADLINE_MS = 2000;
     /** Lease calls made by every channel of this process (read by the benchmark). */
     static final java.util.concurrent.atomic.AtomicLong LEASE_CALLS = new java.util.concurrent.atomic.AtomicLong();
@@ -51,11 +53,22 @@ final class RotaLink implements AutoCloseable {
     private final BalancerGrpc.BalancerFutureStub balancer;
     final RegistryGrpc.RegistryStub registry;
     final ScheduledThreadPoolExecutor scheduler;
-    private final ConcurrentLinkedQueue<CallOutcome> outcomes = new ConcurrentLinkedQueue<>();
-    private final AtomicInteger queued = new AtomicInteger();
-    private volatile boolean reporting;
+    /** Outcomes not yet sent, oldest first; guarded by itself (held only to add or take). */
+    private final ArrayDeque<Outcome> pending = new ArrayDeque<>();
+    private long dropped;
+    private boolean dropping;
+    private final AtomicBoolean reporting = new AtomicBoolean();
+    private final AtomicBoolean flushQueued = new AtomicBoolean();
+
+    /** One RPC's outcome, kept small until it is sent. */
+    record Outcome(String instance, long ticket, String rule, long latencyUs, CallResult result) {
+    }
 
     RotaLink(String server, String service) {
+        this(server, service, REPORT_INTERVAL_MS);
+    }
+
+    RotaLink(String server, String service, long reportIntervalMs) {
         this.server = server;
         this.service = service;
         // An explicit scheme: rota's own address never goes through a rota resolver.
@@ -69,7 +82,7 @@ final class RotaLink implements AutoCloseable {
             return thread;
         });
         scheduler.setRemoveOnCancelPolicy(true);
-        scheduler.scheduleWithFixedDelay(this::flush, REPORT_INTERVAL_MS, REPORT_INTERVAL_MS, TimeUnit.MILLISECONDS);
+        scheduler.scheduleWithFixedDelay(this::flush, reportIntervalMs, reportIntervalMs, TimeUnit.MILLISECONDS);
     }
 
     /** Reserves {@code count} tickets; never runs on the caller's RPC context (its deadline or cancellation). */
@@ -116,38 +129,112 @@ final class RotaLink implements AutoCloseable {
         return trailers != null && trailers.containsKey(ROTA_ERROR);
     }
 
-    void report(CallOutcome outcome) {
-        if (queued.incrementAndGet() > REPORT_BACKLOG) {
-            queued.decrementAndGet();
-            return;
+    /**
+     * Queues an RPC's outcome, off the RPC's path: outcomes go to rota in Reports of at most
+     * {@value #REPORT_BATCH}, every {@value #REPORT_INTERVAL_MS} ms or as soon as a full batch
+     * waits. While rota is away at most {@value #REPORT_BACKLOG} wait; past that the oldest are
+     * dropped and counted.
+     */
+    void report(Outcome outcome) {
+        boolean full;
+        synchronized (pending) {
+            if (pending.size() >= REPORT_BACKLOG) {
+                pending.pollFirst();
+                drop(1);
+            }
+            pending.addLast(outcome);
+            // Exactly at a full batch: while rota is away the queue stays above it, and flushing
+            // on every RPC would retry a failing Report in a loop.
+            full = pending.size() == REPORT_BATCH;
         }
-        outcomes.add(outcome);
+        if (full) {
+            flushSoon();
+        }
+    }
+
+    /** Outcomes dropped for lack of room since the channel started. */
+    long droppedOutcomes() {
+        synchronized (pending) {
+            return dropped;
+        }
+    }
+
+    /** Counts dropped outcomes; logs once per outage. Holds {@code pending}. */
+    private void drop(int n) {
+        dropped += n;
+        if (!dropping) {
+            dropping = true;
+            LOG.log(Level.WARNING, () -> "rota: call outcomes of \"" + service + "\" not reported in time; dropping the oldest beyond "
+                    + REPORT_BACKLOG);
+        }
+    }
+
+    private void flushSoon() {
+        if (!reporting.get() && flushQueued.compareAndSet(false, true)) {
+            try {
+                scheduler.execute(() -> {
+                    flushQueued.set(false);
+                    flush();
+                });
+            } catch (java.util.concurrent.RejectedExecutionException closed) {
+                flushQueued.set(false);
+            }
+        }
     }
 
     private void flush() {
-        if (reporting || outcomes.isEmpty()) {
+        if (!reporting.compareAndSet(false, true)) {
             return;
         }
-        List<CallOutcome> batch = new ArrayList<>();
-        CallOutcome outcome;
-        while (batch.size() < REPORT_BATCH && (outcome = outcomes.poll()) != null) {
-            batch.add(outcome);
+        List<Outcome> batch = new ArrayList<>();
+        synchronized (pending) {
+            Outcome outcome;
+            while (batch.size() < REPORT_BATCH && (outcome = pending.pollFirst()) != null) {
+                batch.add(outcome);
+            }
         }
-        queued.addAndGet(-batch.size());
-        reporting = true;
+        if (batch.isEmpty()) {
+            reporting.set(false);
+            return;
+        }
+        ReportRequest.Builder request = ReportRequest.newBuilder();
+        for (Outcome o : batch) {
+            request.addOutcomes(CallOutcome.newBuilder().setService(service).setInstanceId(o.instance())
+                    .setTicket(o.ticket()).setRule(o.rule()).setLatencyUs(o.latencyUs()).setResult(o.result())
+                    .setLeased(true));
+        }
         Futures.addCallback(
-                balancer.withDeadlineAfter(LEASE_DEADLINE_MS, TimeUnit.MILLISECONDS)
-                        .report(ReportRequest.newBuilder().addAllOutcomes(batch).build()),
+                balancer.withDeadlineAfter(LEASE_DEADLINE_MS, TimeUnit.MILLISECONDS).report(request.build()),
                 new FutureCallback<>() {
                     @Override
                     public void onSuccess(io.rota.v1.ReportResponse response) {
-                        reporting = false;
+                        boolean more;
+                        synchronized (pending) {
+                            dropping = false;
+                            more = pending.size() >= REPORT_BATCH;
+                        }
+                        reporting.set(false);
+                        if (more) {
+                            flushSoon();
+                        }
                     }
 
                     @Override
                     public void onFailure(Throwable t) {
-                        reporting = false;
-                        LOG.log(Level.DEBUG, () -> batch.size() + " outcomes not reported: " + Status.fromThrowable(t));
+                        LOG.log(Level.DEBUG, () -> batch.size() + " outcomes not reported yet: " + Status.fromThrowable(t));
+                        synchronized (pending) {
+                            for (int i = batch.size() - 1; i >= 0; i--) {
+                                pending.addFirst(batch.get(i));
+                            }
+                            int excess = pending.size() - REPORT_BACKLOG;
+                            for (int i = 0; i < excess; i++) {
+                                pending.pollFirst();
+                            }
+                            if (excess > 0) {
+                                drop(excess);
+                            }
+                        }
+                        reporting.set(false);
                     }
                 }, MoreExecutors.directExecutor());
     }

@@ -10,7 +10,6 @@ import io.grpc.LoadBalancer.PickResult;
 import io.grpc.LoadBalancer.PickSubchannelArgs;
 import io.grpc.LoadBalancer.Subchannel;
 import io.grpc.LoadBalancer.SubchannelPicker;
-import io.rota.v1.CallOutcome;
 import io.rota.v1.CallResult;
 
 /**
@@ -86,14 +85,8 @@ final class RotaPicker extends SubchannelPicker {
                     CallResult result = status.isOk() ? CallResult.CALL_RESULT_OK
                             : !answered && status.getCode() == Status.Code.UNAVAILABLE ? CallResult.CALL_RESULT_CONNECT_FAILURE
                             : CallResult.CALL_RESULT_ERROR;
-                    link.report(CallOutcome.newBuilder()
-                            .setService(link.service)
-                            .setInstanceId(draw.member().id())
-                            .setTicket(draw.local() ? 0 : draw.ticket())
-                            .setRule(draw.rule())
-                            .setLatencyUs((System.nanoTime() - started) / 1000)
-                            .setResult(result)
-                            .build());
+                    link.report(new RotaLink.Outcome(draw.member().id(), draw.local() ? 0 : draw.ticket(), draw.rule(),
+                            (System.nanoTime() - started) / 1000, result));
                 }
             };
         }

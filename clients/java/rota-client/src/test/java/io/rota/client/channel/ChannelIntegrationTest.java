@@ -128,6 +128,23 @@ class ChannelIntegrationTest {
     }
 
     @Test
+    void ticketHeaderIsSentOnlyWhenAskedFor() throws Exception {
+        ManagedChannel plain = ManagedChannelBuilder.forTarget("rota://" + rota.target() + "/echo").usePlaintext().build();
+        channels.add(plain);
+        EchoGrpc.EchoBlockingStub stub = EchoGrpc.newBlockingStub(plain);
+        for (int i = 0; i < 20; i++) {
+            echo(stub, "rpc " + i);
+        }
+        assertEquals(20, fleet.received.size());
+        assertTrue(fleet.received.stream().allMatch(r -> r.ticket() == null), "no x-rota-ticket by default");
+        EchoGrpc.EchoBlockingStub opted = channel("round_robin");
+        for (int i = 0; i < 20; i++) {
+            echo(opted, "rpc " + i);
+        }
+        assertEquals(20, leasedTickets(List.copyOf(fleet.received).subList(20, 40)).size());
+    }
+
+    @Test
     void roundRobinOverTwoChannelsIsOneRotation() throws Exception {
         twoChannelsShareOneRotation("round_robin", 1);
     }

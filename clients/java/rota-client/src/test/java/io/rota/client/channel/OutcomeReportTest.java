@@ -70,6 +70,7 @@ class OutcomeReportTest {
                     assertEquals("round_robin", outcome.getRule());
                     assertEquals(received.get(outcome.getTicket()), outcome.getInstanceId(), "ticket " + outcome.getTicket());
                     assertTrue(outcome.getLatencyUs() > 0);
+                    assertTrue(outcome.getLeased(), "a leased call never counted in flight at rota");
                 }
                 assertTrue(leases.stream().filter(l -> l.getCount() > 0).allMatch(
                         l -> l.getCount() >= RotaChannels.MIN_BLOCK && l.getCount() <= RotaChannels.MAX_BLOCK), leases.toString());

@@ -16,8 +16,15 @@ const ANNOUNCES: usize = 200;
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     for size in [10_000usize, 100_000] {
         let streams = (size.div_ceil(1000) + 2).to_string();
-        let (_server, endpoint) =
-            spawn(&["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--max-registrations-per-peer", &streams])?;
+        let (_server, endpoint) = spawn(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "off",
+            "--max-registrations-per-peer",
+            &streams,
+        ])?;
         let service = format!("{}-publication", args.service);
         let _held = register(&endpoint, &service, size).await?;
         let mut client = RotaClient::connect(&endpoint).await?;

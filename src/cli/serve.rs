@@ -83,6 +83,10 @@ pub struct ServeArgs {
     /// rotation exact per pick; more trades interleaving for fewer Redis calls) [default: 1].
     #[arg(long, env = "ROTA_TICKET_BLOCK")]
     pub ticket_block: Option<String>,
+    /// With a Redis state: the longest wait for one Redis command before the replica counts
+    /// Redis as unreachable and answers from local state [default: 500ms].
+    #[arg(long, env = "ROTA_STATE_TIMEOUT")]
+    pub state_timeout: Option<String>,
     /// Time between housekeeping rounds (departed instances' statistics, expired sticky
     /// assignments, idle counters, forgotten services) [default: 30s].
     #[arg(long, env = "ROTA_HOUSEKEEPING_INTERVAL")]
@@ -145,6 +149,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         sticky_memory_bytes: args.sticky_memory_bytes,
         state: args.state,
         ticket_block: args.ticket_block,
+        state_timeout: args.state_timeout,
         housekeeping_interval: args.housekeeping_interval,
         service_idle_timeout: args.service_idle_timeout,
         max_services: args.max_services,

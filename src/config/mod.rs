@@ -54,6 +54,7 @@ pub struct Overrides {
     pub sticky_memory_bytes: Option<String>,
     pub state: Option<String>,
     pub ticket_block: Option<String>,
+    pub state_timeout: Option<String>,
     pub housekeeping_interval: Option<String>,
     pub service_idle_timeout: Option<String>,
     pub max_services: Option<String>,
@@ -140,6 +141,7 @@ struct ServerTable {
     sticky_memory_bytes: Option<u64>,
     state: Option<String>,
     ticket_block: Option<u64>,
+    state_timeout: Option<String>,
     housekeeping_interval: Option<String>,
     service_idle_timeout: Option<String>,
     max_services: Option<u64>,
@@ -320,13 +322,16 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         1..=u64::from(MAX_TICKET_BLOCK),
         1,
     )? as u32;
+    let state_timeout = duration(
+        "server.state_timeout",
+        &overrides.state_timeout,
+        &table.state_timeout,
+        crate::state::redis::COMMAND_TIMEOUT,
+    )?;
     let state = match pick(&overrides.state, table.state.clone()) {
         None => StateConfig::Memory,
-        Some((value, source)) => StateConfig::parse(&value, ticket_block).map_err(|problem| ConfigError {
-            source_name: source,
-            key: "server.state".into(),
-            problem,
-        })?,
+        Some((value, source)) => StateConfig::parse(&value, ticket_block, state_timeout)
+            .map_err(|problem| ConfigError { source_name: source, key: "server.state".into(), problem })?,
     };
     let housekeeping_interval = duration(
         "server.housekeeping_interval",
@@ -509,7 +514,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -531,6 +536,7 @@ impl Settings {
             self.serve.sticky_memory_bytes,
             crate::policy::file::toml_string(&self.serve.state.to_url()),
             self.serve.state.ticket_block(),
+            d(self.serve.state.timeout()),
             d(self.serve.housekeeping_interval),
             d(self.serve.registry.service_idle_timeout),
             self.serve.registry.max_services,

@@ -258,6 +258,10 @@ impl TableSharing {
         }
         let (instances, holders) = (instances_key(service, &self.replica), holders_key(service));
         let mut pipe = redis::pipe();
+        // The replica's key first: no reader may see these instances without it (it would take
+        // the replica for dead and drop them).
+        let lease_ms = REPLICA_LEASE.as_millis() as u64;
+        pipe.cmd("SET").arg(replica_key(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
         if own.is_empty() {
             pipe.cmd("DEL").arg(&instances).ignore();
             pipe.cmd("SREM").arg(&holders).arg(&*self.replica).ignore();

@@ -63,10 +63,10 @@ pub enum StateConfig {
 
 impl StateConfig {
     /// Parses `--state`: `memory`, or a Redis address (see [`redis::Target`]).
-    pub fn parse(text: &str, ticket_block: u32) -> Result<Self, String> {
+    pub fn parse(text: &str, ticket_block: u32, timeout: Duration) -> Result<Self, String> {
         match text {
             "memory" => Ok(Self::Memory),
-            _ => Ok(Self::Redis(RedisConfig { target: redis::Target::parse(text)?, ticket_block })),
+            _ => Ok(Self::Redis(RedisConfig { target: redis::Target::parse(text)?, ticket_block, timeout })),
         }
     }
 
@@ -82,6 +82,14 @@ impl StateConfig {
         match self {
             Self::Memory => 1,
             Self::Redis(redis) => redis.ticket_block,
+        }
+    }
+
+    /// The longest wait for one command of a shared backend.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Self::Memory => redis::COMMAND_TIMEOUT,
+            Self::Redis(redis) => redis.timeout,
         }
     }
 }

@@ -15,7 +15,9 @@ use crate::redis_server::RedisServer;
 
 /// A replica whose state lives at `url`, once its link to Redis is up.
 async fn replica(url: &str, ticket_block: u32) -> TestServer {
-    let state = StateConfig::parse(url, ticket_block).expect("a valid state address");
+    // A generous command timeout: a slow test machine must not look like an outage (the
+    // outages these tests make are refused connections and READONLY errors, seen at once).
+    let state = StateConfig::parse(url, ticket_block, Duration::from_secs(5)).expect("a valid state address");
     let server = TestServer::start_with(|config| config.state = state).await;
     wait_link(&server, true).await;
     server

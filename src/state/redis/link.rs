@@ -21,13 +21,16 @@ use super::target::Target;
 
 /// Time between checks of the link (and, under Sentinel, of which server is the primary).
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
-/// Longest wait for one command's answer before the link counts as down.
+/// Default longest wait for one command's answer before the link counts as down
+/// (`server.state_timeout`).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 /// Longest wait to open a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub struct Link {
     target: Target,
+    /// Longest wait for one command's answer.
+    timeout: Duration,
     conn: ArcSwapOption<Connected>,
     up: AtomicBool,
     /// The outage was logged (one line per outage, not per failed command).
@@ -55,9 +58,10 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// A link to `target`, with its keeper running on the current runtime. It starts down and
     /// comes up at the keeper's first successful check (which runs at once).
-    pub fn spawn(target: Target) -> Arc<Self> {
+    pub fn spawn(target: Target, timeout: Duration) -> Arc<Self> {
         let link = Arc::new(Self {
             target,
+            timeout,
             conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
             logged_down: AtomicBool::new(false),
@@ -102,14 +106,14 @@ impl Link {
         F: Future<Output = Result<T, RedisError>>,
     {
         let conn = self.connection()?;
-        match tokio::time::timeout(COMMAND_TIMEOUT, command(conn)).await {
+        match tokio::time::timeout(self.timeout, command(conn)).await {
             Ok(Ok(value)) => Some(value),
             Ok(Err(error)) => {
                 self.down(&format!("command failed: {error}"));
                 None
             }
             Err(_) => {
-                self.down(&format!("no answer within {COMMAND_TIMEOUT:?}"));
+                self.down(&format!("no answer within {:?}", self.timeout));
                 None
             }
         }
@@ -148,28 +152,27 @@ impl Link {
         let conn = match current {
             Some(connected) if connected.addr == addr && self.is_up() => connected.conn.clone(),
             _ => {
-                let conn = connect(&addr, &self.target).await?;
+                let conn = connect(&addr, &self.target, self.timeout).await?;
                 self.conn.store(Some(Arc::new(Connected { conn: conn.clone(), addr: addr.clone() })));
                 conn
             }
         };
         let mut conn = conn;
-        match tokio::time::timeout(COMMAND_TIMEOUT, redis::cmd("PING").query_async::<String>(&mut conn)).await {
+        match tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<String>(&mut conn)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(format!("PING to {addr} failed: {error}")),
-            Err(_) => Err(format!("PING to {addr} not answered within {COMMAND_TIMEOUT:?}")),
+            Err(_) => Err(format!("PING to {addr} not answered within {:?}", self.timeout)),
         }
     }
 }
 
-async fn connect(addr: &str, target: &Target) -> Result<MultiplexedConnection, String> {
+async fn connect(addr: &str, target: &Target, timeout: Duration) -> Result<MultiplexedConnection, String> {
     let mut info: ConnectionInfo =
         format!("redis://{addr}/").into_connection_info().map_err(|e| format!("bad address {addr}: {e}"))?;
     info = target.apply_credentials(info);
     let client = Client::open(info).map_err(|e| format!("cannot open {addr}: {e}"))?;
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(COMMAND_TIMEOUT));
+    let config =
+        AsyncConnectionConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT)).set_response_timeout(Some(timeout));
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await

@@ -36,6 +36,8 @@ pub struct RedisConfig {
     pub target: Target,
     /// Spare tickets a replica reserves per Redis call; 1 keeps the rotation exact per pick.
     pub ticket_block: u32,
+    /// Longest wait for one Redis command before the replica counts Redis as unreachable.
+    pub timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -62,7 +64,7 @@ impl RedisState {
     pub fn connect(config: RedisConfig, sticky_budget: usize) -> Self {
         Self {
             local: MemoryState::new(sticky_budget),
-            link: Link::spawn(config.target),
+            link: Link::spawn(config.target, config.timeout),
             counters: ConcurrentMap::default(),
             ticket_block: config.ticket_block.clamp(1, MAX_TICKET_BLOCK),
         }

@@ -195,6 +195,9 @@ async fn propagation(base: &str, args: &BenchArgs) -> Result<(), CliError> {
     registration.require_all_accepted()?;
     let mut delays = Vec::new();
     for n in 1..=100 {
+        // A random pause first: registrations arrive at any moment of the other replica's poll
+        // (back to back, each would land just after the poll that saw the one before).
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..250))).await;
         let id = format!("probe-{n:03}");
         let ack = registration.send(Msg::Announce(pb::Announce { instances: vec![probe(n)] })).await?;
         let acked = Instant::now();

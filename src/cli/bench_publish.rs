@@ -27,7 +27,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         ])?;
         let service = format!("{}-publication", args.service);
         let _held = register(&endpoint, &service, size).await?;
-        let mut client = RotaClient::connect(&endpoint).await?;
+        // The first pick of a rule waits for its tables (a Maglev table of 100,000 instances
+        // takes seconds to build).
+        let mut client = RotaClient::connect(&endpoint).await?.with_pick_timeout(Duration::from_secs(60));
         // Rules that need tables have them built, as in a service in use.
         for rule in ["round_robin", "weighted", "consistent_hash", "best_available"] {
             client.pick(&service, crate::client::PickOptions::rule(rule).key("k")).await?;

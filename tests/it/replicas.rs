@@ -637,3 +637,49 @@ async fn under_load_redis_dies_and_returns_without_a_failed_pick_or_a_ticket_dra
     let _c = one.register(vec![instance("storm", "c", 3)]).await;
     wait_instances(&two, "storm", &["a", "b", "c"]).await;
 }
+
+#[tokio::test]
+async fn under_load_a_replica_dies_and_the_survivor_fails_no_pick_and_drops_only_its_instances() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("survive", "a", 1)]).await;
+    let _b = two.register(vec![instance("survive", "b", 2), instance("survive", "c", 3)]).await;
+    wait_instances(&two, "survive", &["a", "b", "c"]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for mut client in clients(&[&two, &two, &two]).await {
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut picks = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                match client.pick("survive", PickOptions::rule("round_robin")).await {
+                    Ok(_) => picks += 1,
+                    Err(error) => failures.push(error.to_string()),
+                }
+            }
+            (picks, failures)
+        }));
+    }
+    // Replica one dies: its sharing stops without a word to Redis.
+    drop(one);
+    wait_instances(&two, "survive", &["b", "c"]).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for task in tasks {
+        let (picks, failures) = task.await.expect("consumer");
+        assert!(failures.is_empty(), "the survivor failed picks: {failures:?}");
+        total += picks;
+    }
+    assert!(total > 0, "no pick was made while the replica died");
+    let mut client = two.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(picked_id(&pick(&mut client, "survive", PickOptions::rule("round_robin")).await));
+    }
+    ids.sort();
+    assert_eq!(ids, ["b", "b", "c", "c"], "only the dead replica's instance left");
+}

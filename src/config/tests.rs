@@ -134,3 +134,27 @@ fn the_warmup_defaults_to_the_heartbeat_timeout_and_may_be_zero() {
     assert_eq!((error.source_name.as_str(), error.key.as_str()), (FLAGS, "server.warmup"));
     assert!(error.problem.starts_with("\"soon\" is not a duration"), "{}", error.problem);
 }
+
+#[test]
+fn the_state_backend_settings_are_checked_and_round_trip() {
+    let over = |state: &str, block: &str, timeout: &str| Overrides {
+        state: Some(state.into()),
+        ticket_block: Some(block.into()),
+        state_timeout: Some(timeout.into()),
+        ..Default::default()
+    };
+    let error = resolve(None, &over("redis://127.0.0.1", "1", "500ms")).unwrap_err();
+    assert_eq!(error.key, "server.state");
+    assert!(error.problem.contains("expected HOST:PORT"), "{error}");
+    let error = resolve(None, &over("redis://127.0.0.1:6379", "0", "500ms")).unwrap_err();
+    assert_eq!(
+        (error.key.as_str(), error.problem.as_str()),
+        ("server.ticket_block", "must be an integer from 1 to 65536, got \"0\"")
+    );
+    let error = resolve(None, &over("redis://127.0.0.1:6379", "1", "soon")).unwrap_err();
+    assert_eq!(error.key, "server.state_timeout");
+    let settings = resolve(None, &over("redis://:pw@127.0.0.1:6379/3", "16", "2s")).expect("valid state settings");
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.state, settings.serve.state, "state, block and timeout survive --print-config");
+}

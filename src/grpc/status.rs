@@ -70,7 +70,7 @@ impl From<Refusal> for Status {
 pub fn refusal_code(refused: &Refused) -> Code {
     match refused {
         Refused::Invalid(_) | Refused::TooManyInstances { .. } => Code::InvalidArgument,
-        Refused::OwnedElsewhere { .. } => Code::AlreadyExists,
+        Refused::OwnedElsewhere { .. } | Refused::HeldByReplica { .. } => Code::AlreadyExists,
         Refused::NotOwned { .. } => Code::NotFound,
         Refused::ShuttingDown => Code::Unavailable,
         Refused::NotPermitted { .. } => Code::PermissionDenied,

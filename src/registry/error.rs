@@ -24,6 +24,8 @@ pub enum Refused {
     Invalid(#[from] InvalidField),
     #[error("instance {id:?} of service {service:?} is owned by another registration stream")]
     OwnedElsewhere { service: Arc<str>, id: Arc<str> },
+    #[error("instance {id:?} of service {service:?} is registered through another rota replica ({replica})")]
+    HeldByReplica { service: Arc<str>, id: Arc<str>, replica: String },
     #[error("instance {id:?} of service {service:?} is not registered on this stream")]
     NotOwned { service: Arc<str>, id: Arc<str> },
     #[error("this stream would hold {count} instances; the limit is {limit}")]

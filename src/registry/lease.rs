@@ -6,15 +6,18 @@
 //! changes that are already known to be well-formed.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::BTreeMap as Groups;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::{InvalidField, Refused, RegistryClosed};
 use super::index::{Command, LeaseId};
-use super::instance::{InstanceSpec, RequestedStatus, Status, validate_metadata, validate_service_name};
+use super::instance::{Instance, InstanceSpec, RequestedStatus, Status, validate_metadata, validate_service_name};
 
 /// Names one instance of one service, as the provider sent it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,8 +53,39 @@ pub struct Outcome {
     pub refused: Vec<(InstanceRef, Refused)>,
 }
 
+/// Where ids are claimed across rota replicas, so that one id has one owner fleet-wide: a
+/// registration stream's announce asks it before the registry applies the instances.
+pub trait Claims: Send + Sync {
+    /// Claims `instances` (all of `service`) for this replica: one answer each, in order.
+    fn claim<'a>(
+        &'a self,
+        service: &'a str,
+        instances: &'a [&'a Instance],
+    ) -> Pin<Box<dyn Future<Output = Vec<Claim>> + Send + 'a>>;
+    /// Gives back ids [`Claim::New`] answered for that the registry then refused.
+    fn release(&self, service: &str, ids: Vec<Arc<str>>);
+}
+
+/// One id's claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Now held by this replica.
+    New,
+    /// Already held by this replica.
+    Held,
+    /// Not checked (the shared state is unreachable): this replica decides alone.
+    Unchecked,
+    /// Held by the named replica.
+    Elsewhere(String),
+}
+
+/// The claims a lease asks, set once the replicas share their table.
+pub(crate) type ClaimsSlot = Arc<OnceLock<Arc<dyn Claims>>>;
+
 pub struct Lease {
     id: LeaseId,
+    /// `None` for the registry's copies of other replicas' instances, which claim nothing.
+    claims: Option<ClaimsSlot>,
     tx: mpsc::UnboundedSender<Command>,
     expired: Option<oneshot::Receiver<()>>,
     heartbeat_timeout: Duration,
@@ -63,6 +97,7 @@ pub struct Lease {
 impl Lease {
     pub(crate) fn open(
         id: LeaseId,
+        claims: Option<ClaimsSlot>,
         token: Option<Arc<str>>,
         tx: mpsc::UnboundedSender<Command>,
         heartbeat_timeout: Duration,
@@ -73,7 +108,7 @@ impl Lease {
         // If the registry has stopped, `expired` resolves at once and the stream ends.
         let _ = tx.send(Command::Open { lease: id, token, limit: max_instances, expired: expired_tx });
         open_leases.fetch_add(1, Ordering::Relaxed);
-        Self { id, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
+        Self { id, claims, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
     }
 
     pub fn id(&self) -> u64 {
@@ -107,11 +142,31 @@ impl Lease {
                 Err(problem) => outcome.refused.push((reference, problem.into())),
             }
         }
+        let claims = self.claims.as_ref().and_then(|slot| slot.get()).cloned();
+        let mut claimed = Vec::new();
+        if let Some(claims) = &claims {
+            (valid, claimed) = claim(&**claims, valid, &mut outcome).await;
+        }
         if valid.is_empty() {
             self.touch();
             return Ok(outcome);
         }
         let applied = self.call(|reply| Command::Announce { lease: self.id, instances: valid, reply }).await?;
+        if let Some(claims) = &claims {
+            // Ids claimed for this announce but refused here are given back.
+            let mut given_back: Groups<Arc<str>, Vec<Arc<str>>> = Groups::new();
+            for (instance, _) in &applied.refused {
+                if let Some(i) =
+                    claimed.iter().position(|c: &Instance| *c.service == instance.service && *c.id == instance.id)
+                {
+                    let c = claimed.swap_remove(i);
+                    given_back.entry(c.service).or_default().push(c.id);
+                }
+            }
+            for (service, ids) in given_back {
+                claims.release(&service, ids);
+            }
+        }
         outcome.accepted = applied.accepted;
         outcome.refused.extend(applied.refused);
         Ok(outcome)
@@ -177,6 +232,39 @@ fn validate_update(update: InstanceUpdate) -> Result<ValidUpdate, InvalidField> 
     }
     let status = update.status.validate("update.status")?;
     Ok(ValidUpdate { service: update.service, id: update.id, weight: update.weight, status, metadata: update.metadata })
+}
+
+/// Asks `claims` for the ids of `valid`, per service: those another replica holds are refused
+/// into `outcome`. Returns the instances left, and those newly claimed.
+async fn claim(claims: &dyn Claims, valid: Vec<Instance>, outcome: &mut Outcome) -> (Vec<Instance>, Vec<Instance>) {
+    let mut answers = vec![Claim::Unchecked; valid.len()];
+    let mut groups: Groups<&str, Vec<usize>> = Groups::new();
+    for (i, instance) in valid.iter().enumerate() {
+        groups.entry(&instance.service).or_default().push(i);
+    }
+    for (service, positions) in groups {
+        let members: Vec<&Instance> = positions.iter().map(|&i| &valid[i]).collect();
+        let got = claims.claim(service, &members).await;
+        for (answer, &i) in got.into_iter().zip(&positions) {
+            answers[i] = answer;
+        }
+    }
+    let (mut kept, mut new) = (Vec::with_capacity(valid.len()), Vec::new());
+    for (instance, answer) in valid.into_iter().zip(answers) {
+        match answer {
+            Claim::Elsewhere(replica) => {
+                let reference = InstanceRef { service: instance.service.to_string(), id: instance.id.to_string() };
+                let why = Refused::HeldByReplica { service: instance.service, id: instance.id, replica };
+                outcome.refused.push((reference, why));
+            }
+            Claim::New => {
+                new.push(instance.clone());
+                kept.push(instance);
+            }
+            Claim::Held | Claim::Unchecked => kept.push(instance),
+        }
+    }
+    (kept, new)
 }
 
 fn raw_ref(spec: &InstanceSpec) -> InstanceRef {

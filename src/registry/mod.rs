@@ -24,7 +24,7 @@ pub use instance::{
     DEFAULT_WEIGHT, Instance, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
     MAX_NAME_LEN, RequestedStatus, Status, validate_optional_name, validate_service_name,
 };
-pub use lease::{InstanceRef, InstanceUpdate, Lease, Outcome};
+pub use lease::{Claim, Claims, InstanceRef, InstanceUpdate, Lease, Outcome};
 pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
 
 use index::{Command, Index};
@@ -82,6 +82,7 @@ struct Shared {
     open_leases: Arc<AtomicUsize>,
     published: broadcast::Sender<Arc<[Arc<str>]>>,
     hooks: Hooks,
+    claims: lease::ClaimsSlot,
 }
 
 /// Work that must see a publication before the registry acknowledges the changes in it, such
@@ -138,6 +139,7 @@ impl Registry {
                 open_leases,
                 published,
                 hooks,
+                claims: Arc::default(),
             }),
         }
     }
@@ -187,19 +189,26 @@ impl Registry {
     /// Opens a lease for one registration stream authenticated as `token` (its name), whose
     /// services count against that token's limit.
     pub fn open_lease_for(&self, token: Option<Arc<str>>) -> Lease {
-        self.open(token, self.shared.config.max_instances_per_stream)
+        self.open(Some(self.shared.claims.clone()), token, self.shared.config.max_instances_per_stream)
+    }
+
+    /// From now on, registration streams claim their ids through `claims` before announcing
+    /// them (rota replicas sharing one table). Set once; a second call is ignored.
+    pub fn claim_ids_through(&self, claims: Arc<dyn Claims>) {
+        let _ = self.shared.claims.set(claims);
     }
 
     /// Opens a lease that may hold up to `max_instances` instances: the registry's own copy of
     /// instances another rota replica holds, which are not limited like one provider's stream.
     pub fn open_mirror_lease(&self, max_instances: usize) -> Lease {
-        self.open(None, max_instances)
+        self.open(None, None, max_instances)
     }
 
-    fn open(&self, token: Option<Arc<str>>, max_instances: usize) -> Lease {
+    fn open(&self, claims: Option<lease::ClaimsSlot>, token: Option<Arc<str>>, max_instances: usize) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
         Lease::open(
             id,
+            claims,
             token,
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,

@@ -6,6 +6,7 @@
 //!
 //! - [`table`]: the instances each replica's registration streams hold, copied into every
 //!   other replica's registry, and dropped when their replica stops renewing its key;
+//! - [`claims`]: one owner per instance id fleet-wide, claimed when a stream announces it;
 //! - [`loads`]: each replica's picks in flight, failures, breakers and latencies, merged into
 //!   every other replica's statistics;
 //! - [`policies`]: runtime policy overrides (`SetPolicy`, `ResetPolicy`) made on any replica.
@@ -13,6 +14,7 @@
 //! Each replica names itself with a random id at start; the failure behaviour of each piece is
 //! described in its module and in `docs/deploy.md`.
 
+pub mod claims;
 pub mod loads;
 pub mod policies;
 pub mod table;
@@ -33,6 +35,8 @@ pub use table::TableSharing;
 pub fn spawn(balancer: &Arc<Balancer>, policies: &Arc<Policies>, link: &Arc<Link>) -> Vec<JoinHandle<()>> {
     let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
     tracing::info!(%replica, target = %link.target(), "sharing state, instances, statistics and policies through Redis");
+    let registry = balancer.registry();
+    registry.claim_ids_through(Arc::new(claims::IdClaims::new(link.clone(), replica.clone())));
     let mut tasks = vec![
         TableSharing::spawn(balancer.registry().clone(), link.clone(), replica.clone()),
         LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica),

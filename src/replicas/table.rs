@@ -1,25 +1,32 @@
 //! The instance table shared by the replicas.
 //!
-//! Each replica writes the instances its own registration streams hold, per service, under
-//! `rota:{SERVICE}:instances:REPLICA`, lists itself in `rota:{SERVICE}:holders`, and appends the
-//! service's name to the stream `rota:changes`. It keeps `rota:replica:REPLICA` alive with an
-//! expiry of [`REPLICA_LEASE`], renewed every [`POLL`]. Every replica reads `rota:changes` each
-//! [`POLL`] and, for each changed service, copies the other live replicas' instances into its
-//! own registry through one *mirror lease* per (replica, service); a full resync every
-//! [`RESYNC`] repairs anything missed. So a registration on one replica is pickable on the
-//! others within about one poll, and every replica builds its pick views from the merged table.
+//! Each replica writes the instances its own registration streams hold, per service, into the
+//! hash `rota:{SERVICE}:instances:REPLICA` (one field per instance id, its JSON as the value),
+//! lists itself in `rota:{SERVICE}:holders`, and appends an entry to the stream `rota:changes`
+//! naming the service, itself, and the ids that changed (up to [`IDS_PER_CHANGE`]; an entry
+//! without ids stands for the whole service). Only what changed is written: one instance's
+//! change in a service of 100,000 costs one field, not the whole table. It keeps
+//! `rota:replica:REPLICA` alive with an expiry of [`REPLICA_LEASE`], renewed every [`POLL`].
+//!
+//! Every replica reads `rota:changes` each [`POLL`] and copies the other live replicas'
+//! instances into its own registry through one *mirror lease* per (replica, service): the
+//! named ids alone when the entry names them, the whole hash otherwise. A full resync every
+//! [`RESYNC`] repairs anything missed; it announces to the registry only what differs from
+//! its copy. So a registration on one replica is pickable on the others within about one
+//! poll, and every replica builds its pick views from the merged table.
 //!
 //! A replica that dies stops renewing its key: within [`REPLICA_LEASE`] plus one poll, the
-//! others drop its mirror leases, and with them its instances; nothing else is touched. While
-//! Redis is unreachable each replica keeps what it has (its own streams' instances and its last
-//! copy of the others'); when the link returns it writes its instances again and resyncs.
+//! others drop its mirror leases, and with them its instances, and clear its entries in Redis;
+//! nothing else is touched. A replica that finds its own key had expired (it was too slow to
+//! renew it) writes everything it holds again. While Redis is unreachable each replica keeps
+//! what it has (its own streams' instances and its last copy of the others'); when the link
+//! returns it writes its instances again, whole, and resyncs.
 //!
-//! The same id registered on two replicas: each replica's registry refuses a second owner
-//! (`ALREADY_EXISTS`), so a provider's registration is refused on a replica that already copied
-//! the id from another. Two registrations racing within one poll on different replicas are both
-//! accepted locally; each replica then keeps its own and refuses the other's copy.
+//! The same id registered on two replicas: a registration stream's announce first claims its
+//! ids in Redis ([`super::claims`]), so the first replica to hold an id keeps it and the other
+//! refuses it with `ALREADY_EXISTS`, exactly as one server refuses a second stream.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +48,8 @@ const FLUSH: Duration = Duration::from_millis(50);
 pub const RESYNC: Duration = Duration::from_secs(10);
 /// Entries the change stream keeps (approximately).
 const CHANGES_KEPT: usize = 10_000;
+/// Ids one change entry names at most; a larger change stands for the whole service.
+pub const IDS_PER_CHANGE: usize = 128;
 /// Changes read per poll.
 const CHANGES_PER_READ: usize = 1000;
 /// Instances one mirror lease may hold: what another replica holds of one service.
@@ -48,11 +57,11 @@ const MIRROR_LIMIT: usize = 1_000_000;
 const CHANGES: &str = "rota:changes";
 const SERVICES: &str = "rota:services";
 
-fn instances_key(service: &str, replica: &str) -> String {
+pub(super) fn instances_key(service: &str, replica: &str) -> String {
     format!("rota:{{{service}}}:instances:{replica}")
 }
 
-fn holders_key(service: &str) -> String {
+pub(super) fn holders_key(service: &str) -> String {
     format!("rota:{{{service}}}:holders")
 }
 
@@ -62,7 +71,7 @@ pub(super) fn replica_key(replica: &str) -> String {
 
 /// One instance as replicas share it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Shared {
+pub(super) struct Shared {
     id: String,
     host: String,
     port: u16,
@@ -77,7 +86,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn of(instance: &Instance) -> Self {
+    pub(super) fn of(instance: &Instance) -> Self {
         Self {
             id: instance.id.to_string(),
             host: instance.host.clone(),
@@ -113,7 +122,17 @@ impl Shared {
 /// Another replica's instances of one service, as this registry holds them.
 struct Mirror {
     lease: Lease,
-    ids: HashSet<String>,
+    /// What this registry accepted of them, by id.
+    held: HashMap<String, Shared>,
+}
+
+/// What the change stream said since the last read.
+#[derive(Default)]
+struct Changes {
+    /// Services to read whole, from every replica holding them.
+    whole: BTreeSet<String>,
+    /// Ids to read again, per (service, replica).
+    ids: BTreeMap<(String, String), BTreeSet<String>>,
 }
 
 /// Shares the instance table through Redis until the registry stops.
@@ -122,8 +141,10 @@ pub struct TableSharing {
     registry: Registry,
     link: Arc<Link>,
     mirrors: HashMap<(String, Arc<str>), Mirror>,
-    /// What this replica last wrote for each service (to write only changes).
-    written: HashMap<Arc<str>, Vec<Shared>>,
+    /// What this replica last wrote for each service, by id (to write only changes).
+    written: HashMap<Arc<str>, HashMap<Arc<str>, Shared>>,
+    /// Services whose hash in Redis may hold stale entries: written again whole.
+    rewrite: HashSet<Arc<str>>,
     dirty: HashSet<Arc<str>>,
     last_change: String,
     recoveries: u64,
@@ -138,6 +159,7 @@ impl TableSharing {
             link,
             mirrors: HashMap::new(),
             written: HashMap::new(),
+            rewrite: HashSet::new(),
             dirty: HashSet::new(),
             last_change: "0-0".into(),
             recoveries: 0,
@@ -177,10 +199,9 @@ impl TableSharing {
                     let recoveries = self.link.recoveries();
                     let full = recoveries != self.recoveries || Instant::now() >= next_resync;
                     if recoveries != self.recoveries {
-                        // Redis may have lost everything: write all again.
+                        // Redis may have lost everything, or kept what was there before.
                         self.recoveries = recoveries;
-                        self.written.clear();
-                        self.all_dirty();
+                        self.write_all_again();
                     }
                     if full {
                         next_resync = Instant::now() + RESYNC;
@@ -197,27 +218,51 @@ impl TableSharing {
         self.dirty.extend(self.written.keys().cloned());
     }
 
+    /// Every service is written again whole, replacing whatever Redis holds for this replica.
+    fn write_all_again(&mut self) {
+        self.rewrite.extend(self.written.keys().cloned());
+        self.written.clear();
+        self.all_dirty();
+    }
+
     /// One poll: renew, write local changes, read others' changes, drop dead replicas.
     async fn round(&mut self, full: bool) {
         let key = replica_key(&self.replica);
         let lease_ms = REPLICA_LEASE.as_millis() as u64;
-        if self
+        let Some(previous) = self
             .link
             .run(|mut c| async move {
-                redis::cmd("SET").arg(&key).arg(1).arg("PX").arg(lease_ms).query_async::<()>(&mut c).await
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(lease_ms)
+                    .arg("GET")
+                    .query_async::<Option<String>>(&mut c)
+                    .await
             })
             .await
-            .is_none()
-        {
+        else {
             return;
+        };
+        if previous.is_none() && !self.written.is_empty() {
+            // This replica's key had lapsed: the others took it for dead and may have removed
+            // its entries. Everything it holds is written again.
+            tracing::info!(replica = %self.replica, "this replica's key had expired; writing its instances again");
+            self.write_all_again();
         }
         if !self.flush().await {
             return;
         }
-        let changed = if full { self.all_services().await } else { self.read_changes().await };
-        let Some(changed) = changed else { return };
-        for service in changed {
-            if !self.apply(&service).await {
+        let changes = if full { self.all_services().await } else { self.read_changes().await };
+        let Some(changes) = changes else { return };
+        for service in &changes.whole {
+            if !self.apply(service).await {
+                return;
+            }
+        }
+        for ((service, holder), ids) in changes.ids {
+            if !changes.whole.contains(&service) && !self.apply_ids(&service, holder, ids).await {
                 return;
             }
         }
@@ -236,24 +281,33 @@ impl TableSharing {
         true
     }
 
-    /// Writes this replica's own instances of `service`; false when Redis did not answer.
+    /// Writes what changed in this replica's own instances of `service`; false when Redis did
+    /// not answer.
     async fn write(&mut self, service: &Arc<str>) -> bool {
         let mirrored: HashSet<&str> = self
             .mirrors
             .iter()
             .filter(|((_, s), _)| s == service)
-            .flat_map(|(_, m)| m.ids.iter().map(String::as_str))
+            .flat_map(|(_, m)| m.held.keys().map(String::as_str))
             .collect();
-        let own: Vec<Shared> = self
+        let own: HashMap<Arc<str>, Shared> = self
             .registry
             .service(service)
             .map(|snapshot| {
-                snapshot.instances.iter().filter(|i| !mirrored.contains(&*i.id)).map(|i| Shared::of(i)).collect()
+                snapshot
+                    .instances
+                    .iter()
+                    .filter(|i| !mirrored.contains(&*i.id))
+                    .map(|i| (i.id.clone(), Shared::of(i)))
+                    .collect()
             })
             .unwrap_or_default();
-        if self.written.get(service).is_some_and(|w| *w == own)
-            || (own.is_empty() && !self.written.contains_key(service))
-        {
+        let whole = self.rewrite.contains(service);
+        let empty = HashMap::new();
+        let before = if whole { &empty } else { self.written.get(service).unwrap_or(&empty) };
+        let changed: Vec<(&Arc<str>, &Shared)> = own.iter().filter(|(id, s)| before.get(*id) != Some(*s)).collect();
+        let removed: Vec<&Arc<str>> = before.keys().filter(|id| !own.contains_key(*id)).collect();
+        if !whole && changed.is_empty() && removed.is_empty() {
             return true;
         }
         let (instances, holders) = (instances_key(service, &self.replica), holders_key(service));
@@ -262,29 +316,42 @@ impl TableSharing {
         // the replica for dead and drop them).
         let lease_ms = REPLICA_LEASE.as_millis() as u64;
         pipe.cmd("SET").arg(replica_key(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        let mut ids: Option<Vec<&str>> = None;
         if own.is_empty() {
             pipe.cmd("DEL").arg(&instances).ignore();
             pipe.cmd("SREM").arg(&holders).arg(&*self.replica).ignore();
         } else {
-            let encoded = serde_json::to_string(&own).unwrap_or_default();
-            pipe.cmd("SET").arg(&instances).arg(encoded).ignore();
+            if whole {
+                // Replaced in one step, so a reader never sees the hash half written.
+                let next = format!("{instances}:next");
+                pipe.cmd("DEL").arg(&next).ignore();
+                pipe.cmd("HSET").arg(&next).arg(encode(changed.iter().copied())).ignore();
+                pipe.cmd("RENAME").arg(&next).arg(&instances).ignore();
+            } else {
+                if !changed.is_empty() {
+                    pipe.cmd("HSET").arg(&instances).arg(encode(changed.iter().copied())).ignore();
+                }
+                if !removed.is_empty() {
+                    pipe.cmd("HDEL").arg(&instances).arg(removed.iter().map(|id| &***id).collect::<Vec<_>>()).ignore();
+                }
+                if changed.len() + removed.len() <= IDS_PER_CHANGE {
+                    ids = Some(changed.iter().map(|(id, _)| &***id).chain(removed.iter().map(|id| &***id)).collect());
+                }
+            }
             pipe.cmd("SADD").arg(&holders).arg(&*self.replica).ignore();
             pipe.cmd("SADD").arg(SERVICES).arg(&**service).ignore();
         }
-        pipe.cmd("XADD")
-            .arg(CHANGES)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(CHANGES_KEPT)
-            .arg("*")
-            .arg("s")
-            .arg(&**service)
-            .arg("r")
-            .arg(&*self.replica)
-            .ignore();
+        let entry = pipe.cmd("XADD");
+        entry.arg(CHANGES).arg("MAXLEN").arg("~").arg(CHANGES_KEPT).arg("*");
+        entry.arg("s").arg(&**service).arg("r").arg(&*self.replica);
+        if let Some(ids) = ids {
+            entry.arg("ids").arg(ids.join(" "));
+        }
+        entry.ignore();
         if self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_none() {
             return false;
         }
+        self.rewrite.remove(service);
         if own.is_empty() {
             self.written.remove(service);
         } else {
@@ -294,7 +361,7 @@ impl TableSharing {
     }
 
     /// Every service any replica wrote; also moves the change cursor to the stream's end.
-    async fn all_services(&mut self) -> Option<Vec<String>> {
+    async fn all_services(&mut self) -> Option<Changes> {
         let last: Value = self
             .link
             .run(|mut c| async move {
@@ -304,19 +371,19 @@ impl TableSharing {
         if let Some((id, _)) = entries(&last).into_iter().next() {
             self.last_change = id;
         }
-        let mut services: Vec<String> = self
+        let services: Vec<String> = self
             .link
             .run(|mut c| async move { redis::cmd("SMEMBERS").arg(SERVICES).query_async(&mut c).await })
             .await?;
+        let mut changes = Changes::default();
+        changes.whole.extend(services);
         // Services this replica mirrors but nobody lists any more are dropped too.
-        services.extend(self.mirrors.keys().map(|(_, s)| s.to_string()));
-        services.sort_unstable();
-        services.dedup();
-        Some(services)
+        changes.whole.extend(self.mirrors.keys().map(|(_, s)| s.to_string()));
+        Some(changes)
     }
 
-    /// Services other replicas changed since the last read.
-    async fn read_changes(&mut self) -> Option<Vec<String>> {
+    /// What other replicas changed since the last read.
+    async fn read_changes(&mut self) -> Option<Changes> {
         let from = self.last_change.clone();
         let reply: Value = self
             .link
@@ -331,7 +398,7 @@ impl TableSharing {
                     .await
             })
             .await?;
-        let mut services = Vec::new();
+        let mut changes = Changes::default();
         // XREAD answers [[stream, [[id, [field, value, ...]], ...]]], or nil.
         if let Value::Array(streams) = &reply
             && let Some(Value::Array(stream)) = streams.first()
@@ -340,16 +407,21 @@ impl TableSharing {
             for (id, fields) in entries(list) {
                 self.last_change = id;
                 let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-                if field("r").as_deref() != Some(&*self.replica)
-                    && let Some(service) = field("s")
-                {
-                    services.push(service);
+                let (Some(service), Some(holder)) = (field("s"), field("r")) else { continue };
+                if holder == *self.replica {
+                    continue;
+                }
+                match field("ids") {
+                    Some(ids) => {
+                        changes.ids.entry((service, holder)).or_default().extend(ids.split(' ').map(str::to_owned))
+                    }
+                    None => {
+                        changes.whole.insert(service);
+                    }
                 }
             }
         }
-        services.sort_unstable();
-        services.dedup();
-        Some(services)
+        Some(changes)
     }
 
     /// Copies the other live replicas' instances of `service`; false when Redis did not answer.
@@ -364,72 +436,153 @@ impl TableSharing {
         else {
             return false;
         };
+        let holders: Vec<String> = holders.into_iter().filter(|h| **h != *self.replica).collect();
+        let Some(alive) = self.alive(&holders).await else { return false };
         let service: Arc<str> = service.into();
         let mut present = HashSet::new();
-        let me = self.replica.clone();
-        for holder in holders.into_iter().filter(|h| **h != *me) {
+        for (holder, alive) in holders.into_iter().zip(alive) {
+            if !alive {
+                continue;
+            }
             let key = instances_key(&service, &holder);
             let Some(encoded) = self
                 .link
-                .run(|mut c| async move { redis::cmd("GET").arg(&key).query_async::<Option<String>>(&mut c).await })
+                .run(|mut c| async move {
+                    redis::cmd("HGETALL").arg(&key).query_async::<HashMap<String, String>>(&mut c).await
+                })
                 .await
             else {
                 return false;
             };
-            let desired: Vec<Shared> = encoded.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default();
+            let desired: HashMap<String, Shared> =
+                encoded.into_values().filter_map(|e| decode(&e)).map(|s| (s.id.clone(), s)).collect();
             if !desired.is_empty() {
                 present.insert(holder.clone());
-                self.mirror(holder, &service, desired).await;
+                let mirror = self.mirror(holder, &service);
+                let gone: Vec<String> = mirror.held.keys().filter(|id| !desired.contains_key(*id)).cloned().collect();
+                let changed: Vec<Shared> =
+                    desired.into_values().filter(|s| mirror.held.get(&s.id) != Some(s)).collect();
+                update(mirror, &service, changed, gone).await;
             }
         }
         self.mirrors.retain(|(holder, s), _| *s != service || present.contains(holder));
         true
     }
 
-    /// Makes this registry's copy of `holder`'s instances of `service` equal `desired`.
-    async fn mirror(&mut self, holder: String, service: &Arc<str>, desired: Vec<Shared>) {
-        let registry = &self.registry;
-        let mirror = self
-            .mirrors
-            .entry((holder, service.clone()))
-            .or_insert_with(|| Mirror { lease: registry.open_mirror_lease(MIRROR_LIMIT), ids: HashSet::new() });
-        let wanted: HashSet<&str> = desired.iter().map(|s| s.id.as_str()).collect();
-        let gone: Vec<InstanceRef> = mirror
-            .ids
-            .iter()
-            .filter(|id| !wanted.contains(id.as_str()))
-            .map(|id| InstanceRef { service: service.to_string(), id: id.clone() })
-            .collect();
-        if !gone.is_empty() {
-            let _ = mirror.lease.withdraw(gone).await;
-        }
-        let specs: Vec<InstanceSpec> = desired.into_iter().map(|s| s.spec(service)).collect();
-        if let Ok(outcome) = mirror.lease.announce(specs).await {
-            mirror.ids = outcome.accepted.into_iter().map(|r| r.id).collect();
-            for (instance, why) in outcome.refused {
-                tracing::debug!(service = %instance.service, id = %instance.id, %why, "another replica's instance not copied");
+    /// Copies the named instances of `holder`'s `service` again; false when Redis did not answer.
+    async fn apply_ids(&mut self, service: &str, holder: String, ids: BTreeSet<String>) -> bool {
+        let key = instances_key(service, &holder);
+        let ids: Vec<String> = ids.into_iter().collect();
+        let asked = ids.clone();
+        let Some(encoded) = self
+            .link
+            .run(|mut c| async move {
+                redis::cmd("HMGET").arg(&key).arg(&asked).query_async::<Vec<Option<String>>>(&mut c).await
+            })
+            .await
+        else {
+            return false;
+        };
+        let service: Arc<str> = service.into();
+        let mirror = self.mirror(holder.clone(), &service);
+        let (mut changed, mut gone) = (Vec::new(), Vec::new());
+        for (id, encoded) in ids.into_iter().zip(encoded) {
+            match encoded.as_deref().and_then(decode) {
+                Some(shared) if mirror.held.get(&id) != Some(&shared) => changed.push(shared),
+                Some(_) => {}
+                None if mirror.held.contains_key(&id) => gone.push(id),
+                None => {}
             }
         }
+        update(mirror, &service, changed, gone).await;
+        if mirror.held.is_empty() {
+            self.mirrors.remove(&(holder, service));
+        }
+        true
     }
 
-    /// Drops the copies of replicas whose key expired.
+    /// This registry's copy of `holder`'s instances of `service`, opened when missing.
+    fn mirror(&mut self, holder: String, service: &Arc<str>) -> &mut Mirror {
+        let registry = &self.registry;
+        self.mirrors
+            .entry((holder, service.clone()))
+            .or_insert_with(|| Mirror { lease: registry.open_mirror_lease(MIRROR_LIMIT), held: HashMap::new() })
+    }
+
+    /// Whether each replica's key is alive; `None` when Redis did not answer.
+    async fn alive(&self, replicas: &[String]) -> Option<Vec<bool>> {
+        if replicas.is_empty() {
+            return Some(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for replica in replicas {
+            pipe.cmd("EXISTS").arg(replica_key(replica));
+        }
+        self.link.run(|mut c| async move { pipe.query_async::<Vec<bool>>(&mut c).await }).await
+    }
+
+    /// Drops the copies of replicas whose key expired, and their entries in Redis.
     async fn drop_dead_replicas(&mut self) {
-        let holders: HashSet<String> = self.mirrors.keys().map(|(h, _)| h.clone()).collect();
-        for holder in holders {
-            let key = replica_key(&holder);
-            let Some(alive) = self
-                .link
-                .run(|mut c| async move { redis::cmd("EXISTS").arg(&key).query_async::<bool>(&mut c).await })
-                .await
-            else {
+        let holders: Vec<String> =
+            self.mirrors.keys().map(|(h, _)| h.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+        let Some(alive) = self.alive(&holders).await else { return };
+        for (holder, alive) in holders.into_iter().zip(alive) {
+            if alive {
+                continue;
+            }
+            tracing::info!(replica = %holder, "replica gone: its instances are dropped");
+            let services: Vec<Arc<str>> =
+                self.mirrors.keys().filter(|(h, _)| *h == holder).map(|(_, s)| s.clone()).collect();
+            self.mirrors.retain(|(h, _), _| *h != holder);
+            // Any replica may clear a dead one's entries; one that was only slow writes them
+            // again when it finds its key had expired.
+            let mut pipe = redis::pipe();
+            for service in &services {
+                pipe.cmd("DEL").arg(instances_key(service, &holder)).ignore();
+                pipe.cmd("SREM").arg(holders_key(service)).arg(&holder).ignore();
+            }
+            if self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_none() {
                 return;
-            };
-            if !alive {
-                tracing::info!(replica = %holder, "replica gone: its instances are dropped");
-                self.mirrors.retain(|(h, _), _| *h != holder);
             }
         }
     }
+}
+
+/// Makes `mirror` hold `changed` (added or replaced) and no longer hold `gone`.
+async fn update(mirror: &mut Mirror, service: &Arc<str>, changed: Vec<Shared>, gone: Vec<String>) {
+    if !gone.is_empty() {
+        let refs = gone.iter().map(|id| InstanceRef { service: service.to_string(), id: id.clone() }).collect();
+        let _ = mirror.lease.withdraw(refs).await;
+        for id in &gone {
+            mirror.held.remove(id);
+        }
+    }
+    if changed.is_empty() {
+        return;
+    }
+    let specs: Vec<InstanceSpec> = changed.iter().cloned().map(|s| s.spec(service)).collect();
+    if let Ok(outcome) = mirror.lease.announce(specs).await {
+        let accepted: HashSet<String> = outcome.accepted.into_iter().map(|r| r.id).collect();
+        for shared in changed {
+            if accepted.contains(&shared.id) {
+                mirror.held.insert(shared.id.clone(), shared);
+            } else {
+                mirror.held.remove(&shared.id);
+            }
+        }
+        for (instance, why) in outcome.refused {
+            tracing::debug!(service = %instance.service, id = %instance.id, %why, "another replica's instance not copied");
+        }
+    }
+}
+
+/// `id, json, id, json, …` for an HSET.
+fn encode<'a>(instances: impl Iterator<Item = (&'a Arc<str>, &'a Shared)>) -> Vec<String> {
+    instances.flat_map(|(id, shared)| [id.to_string(), serde_json::to_string(shared).unwrap_or_default()]).collect()
+}
+
+fn decode(encoded: &str) -> Option<Shared> {
+    serde_json::from_str(encoded).ok()
 }
 
 /// The `(id, [(field, value)])` entries of an XRANGE-style reply.

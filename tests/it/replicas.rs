@@ -32,12 +32,15 @@ async fn wait_link(server: &TestServer, up: bool) {
         .expect("the link is kept");
 }
 
-/// The three instances `a`, `b`, `c` of `service`, registered on every replica.
-async fn register_everywhere(replicas: &[&TestServer], service: &str) -> Vec<rota::client::Registration> {
+/// The three instances `a`, `b`, `c` of `service`, each registered on one replica in turn (a
+/// provider talks to one replica), once every replica holds all three.
+async fn register_spread(replicas: &[&TestServer], service: &str) -> Vec<rota::client::Registration> {
     let mut held = Vec::new();
+    for (i, (id, port)) in [("a", 1), ("b", 2), ("c", 3)].into_iter().enumerate() {
+        held.push(replicas[i % replicas.len()].register(vec![instance(service, id, port)]).await);
+    }
     for replica in replicas {
-        let instances = vec![instance(service, "a", 1), instance(service, "b", 2), instance(service, "c", 3)];
-        held.push(replica.register(instances).await);
+        wait_instances(replica, service, &["a", "b", "c"]).await;
     }
     held
 }
@@ -59,7 +62,7 @@ async fn consumers_alternating_replicas_follow_one_rotation() {
     let redis = RedisServer::start().await;
     let (one, two, three) =
         (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two, &three], "alt").await;
+    let _held = register_spread(&[&one, &two, &three], "alt").await;
     let mut consumers = clients(&[&one, &two, &three]).await;
     let mut sequence = String::new();
     let mut tickets = Vec::new();
@@ -114,7 +117,7 @@ fn shares(picks: &[(u64, String)]) -> HashMap<String, usize> {
 async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_calls() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "busy").await;
+    let _held = register_spread(&[&one, &two], "busy").await;
     let mut consumers = clients(&[&one, &two, &one, &two, &one, &two, &one, &two]).await;
     // Warm each connection (and each replica's rotation) with one pick.
     for consumer in &mut consumers[..2] {
@@ -135,7 +138,7 @@ async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_cal
 async fn ticket_blocks_hand_out_each_ticket_once_with_few_redis_calls() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 16).await, replica(&redis.url(), 16).await);
-    let _held = register_everywhere(&[&one, &two], "blocks").await;
+    let _held = register_spread(&[&one, &two], "blocks").await;
     let consumers = clients(&[&one, &two, &one, &two]).await;
     let before = redis.calls("evalsha").await + redis.calls("eval").await;
     let picks = concurrent_picks(consumers, "blocks", 48).await;
@@ -153,7 +156,7 @@ async fn ticket_blocks_hand_out_each_ticket_once_with_few_redis_calls() {
 async fn sticky_keys_answer_the_same_from_any_replica() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "cart").await;
+    let _held = register_spread(&[&one, &two], "cart").await;
     let mut consumers = clients(&[&one, &two]).await;
     for user in 0..12 {
         let key = format!("user-{user}");
@@ -174,7 +177,7 @@ async fn picks_go_on_while_redis_is_away_and_no_ticket_repeats_after_it_returns(
     let mut redis = RedisServer::start().await;
     let server = replica(&redis.url(), 1).await;
     let admin = server.server.admin_addr().expect("admin listener");
-    let _held = register_everywhere(&[&server], "outage").await;
+    let _held = register_spread(&[&server], "outage").await;
     let mut client = server.client().await;
     let mut tickets = Vec::new();
     for _ in 0..5 {
@@ -211,7 +214,7 @@ async fn a_replica_follows_a_sentinel_failover() {
     let sentinel = RedisServer::sentinel("main", primary.port).await;
     let url = format!("redis+sentinel://127.0.0.1:{}/main", sentinel.port);
     let server = replica(&url, 1).await;
-    let _held = register_everywhere(&[&server], "failover").await;
+    let _held = register_spread(&[&server], "failover").await;
     let mut client = server.client().await;
     let mut tickets = Vec::new();
     for _ in 0..3 {
@@ -318,10 +321,125 @@ async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
 }
 
 #[tokio::test]
+async fn a_dead_replica_s_ids_may_be_registered_again_on_the_survivor() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("again", "a", 1)]).await;
+    wait_instances(&two, "again", &["a"]).await;
+    let refused = two.client().await.register(vec![instance("again", "a", 2)]).await.expect("register");
+    assert!(refused.require_all_accepted().is_err(), "`a` has a live owner on the other replica");
+    drop(one);
+    wait_instances(&two, "again", &[]).await;
+    // The dead replica's entries no longer block the id.
+    let _again = two.register(vec![instance("again", "a", 2)]).await;
+    let mut client = two.client().await;
+    assert_eq!(pick(&mut client, "again", PickOptions::rule("round_robin")).await.instance.expect("one").port, 2);
+}
+
+#[tokio::test]
+async fn the_same_ids_registered_on_two_replicas_at_once_are_accepted_on_one_only() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let ids: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    let (mut first, mut second) = (one.client().await, two.client().await);
+    let mut held = Vec::new();
+    let mut winners = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        // Both announces go out together: neither replica has seen the other's in its table.
+        let (a, b) = tokio::join!(
+            first.register(vec![instance("twice", id, 1)]),
+            second.register(vec![instance("twice", id, 2)])
+        );
+        let (a, b) = (a.expect("register on one"), b.expect("register on two"));
+        let accepted = [&a, &b].map(|r| r.ack().accepted.len());
+        assert_eq!(accepted.iter().sum::<usize>(), 1, "announce {i}: {id} accepted {accepted:?} times");
+        let loser = if accepted[0] == 1 { &b } else { &a };
+        let refusal = &loser.ack().refused[0];
+        assert_eq!(refusal.code, tonic::Code::AlreadyExists as i32, "{refusal:?}");
+        assert!(refusal.message.contains("another rota replica"), "{}", refusal.message);
+        winners.push(if accepted[0] == 1 { 1 } else { 2 });
+        held.extend([a, b]);
+    }
+    // Both replicas hold every id, each from the replica whose announce won.
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    for server in [&one, &two] {
+        wait_instances(server, "twice", &sorted).await;
+        let snapshot = server.server.balancer().registry().service("twice").expect("the service");
+        for (id, winner) in names.iter().zip(&winners) {
+            let port = snapshot.instances.iter().find(|i| &*i.id == *id).expect("held").port;
+            assert_eq!(u32::from(port), *winner, "{id} comes from the replica that accepted it");
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_instance_s_change_in_a_large_service_writes_and_names_that_instance_alone() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let instances: Vec<pb::Instance> = (0..300).map(|i| instance("large", &format!("i{i:03}"), 1000 + i)).collect();
+    let mut provider = one.register(instances).await;
+    let all: Vec<String> = (0..300).map(|i| format!("i{i:03}")).collect();
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    wait_instances(&two, "large", &all).await;
+    let update = pb::Update {
+        instance: Some(pb::InstanceRef { service: "large".into(), id: "i123".into() }),
+        weight: Some(7),
+        ..Default::default()
+    };
+    let ack = provider.send(pb::register_request::Msg::Update(update)).await.expect("update");
+    assert_eq!(ack.accepted.len(), 1);
+    let mut snapshots = two.server.balancer().registry().subscribe("large").await.expect("registry runs");
+    tokio::time::timeout(
+        PATIENCE,
+        snapshots.wait_for(|s| s.instances.iter().any(|i| &*i.id == "i123" && i.weight == 7)),
+    )
+    .await
+    .expect("the new weight reached the other replica")
+    .expect("registry runs");
+    // The change entry names the one id; the replica's hash holds one field per instance.
+    let last: redis::Value =
+        redis.query(&["XREVRANGE", "rota:changes", "+", "-", "COUNT", "1"]).await.expect("XREVRANGE");
+    let text = format!("{last:?}");
+    assert!(text.contains("i123") && !text.contains("i124"), "the last change names i123 alone: {text}");
+    let keys: Vec<String> = redis.query(&["KEYS", "rota:{large}:instances:*"]).await.expect("KEYS");
+    assert_eq!(keys.len(), 1, "one replica holds `large`: {keys:?}");
+    let fields: u64 = redis.query(&["HLEN", &keys[0]]).await.expect("HLEN");
+    assert_eq!(fields, 300);
+}
+
+#[tokio::test]
+async fn a_replica_whose_key_lapsed_writes_its_instances_again() {
+    let redis = RedisServer::start().await;
+    let server = replica(&redis.url(), 1).await;
+    let _a = server.register(vec![instance("lapsed", "a", 1), instance("lapsed", "b", 2)]).await;
+    let keys = || async { redis.query::<Vec<String>>(&["KEYS", "rota:{lapsed}:instances:*"]).await.expect("KEYS") };
+    tokio::time::timeout(PATIENCE, async {
+        while keys().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the instances were written");
+    let hash = keys().await.remove(0);
+    let replica_key = format!("rota:replica:{}", hash.rsplit(':').next().expect("a replica id"));
+    // What another replica does when this one's key has expired: its entries are cleared.
+    let _: () = redis.query(&["DEL", &replica_key, &hash]).await.expect("DEL");
+    tokio::time::timeout(PATIENCE, async {
+        while redis.query::<u64>(&["HLEN", &hash]).await.expect("HLEN") != 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the replica wrote its instances again");
+}
+
+#[tokio::test]
 async fn a_new_sticky_key_picked_on_two_replicas_at_once_gets_one_instance() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "race").await;
+    let _held = register_spread(&[&one, &two], "race").await;
     let consumers = clients(&[&one, &two, &one, &two]).await;
     let mut tasks = Vec::new();
     for mut client in consumers {
@@ -372,7 +490,7 @@ async fn wait_stats(server: &TestServer, service: &str, id: &str, done: impl Fn(
 async fn a_breaker_trips_on_failures_reported_through_two_replicas_and_holds_on_both() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "cb").await;
+    let _held = register_spread(&[&one, &two], "cb").await;
     let (mut first, mut second) = (one.client().await, two.client().await);
     first.report(vec![failure("cb", "b"), failure("cb", "b")]).await.expect("report");
     wait_stats(&two, "cb", "b", |r| r.successive_failures == 2).await;
@@ -392,7 +510,7 @@ async fn a_breaker_trips_on_failures_reported_through_two_replicas_and_holds_on_
 async fn load_aware_rules_weigh_the_picks_in_flight_on_other_replicas() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "load").await;
+    let _held = register_spread(&[&one, &two], "load").await;
     let mut first = one.client().await;
     // Three unreported picks of `a` on replica one.
     for _ in 0..3 {
@@ -431,7 +549,7 @@ async fn wait_policy(server: &TestServer, service: &str, rule: &str) -> pb::Poli
 async fn a_policy_set_on_one_replica_applies_on_all_and_a_reset_anywhere_drops_it() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "pol").await;
+    let _held = register_spread(&[&one, &two], "pol").await;
     let policy = pb::Policy { service: "pol".into(), rule: "repeat(n=3)".into(), ..Default::default() };
     one.client().await.set_policy(policy).await.expect("SetPolicy");
     let seen = wait_policy(&two, "pol", "repeat(n=3)").await;

@@ -440,8 +440,10 @@ impl TableSharing {
         let Some(alive) = self.alive(&holders).await else { return false };
         let service: Arc<str> = service.into();
         let mut present = HashSet::new();
+        let mut dead = Vec::new();
         for (holder, alive) in holders.into_iter().zip(alive) {
             if !alive {
+                dead.push(holder);
                 continue;
             }
             let key = instances_key(&service, &holder);
@@ -466,7 +468,24 @@ impl TableSharing {
             }
         }
         self.mirrors.retain(|(holder, s), _| *s != service || present.contains(holder));
-        true
+        self.clear(&dead, std::slice::from_ref(&service)).await
+    }
+
+    /// Removes the entries of dead `replicas` for `services` from Redis; false when Redis did
+    /// not answer. Any replica may clear a dead one's entries: one that was only slow writes
+    /// them again when it finds its key had expired.
+    async fn clear(&self, replicas: &[String], services: &[Arc<str>]) -> bool {
+        if replicas.is_empty() || services.is_empty() {
+            return true;
+        }
+        let mut pipe = redis::pipe();
+        for replica in replicas {
+            for service in services {
+                pipe.cmd("DEL").arg(instances_key(service, replica)).ignore();
+                pipe.cmd("SREM").arg(holders_key(service)).arg(replica).ignore();
+            }
+        }
+        self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_some()
     }
 
     /// Copies the named instances of `holder`'s `service` again; false when Redis did not answer.
@@ -534,14 +553,7 @@ impl TableSharing {
             let services: Vec<Arc<str>> =
                 self.mirrors.keys().filter(|(h, _)| *h == holder).map(|(_, s)| s.clone()).collect();
             self.mirrors.retain(|(h, _), _| *h != holder);
-            // Any replica may clear a dead one's entries; one that was only slow writes them
-            // again when it finds its key had expired.
-            let mut pipe = redis::pipe();
-            for service in &services {
-                pipe.cmd("DEL").arg(instances_key(service, &holder)).ignore();
-                pipe.cmd("SREM").arg(holders_key(service)).arg(&holder).ignore();
-            }
-            if self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_none() {
+            if !self.clear(std::slice::from_ref(&holder), &services).await {
                 return;
             }
         }

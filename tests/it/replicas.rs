@@ -304,6 +304,29 @@ async fn registrations_on_any_replica_are_pickable_on_every_replica() {
 }
 
 #[tokio::test]
+async fn a_watch_on_one_replica_sees_registrations_updates_and_withdrawals_made_on_another() {
+    use pb::watch_event::Event;
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let mut watch = two.client().await.watch("watched").await.expect("watch");
+    let mut next = async || {
+        tokio::time::timeout(PATIENCE, watch.message()).await.expect("an event in time").expect("watch").expect("open")
+    };
+    assert!(matches!(next().await.event, Some(Event::Snapshot(ref list)) if list.instances.is_empty()));
+    let mut provider = one.register(vec![instance("watched", "a", 1)]).await;
+    assert!(matches!(next().await.event, Some(Event::Added(ref i)) if i.id == "a"));
+    let update = pb::Update {
+        instance: Some(pb::InstanceRef { service: "watched".into(), id: "a".into() }),
+        weight: Some(7),
+        ..Default::default()
+    };
+    provider.send(pb::register_request::Msg::Update(update)).await.expect("update");
+    assert!(matches!(next().await.event, Some(Event::Updated(ref i)) if i.weight == Some(7)));
+    provider.close().await.expect("close");
+    assert!(matches!(next().await.event, Some(Event::Removed(ref r)) if r.id == "a"));
+}
+
+#[tokio::test]
 async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
@@ -330,6 +353,16 @@ async fn a_dead_replica_s_ids_may_be_registered_again_on_the_survivor() {
     assert!(refused.require_all_accepted().is_err(), "`a` has a live owner on the other replica");
     drop(one);
     wait_instances(&two, "again", &[]).await;
+    // The survivor clears the dead replica's entries from Redis.
+    tokio::time::timeout(PATIENCE, async {
+        while !redis.query::<Vec<String>>(&["KEYS", "rota:{again}:instances:*"]).await.expect("KEYS").is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the dead replica's hash was removed");
+    let holders: Vec<String> = redis.query(&["SMEMBERS", "rota:{again}:holders"]).await.expect("SMEMBERS");
+    assert!(holders.is_empty(), "the dead replica is no holder any more: {holders:?}");
     // The dead replica's entries no longer block the id.
     let _again = two.register(vec![instance("again", "a", 2)]).await;
     let mut client = two.client().await;

@@ -173,7 +173,8 @@ def record(selector, body):
     return bytes([selector]) + varint(len(body)) + body
 
 
-PICK, LEASE, REPORT, REGISTER, WATCH, LIST_INSTANCES, LIST_SERVICES, SET_POLICY, GET_POLICY, LIST_POLICIES, UPDATE = range(11)
+(PICK, LEASE, REPORT, REGISTER, WATCH, LIST_INSTANCES, LIST_SERVICES, SET_POLICY, GET_POLICY, LIST_POLICIES, UPDATE,
+ RESET_POLICY) = range(12)
 
 
 def pick(service, rule="", version="", key="", zone="", exclude=()):
@@ -222,6 +223,9 @@ REQUESTS = {
         (4, message((1, 1), *[(2, message((1, "v2"), (2, 3)))])),
         (5, message((1, 2), (2, 100), (3, 1000))),
     )))), record(GET_POLICY, message((1, "svc"))), record(LIST_POLICIES, b""), record(PICK, pick("svc"))],
+    "reset-policy": [record(SET_POLICY, message((1, message((1, "solo"), (2, "repeat(n=2)"))))),
+                     record(RESET_POLICY, message((1, "solo"))), record(RESET_POLICY, message((1, "solo"))),
+                     record(RESET_POLICY, message((1, "gray"))), record(PICK, pick("solo"))],
     "set-policy-bad": [record(SET_POLICY, message((1, message((1, "svc"), (3, 7))))),
                        record(SET_POLICY, message((1, message((1, "svc"), (5, message((2, 5000), (3, 10)))))))],
     "update-direct": [record(REGISTER, message((1, message((1, instance("solo", "mine")))))),

@@ -3,7 +3,7 @@
 //! The input is a short script of requests. Each record is one selector byte (which message),
 //! a protobuf varint length, then that many bytes that are prost-decoded as the message:
 //!
-//! | selector % 11 | message               | what rota does with it                          |
+//! | selector % 12 | message               | what rota does with it                          |
 //! |---------------|-----------------------|-------------------------------------------------|
 //! | 0             | `PickRequest`         | `Balancer.Pick` (twice, then reports the pick)  |
 //! | 1             | `LeaseRequest`        | `Balancer.Lease`                                |
@@ -16,6 +16,7 @@
 //! | 8             | `GetPolicyRequest`    | `Policies.GetPolicy`                            |
 //! | 9             | `ListPoliciesRequest` | `Policies.ListPolicies`                         |
 //! | 10            | `Update`              | `convert::instance_update` + a lease update     |
+//! | 11            | `ResetPolicyRequest`  | `Policies.ResetPolicy`, then the policy applied |
 //!
 //! Every record runs against one small server state built per input: services `svc` (UP,
 //! DRAINING and DOWN instances, two versions, two zones, a weight of 0), `gray` (a gray-release
@@ -131,7 +132,7 @@ async fn run(data: &[u8]) {
         let len = prost::decode_length_delimiter(&mut rest).unwrap_or(0).min(rest.len());
         let (message, after) = rest.split_at(len);
         rest = after;
-        record(&server, selector % 11, message).await;
+        record(&server, selector % 12, message).await;
     }
     server.balancer.housekeeping();
 }
@@ -213,11 +214,23 @@ async fn record(server: &Server, selector: u8, bytes: &[u8]) {
             let Ok(request) = pb::ListPoliciesRequest::decode(bytes) else { return };
             let _ = server.policies_service.list_policies(Request::new(request)).await;
         }
-        _ => {
+        10 => {
             let Ok(update) = pb::Update::decode(bytes) else { return };
             let update = convert::instance_update(update);
             if let Ok(outcome) = server.provider.update(update).await {
                 ack(&outcome);
+            }
+        }
+        _ => {
+            let Ok(request) = pb::ResetPolicyRequest::decode(bytes) else { return };
+            let service = request.service.clone();
+            if server.policies_service.reset_policy(Request::new(request)).await.is_ok() {
+                // The override is gone: what applies now comes from the file or the defaults.
+                let get = pb::GetPolicyRequest { service: service.clone() };
+                if let Ok(policy) = server.policies_service.get_policy(Request::new(get)).await {
+                    let source = policy.get_ref().source;
+                    assert!(source != pb::PolicySource::Runtime as i32, "{service:?} still has an override after a reset");
+                }
             }
         }
     }

@@ -7,6 +7,7 @@ mod bench_publish;
 mod demo;
 mod pick;
 mod policy;
+mod redis_process;
 mod register;
 mod serve;
 mod show;

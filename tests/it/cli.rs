@@ -194,6 +194,85 @@ fn demo_shows_shared_rotations() {
     assert!(out.contains("no instance with version \"nobody\""), "{out}");
 }
 
+/// Runs `rota ARGS...` to its end; asks it to stop (SIGTERM, then SIGKILL) and fails if it runs
+/// longer than `within`.
+fn output_within(args: &[&str], within: std::time::Duration) -> Output {
+    let child = Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Not reaped until `wait_with_output` returns, so the pid stays this process's meanwhile.
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    if let Ok(output) = rx.recv_timeout(within) {
+        return output.unwrap();
+    }
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    if rx.recv_timeout(std::time::Duration::from_secs(5)).is_err() {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+    panic!("rota {} did not finish within {within:?}", args.join(" "));
+}
+
+#[test]
+fn demo_replicas_share_one_rotation_across_replicas() {
+    let output = output_within(&["demo", "--replicas", "3"], std::time::Duration::from_secs(60));
+    let out = text(&output.stdout);
+    assert!(output.status.success(), "{}{out}", text(&output.stderr));
+    for replica in 1..=3 {
+        assert!(out.contains(&format!("replica {replica} on 127.0.0.1:")), "{out}");
+    }
+    // The providers registered through different replicas.
+    let through: std::collections::BTreeSet<&str> =
+        out.lines().filter(|l| l.starts_with("registered ")).filter_map(|l| l.split(" through ").nth(1)).collect();
+    assert!(through.len() > 1, "providers all on one replica: {out}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 12, "{out}");
+    // Columns: pick, consumer, replica, round_robin, repeat(n=3), version=zlt, version=nobody.
+    let replicas: Vec<&str> = rows.iter().map(|r| r[2]).collect();
+    assert!(replicas.windows(2).all(|w| w[0] != w[1]), "consecutive picks on one replica: {replicas:?}");
+    let mut distinct = replicas.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct, ["1", "2", "3"], "every replica took picks");
+    let column = |c: usize| rows.iter().map(|r| r[c].trim_start_matches("orders-")).collect::<Vec<_>>().join("");
+    // A rotation per replica would give "aaabbbcccaaa" here (each replica's own a, b, c, a).
+    assert_eq!(column(3), "abcabcabcabc", "{out}");
+    // Per replica, "abcabcabcabc" (a, b, c, a on each of the three).
+    assert_eq!(column(4), "aaabbbcccaaa", "{out}");
+    assert_eq!(column(5), "zlt".repeat(12));
+    // One counter per rule, whichever replica drew from it.
+    let tickets = |rule: &str| {
+        let line =
+            out.lines().find(|l| l.split_whitespace().take(2).eq(["tickets", rule])).unwrap_or_else(|| panic!("{out}"));
+        line.split_whitespace().skip(2).map(|t| t.parse::<u64>().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(tickets("round_robin"), (0..12).collect::<Vec<u64>>(), "{out}");
+    assert_eq!(tickets("repeat(n=3)"), (0..12).collect::<Vec<u64>>(), "{out}");
+}
+
+#[test]
+fn demo_refuses_a_replica_count_outside_2_to_9() {
+    for count in ["1", "10", "0", "three"] {
+        let output = output_within(&["demo", "--replicas", count], std::time::Duration::from_secs(20));
+        assert_eq!(output.status.code(), Some(2), "--replicas {count}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(&format!("invalid value '{count}' for '--replicas <N>'")), "{stderr}");
+        assert!(text(&output.stdout).is_empty(), "nothing started for --replicas {count}");
+    }
+}
+
+#[test]
+fn demo_replicas_without_redis_server_says_to_install_it() {
+    let output = Command::new(BIN).args(["demo", "--replicas", "2"]).env("PATH", "/nonexistent").output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("redis-server is not installed") && stderr.contains("install"), "{stderr}");
+    assert!(text(&output.stdout).is_empty(), "no replica started");
+}
+
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("rota-it-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -33,12 +33,14 @@ async fn wait_link(server: &TestServer, up: bool) {
         .expect("the link is kept");
 }
 
-/// The three instances `a`, `b`, `c` of `service`, registered on every replica.
-async fn register_everywhere(replicas: &[&TestServer], service: &str) -> Vec<rota::client::Registration> {
-    let mut held = Vec::new();
+/// The three instances `a`, `b`, `c` of `service`, registered through the first replica, once
+/// every replica holds them. (The same ids registered through each replica in turn would be
+/// refused by a replica that the first registration reached already.)
+async fn register_seen_by_all(replicas: &[&TestServer], service: &str) -> rota::client::Registration {
+    let instances = vec![instance(service, "a", 1), instance(service, "b", 2), instance(service, "c", 3)];
+    let held = replicas[0].register(instances).await;
     for replica in replicas {
-        let instances = vec![instance(service, "a", 1), instance(service, "b", 2), instance(service, "c", 3)];
-        held.push(replica.register(instances).await);
+        wait_instances(replica, service, &["a", "b", "c"]).await;
     }
     held
 }
@@ -60,7 +62,7 @@ async fn consumers_alternating_replicas_follow_one_rotation() {
     let redis = RedisServer::start().await;
     let (one, two, three) =
         (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two, &three], "alt").await;
+    let _held = register_seen_by_all(&[&one, &two, &three], "alt").await;
     let mut consumers = clients(&[&one, &two, &three]).await;
     let mut sequence = String::new();
     let mut tickets = Vec::new();
@@ -115,7 +117,7 @@ fn shares(picks: &[(u64, String)]) -> HashMap<String, usize> {
 async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_calls() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "busy").await;
+    let _held = register_seen_by_all(&[&one, &two], "busy").await;
     let mut consumers = clients(&[&one, &two, &one, &two, &one, &two, &one, &two]).await;
     // Warm each connection (and each replica's rotation) with one pick.
     for consumer in &mut consumers[..2] {
@@ -136,7 +138,7 @@ async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_cal
 async fn ticket_blocks_hand_out_each_ticket_once_with_few_redis_calls() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 16).await, replica(&redis.url(), 16).await);
-    let _held = register_everywhere(&[&one, &two], "blocks").await;
+    let _held = register_seen_by_all(&[&one, &two], "blocks").await;
     let consumers = clients(&[&one, &two, &one, &two]).await;
     let before = redis.calls("evalsha").await + redis.calls("eval").await;
     let picks = concurrent_picks(consumers, "blocks", 48).await;
@@ -154,7 +156,7 @@ async fn ticket_blocks_hand_out_each_ticket_once_with_few_redis_calls() {
 async fn sticky_keys_answer_the_same_from_any_replica() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "cart").await;
+    let _held = register_seen_by_all(&[&one, &two], "cart").await;
     let mut consumers = clients(&[&one, &two]).await;
     for user in 0..12 {
         let key = format!("user-{user}");
@@ -175,7 +177,7 @@ async fn picks_go_on_while_redis_is_away_and_no_ticket_repeats_after_it_returns(
     let mut redis = RedisServer::start().await;
     let server = replica(&redis.url(), 1).await;
     let admin = server.server.admin_addr().expect("admin listener");
-    let _held = register_everywhere(&[&server], "outage").await;
+    let _held = register_seen_by_all(&[&server], "outage").await;
     let mut client = server.client().await;
     let mut tickets = Vec::new();
     for _ in 0..5 {
@@ -212,7 +214,7 @@ async fn a_replica_follows_a_sentinel_failover() {
     let sentinel = RedisServer::sentinel("main", primary.port).await;
     let url = format!("redis+sentinel://127.0.0.1:{}/main", sentinel.port);
     let server = replica(&url, 1).await;
-    let _held = register_everywhere(&[&server], "failover").await;
+    let _held = register_seen_by_all(&[&server], "failover").await;
     let mut client = server.client().await;
     let mut tickets = Vec::new();
     for _ in 0..3 {
@@ -322,7 +324,7 @@ async fn a_stopped_replica_s_instances_leave_the_others_and_theirs_stay() {
 async fn a_new_sticky_key_picked_on_two_replicas_at_once_gets_one_instance() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "race").await;
+    let _held = register_seen_by_all(&[&one, &two], "race").await;
     let consumers = clients(&[&one, &two, &one, &two]).await;
     let mut tasks = Vec::new();
     for mut client in consumers {
@@ -373,7 +375,7 @@ async fn wait_stats(server: &TestServer, service: &str, id: &str, done: impl Fn(
 async fn a_breaker_trips_on_failures_reported_through_two_replicas_and_holds_on_both() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "cb").await;
+    let _held = register_seen_by_all(&[&one, &two], "cb").await;
     let (mut first, mut second) = (one.client().await, two.client().await);
     first.report(vec![failure("cb", "b"), failure("cb", "b")]).await.expect("report");
     wait_stats(&two, "cb", "b", |r| r.successive_failures == 2).await;
@@ -393,7 +395,7 @@ async fn a_breaker_trips_on_failures_reported_through_two_replicas_and_holds_on_
 async fn load_aware_rules_weigh_the_picks_in_flight_on_other_replicas() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "load").await;
+    let _held = register_seen_by_all(&[&one, &two], "load").await;
     let mut first = one.client().await;
     // Three unreported picks of `a` on replica one.
     for _ in 0..3 {
@@ -432,7 +434,7 @@ async fn wait_policy(server: &TestServer, service: &str, rule: &str) -> pb::Poli
 async fn a_policy_set_on_one_replica_applies_on_all_and_a_reset_anywhere_drops_it() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let _held = register_everywhere(&[&one, &two], "pol").await;
+    let _held = register_seen_by_all(&[&one, &two], "pol").await;
     let policy = pb::Policy { service: "pol".into(), rule: "repeat(n=3)".into(), ..Default::default() };
     one.client().await.set_policy(policy).await.expect("SetPolicy");
     let seen = wait_policy(&two, "pol", "repeat(n=3)").await;

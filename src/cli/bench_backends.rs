@@ -2,7 +2,6 @@
 //! Redis with ticket blocks of 16 and 256 — as ratios to memory, with the Redis commands each
 //! pick cost; then the time from a registration on one replica to its arrival on another.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::client::RotaClient;
@@ -11,49 +10,10 @@ use crate::pb::{self, register_request::Msg};
 
 use super::CliError;
 use super::bench::{BenchArgs, Spawned, load_config, register, spawn};
-
-/// A `redis-server` this command started; killed when dropped.
-struct RedisProcess(Child);
-
-impl Drop for RedisProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use super::redis_process::{query, start_redis};
 
 fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
-}
-
-/// Starts `redis-server` without persistence on a free loopback port.
-async fn start_redis() -> Result<(RedisProcess, String), CliError> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| usage(format!("cannot start redis-server (give --redis URL instead): {e}")))?;
-    let process = RedisProcess(child);
-    let url = format!("redis://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while query::<String>(&url, &["PING"]).await.is_err() {
-        if Instant::now() > deadline {
-            return Err(usage("redis-server did not answer PING within 10 s"));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok((process, url))
-}
-
-async fn query<T: redis::FromRedisValue>(url: &str, args: &[&str]) -> redis::RedisResult<T> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut command = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        command.arg(*arg);
-    }
-    command.query_async(&mut conn).await
 }
 
 /// Commands the Redis server ran since its statistics were last reset.
@@ -76,7 +36,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let (_redis, base) = match &args.redis {
         Some(url) => (None, url.trim_end_matches('/').to_owned()),
         None => {
-            let (process, url) = start_redis().await?;
+            let (process, url) =
+                start_redis().await.map_err(|e| usage(format!("{e} (or give --redis URL of a running Redis)")))?;
             (Some(process), url)
         }
     };

@@ -7,6 +7,7 @@ mod bench_publish;
 mod demo;
 mod pick;
 mod policy;
+mod redis_process;
 mod register;
 mod serve;
 mod show;
@@ -40,8 +41,9 @@ pub enum Command {
     Watch(WatchArgs),
     /// Show the policies in force; set or reset (drop) a service's runtime override.
     Policy(policy::PolicyArgs),
-    /// Start an embedded server with three providers and show the rules at work.
-    Demo,
+    /// Start an embedded server with three providers and show the rules at work; with
+    /// `--replicas N`, N replicas sharing their state through a local redis-server.
+    Demo(demo::DemoArgs),
     /// Load a server (its own by default) and print throughput and latency per mode.
     Bench(bench::BenchArgs),
     /// Run bounded soak and fault scenarios against a loopback server; non-zero exit if a check fails.
@@ -153,7 +155,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ls(args) => show::ls(args).await,
         Command::Watch(args) => show::watch(args).await,
         Command::Policy(args) => policy::run(args).await,
-        Command::Demo => demo::run().await,
+        Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) if args.backends => bench_backends::run(args).await,
         Command::Bench(args) if args.publication => bench_publish::run(args).await,
         Command::Bench(args) => bench::run(args).await,

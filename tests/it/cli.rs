@@ -3,48 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rota");
-
-struct Serving {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve() -> Serving {
-    serve_with(&[])
-}
-
-/// `rota serve --listen 127.0.0.1:0 EXTRA...`, once it has printed its address.
-fn serve_with(extra: &[&std::ffi::OsStr]) -> Serving {
-    serve_on("127.0.0.1:0", extra)
-}
-
-/// `rota serve --listen LISTEN EXTRA...`, once it has printed its address.
-fn serve_on(listen: &str, extra: &[&std::ffi::OsStr]) -> Serving {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", listen, "--admin-listen", "127.0.0.1:0"])
-        .args(extra)
-        // No warm-up unless `extra` asks for one: "never registered" is NOT_FOUND at once.
-        .env("ROTA_WARMUP", "0s")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rota serve starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}"));
-    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
-    Serving { child, endpoint: format!("http://{addr}") }
-}
+use crate::processes::{BIN, Serving, serve, serve_logged};
 
 /// `rota register ARGS...` in the background, once it has printed its first line.
 fn register_in_background(server: &Serving, args: &[&str]) -> (Child, String) {
@@ -71,7 +30,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn register_pick_ls_and_withdraw_on_ctrl_c() {
-    let server = serve();
+    let server = serve("127.0.0.1:0", &[]);
     let (mut register, line) =
         register_in_background(&server, &["cli-svc", "127.0.0.1:7001", "--version", "zlt", "--meta", "team=pay"]);
     assert!(line.starts_with("registered 127.0.0.1:7001 in cli-svc"), "{line}");
@@ -99,7 +58,7 @@ fn register_pick_ls_and_withdraw_on_ctrl_c() {
 
 #[test]
 fn errors_are_one_clear_line_and_a_failing_exit() {
-    let server = serve();
+    let server = serve("127.0.0.1:0", &[]);
     let output = rota(&server, &["pick", "never-seen"]);
     assert!(!output.status.success());
     assert_eq!(text(&output.stderr), "rota: NOT_FOUND: service \"never-seen\" has never been registered\n");
@@ -201,7 +160,7 @@ fn print_config_shows_file_then_environment_then_flags() {
 /// NOT_FOUND; a bad warm-up value stops rota before it binds.
 #[test]
 fn a_warming_up_server_answers_unseen_services_unavailable() {
-    let server = serve_with(&["--warmup".as_ref(), "1h".as_ref()]);
+    let server = serve("127.0.0.1:0", &["--warmup", "1h"]);
     let output = rota(&server, &["pick", "not-back-yet"]);
     assert!(!output.status.success());
     let stderr = text(&output.stderr);
@@ -235,6 +194,85 @@ fn demo_shows_shared_rotations() {
     assert!(out.contains("no instance with version \"nobody\""), "{out}");
 }
 
+/// Runs `rota ARGS...` to its end; asks it to stop (SIGTERM, then SIGKILL) and fails if it runs
+/// longer than `within`.
+fn output_within(args: &[&str], within: std::time::Duration) -> Output {
+    let child = Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Not reaped until `wait_with_output` returns, so the pid stays this process's meanwhile.
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    if let Ok(output) = rx.recv_timeout(within) {
+        return output.unwrap();
+    }
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    if rx.recv_timeout(std::time::Duration::from_secs(5)).is_err() {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+    panic!("rota {} did not finish within {within:?}", args.join(" "));
+}
+
+#[test]
+fn demo_replicas_share_one_rotation_across_replicas() {
+    let output = output_within(&["demo", "--replicas", "3"], std::time::Duration::from_secs(60));
+    let out = text(&output.stdout);
+    assert!(output.status.success(), "{}{out}", text(&output.stderr));
+    for replica in 1..=3 {
+        assert!(out.contains(&format!("replica {replica} on 127.0.0.1:")), "{out}");
+    }
+    // The providers registered through different replicas.
+    let through: std::collections::BTreeSet<&str> =
+        out.lines().filter(|l| l.starts_with("registered ")).filter_map(|l| l.split(" through ").nth(1)).collect();
+    assert!(through.len() > 1, "providers all on one replica: {out}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 12, "{out}");
+    // Columns: pick, consumer, replica, round_robin, repeat(n=3), version=zlt, version=nobody.
+    let replicas: Vec<&str> = rows.iter().map(|r| r[2]).collect();
+    assert!(replicas.windows(2).all(|w| w[0] != w[1]), "consecutive picks on one replica: {replicas:?}");
+    let mut distinct = replicas.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct, ["1", "2", "3"], "every replica took picks");
+    let column = |c: usize| rows.iter().map(|r| r[c].trim_start_matches("orders-")).collect::<Vec<_>>().join("");
+    // A rotation per replica would give "aaabbbcccaaa" here (each replica's own a, b, c, a).
+    assert_eq!(column(3), "abcabcabcabc", "{out}");
+    // Per replica, "abcabcabcabc" (a, b, c, a on each of the three).
+    assert_eq!(column(4), "aaabbbcccaaa", "{out}");
+    assert_eq!(column(5), "zlt".repeat(12));
+    // One counter per rule, whichever replica drew from it.
+    let tickets = |rule: &str| {
+        let line =
+            out.lines().find(|l| l.split_whitespace().take(2).eq(["tickets", rule])).unwrap_or_else(|| panic!("{out}"));
+        line.split_whitespace().skip(2).map(|t| t.parse::<u64>().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(tickets("round_robin"), (0..12).collect::<Vec<u64>>(), "{out}");
+    assert_eq!(tickets("repeat(n=3)"), (0..12).collect::<Vec<u64>>(), "{out}");
+}
+
+#[test]
+fn demo_refuses_a_replica_count_outside_2_to_9() {
+    for count in ["1", "10", "0", "three"] {
+        let output = output_within(&["demo", "--replicas", count], std::time::Duration::from_secs(20));
+        assert_eq!(output.status.code(), Some(2), "--replicas {count}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(&format!("invalid value '{count}' for '--replicas <N>'")), "{stderr}");
+        assert!(text(&output.stdout).is_empty(), "nothing started for --replicas {count}");
+    }
+}
+
+#[test]
+fn demo_replicas_without_redis_server_says_to_install_it() {
+    let output = Command::new(BIN).args(["demo", "--replicas", "2"]).env("PATH", "/nonexistent").output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("redis-server is not installed") && stderr.contains("install"), "{stderr}");
+    assert!(text(&output.stdout).is_empty(), "no replica started");
+}
+
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("rota-it-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -256,20 +294,8 @@ fn an_invalid_config_file_stops_serve_before_binding() {
 /// `rota serve --config PATH` with its log (at info: each reload says whether it applied or
 /// refused the file) read line by line.
 fn serve_config(path: &std::path::Path) -> (Serving, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--warmup", "0s", "--config"])
-        .arg(path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("rota serve starts");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    let addr =
-        first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}")).to_owned();
-    let log = log_lines(child.stderr.take().unwrap());
-    (Serving { child, endpoint: format!("http://{addr}") }, log)
+    let (serving, stderr) = serve_logged("127.0.0.1:0", &["--config", path.to_str().unwrap()]);
+    (serving, log_lines(stderr))
 }
 
 /// Replaces the file at once (a rename), so the server's poll never reads it half written.
@@ -383,7 +409,7 @@ fn wait_for_line(log: &std::sync::mpsc::Receiver<String>, needle: &str) {
 
 #[test]
 fn sigterm_drains_then_exits_zero() {
-    let mut server = serve_with(&["--shutdown-grace".as_ref(), "5s".as_ref()]);
+    let mut server = serve("127.0.0.1:0", &["--shutdown-grace", "5s"]);
     let (register, line) = register_in_background(&server, &["term", "127.0.0.1:7201", "--id", "a"]);
     assert!(line.starts_with("registered a in term"), "{line}");
 
@@ -419,12 +445,12 @@ fn sigterm_drains_then_exits_zero() {
 /// same address, without being told.
 #[test]
 fn register_registers_again_after_the_server_restarts() {
-    let server = serve();
+    let server = serve("127.0.0.1:0", &[]);
     let (mut register, line) = register_in_background(&server, &["again", "127.0.0.1:7301", "--id", "a"]);
     assert!(line.starts_with("registered a in again"), "{line}");
     let listen = server.endpoint.trim_start_matches("http://").to_owned();
     drop(server); // SIGKILL: no Closing, the stream just breaks.
-    let server = serve_on(&listen, &[]);
+    let server = serve(&listen, &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let listed = rota(&server, &["ls", "again"]);

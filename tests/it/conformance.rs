@@ -4,20 +4,19 @@
 //! killed and started again on the same address as the scenario says.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 
 use rota::client::{ClientError, PickOptions, Registration, RotaClient, code_name};
 use rota::pb::{self, register_request::Msg};
 use serde::Deserialize;
 
 use crate::harness::{PATIENCE, TestServer, picked_id};
+use crate::processes::{Serving, serve};
 
 /// The rota a scenario talks to: the shared in-process server, or a process of its own.
 struct Target {
     endpoint: String,
-    process: Option<Child>,
+    process: Option<Serving>,
 }
 
 impl Target {
@@ -27,15 +26,14 @@ impl Target {
 
     /// `rota serve` on a free loopback port, with no warm-up.
     fn own() -> Self {
-        let (process, endpoint) = serve("127.0.0.1:0", &[]);
-        Self { endpoint, process: Some(process) }
+        let process = serve("127.0.0.1:0", &[]);
+        Self { endpoint: process.endpoint.clone(), process: Some(process) }
     }
 
     /// Kills the process and reaps it: its port is closed.
     fn stop(&mut self) -> Result<(), String> {
         let mut process = self.process.take().ok_or("stop_server needs a server of the scenario's own")?;
         process.kill().map_err(|e| e.to_string())?;
-        process.wait().map_err(|e| e.to_string())?;
         Ok(())
     }
 
@@ -45,39 +43,13 @@ impl Target {
             return Err("start_server while the server runs".into());
         }
         let listen = self.endpoint.trim_start_matches("http://").to_owned();
-        let (process, endpoint) = serve(&listen, &["--warmup", warmup]);
-        if endpoint != self.endpoint {
-            return Err(format!("restarted on {endpoint}, expected {}", self.endpoint));
+        let process = serve(&listen, &["--warmup", warmup]);
+        if process.endpoint != self.endpoint {
+            return Err(format!("restarted on {}, expected {}", process.endpoint, self.endpoint));
         }
         self.process = Some(process);
         Ok(())
     }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.stop();
-    }
-}
-
-/// `rota serve --listen LISTEN EXTRA...` once it has printed its address, and that address as
-/// an endpoint.
-fn serve(listen: &str, extra: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rota"))
-        .args(["serve", "--listen", listen, "--admin-listen", "off"])
-        .args(extra)
-        // A flag given in `extra` wins over the environment.
-        .env("ROTA_WARMUP", "0s")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rota serve starts");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line was {first:?}"));
-    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
-    (child, format!("http://{addr}"))
 }
 
 async fn connect(target: &Target) -> RotaClient {

@@ -10,6 +10,7 @@ mod harness;
 mod hostile;
 mod limits;
 mod policy;
+mod processes;
 mod redis_server;
 mod registration;
 mod replicas;

@@ -2,11 +2,12 @@
 //! across replicas, exact under concurrency, sticky from any replica, and picks that go on
 //! while Redis is away without repeating a ticket after it returns.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use rota::client::{PickOptions, RotaClient};
 use rota::pb;
+use rota::replicas::table::REPLICA_LEASE;
 use rota::state::StateConfig;
 
 use crate::admin::get;
@@ -833,4 +834,130 @@ async fn under_load_a_replica_dies_and_the_survivor_fails_no_pick_and_drops_only
     }
     ids.sort();
     assert_eq!(ids, ["b", "b", "c", "c"], "only the dead replica's instance left");
+}
+
+/// Applies a Watch event to the instance ids it describes.
+fn apply(ids: &mut BTreeSet<String>, event: &pb::WatchEvent) {
+    match &event.event {
+        Some(pb::watch_event::Event::Snapshot(list)) => *ids = list.instances.iter().map(|i| i.id.clone()).collect(),
+        Some(pb::watch_event::Event::Added(added)) => {
+            ids.insert(added.id.clone());
+        }
+        Some(pb::watch_event::Event::Removed(removed)) => {
+            ids.remove(&removed.id);
+        }
+        Some(pb::watch_event::Event::Updated(_)) | None => {}
+    }
+}
+
+/// Follows `events` into `ids` until they are exactly `wanted`; returns the events read. Fails
+/// if that takes longer than `within`.
+async fn watch_until(
+    events: &mut tonic::Streaming<pb::WatchEvent>,
+    ids: &mut BTreeSet<String>,
+    wanted: &[&str],
+    within: Duration,
+) -> Vec<pb::WatchEvent> {
+    let wanted: BTreeSet<String> = wanted.iter().map(|id| id.to_string()).collect();
+    let mut read = Vec::new();
+    let reached = tokio::time::timeout(within, async {
+        while *ids != wanted {
+            let event = events.message().await.expect("watch stream").expect("the watch went on");
+            apply(ids, &event);
+            read.push(event);
+        }
+    })
+    .await;
+    assert!(reached.is_ok(), "the watch held {ids:?}, not {wanted:?}, after {within:?}: {read:?}");
+    read
+}
+
+/// A registration of `instance` through the rota at `endpoint`, all accepted.
+async fn register_on(endpoint: &str, instance: pb::Instance) -> rota::client::Registration {
+    let mut client = RotaClient::connect(endpoint).await.expect("client connects");
+    let registration = client.register(vec![instance]).await.expect("register");
+    registration.require_all_accepted().expect("accepted");
+    registration
+}
+
+async fn watch_on(endpoint: &str, service: &str) -> tonic::Streaming<pb::WatchEvent> {
+    RotaClient::connect(endpoint).await.expect("client connects").watch(service).await.expect("watch")
+}
+
+#[tokio::test]
+async fn under_load_a_killed_replica_process_costs_the_survivor_no_pick_and_only_its_instance() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use crate::processes::serve;
+
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    // A generous Redis timeout, as for the in-process replicas: a slow machine is no outage.
+    let args = ["--state", url.as_str(), "--state-timeout", "5s"];
+    let mut doomed = serve("127.0.0.1:0", &args);
+    let survivor = serve("127.0.0.1:0", &args);
+    let _a = register_on(&doomed.endpoint, instance("killed", "a", 1)).await;
+    let _b = register_on(&survivor.endpoint, instance("killed", "b", 2)).await;
+    // Both replicas see both instances.
+    watch_until(&mut watch_on(&doomed.endpoint, "killed").await, &mut BTreeSet::new(), &["a", "b"], PATIENCE).await;
+    let mut events = watch_on(&survivor.endpoint, "killed").await;
+    let mut ids = BTreeSet::new();
+    let mut seen = watch_until(&mut events, &mut ids, &["a", "b"], PATIENCE).await;
+
+    // Consumers pick from the survivor in a loop; each reports its first pick before the kill.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (started_tx, mut started) = tokio::sync::mpsc::channel(3);
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let mut client = RotaClient::connect(&survivor.endpoint).await.expect("client connects");
+        let (stop, answered, started_tx) = (stop.clone(), answered.clone(), started_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut picked, mut failures) = (Vec::new(), Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match client.pick("killed", PickOptions::rule("round_robin")).await {
+                    Ok(pick) => {
+                        picked.push(picked_id(&pick.into_response()));
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => failures.push(error.to_string()),
+                }
+                if picked.len() + failures.len() == 1 {
+                    let _ = started_tx.send(()).await;
+                }
+            }
+            (picked, failures)
+        }));
+    }
+    for _ in 0..3 {
+        tokio::time::timeout(PATIENCE, started.recv()).await.expect("every consumer picked").expect("consumer");
+    }
+
+    // SIGKILL: the process says nothing to Redis or to anyone.
+    doomed.kill().expect("the replica process is killed");
+    let at_kill = answered.load(Ordering::Relaxed);
+    seen.extend(watch_until(&mut events, &mut ids, &["b"], REPLICA_LEASE + PATIENCE).await);
+    stop.store(true, Ordering::Relaxed);
+    assert!(answered.load(Ordering::Relaxed) > at_kill, "no pick was answered while the replica's lease ran out");
+    for task in tasks {
+        let (picked, failures) =
+            tokio::time::timeout(PATIENCE, task).await.expect("the consumer stops").expect("consumer");
+        assert!(failures.is_empty(), "the survivor failed picks: {failures:?}");
+        assert!(picked.iter().all(|id| id == "a" || id == "b"), "{picked:?}");
+    }
+    // The survivor's own instance was never removed nor changed, and is all it answers now.
+    let touched: Vec<_> = seen
+        .iter()
+        .filter(|event| match &event.event {
+            Some(pb::watch_event::Event::Removed(removed)) => removed.id == "b",
+            Some(pb::watch_event::Event::Updated(updated)) => updated.id == "b",
+            _ => false,
+        })
+        .collect();
+    assert!(touched.is_empty(), "the survivor's own instance was touched: {touched:?}");
+    let mut client = RotaClient::connect(&survivor.endpoint).await.expect("client connects");
+    for _ in 0..4 {
+        assert_eq!(picked_id(&pick(&mut client, "killed", PickOptions::rule("round_robin")).await), "b");
+    }
 }

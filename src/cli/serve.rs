@@ -75,7 +75,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ROTA_STICKY_MEMORY_BYTES")]
     pub sticky_memory_bytes: Option<String>,
     /// Where rule state lives: `memory` (this process) or a Redis shared by several replicas,
-    /// `redis://HOST:PORT[/DB]` or `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]`
+    /// `redis://HOST:PORT[/DB]`, `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]` or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]`
     /// [default: memory].
     #[arg(long, env = "ROTA_STATE")]
     pub state: Option<String>,

@@ -1,44 +1,47 @@
 //! One owner per instance id across the replicas.
 //!
 //! A registration stream's announce claims its ids before the registry applies them
-//! ([`crate::registry::Claims`]). One script call per service checks, for each id, whether a
-//! live replica other than this one holds it in its instances hash
-//! (`rota:{SERVICE}:instances:REPLICA`); if none does, the id is written into this replica's
-//! hash at once, so a registration racing on another replica finds it there. The first
-//! replica to claim an id keeps it; the other refuses the announce with `ALREADY_EXISTS`, as
-//! one server refuses a second stream. A replica whose key expired is not live: its entries
-//! never block a claim.
+//! ([`crate::registry::Claims`]). Per service, rota reads which replicas hold instances of the
+//! service and which of them are dead (their key expired), renewing its own key on the way;
+//! then one script call checks, for each id, whether a replica other than this one and not
+//! known dead holds it in its instances hash (`rota:{SERVICE}:instances:REPLICA`), and if none
+//! does, writes the id into this replica's hash at once, so that a registration racing on
+//! another replica finds it there. A replica that became a holder after the first read counts
+//! as alive. The first replica to claim an id keeps it; the other refuses the announce with
+//! `ALREADY_EXISTS`, as one server refuses a second stream. Each step touches one hash slot, so
+//! claims work on a Redis Cluster too.
 //!
 //! While Redis is unreachable nothing is claimed and each replica decides alone (as it keeps
 //! answering picks alone); two registrations of one id made on two replicas during an outage
 //! both stand until one of them ends.
 
-use std::sync::Arc;
-
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::registry::{Claim, Claims, Instance};
-use crate::state::redis::Link;
+use crate::state::redis::{Link, keys};
 
-use super::table::{REPLICA_LEASE, Shared, holders_key, instances_key, replica_key};
+use super::table::{REPLICA_LEASE, Shared};
 
 /// KEYS: the service's holders set, this replica's instances hash. ARGV: this replica, the
-/// prefix of a replica's instances hash, the prefix of a replica's key, the replica lease in
-/// milliseconds, then (id, JSON) pairs. Answers per id: `+` newly held here, `=` already held
-/// here, or the replica holding it. This replica's key is renewed first: a claim made before
-/// its first renewal must still count as live.
+/// prefix of a replica's instances hash (same slot), the number of dead replicas, their names,
+/// then (id, JSON) pairs. Answers per id: `+` newly held here, `=` already held here, or the
+/// replica holding it.
 const CLAIM_SCRIPT: &str = r"
-local me, hashes, replicas = ARGV[1], ARGV[2], ARGV[3]
-redis.call('SET', replicas .. me, 1, 'PX', ARGV[4])
+local me, hashes, dead_count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local dead = {}
+for i = 4, 3 + dead_count do
+  dead[ARGV[i]] = true
+end
 local others = {}
 for _, holder in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if holder ~= me and redis.call('EXISTS', replicas .. holder) == 1 then
+  if holder ~= me and not dead[holder] then
     others[#others + 1] = holder
   end
 end
 local answers, claimed = {}, false
-for i = 5, #ARGV, 2 do
+for i = 4 + dead_count, #ARGV, 2 do
   local id, owner = ARGV[i], nil
   for _, holder in ipairs(others) do
     if redis.call('HEXISTS', hashes .. holder, id) == 1 then
@@ -74,6 +77,27 @@ impl IdClaims {
     }
 }
 
+impl IdClaims {
+    /// The holders of `service` other than this replica whose key has expired; renews this
+    /// replica's key first, so that its claims count as alive from its first one on.
+    async fn dead_holders(&self, service: &str) -> Option<Vec<String>> {
+        let holders_key = keys::holders(service);
+        let holders: Vec<String> = self
+            .link
+            .run(|mut conn| async move { redis::cmd("SMEMBERS").arg(&holders_key).query_async(&mut conn).await })
+            .await?;
+        let others: Vec<String> = holders.into_iter().filter(|h| **h != *self.replica).collect();
+        let mut pipe = redis::pipe();
+        let lease_ms = REPLICA_LEASE.as_millis() as u64;
+        pipe.cmd("SET").arg(keys::replica(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        for holder in &others {
+            pipe.cmd("EXISTS").arg(keys::replica(holder));
+        }
+        let alive: Vec<bool> = self.link.run(|mut conn| async move { pipe.query_async(&mut conn).await }).await?;
+        Some(others.into_iter().zip(alive).filter(|(_, alive)| !alive).map(|(holder, _)| holder).collect())
+    }
+}
+
 impl Claims for IdClaims {
     fn claim<'a>(
         &'a self,
@@ -85,10 +109,10 @@ impl Claims for IdClaims {
             if !self.link.is_up() {
                 return unchecked;
             }
+            let Some(dead) = self.dead_holders(service).await else { return unchecked };
             let mut invocation = self.script.prepare_invoke();
-            invocation.key(holders_key(service)).key(instances_key(service, &self.replica));
-            invocation.arg(&*self.replica).arg(instances_key(service, "")).arg(replica_key(""));
-            invocation.arg(REPLICA_LEASE.as_millis() as u64);
+            invocation.key(keys::holders(service)).key(keys::instances(service, &self.replica));
+            invocation.arg(&*self.replica).arg(keys::instances(service, "")).arg(dead.len()).arg(&dead);
             for instance in instances {
                 let encoded = serde_json::to_string(&Shared::of(instance)).unwrap_or_default();
                 invocation.arg(&*instance.id).arg(encoded);
@@ -110,7 +134,7 @@ impl Claims for IdClaims {
     }
 
     fn release(&self, service: &str, ids: Vec<Arc<str>>) {
-        let (link, key) = (self.link.clone(), instances_key(service, &self.replica));
+        let (link, key) = (self.link.clone(), keys::instances(service, &self.replica));
         tokio::spawn(async move {
             let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
             link.run(

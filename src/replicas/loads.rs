@@ -4,7 +4,7 @@
 //! to say — picks in flight, successive failures, the rest of a breaker's blackout, its latency
 //! average — as one hash per service, `rota:{SERVICE}:loads:REPLICA`, that expires after
 //! [`LOADS_TTL`] unless written again (a dead replica's loads vanish on their own). It marks the
-//! service in `rota:loads:active`, reads the other replicas' hashes of every active service, and
+//! service in `rota:{~fleet}:loads:active`, reads the other replicas' hashes of every active service, and
 //! hands the merged view to the statistics store ([`Stats::set_remote`]): in-flight counts and
 //! successive failures add up, the latest breaker end holds, latencies average. So load-aware
 //! rules weigh every replica's picks, a breaker tripped through one replica is honoured by all,
@@ -16,9 +16,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis::Value;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::state::redis::Link;
+use crate::state::redis::keys::{self, ACTIVE_LOADS as ACTIVE, REPLICAS};
 use crate::state::{LocalLoad, RemoteLoad, Stats};
 
 /// Time between exchanges of loads.
@@ -27,12 +29,6 @@ pub const INTERVAL: Duration = Duration::from_millis(250);
 pub const LOADS_TTL: Duration = Duration::from_secs(2);
 /// A service whose loads nobody wrote for this long is no longer read.
 const ACTIVE_WINDOW: Duration = Duration::from_secs(10);
-const ACTIVE: &str = "rota:loads:active";
-const REPLICAS: &str = "rota:replicas";
-
-fn loads_key(service: &str, replica: &str) -> String {
-    format!("rota:{{{service}}}:loads:{replica}")
-}
 
 fn encode(load: &LocalLoad) -> String {
     format!(
@@ -113,13 +109,18 @@ impl LoadSharing {
         }
         let now = wall_ms();
         let ttl = LOADS_TTL.as_millis() as u64;
-        let mut pipe = redis::pipe();
-        pipe.cmd("SADD").arg(REPLICAS).arg(&*self.replica).ignore();
+        // One group per hash slot: the fleet-wide keys, then each service's.
+        let mut fleet = redis::pipe();
+        fleet.cmd("SADD").arg(REPLICAS).arg(&*self.replica).ignore();
+        let mut groups = Vec::new();
         for service in self.written.iter().filter(|s| !by_service.contains_key(*s)) {
-            pipe.cmd("DEL").arg(loads_key(service, &self.replica)).ignore();
+            let mut pipe = redis::pipe();
+            pipe.cmd("DEL").arg(keys::loads(service, &self.replica)).ignore();
+            groups.push(pipe);
         }
         for (service, loads) in &by_service {
-            let key = loads_key(service, &self.replica);
+            let key = keys::loads(service, &self.replica);
+            let mut pipe = redis::pipe();
             pipe.cmd("DEL").arg(&key).ignore();
             let mut hset = redis::cmd("HSET");
             hset.arg(&key);
@@ -128,9 +129,11 @@ impl LoadSharing {
             }
             pipe.add_command(hset).ignore();
             pipe.cmd("PEXPIRE").arg(&key).arg(ttl).ignore();
-            pipe.cmd("ZADD").arg(ACTIVE).arg(now).arg(&**service).ignore();
+            groups.push(pipe);
+            fleet.cmd("ZADD").arg(ACTIVE).arg(now).arg(&**service).ignore();
         }
-        if self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_none() {
+        groups.push(fleet);
+        if self.link.together::<Value>(groups).await.is_none() {
             return false;
         }
         self.written = by_service.into_keys().collect();
@@ -166,12 +169,18 @@ impl LoadSharing {
         if pairs.is_empty() {
             return Some(HashMap::new());
         }
-        let mut pipe = redis::pipe();
-        for (service, replica) in &pairs {
-            pipe.cmd("HGETALL").arg(loads_key(service, replica));
-        }
-        let hashes: Vec<HashMap<String, String>> =
-            self.link.run(|mut c| async move { pipe.query_async(&mut c).await }).await?;
+        // One pipeline per service (its keys share a slot), in the order of `pairs`.
+        let groups = services
+            .iter()
+            .map(|service| {
+                let mut pipe = redis::pipe();
+                for replica in &others {
+                    pipe.cmd("HGETALL").arg(keys::loads(service, replica));
+                }
+                pipe
+            })
+            .collect();
+        let hashes: Vec<HashMap<String, String>> = self.link.together(groups).await?;
         let now = Instant::now();
         // Per instance: the merged load, and the sum and count of the latencies given.
         let mut merged: HashMap<InstanceKey, (RemoteLoad, f64, u32)> = HashMap::new();
@@ -209,7 +218,7 @@ impl LoadSharing {
         }
         let mut pipe = redis::pipe();
         for replica in others {
-            pipe.cmd("EXISTS").arg(super::table::replica_key(replica));
+            pipe.cmd("EXISTS").arg(keys::replica(replica));
         }
         let Some(alive): Option<Vec<bool>> = self.link.run(|mut c| async move { pipe.query_async(&mut c).await }).await
         else {

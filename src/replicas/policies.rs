@@ -1,8 +1,8 @@
 //! Runtime policy overrides shared by the replicas.
 //!
 //! A `SetPolicy` or `ResetPolicy` on any replica writes the service's override to the hash
-//! `rota:policies` (service → the override as TOML, as `SetPolicy` sent it) and bumps
-//! `rota:policies:version`. Every replica reads the version each [`POLL`] and, when it moved,
+//! `rota:{~fleet}:policies` (service → the override as TOML, as `SetPolicy` sent it) and bumps
+//! `rota:{~fleet}:policies:version`. Every replica reads the version each [`POLL`] and, when it moved,
 //! takes the whole hash as its runtime layer; each replica resolves the overrides over its own
 //! policy file's defaults. Overrides made while Redis is unreachable are written when it
 //! returns, and after Redis lost its data (a restart without persistence) each replica writes
@@ -19,8 +19,7 @@ use crate::policy::file::{spec_from_toml, spec_to_toml};
 use crate::policy::{Policies, PolicySpec, RuntimeChange};
 use crate::state::redis::Link;
 
-const POLICIES: &str = "rota:policies";
-const VERSION: &str = "rota:policies:version";
+use crate::state::redis::keys::{POLICIES, POLICIES_VERSION as VERSION};
 
 pub struct PolicySharing {
     policies: Arc<Policies>,

@@ -2,13 +2,13 @@
 //!
 //! Each replica writes the instances its own registration streams hold, per service, into the
 //! hash `rota:{SERVICE}:instances:REPLICA` (one field per instance id, its JSON as the value),
-//! lists itself in `rota:{SERVICE}:holders`, and appends an entry to the stream `rota:changes`
+//! lists itself in `rota:{SERVICE}:holders`, and appends an entry to the stream `rota:{~fleet}:changes`
 //! naming the service, itself, and the ids that changed (up to [`IDS_PER_CHANGE`]; an entry
 //! without ids stands for the whole service). Only what changed is written: one instance's
 //! change in a service of 100,000 costs one field, not the whole table. It keeps
-//! `rota:replica:REPLICA` alive with an expiry of [`REPLICA_LEASE`], renewed every [`POLL`].
+//! `rota:{~fleet}:replica:REPLICA` alive with an expiry of [`REPLICA_LEASE`], renewed every [`POLL`].
 //!
-//! Every replica reads `rota:changes` each [`POLL`] and copies the other live replicas'
+//! Every replica reads the change stream each [`POLL`] and copies the other live replicas'
 //! instances into its own registry through one *mirror lease* per (replica, service): the
 //! named ids alone when the entry names them, the whole hash otherwise. A full resync every
 //! [`RESYNC`] repairs anything missed; it announces to the registry only what differs from
@@ -37,6 +37,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::registry::{Instance, InstanceRef, InstanceSpec, Lease, Registry, RequestedStatus, Status};
 use crate::state::redis::Link;
+use crate::state::redis::keys::{self, CHANGES, SERVICES};
 
 /// How long a replica's instances outlive its last renewal.
 pub const REPLICA_LEASE: Duration = Duration::from_secs(5);
@@ -54,20 +55,6 @@ pub const IDS_PER_CHANGE: usize = 128;
 const CHANGES_PER_READ: usize = 1000;
 /// Instances one mirror lease may hold: what another replica holds of one service.
 const MIRROR_LIMIT: usize = 1_000_000;
-const CHANGES: &str = "rota:changes";
-const SERVICES: &str = "rota:services";
-
-pub(super) fn instances_key(service: &str, replica: &str) -> String {
-    format!("rota:{{{service}}}:instances:{replica}")
-}
-
-pub(super) fn holders_key(service: &str) -> String {
-    format!("rota:{{{service}}}:holders")
-}
-
-pub(super) fn replica_key(replica: &str) -> String {
-    format!("rota:replica:{replica}")
-}
 
 /// One instance as replicas share it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,7 +214,7 @@ impl TableSharing {
 
     /// One poll: renew, write local changes, read others' changes, drop dead replicas.
     async fn round(&mut self, full: bool) {
-        let key = replica_key(&self.replica);
+        let key = keys::replica(&self.replica);
         let lease_ms = REPLICA_LEASE.as_millis() as u64;
         let Some(previous) = self
             .link
@@ -310,12 +297,14 @@ impl TableSharing {
         if !whole && changed.is_empty() && removed.is_empty() {
             return true;
         }
-        let (instances, holders) = (instances_key(service, &self.replica), holders_key(service));
-        let mut pipe = redis::pipe();
-        // The replica's key first: no reader may see these instances without it (it would take
-        // the replica for dead and drop them).
+        let (instances, holders) = (keys::instances(service, &self.replica), keys::holders(service));
+        // Three steps, each in one hash slot. The replica's key first: no reader may see these
+        // instances without it (it would take the replica for dead and drop them). Then the
+        // service's keys, then the change entry that tells the others to read them.
         let lease_ms = REPLICA_LEASE.as_millis() as u64;
-        pipe.cmd("SET").arg(replica_key(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        let mut renew = redis::pipe();
+        renew.cmd("SET").arg(keys::replica(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        let (mut pipe, mut announce) = (redis::pipe(), redis::pipe());
         let mut ids: Option<Vec<&str>> = None;
         if own.is_empty() {
             pipe.cmd("DEL").arg(&instances).ignore();
@@ -339,16 +328,16 @@ impl TableSharing {
                 }
             }
             pipe.cmd("SADD").arg(&holders).arg(&*self.replica).ignore();
-            pipe.cmd("SADD").arg(SERVICES).arg(&**service).ignore();
+            announce.cmd("SADD").arg(SERVICES).arg(&**service).ignore();
         }
-        let entry = pipe.cmd("XADD");
+        let entry = announce.cmd("XADD");
         entry.arg(CHANGES).arg("MAXLEN").arg("~").arg(CHANGES_KEPT).arg("*");
         entry.arg("s").arg(&**service).arg("r").arg(&*self.replica);
         if let Some(ids) = ids {
             entry.arg("ids").arg(ids.join(" "));
         }
         entry.ignore();
-        if self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_none() {
+        if !self.link.sequence(vec![renew, pipe, announce]).await {
             return false;
         }
         self.rewrite.remove(service);
@@ -426,7 +415,7 @@ impl TableSharing {
 
     /// Copies the other live replicas' instances of `service`; false when Redis did not answer.
     async fn apply(&mut self, service: &str) -> bool {
-        let holders_key = holders_key(service);
+        let holders_key = keys::holders(service);
         let Some(holders) =
             self.link
                 .run(|mut c| async move {
@@ -446,7 +435,7 @@ impl TableSharing {
                 dead.push(holder);
                 continue;
             }
-            let key = instances_key(&service, &holder);
+            let key = keys::instances(&service, &holder);
             let Some(encoded) = self
                 .link
                 .run(|mut c| async move {
@@ -478,19 +467,23 @@ impl TableSharing {
         if replicas.is_empty() || services.is_empty() {
             return true;
         }
-        let mut pipe = redis::pipe();
-        for replica in replicas {
-            for service in services {
-                pipe.cmd("DEL").arg(instances_key(service, replica)).ignore();
-                pipe.cmd("SREM").arg(holders_key(service)).arg(replica).ignore();
-            }
-        }
-        self.link.run(|mut c| async move { pipe.query_async::<()>(&mut c).await }).await.is_some()
+        let groups = services
+            .iter()
+            .map(|service| {
+                let mut pipe = redis::pipe();
+                for replica in replicas {
+                    pipe.cmd("DEL").arg(keys::instances(service, replica)).ignore();
+                    pipe.cmd("SREM").arg(keys::holders(service)).arg(replica).ignore();
+                }
+                pipe
+            })
+            .collect();
+        self.link.sequence(groups).await
     }
 
     /// Copies the named instances of `holder`'s `service` again; false when Redis did not answer.
     async fn apply_ids(&mut self, service: &str, holder: String, ids: BTreeSet<String>) -> bool {
-        let key = instances_key(service, &holder);
+        let key = keys::instances(service, &holder);
         let ids: Vec<String> = ids.into_iter().collect();
         let asked = ids.clone();
         let Some(encoded) = self
@@ -535,7 +528,7 @@ impl TableSharing {
         }
         let mut pipe = redis::pipe();
         for replica in replicas {
-            pipe.cmd("EXISTS").arg(replica_key(replica));
+            pipe.cmd("EXISTS").arg(keys::replica(replica));
         }
         self.link.run(|mut c| async move { pipe.query_async::<Vec<bool>>(&mut c).await }).await
     }

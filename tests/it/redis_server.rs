@@ -138,3 +138,55 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A Redis Cluster of `redis-server` processes on free loopback ports, every slot assigned
+/// (primaries only), answering `cluster_state:ok` on every node. Killed when dropped.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub async fn start(size: usize) -> Self {
+        let mut nodes = Vec::with_capacity(size);
+        for _ in 0..size {
+            let flags =
+                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"];
+            nodes.push(RedisServer::start_with(&flags).await);
+        }
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let create = addrs.clone();
+        let status = tokio::task::spawn_blocking(move || {
+            Command::new("redis-cli")
+                .args(["--cluster", "create"])
+                .args(&create)
+                .args(["--cluster-replicas", "0", "--cluster-yes"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .status()
+        })
+        .await
+        .expect("redis-cli ran")
+        .expect("redis-cli starts (it comes with redis-server)");
+        assert!(status.success(), "redis-cli --cluster create failed: {status}");
+        let cluster = Self { nodes };
+        tokio::time::timeout(PATIENCE, async {
+            for node in &cluster.nodes {
+                loop {
+                    let info: String = node.query(&["CLUSTER", "INFO"]).await.unwrap_or_default();
+                    if info.contains("cluster_state:ok") {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+        .await
+        .expect("every node of the cluster reports cluster_state:ok");
+        cluster
+    }
+
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", addrs.join(","))
+    }
+}

@@ -12,7 +12,7 @@ use rota::state::StateConfig;
 
 use crate::admin::get;
 use crate::harness::{PATIENCE, TestServer, instance, picked_id};
-use crate::redis_server::RedisServer;
+use crate::redis_server::{RedisCluster, RedisServer};
 
 /// A replica whose state lives at `url`, once its link to Redis is up.
 async fn replica(url: &str, ticket_block: u32) -> TestServer {
@@ -374,15 +374,22 @@ async fn a_dead_replica_s_ids_may_be_registered_again_on_the_survivor() {
 async fn the_same_ids_registered_on_two_replicas_at_once_are_accepted_on_one_only() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
-    let ids: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    race_for_ids(&one, &two, "twice", 20).await;
+}
+
+/// Announces ids `r0`.. of `service` on both replicas at once, one id at a time: each is
+/// accepted through exactly one replica (the other answers `ALREADY_EXISTS`), and both
+/// replicas end up holding every id as its winner registered it.
+async fn race_for_ids(one: &TestServer, two: &TestServer, service: &str, count: usize) {
+    let ids: Vec<String> = (0..count).map(|i| format!("r{i}")).collect();
     let (mut first, mut second) = (one.client().await, two.client().await);
     let mut held = Vec::new();
     let mut winners = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         // Both announces go out together: neither replica has seen the other's in its table.
         let (a, b) = tokio::join!(
-            first.register(vec![instance("twice", id, 1)]),
-            second.register(vec![instance("twice", id, 2)])
+            first.register(vec![instance(service, id, 1)]),
+            second.register(vec![instance(service, id, 2)])
         );
         let (a, b) = (a.expect("register on one"), b.expect("register on two"));
         let accepted = [&a, &b].map(|r| r.ack().accepted.len());
@@ -398,9 +405,9 @@ async fn the_same_ids_registered_on_two_replicas_at_once_are_accepted_on_one_onl
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut sorted = names.clone();
     sorted.sort_unstable();
-    for server in [&one, &two] {
-        wait_instances(server, "twice", &sorted).await;
-        let snapshot = server.server.balancer().registry().service("twice").expect("the service");
+    for server in [one, two] {
+        wait_instances(server, service, &sorted).await;
+        let snapshot = server.server.balancer().registry().service(service).expect("the service");
         for (id, winner) in names.iter().zip(&winners) {
             let port = snapshot.instances.iter().find(|i| &*i.id == *id).expect("held").port;
             assert_eq!(u32::from(port), *winner, "{id} comes from the replica that accepted it");
@@ -433,8 +440,10 @@ async fn one_instance_s_change_in_a_large_service_writes_and_names_that_instance
     .expect("the new weight reached the other replica")
     .expect("registry runs");
     // The change entry names the one id; the replica's hash holds one field per instance.
-    let last: redis::Value =
-        redis.query(&["XREVRANGE", "rota:changes", "+", "-", "COUNT", "1"]).await.expect("XREVRANGE");
+    let last: redis::Value = redis
+        .query(&["XREVRANGE", rota::state::redis::keys::CHANGES, "+", "-", "COUNT", "1"])
+        .await
+        .expect("XREVRANGE");
     let text = format!("{last:?}");
     assert!(text.contains("i123") && !text.contains("i124"), "the last change names i123 alone: {text}");
     let keys: Vec<String> = redis.query(&["KEYS", "rota:{large}:instances:*"]).await.expect("KEYS");
@@ -457,7 +466,7 @@ async fn a_replica_whose_key_lapsed_writes_its_instances_again() {
     .await
     .expect("the instances were written");
     let hash = keys().await.remove(0);
-    let replica_key = format!("rota:replica:{}", hash.rsplit(':').next().expect("a replica id"));
+    let replica_key = rota::state::redis::keys::replica(hash.rsplit(':').next().expect("a replica id"));
     // What another replica does when this one's key has expired: its entries are cleared.
     let _: () = redis.query(&["DEL", &replica_key, &hash]).await.expect("DEL");
     tokio::time::timeout(PATIENCE, async {
@@ -651,10 +660,11 @@ async fn run_script(server: &TestServer, service: &str, script: &[Step]) -> Vec<
 }
 
 #[tokio::test]
-async fn every_deterministic_rule_answers_the_same_sequence_on_memory_and_on_redis() {
-    let redis = RedisServer::start().await;
+async fn every_deterministic_rule_answers_the_same_sequence_on_memory_on_redis_and_on_a_redis_cluster() {
+    let (redis, cluster) = (RedisServer::start().await, RedisCluster::start(3).await);
     let memory = TestServer::start().await;
     let shared = replica(&redis.url(), 1).await;
+    let clustered = replica(&cluster.url(), 1).await;
     let instances = || {
         let zoned = |id: &str, port: u32, zone: &str, weight: u32| pb::Instance {
             zone: zone.into(),
@@ -670,6 +680,7 @@ async fn every_deterministic_rule_answers_the_same_sequence_on_memory_and_on_red
     };
     let _on_memory = memory.register(instances()).await;
     let _on_redis = shared.register(instances()).await;
+    let _on_cluster = clustered.register(instances()).await;
     let mut script: Vec<Step> = Vec::new();
     for rule in [
         "round_robin",
@@ -702,6 +713,43 @@ async fn every_deterministic_rule_answers_the_same_sequence_on_memory_and_on_red
         ]
     );
     assert_eq!(on_redis, on_memory, "the Redis backend answers as the in-process one");
+    let on_cluster = run_script(&clustered, "suite", &script).await;
+    assert_eq!(on_cluster, on_memory, "on a Redis Cluster too");
+}
+
+#[tokio::test]
+async fn replicas_on_a_redis_cluster_share_rotations_ids_policies_and_breakers() {
+    let cluster = RedisCluster::start(3).await;
+    let (one, two) = (replica(&cluster.url(), 1).await, replica(&cluster.url(), 1).await);
+    let mut consumers = clients(&[&one, &two]).await;
+    // Services whose keys hash to different slots, so to different nodes of the cluster.
+    let services = ["orders", "payments", "search", "users"];
+    let mut held = Vec::new();
+    for service in services {
+        held.extend(register_spread(&[&one, &two], service).await);
+        let mut sequence = String::new();
+        for i in 0..6 {
+            let picked = pick(&mut consumers[i % 2], service, PickOptions::rule("repeat(n=2)")).await;
+            sequence.push_str(&picked_id(&picked));
+        }
+        assert_eq!(sequence, "aabbcc", "{service}: one rotation across replicas on the cluster");
+    }
+    let mut sizes = Vec::new();
+    for node in &cluster.nodes {
+        sizes.push(node.query::<u64>(&["DBSIZE"]).await.expect("DBSIZE"));
+    }
+    assert!(sizes.iter().filter(|n| **n > 0).count() >= 2, "keys spread over the nodes: {sizes:?}");
+    // Ids announced on both replicas at once get one owner.
+    race_for_ids(&one, &two, "claimed", 6).await;
+    // A policy set through one replica applies on the other.
+    let policy = pb::Policy { service: "orders".into(), rule: "repeat(n=3)".into(), ..Default::default() };
+    one.client().await.set_policy(policy).await.expect("SetPolicy");
+    wait_policy(&two, "orders", "repeat(n=3)").await;
+    // Failures reported through both replicas trip one breaker, honoured by both.
+    consumers[0].report(vec![failure("users", "b"), failure("users", "b")]).await.expect("report");
+    wait_stats(&two, "users", "b", |r| r.successive_failures == 2).await;
+    consumers[1].report(vec![failure("users", "b")]).await.expect("report");
+    wait_stats(&one, "users", "b", |r| r.tripped_for.is_some()).await;
 }
 
 /// Picks of one consumer under load: (phase when the pick started, ticket), and any failure.

@@ -1,9 +1,11 @@
 //! The connection to Redis, and whether it answers.
 //!
 //! One multiplexed connection carries every command of a replica (commands are pipelined on
-//! it, not one connection per request). A keeper task checks it every [`CHECK_INTERVAL`] with a
-//! `PING`, reconnects when it fails, and — under Sentinel — asks the sentinels for the current
-//! primary on each check, so a failover is followed without a restart. The link is *up* while
+//! it, not one connection per request); on a Redis Cluster, one cluster connection (a
+//! multiplexed connection per node, each command routed by its key's hash slot). A keeper task
+//! checks it every [`CHECK_INTERVAL`] with a `PING`, reconnects when it fails, and — under
+//! Sentinel — asks the sentinels for the current primary on each check, so a failover is
+//! followed without a restart. The link is *up* while
 //! the last command or check succeeded; callers skip Redis entirely while it is down and answer
 //! from local state, so an outage costs a pick nothing after the first failure.
 
@@ -13,8 +15,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisError};
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, Value,
+};
 use tokio::sync::{Notify, watch};
 
 use super::target::Target;
@@ -45,8 +53,44 @@ pub struct Link {
 
 /// An open connection and the address it reached.
 struct Connected {
-    conn: MultiplexedConnection,
+    conn: Conn,
     addr: String,
+}
+
+/// A connection to one server, or to a Cluster. A pipeline sent on it must keep to one hash
+/// slot (a Cluster node refuses others): [`Link::sequence`] and [`Link::together`] send several.
+#[derive(Clone)]
+pub enum Conn {
+    One(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::One(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::One(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::One(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -92,7 +136,7 @@ impl Link {
     }
 
     /// The connection, while the link is up.
-    pub fn connection(&self) -> Option<MultiplexedConnection> {
+    pub fn connection(&self) -> Option<Conn> {
         if !self.is_up() {
             return None;
         }
@@ -101,7 +145,7 @@ impl Link {
 
     /// Runs one command (or pipeline) on the link; any failure or a late answer marks the link
     /// down. `None` when the link is down or the command failed: the caller answers locally.
-    pub async fn run<T, F>(&self, command: impl FnOnce(MultiplexedConnection) -> F) -> Option<T>
+    pub async fn run<T, F>(&self, command: impl FnOnce(Conn) -> F) -> Option<T>
     where
         F: Future<Output = Result<T, RedisError>>,
     {
@@ -117,6 +161,35 @@ impl Link {
                 None
             }
         }
+    }
+
+    /// Runs `groups` one after the other (each sent once the previous one answered), ignoring
+    /// their answers; false when the link is down or a group failed. The commands of one group
+    /// share one hash slot.
+    pub async fn sequence(&self, groups: Vec<Pipeline>) -> bool {
+        self.run(|mut conn| async move {
+            for group in &groups {
+                group.query_async::<()>(&mut conn).await?;
+            }
+            Ok(())
+        })
+        .await
+        .is_some()
+    }
+
+    /// Runs `groups` at once (the commands of one group share one hash slot) and returns the
+    /// answers of their commands not ignored, in order; `None` when the link is down or a group
+    /// failed.
+    pub async fn together<T: FromRedisValue + Send>(&self, groups: Vec<Pipeline>) -> Option<Vec<T>> {
+        self.run(|conn| async move {
+            let answers = try_join_all(groups.iter().map(|group| {
+                let mut conn = conn.clone();
+                async move { group.query_async::<Vec<T>>(&mut conn).await }
+            }))
+            .await?;
+            Ok(answers.into_iter().flatten().collect())
+        })
+        .await
     }
 
     /// A command failed: the link is down and the keeper checks it at once.
@@ -152,7 +225,10 @@ impl Link {
         let conn = match current {
             Some(connected) if connected.addr == addr && self.is_up() => connected.conn.clone(),
             _ => {
-                let conn = connect(&addr, &self.target, self.timeout).await?;
+                let conn = match self.target.cluster_nodes() {
+                    Some(nodes) => Conn::Cluster(connect_cluster(nodes, &self.target, self.timeout).await?),
+                    None => Conn::One(connect(&addr, &self.target, self.timeout).await?),
+                };
                 self.conn.store(Some(Arc::new(Connected { conn: conn.clone(), addr: addr.clone() })));
                 conn
             }
@@ -177,6 +253,25 @@ async fn connect(addr: &str, target: &Target, timeout: Duration) -> Result<Multi
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+async fn connect_cluster(nodes: &[String], target: &Target, timeout: Duration) -> Result<ClusterConnection, String> {
+    let mut infos = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let info = format!("redis://{node}/").into_connection_info().map_err(|e| format!("bad address {node}: {e}"))?;
+        infos.push(target.apply_credentials(info));
+    }
+    let client = ClusterClientBuilder::new(infos)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(timeout)
+        .build()
+        .map_err(|e| format!("cannot open the cluster {}: {e}", nodes.join(",")))?;
+    // Connecting asks the nodes for the slot map and connects to each primary.
+    match tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection()).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(format!("cannot connect to the cluster {}: {e}", nodes.join(","))),
+        Err(_) => Err(format!("the cluster {} did not answer within {:?}", nodes.join(","), CONNECT_TIMEOUT * 2)),
+    }
 }
 
 /// The keeper: checks the link until it is dropped.

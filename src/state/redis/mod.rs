@@ -9,6 +9,7 @@
 //! counters and sticky assignments it answers from while Redis is unreachable (see [`link`]).
 //! A pick that finds the link down never waits for Redis.
 
+pub mod keys;
 mod link;
 mod target;
 pub(crate) mod tickets;
@@ -48,16 +49,6 @@ pub struct RedisState {
     ticket_block: u32,
 }
 
-/// The Redis key of a rotation counter.
-pub fn counter_key(key: &CounterKey) -> String {
-    format!("rota:{{{}}}:ticket:{}:{}", key.service, key.subset, key.rule)
-}
-
-/// The Redis key of a sticky assignment.
-pub fn sticky_key(key: &StickyKey) -> String {
-    format!("rota:{{{}}}:sticky:{}:{}", key.service, key.subset, key.key)
-}
-
 impl RedisState {
     /// State in Redis at `config.target`, reached by a link kept on the current runtime; local
     /// sticky assignments (used while Redis is unreachable) may use `sticky_budget` bytes.
@@ -82,7 +73,7 @@ impl RedisState {
             .entry(key.clone())
             .or_insert_with(|| {
                 SharedCounter::spawn(
-                    counter_key(key),
+                    keys::counter(key),
                     self.local.local_counter(key),
                     self.link.clone(),
                     self.ticket_block,
@@ -113,7 +104,7 @@ impl RedisState {
     }
 
     pub async fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
-        let redis_key = sticky_key(key);
+        let redis_key = keys::sticky(key);
         let remote =
             self.link
                 .run(|mut conn| async move {
@@ -128,7 +119,7 @@ impl RedisState {
 
     /// `SET … NX GET`: the first replica to assign a key wins; later claims read its choice.
     pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
-        let redis_key = sticky_key(&key);
+        let redis_key = keys::sticky(&key);
         let millis = ttl.as_millis().max(1) as u64;
         let value = id.clone();
         let earlier = self
@@ -160,7 +151,7 @@ impl RedisState {
     }
 
     pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
-        let redis_key = sticky_key(&key);
+        let redis_key = keys::sticky(&key);
         let millis = ttl.as_millis().max(1) as u64;
         let value = id.clone();
         self.link

@@ -4,6 +4,8 @@
 //! - `redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]`: the primary of
 //!   the master set `MASTER`, as the listed sentinels know it; the credentials are the data
 //!   servers' (the sentinels are asked without them).
+//! - `redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]`: a Redis Cluster, reached
+//!   through any of the listed nodes (database 0, the only one a Cluster has).
 
 use std::fmt;
 use std::time::Duration;
@@ -23,6 +25,7 @@ pub struct Target {
 enum Kind {
     Direct(String),
     Sentinel { sentinels: Vec<String>, master: String },
+    Cluster(Vec<String>),
 }
 
 impl fmt::Debug for Target {
@@ -63,20 +66,24 @@ impl Target {
             Kind::Sentinel { sentinels, master } => {
                 write!(f, "redis+sentinel://{auth}{}/{master}/{}", sentinels.join(","), self.db)
             }
+            Kind::Cluster(nodes) => write!(f, "redis+cluster://{auth}{}", nodes.join(",")),
         }
     }
 }
 
 impl Target {
-    /// Parses a `redis://` or `redis+sentinel://` address; the error says what is wrong.
+    /// Parses a `redis://`, `redis+sentinel://` or `redis+cluster://` address; the error says
+    /// what is wrong.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (sentinel, rest) = if let Some(rest) = text.strip_prefix("redis+sentinel://") {
-            (true, rest)
+        let (scheme, rest) = if let Some(rest) = text.strip_prefix("redis+sentinel://") {
+            ("sentinel", rest)
+        } else if let Some(rest) = text.strip_prefix("redis+cluster://") {
+            ("cluster", rest)
         } else if let Some(rest) = text.strip_prefix("redis://") {
-            (false, rest)
+            ("direct", rest)
         } else {
             return Err(format!(
-                "must be `memory`, `redis://HOST:PORT[/DB]` or `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]`, got {text:?}"
+                "must be `memory`, `redis://HOST:PORT[/DB]`, `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]` or `redis+cluster://HOST:PORT[,HOST:PORT...]`, got {text:?}"
             ));
         };
         let (auth, rest) = match rest.rsplit_once('@') {
@@ -96,16 +103,27 @@ impl Target {
         for addr in &addrs {
             check_addr(addr)?;
         }
-        let (kind, db) = if sentinel {
-            let master = parts.next().filter(|m| !m.is_empty()).ok_or_else(|| {
-                format!("a sentinel address names its master set: redis+sentinel://HOST:PORT/MASTER, got {text:?}")
-            })?;
-            (Kind::Sentinel { sentinels: addrs, master: master.to_owned() }, parts.next())
-        } else {
-            if addrs.len() != 1 {
-                return Err(format!("redis:// names one server (use redis+sentinel:// for several), got {text:?}"));
+        let (kind, db) = match scheme {
+            "sentinel" => {
+                let master = parts.next().filter(|m| !m.is_empty()).ok_or_else(|| {
+                    format!("a sentinel address names its master set: redis+sentinel://HOST:PORT/MASTER, got {text:?}")
+                })?;
+                (Kind::Sentinel { sentinels: addrs, master: master.to_owned() }, parts.next())
             }
-            (Kind::Direct(addrs.into_iter().next().unwrap_or_default()), parts.next())
+            "cluster" => {
+                if let Some(db) = parts.next().filter(|d| !d.is_empty()) {
+                    return Err(format!("a Redis Cluster has database 0 only; remove {db:?} from {text:?}"));
+                }
+                (Kind::Cluster(addrs), None)
+            }
+            _ => {
+                if addrs.len() != 1 {
+                    return Err(format!(
+                        "redis:// names one server (use redis+sentinel:// or redis+cluster:// for several), got {text:?}"
+                    ));
+                }
+                (Kind::Direct(addrs.into_iter().next().unwrap_or_default()), parts.next())
+            }
         };
         let db = match db.filter(|d| !d.is_empty()) {
             None => 0,
@@ -121,11 +139,21 @@ impl Target {
         Ok(Self { kind, db, username, password })
     }
 
+    /// The nodes of a Cluster; `None` for one server (direct or through Sentinel).
+    pub fn cluster_nodes(&self) -> Option<&[String]> {
+        match &self.kind {
+            Kind::Cluster(nodes) => Some(nodes),
+            _ => None,
+        }
+    }
+
     /// The `HOST:PORT` of the server to write to: the direct address, or the primary the first
-    /// answering sentinel names.
+    /// answering sentinel names (for a Cluster, the first node listed: the Cluster client finds
+    /// the others).
     pub async fn primary(&self) -> Result<String, String> {
         match &self.kind {
             Kind::Direct(addr) => Ok(addr.clone()),
+            Kind::Cluster(nodes) => Ok(nodes.first().cloned().unwrap_or_default()),
             Kind::Sentinel { sentinels, master } => {
                 let mut failures = Vec::new();
                 for sentinel in sentinels {
@@ -202,6 +230,11 @@ mod tests {
         );
         assert_eq!((sentinel.db, sentinel.password.as_deref()), (0, Some("secret")));
         assert_eq!(sentinel.to_string(), "redis+sentinel://:***@127.0.0.1:26379,127.0.0.1:26380/main/0");
+        let cluster = Target::parse("redis+cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        assert_eq!(cluster.cluster_nodes(), Some(&["127.0.0.1:7000".to_owned(), "127.0.0.1:7001".to_owned()][..]));
+        assert_eq!(cluster.to_string(), "redis+cluster://u:***@127.0.0.1:7000,127.0.0.1:7001");
+        assert_eq!(Target::parse(&cluster.to_url()).unwrap(), cluster);
+        assert_eq!(direct.cluster_nodes(), None);
     }
 
     #[test]
@@ -215,6 +248,8 @@ mod tests {
             ("redis://a:1/x", "from 0 to 15"),
             ("redis://a:1/1/2", "unexpected \"2\""),
             ("redis+sentinel://a:1", "names its master set"),
+            ("redis+cluster://a:1,b:2/3", "database 0 only"),
+            ("redis+cluster://a:1,b", "expected HOST:PORT"),
         ] {
             let error = Target::parse(text).unwrap_err();
             assert!(error.contains(expected), "{text}: {error}");

@@ -176,16 +176,21 @@ fn a_warming_up_server_answers_unseen_services_unavailable() {
     );
 }
 
+/// The rows of the table `rota demo` prints: the lines that start with a pick number, split
+/// into columns.
+fn table_rows(out: &str) -> Vec<Vec<&str>> {
+    out.lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
 #[test]
 fn demo_shows_shared_rotations() {
     let output = Command::new(BIN).arg("demo").output().unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));
     let out = text(&output.stdout);
-    let rows: Vec<Vec<&str>> = out
-        .lines()
-        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let rows = table_rows(&out);
     assert_eq!(rows.len(), 12, "{out}");
     let column = |c: usize| rows.iter().map(|r| r[c].trim_start_matches("orders-")).collect::<Vec<_>>().join("");
     assert_eq!(column(2), "abcabcabcabc");
@@ -224,11 +229,7 @@ fn demo_replicas_share_one_rotation_across_replicas() {
     let through: std::collections::BTreeSet<&str> =
         out.lines().filter(|l| l.starts_with("registered ")).filter_map(|l| l.split(" through ").nth(1)).collect();
     assert!(through.len() > 1, "providers all on one replica: {out}");
-    let rows: Vec<Vec<&str>> = out
-        .lines()
-        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let rows = table_rows(&out);
     assert_eq!(rows.len(), 12, "{out}");
     // Columns: pick, consumer, replica, round_robin, repeat(n=3), version=zlt, version=nobody.
     let replicas: Vec<&str> = rows.iter().map(|r| r[2]).collect();

@@ -21,26 +21,14 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::RegistryConfig;
+use super::command::{Command, InstanceRef, LeaseId, Outcome, ValidUpdate};
 use super::error::Refused;
 use super::instance::Instance;
-use super::lease::{InstanceRef, Outcome, ValidUpdate};
 use super::snapshot::{Catalog, ServiceSnapshot};
-
-pub(crate) type LeaseId = u64;
 
 /// Most commands applied before a snapshot is published, so a flood of registrations cannot
 /// hold back publication indefinitely.
 const MAX_BATCH: usize = 1024;
-
-pub(crate) enum Command {
-    Open { lease: LeaseId, token: Option<Arc<str>>, limit: usize, expired: oneshot::Sender<()> },
-    Announce { lease: LeaseId, instances: Vec<Instance>, reply: oneshot::Sender<Outcome> },
-    Update { lease: LeaseId, update: ValidUpdate, reply: oneshot::Sender<Outcome> },
-    Withdraw { lease: LeaseId, refs: Vec<InstanceRef>, reply: oneshot::Sender<Outcome> },
-    Touch { lease: LeaseId },
-    Close { lease: LeaseId },
-    Subscribe { service: Arc<str>, reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>> },
-}
 
 struct Owned {
     lease: LeaseId,

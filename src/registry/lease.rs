@@ -6,7 +6,6 @@
 //! changes that are already known to be well-formed.
 
 use std::collections::BTreeMap;
-use std::collections::BTreeMap as Groups;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,43 +14,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::command::{Command, InstanceRef, InstanceUpdate, LeaseId, Outcome, ValidUpdate};
 use super::error::{InvalidField, Refused, RegistryClosed};
-use super::index::{Command, LeaseId};
-use super::instance::{Instance, InstanceSpec, RequestedStatus, Status, validate_metadata, validate_service_name};
-
-/// Names one instance of one service, as the provider sent it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InstanceRef {
-    pub service: String,
-    pub id: String,
-}
-
-/// A change to one owned instance; `None` keeps the current value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InstanceUpdate {
-    pub service: String,
-    pub id: String,
-    pub weight: Option<u32>,
-    pub status: RequestedStatus,
-    pub metadata: Option<BTreeMap<String, String>>,
-}
-
-/// An update after validation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ValidUpdate {
-    pub service: String,
-    pub id: String,
-    pub weight: Option<u32>,
-    pub status: Option<Status>,
-    pub metadata: Option<BTreeMap<String, String>>,
-}
-
-/// What happened to each instance a message named. A refused instance is left untouched.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
-    pub accepted: Vec<InstanceRef>,
-    pub refused: Vec<(InstanceRef, Refused)>,
-}
+use super::instance::{Instance, InstanceSpec, validate_metadata, validate_service_name};
 
 /// Where ids are claimed across rota replicas, so that one id has one owner fleet-wide: a
 /// registration stream's announce asks it before the registry applies the instances.
@@ -154,7 +119,7 @@ impl Lease {
         let applied = self.call(|reply| Command::Announce { lease: self.id, instances: valid, reply }).await?;
         if let Some(claims) = &claims {
             // Ids claimed for this announce but refused here are given back.
-            let mut given_back: Groups<Arc<str>, Vec<Arc<str>>> = Groups::new();
+            let mut given_back: BTreeMap<Arc<str>, Vec<Arc<str>>> = BTreeMap::new();
             for (instance, _) in &applied.refused {
                 if let Some(i) =
                     claimed.iter().position(|c: &Instance| *c.service == instance.service && *c.id == instance.id)
@@ -238,7 +203,7 @@ fn validate_update(update: InstanceUpdate) -> Result<ValidUpdate, InvalidField> 
 /// into `outcome`. Returns the instances left, and those newly claimed.
 async fn claim(claims: &dyn Claims, valid: Vec<Instance>, outcome: &mut Outcome) -> (Vec<Instance>, Vec<Instance>) {
     let mut answers = vec![Claim::Unchecked; valid.len()];
-    let mut groups: Groups<&str, Vec<usize>> = Groups::new();
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, instance) in valid.iter().enumerate() {
         groups.entry(&instance.service).or_default().push(i);
     }

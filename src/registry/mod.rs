@@ -6,6 +6,7 @@
 //! behind an `ArcSwap`, so a pick is one atomic load and a hash lookup, with no lock shared with
 //! writers (the reader/writer split of linkerd's destination controller).
 
+mod command;
 mod error;
 mod index;
 mod instance;
@@ -19,15 +20,17 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, Guard};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+pub use command::{InstanceRef, InstanceUpdate, Outcome};
 pub use error::{InvalidField, Refused, RegistryClosed};
 pub use instance::{
     DEFAULT_WEIGHT, Instance, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
     MAX_NAME_LEN, RequestedStatus, Status, validate_optional_name, validate_service_name,
 };
-pub use lease::{Claim, Claims, InstanceRef, InstanceUpdate, Lease, Outcome};
+pub use lease::{Claim, Claims, Lease};
 pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
 
-use index::{Command, Index};
+use command::Command;
+use index::Index;
 
 /// Default time a registration stream may stay silent before its instances are dropped.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);

@@ -116,7 +116,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     events.append(&mut provided.events);
 
     let history = History { universe: (*universe).clone(), picks: std::mem::take(&mut logs.picks), events };
-    let (findings, history) = tokio::task::spawn_blocking(move || (history.check(), history))
+    let (findings, history) = tokio::task::spawn_blocking(move || (super::judge::check(&history), history))
         .await
         .map_err(|e| SoakError::Setup(e.to_string()))?;
     figures(report, &findings, &history, &logs.counts, provided.closes, elapsed);

@@ -227,14 +227,6 @@ pub(crate) fn secs(at: Nanos) -> String {
 }
 
 impl History {
-    pub fn check(&self) -> Findings {
-        let mut findings = Findings { picks: self.picks.len(), events: self.events.len(), ..Default::default() };
-        self.check_liveness(&mut findings);
-        self.check_tickets(&mut findings);
-        super::shares::check(self, &mut findings);
-        findings
-    }
-
     fn describe_pick(&self, pick: &Pick) -> String {
         format!(
             "pick of {} (ticket {}, {}, version {:?}) sent {} answered {}",
@@ -248,7 +240,7 @@ impl History {
     }
 
     /// Checks `live` and `stale`.
-    fn check_liveness(&self, findings: &mut Findings) {
+    pub(super) fn check_liveness(&self, findings: &mut Findings) {
         let timelines = self.timelines();
         for pick in &self.picks {
             let Some(timeline) = timelines.get(&pick.instance) else {
@@ -296,7 +288,7 @@ impl History {
 
     /// Checks `tickets`: sorts the picks by rotation and ticket, so a repeat sits next to its
     /// first.
-    fn check_tickets(&self, findings: &mut Findings) {
+    pub(super) fn check_tickets(&self, findings: &mut Findings) {
         let key = |p: &Pick| (p.service, p.rule, p.version, p.ticket);
         let mut order: Vec<u32> = (0..self.picks.len() as u32).collect();
         order.sort_unstable_by_key(|&i| key(&self.picks[i as usize]));

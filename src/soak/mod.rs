@@ -21,6 +21,7 @@
 pub mod churn;
 pub mod connections;
 pub mod history;
+pub mod judge;
 pub mod memory;
 mod provider;
 pub mod scale;

@@ -45,7 +45,7 @@ impl Script {
     }
 
     fn check(&self) -> Findings {
-        self.0.check()
+        crate::soak::judge::check(&self.0)
     }
 }
 

@@ -72,9 +72,10 @@ rust_tests() {
 
 step build cargo build --locked --bin rota
 export ROTA_BIN="$root/target/debug/rota"
+# The Rust and the Python suites both run replicas on a real Redis.
+step redis-install scripts/install-redis.sh
 
 if [ "$run_rust" = 1 ]; then
-  step redis-install scripts/install-redis.sh
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
   step rust rust_tests
 fi

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use crate::registry::{Claim, Claims, Instance};
 use crate::state::redis::{Link, keys};
 
-use super::table::{REPLICA_LEASE, Shared};
+use redis::Value;
+
+use super::table::{Liveness, Shared};
 
 /// KEYS: the service's holders set, this replica's instances hash. ARGV: this replica, the
 /// prefix of a replica's instances hash (same slot), the number of dead replicas, their names,
@@ -67,13 +69,15 @@ return answers
 /// Claims ids for one replica through Redis.
 pub struct IdClaims {
     link: Arc<Link>,
+    liveness: Arc<Liveness>,
     replica: Arc<str>,
     script: redis::Script,
 }
 
 impl IdClaims {
-    pub fn new(link: Arc<Link>, replica: Arc<str>) -> Self {
-        Self { link, replica, script: redis::Script::new(CLAIM_SCRIPT) }
+    pub fn new(link: Arc<Link>, liveness: Arc<Liveness>) -> Self {
+        let replica = liveness.replica.clone();
+        Self { link, liveness, replica, script: redis::Script::new(CLAIM_SCRIPT) }
     }
 }
 
@@ -88,13 +92,15 @@ impl IdClaims {
             .await?;
         let others: Vec<String> = holders.into_iter().filter(|h| **h != *self.replica).collect();
         let mut pipe = redis::pipe();
-        let lease_ms = REPLICA_LEASE.as_millis() as u64;
-        pipe.cmd("SET").arg(keys::replica(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        self.liveness.renew(&mut pipe);
         for holder in &others {
             pipe.cmd("EXISTS").arg(keys::replica(holder));
         }
-        let alive: Vec<bool> = self.link.run(|mut conn| async move { pipe.query_async(&mut conn).await }).await?;
-        Some(others.into_iter().zip(alive).filter(|(_, alive)| !alive).map(|(holder, _)| holder).collect())
+        let answers: Vec<Value> = self.link.run(|mut conn| async move { pipe.query_async(&mut conn).await }).await?;
+        let (renewed, alive) = answers.split_first()?;
+        self.liveness.renewed(renewed);
+        let dead = others.into_iter().zip(alive).filter(|(_, alive)| matches!(alive, Value::Int(0)));
+        Some(dead.map(|(holder, _)| holder).collect())
     }
 }
 

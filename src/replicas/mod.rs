@@ -36,9 +36,10 @@ pub fn spawn(balancer: &Arc<Balancer>, policies: &Arc<Policies>, link: &Arc<Link
     let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
     tracing::info!(%replica, target = %link.target(), "sharing state, instances, statistics and policies through Redis");
     let registry = balancer.registry();
-    registry.claim_ids_through(Arc::new(claims::IdClaims::new(link.clone(), replica.clone())));
+    let liveness = table::Liveness::new(replica.clone());
+    registry.claim_ids_through(Arc::new(claims::IdClaims::new(link.clone(), liveness.clone())));
     let mut tasks = vec![
-        TableSharing::spawn(balancer.registry().clone(), link.clone(), replica.clone()),
+        TableSharing::spawn(balancer.registry().clone(), link.clone(), liveness),
         LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica),
     ];
     tasks.extend(PolicySharing::spawn(policies.clone(), link.clone()));

@@ -28,6 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -106,6 +107,38 @@ impl Shared {
     }
 }
 
+/// This replica's key, `rota:{~fleet}:replica:REPLICA`: renewed by the table's polls and
+/// writes and by id claims, each of which reads its previous value on the way. Whoever finds
+/// it had expired (the replica was too slow to renew it, and the others may have cleared its
+/// entries) says so here, and the table writes everything it holds again.
+pub struct Liveness {
+    pub replica: Arc<str>,
+    lapsed: AtomicBool,
+}
+
+impl Liveness {
+    pub fn new(replica: Arc<str>) -> Arc<Self> {
+        Arc::new(Self { replica, lapsed: AtomicBool::new(false) })
+    }
+
+    /// Adds the renewal to `pipe`; hand its answer to [`Liveness::renewed`].
+    pub fn renew(&self, pipe: &mut redis::Pipeline) {
+        let lease_ms = REPLICA_LEASE.as_millis() as u64;
+        pipe.cmd("SET").arg(keys::replica(&self.replica)).arg(1).arg("PX").arg(lease_ms).arg("GET");
+    }
+
+    /// The answer of a renewal: the key's previous value, nil if it had expired.
+    pub fn renewed(&self, previous: &Value) {
+        if matches!(previous, Value::Nil) {
+            self.lapsed.store(true, Ordering::Release);
+        }
+    }
+
+    fn take_lapsed(&self) -> bool {
+        self.lapsed.swap(false, Ordering::AcqRel)
+    }
+}
+
 /// Another replica's instances of one service, as this registry holds them.
 struct Mirror {
     lease: Lease,
@@ -125,6 +158,7 @@ struct Changes {
 /// Shares the instance table through Redis until the registry stops.
 pub struct TableSharing {
     replica: Arc<str>,
+    liveness: Arc<Liveness>,
     registry: Registry,
     link: Arc<Link>,
     mirrors: HashMap<(String, Arc<str>), Mirror>,
@@ -139,9 +173,10 @@ pub struct TableSharing {
 
 impl TableSharing {
     /// Starts sharing `registry` as replica `replica` on the current runtime.
-    pub fn spawn(registry: Registry, link: Arc<Link>, replica: Arc<str>) -> tokio::task::JoinHandle<()> {
+    pub fn spawn(registry: Registry, link: Arc<Link>, liveness: Arc<Liveness>) -> tokio::task::JoinHandle<()> {
         let sharing = Self {
-            replica,
+            replica: liveness.replica.clone(),
+            liveness,
             registry,
             link,
             mirrors: HashMap::new(),
@@ -214,25 +249,14 @@ impl TableSharing {
 
     /// One poll: renew, write local changes, read others' changes, drop dead replicas.
     async fn round(&mut self, full: bool) {
-        let key = keys::replica(&self.replica);
-        let lease_ms = REPLICA_LEASE.as_millis() as u64;
-        let Some(previous) = self
-            .link
-            .run(|mut c| async move {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("PX")
-                    .arg(lease_ms)
-                    .arg("GET")
-                    .query_async::<Option<String>>(&mut c)
-                    .await
-            })
-            .await
+        let mut renew = redis::pipe();
+        self.liveness.renew(&mut renew);
+        let Some(previous) = self.link.run(|mut c| async move { renew.query_async::<Vec<Value>>(&mut c).await }).await
         else {
             return;
         };
-        if previous.is_none() && !self.written.is_empty() {
+        self.liveness.renewed(previous.first().unwrap_or(&Value::Nil));
+        if self.liveness.take_lapsed() && !self.written.is_empty() {
             // This replica's key had lapsed: the others took it for dead and may have removed
             // its entries. Everything it holds is written again.
             tracing::info!(replica = %self.replica, "this replica's key had expired; writing its instances again");
@@ -301,9 +325,8 @@ impl TableSharing {
         // Three steps, each in one hash slot. The replica's key first: no reader may see these
         // instances without it (it would take the replica for dead and drop them). Then the
         // service's keys, then the change entry that tells the others to read them.
-        let lease_ms = REPLICA_LEASE.as_millis() as u64;
         let mut renew = redis::pipe();
-        renew.cmd("SET").arg(keys::replica(&self.replica)).arg(1).arg("PX").arg(lease_ms).ignore();
+        self.liveness.renew(&mut renew);
         let (mut pipe, mut announce) = (redis::pipe(), redis::pipe());
         let mut ids: Option<Vec<&str>> = None;
         if own.is_empty() {
@@ -337,7 +360,17 @@ impl TableSharing {
             entry.arg("ids").arg(ids.join(" "));
         }
         entry.ignore();
-        if !self.link.sequence(vec![renew, pipe, announce]).await {
+        let liveness = self.liveness.clone();
+        let written = self
+            .link
+            .run(|mut c| async move {
+                let previous: Vec<Value> = renew.query_async(&mut c).await?;
+                liveness.renewed(previous.first().unwrap_or(&Value::Nil));
+                pipe.query_async::<()>(&mut c).await?;
+                announce.query_async::<()>(&mut c).await
+            })
+            .await;
+        if written.is_none() {
             return false;
         }
         self.rewrite.remove(service);

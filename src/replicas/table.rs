@@ -11,8 +11,9 @@
 //! Every replica reads the change stream each [`POLL`] and copies the other live replicas'
 //! instances into its own registry through one *mirror lease* per (replica, service): the
 //! named ids alone when the entry names them, the whole hash otherwise. A full resync every
-//! [`RESYNC`] repairs anything missed; it announces to the registry only what differs from
-//! its copy. So a registration on one replica is pickable on the others within about one
+//! [`RESYNC`] repairs anything missed: it reads a hash whole only when the token every write
+//! stores in it (field `~v`) moved since it last did, and announces to the registry only what
+//! differs from its copy. So a registration on one replica is pickable on the others within about one
 //! poll, and every replica builds its pick views from the merged table.
 //!
 //! A replica that dies stops renewing its key: within [`REPLICA_LEASE`] plus one poll, the
@@ -50,6 +51,9 @@ const FLUSH: Duration = Duration::from_millis(50);
 pub const RESYNC: Duration = Duration::from_secs(10);
 /// Entries the change stream keeps (approximately).
 const CHANGES_KEPT: usize = 10_000;
+/// The field of an instances hash that holds a fresh token on every write (`~` is not allowed
+/// in an instance id): a resync reads a hash whole only when its token moved since it last did.
+const VERSION_FIELD: &str = "~v";
 /// Ids one change entry names at most; a larger change stands for the whole service.
 pub const IDS_PER_CHANGE: usize = 128;
 /// Changes read per poll.
@@ -144,6 +148,9 @@ struct Mirror {
     lease: Lease,
     /// What this registry accepted of them, by id.
     held: HashMap<String, Shared>,
+    /// The token of the hash when it was last read whole; `None` once ids were read alone
+    /// since (the next resync reads it whole).
+    version: Option<String>,
 }
 
 /// What the change stream said since the last read.
@@ -329,6 +336,7 @@ impl TableSharing {
         self.liveness.renew(&mut renew);
         let (mut pipe, mut announce) = (redis::pipe(), redis::pipe());
         let mut ids: Option<Vec<&str>> = None;
+        let token = format!("{:016x}", fastrand::u64(..));
         if own.is_empty() {
             pipe.cmd("DEL").arg(&instances).ignore();
             pipe.cmd("SREM").arg(&holders).arg(&*self.replica).ignore();
@@ -338,6 +346,7 @@ impl TableSharing {
                 let next = format!("{instances}:next");
                 pipe.cmd("DEL").arg(&next).ignore();
                 pipe.cmd("HSET").arg(&next).arg(encode(changed.iter().copied())).ignore();
+                pipe.cmd("HSET").arg(&next).arg(VERSION_FIELD).arg(&token).ignore();
                 pipe.cmd("RENAME").arg(&next).arg(&instances).ignore();
             } else {
                 if !changed.is_empty() {
@@ -346,6 +355,7 @@ impl TableSharing {
                 if !removed.is_empty() {
                     pipe.cmd("HDEL").arg(&instances).arg(removed.iter().map(|id| &***id).collect::<Vec<_>>()).ignore();
                 }
+                pipe.cmd("HSET").arg(&instances).arg(VERSION_FIELD).arg(&token).ignore();
                 if changed.len() + removed.len() <= IDS_PER_CHANGE {
                     ids = Some(changed.iter().map(|(id, _)| &***id).chain(removed.iter().map(|id| &***id)).collect());
                 }
@@ -469,7 +479,25 @@ impl TableSharing {
                 continue;
             }
             let key = keys::instances(&service, &holder);
-            let Some(encoded) = self
+            // A hash whose token has not moved since it was last read whole is skipped.
+            let known = self.mirrors.get(&(holder.clone(), service.clone())).and_then(|m| m.version.clone());
+            if let Some(known) = known {
+                let asked = key.clone();
+                let Some(token) = self
+                    .link
+                    .run(|mut c| async move {
+                        redis::cmd("HGET").arg(&asked).arg(VERSION_FIELD).query_async::<Option<String>>(&mut c).await
+                    })
+                    .await
+                else {
+                    return false;
+                };
+                if token.as_deref() == Some(known.as_str()) {
+                    present.insert(holder);
+                    continue;
+                }
+            }
+            let Some(mut encoded) = self
                 .link
                 .run(|mut c| async move {
                     redis::cmd("HGETALL").arg(&key).query_async::<HashMap<String, String>>(&mut c).await
@@ -478,15 +506,20 @@ impl TableSharing {
             else {
                 return false;
             };
+            let version = encoded.remove(VERSION_FIELD);
             let desired: HashMap<String, Shared> =
                 encoded.into_values().filter_map(|e| decode(&e)).map(|s| (s.id.clone(), s)).collect();
             if !desired.is_empty() {
                 present.insert(holder.clone());
+                let wanted = desired.len();
                 let mirror = self.mirror(holder, &service);
                 let gone: Vec<String> = mirror.held.keys().filter(|id| !desired.contains_key(*id)).cloned().collect();
                 let changed: Vec<Shared> =
                     desired.into_values().filter(|s| mirror.held.get(&s.id) != Some(s)).collect();
                 update(mirror, &service, changed, gone).await;
+                // Instances this registry refused (an id held here too) are tried again at the
+                // next resync: the hash is only skipped once all of it was taken.
+                mirror.version = if mirror.held.len() == wanted { version } else { None };
             }
         }
         self.mirrors.retain(|(holder, s), _| *s != service || present.contains(holder));
@@ -540,6 +573,7 @@ impl TableSharing {
             }
         }
         update(mirror, &service, changed, gone).await;
+        mirror.version = None;
         if mirror.held.is_empty() {
             self.mirrors.remove(&(holder, service));
         }
@@ -549,9 +583,11 @@ impl TableSharing {
     /// This registry's copy of `holder`'s instances of `service`, opened when missing.
     fn mirror(&mut self, holder: String, service: &Arc<str>) -> &mut Mirror {
         let registry = &self.registry;
-        self.mirrors
-            .entry((holder, service.clone()))
-            .or_insert_with(|| Mirror { lease: registry.open_mirror_lease(MIRROR_LIMIT), held: HashMap::new() })
+        self.mirrors.entry((holder, service.clone())).or_insert_with(|| Mirror {
+            lease: registry.open_mirror_lease(MIRROR_LIMIT),
+            held: HashMap::new(),
+            version: None,
+        })
     }
 
     /// Whether each replica's key is alive; `None` when Redis did not answer.

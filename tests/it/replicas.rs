@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rota::client::{PickOptions, RotaClient};
 use rota::pb;
-use rota::replicas::table::REPLICA_LEASE;
+use rota::replicas::table::{REPLICA_LEASE, RESYNC};
 use rota::state::StateConfig;
 
 use crate::admin::get;
@@ -450,7 +450,27 @@ async fn one_instance_s_change_in_a_large_service_writes_and_names_that_instance
     let keys: Vec<String> = redis.query(&["KEYS", "rota:{large}:instances:*"]).await.expect("KEYS");
     assert_eq!(keys.len(), 1, "one replica holds `large`: {keys:?}");
     let fields: u64 = redis.query(&["HLEN", &keys[0]]).await.expect("HLEN");
-    assert_eq!(fields, 300);
+    assert_eq!(fields, 301, "one field per instance, and the write token");
+}
+
+#[tokio::test]
+async fn a_resync_reads_again_only_the_tables_that_changed() {
+    let redis = RedisServer::start().await;
+    let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _a = one.register(vec![instance("steady", "a", 1)]).await;
+    wait_instances(&two, "steady", &["a"]).await;
+    // No pick is made, so no statistics are read: every HGETALL is a table read.
+    let (whole_reads, token_reads) = (redis.calls("hgetall").await, redis.calls("hget").await);
+    // The next resync (every 10 s) asks each table's token and finds it unchanged.
+    tokio::time::timeout(RESYNC + PATIENCE, async {
+        while redis.calls("hget").await == token_reads {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("a resync asked for the token");
+    assert_eq!(redis.calls("hgetall").await, whole_reads, "an unchanged table was read whole");
+    wait_instances(&two, "steady", &["a"]).await;
 }
 
 #[tokio::test]
@@ -471,7 +491,7 @@ async fn a_replica_whose_key_lapsed_writes_its_instances_again() {
     // What another replica does when this one's key has expired: its entries are cleared.
     let _: () = redis.query(&["DEL", &replica_key, &hash]).await.expect("DEL");
     tokio::time::timeout(PATIENCE, async {
-        while redis.query::<u64>(&["HLEN", &hash]).await.expect("HLEN") != 2 {
+        while redis.query::<Vec<Option<String>>>(&["HMGET", &hash, "a", "b"]).await.expect("HMGET").contains(&None) {
             tokio::task::yield_now().await;
         }
     })

@@ -275,7 +275,8 @@ fn demo_replicas_without_redis_server_says_to_install_it() {
 }
 
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("rota-it-{}-{name}", std::process::id()));
+    // Under cargo's scratch folder for integration tests (inside target/), not the system's.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rota-it-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("rota.toml");
     std::fs::write(&path, text).unwrap();

@@ -10,7 +10,9 @@ use crate::admin::get;
 use crate::harness::{PATIENCE, TestServer, instance};
 
 fn policy_file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("rota-it-{}-policy-{name}", std::process::id()));
+    // Under cargo's scratch folder for integration tests (inside target/), not the system's.
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rota-it-{}-policy-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("rota.toml");
     std::fs::write(&path, text).unwrap();

@@ -7,6 +7,7 @@ temporary folder when this module is imported.
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -40,6 +41,8 @@ sys.path.insert(0, str(_OUT))
 echo_pb2: Any = importlib.import_module("echo_pb2")
 echo_pb2_grpc: Any = importlib.import_module("echo_pb2_grpc")
 sys.path.remove(str(_OUT))
+# The modules are loaded; their generated files are not needed any more.
+shutil.rmtree(_OUT, ignore_errors=True)
 
 #: A generic service with the two call kinds echo.proto lacks (raw bytes, no serializers).
 KINDS = "rota.test.Kinds"

@@ -4,7 +4,7 @@
 
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -153,6 +153,7 @@ const scenarioDir = join(repoRoot, 'clients', 'conformance', 'channel');
 function secondConsumer(): { language: string; command: string; args: (target: string, rule: string, calls: number, version: string, deadlineMs: number) => string[] } {
   try {
     const dir = mkdtempSync(join(tmpdir(), 'rota-echoconsumer-'));
+    process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
     const binary = join(dir, 'echoconsumer');
     execFileSync('go', ['build', '-o', binary, './cmd/echoconsumer'], { cwd: join(repoRoot, 'clients', 'go'), stdio: 'ignore', timeout: 300_000 });
     return {

@@ -15,6 +15,7 @@ import com.google.common.util.concurrent.Futures;
 import com.google.common.util.concurrent.MoreExecutors;
 
 import io.grpc.Attributes;
+import io.grpc.ClientInterceptor;
 import io.grpc.Context;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
@@ -68,13 +69,13 @@ final class RotaLink implements AutoCloseable {
         this(server, service, REPORT_INTERVAL_MS);
     }
 
-    RotaLink(String server, String service, long reportIntervalMs) {
+    RotaLink(String server, String service, long reportIntervalMs, ClientInterceptor... interceptors) {
         this.server = server;
         this.service = service;
         // An explicit scheme: rota's own address never goes through a rota resolver.
         this.channel = Grpc.newChannelBuilder(server.contains("://") ? server : "dns:///" + server,
                 InsecureChannelCredentials.create()).build();
-        this.balancer = BalancerGrpc.newFutureStub(channel);
+        this.balancer = BalancerGrpc.newFutureStub(channel).withInterceptors(interceptors);
         this.registry = RegistryGrpc.newStub(channel);
         this.scheduler = new ScheduledThreadPoolExecutor(1, task -> {
             Thread thread = new Thread(task, "rota-channel-" + THREADS.incrementAndGet());

@@ -76,16 +76,16 @@ final class Rotation {
     synchronized Decision draw(Predicate<String> usable) {
         long now = System.nanoTime();
         boolean mayLease = !leasing && (!(outage || refusal != null) || now - retryAt >= 0);
+        if (mayLease && blocks.isEmpty()) {
+            // The answer can be in before lease returns (then leased ran here, on this thread):
+            // what follows reads the state it left, and a pick waits only for a lease in flight.
+            lease(now, blockSize);
+            mayLease = false;
+        }
         if (eligible == null && refusal != null) {
-            if (mayLease) {
-                lease(now, blockSize);
-            }
             return new Decision(null, refusal);
         }
         if (blocks.isEmpty()) {
-            if (mayLease) {
-                lease(now, blockSize);
-            }
             if (outage) {
                 return local(usable);
             }
@@ -108,7 +108,12 @@ final class Rotation {
             drawnSinceLease++;
         }
         member = eligible.map(ticket, excluded);
-        return member == null ? Decision.NONE_USABLE : new Decision(new Draw(member, ticket, eligible.rule, false), null);
+        if (member == null) {
+            // A lease in flight (a refresh after the instances changed) may list a usable one.
+            waiting |= leasing;
+            return Decision.NONE_USABLE;
+        }
+        return new Decision(new Draw(member, ticket, eligible.rule, false), null);
     }
 
     /** Asks rota for the current eligible list (after the instance list changed). */

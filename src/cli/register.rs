@@ -1,10 +1,9 @@
 //! `rota register`: one instance kept registered until Ctrl-C, across rota restarts.
 
-use std::time::Duration;
-
 use clap::Args;
 
 use super::{CliError, ServerArgs, shutdown_signal};
+use crate::client::RegistrationEvent;
 use crate::pb;
 
 #[derive(Debug, Args)]
@@ -58,9 +57,8 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
         metadata: args.metadata.into_iter().collect(),
         status: pb::InstanceStatus::Up.into(),
     };
-    let mut client = args.server.connect().await?;
-    let mut registration = client.register(vec![instance.clone()]).await?;
-    registration.require_all_accepted()?;
+    let client = args.server.connect().await?;
+    let mut registration = client.keep_registered(vec![instance]).await?;
     for accepted in &registration.ack().accepted {
         println!(
             "registered {} in {} (lease {}); Ctrl-C to withdraw",
@@ -71,73 +69,22 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
     }
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
+    // rota restarted, shut down or expired the stream: the registration registers again (the
+    // instance is gone until then), with backoff, until it is accepted or Ctrl-C.
     loop {
-        let reason = tokio::select! {
+        let event = tokio::select! {
             () = &mut shutdown => break,
-            reason = registration.closed() => reason,
+            event = registration.next_event() => event,
         };
-        // rota restarted, shut down or expired the stream: register again (the instance is
-        // gone until then), with backoff, until it is accepted or Ctrl-C.
-        eprintln!("registration lost ({reason}); registering again");
-        let mut backoff = Backoff::default();
-        registration = loop {
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                () = tokio::time::sleep(backoff.next()) => {}
-            }
-            match reregister(&args.server, &instance).await {
-                Ok(registration) => break registration,
-                Err(error) => eprintln!("cannot register yet: {error}"),
-            }
-        };
-        println!("registered again (lease {})", registration.ack().lease_id);
-    }
-    registration.close().await?;
-    println!("withdrawn");
-    Ok(())
-}
-
-async fn reregister(server: &ServerArgs, instance: &pb::Instance) -> Result<crate::client::Registration, CliError> {
-    let mut client = server.connect().await?;
-    let registration = client.register(vec![instance.clone()]).await?;
-    registration.require_all_accepted()?;
-    Ok(registration)
-}
-
-/// Delays between attempts: doubling from 100 ms to at most 5 s, each with up to 20% jitter so
-/// providers restarted together do not reconnect in step.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self { next: Duration::from_millis(100) }
-    }
-}
-
-impl Backoff {
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn next(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay + delay.mul_f64(fastrand::f64() * 0.2)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_its_cap_with_bounded_jitter() {
-        let mut backoff = Backoff::default();
-        let delays: Vec<Duration> = (0..10).map(|_| backoff.next()).collect();
-        let base = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000].map(Duration::from_millis);
-        for (delay, base) in delays.iter().zip(base) {
-            assert!(*delay >= base && *delay <= base.mul_f64(1.2), "{delay:?} vs {base:?}");
+        match event {
+            Some(RegistrationEvent::Lost { reason }) => eprintln!("registration lost ({reason}); registering again"),
+            Some(RegistrationEvent::Retrying { error }) => eprintln!("cannot register yet: {error}"),
+            Some(RegistrationEvent::Registered { ack }) => println!("registered again (lease {})", ack.lease_id),
+            None => break,
         }
     }
+    if registration.close().await?.is_some() {
+        println!("withdrawn");
+    }
+    Ok(())
 }

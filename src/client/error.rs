@@ -24,10 +24,11 @@ pub const ERROR_REASON_KEY: &str = "rota-error";
 pub const WARMING_UP: &str = "warming_up";
 
 impl ClientError {
-    /// The gRPC status code, when the call ended with one.
+    /// The gRPC status code, when the call ended with one or rota refused an instance with one.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             ClientError::Status(status) => Some(status.code()),
+            ClientError::Refused { code, .. } => Some(*code),
             _ => None,
         }
     }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use super::backoff::backoff;
 use crate::pb::registry_client::RegistryClient;
 use crate::pb::{self, watch_event::Event};
 
@@ -27,8 +28,6 @@ pub const SHORTCUT_FOR: Duration = Duration::from_secs(1);
 /// How long a Watch stream must have lived for its end to reset the reconnect backoff, so that
 /// a server that accepts and at once ends streams (one draining) is not hammered.
 const STABLE_STREAM: Duration = Duration::from_secs(5);
-const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// The `rota-error` reason of a pick refused because nothing is eligible (also of a local pick).
 pub const NO_ELIGIBLE_INSTANCE: &str = "no_eligible_instance";
@@ -301,14 +300,6 @@ async fn watch_once(
             Err(status) => return (synced, status),
         }
     }
-}
-
-/// The wait before reconnect attempt `attempt` (from 0): exponential from 100 ms up to 10 s,
-/// each wait drawn between half and all of it, so that clients that lost rota together do not
-/// come back together.
-fn backoff(attempt: u32, rng: &mut fastrand::Rng) -> Duration {
-    let ceiling = BACKOFF_INITIAL.saturating_mul(1u32 << attempt.min(16)).min(BACKOFF_MAX);
-    ceiling / 2 + ceiling.mul_f64(rng.f64() / 2.0)
 }
 
 /// The state behind these locks is plain data, valid after any panic.

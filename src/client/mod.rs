@@ -12,8 +12,10 @@
 //! A client that [follows](RotaClient::follow) a service keeps picking it while rota is
 //! unreachable, round robin over the last instance list it saw (see [`fallback`]).
 
+mod backoff;
 mod error;
 pub mod fallback;
+mod kept;
 mod lease;
 mod registration;
 
@@ -29,6 +31,7 @@ use crate::pb::registry_client::RegistryClient;
 
 pub use error::{ClientError, ERROR_REASON_KEY, WARMING_UP, code_name};
 use error::{status_with_reason, transport_status_as_contract};
+pub use kept::{KeptRegistration, RegistrationEvent};
 pub use lease::{LeasedPicker, LocalPick};
 pub use registration::Registration;
 
@@ -372,6 +375,14 @@ impl RotaClient {
     /// while the returned [`Registration`] lives (it sends heartbeats in the background).
     pub async fn register(&mut self, instances: Vec<pb::Instance>) -> Result<Registration, ClientError> {
         Registration::open(&mut self.registry, self.token.clone(), instances).await
+    }
+
+    /// Registers `instances` and keeps them registered: when the stream is lost (rota
+    /// restarted, shut down or expired it), a new one announces them again, with backoff,
+    /// until the returned [`KeptRegistration`] is closed or dropped. Fails unless rota accepts
+    /// every instance the first time.
+    pub async fn keep_registered(&self, instances: Vec<pb::Instance>) -> Result<KeptRegistration, ClientError> {
+        KeptRegistration::open(self.registry.clone(), self.token.clone(), instances).await
     }
 }
 

@@ -1,9 +1,9 @@
 //! Registration streams through the gRPC edge: acks, ownership, updates, watches.
 
-use rota::client::PickOptions;
+use rota::client::{PickOptions, RegistrationEvent};
 use rota::pb::{self, register_request::Msg, watch_event::Event};
 
-use crate::harness::{TestServer, instance, picked_id};
+use crate::harness::{PATIENCE, TestServer, instance, picked_id};
 
 #[tokio::test]
 async fn ack_lists_accepted_ids_and_the_heartbeat_timeout() {
@@ -128,4 +128,66 @@ async fn report_counts_known_and_ignores_unknown_instances() {
     let error = client.report(vec![outcome("rep", "a"), bad]).await.unwrap_err();
     assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
     assert!(error.to_string().contains("outcomes[1].result"), "{error}");
+}
+
+/// The ids `service` lists on `server`.
+async fn listed(server: &TestServer, service: &str) -> Vec<String> {
+    match server.client().await.list_instances(service).await {
+        Ok(listing) => listing.instances.into_iter().map(|i| i.id).collect(),
+        Err(error) if error.code() == Some(tonic::Code::NotFound) => Vec::new(),
+        Err(error) => panic!("listing {service}: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn a_kept_registration_registers_again_after_rota_restarts_and_withdraws_on_close() {
+    let first = TestServer::start().await;
+    let address = first.server.local_addr();
+    let mut kept = first.client().await.keep_registered(vec![instance("kept", "a", 1)]).await.unwrap();
+    assert_eq!(kept.ack().accepted.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a"]);
+    // A rolling restart: the draining rota tells its providers to go (`Closing`) and refuses
+    // them until it has stopped.
+    first.server.begin_drain().await;
+    let lost = tokio::time::timeout(PATIENCE, kept.next_event()).await.expect("the loss is told in time");
+    assert!(matches!(&lost, Some(RegistrationEvent::Lost { reason }) if reason.contains("shutting down")), "{lost:?}");
+    first.server.stop().await.unwrap();
+
+    // A new rota on the same address knows nothing until the registration comes back.
+    let second = TestServer::start_with(|config| config.listen = address).await;
+    let ack = loop {
+        match tokio::time::timeout(PATIENCE, kept.next_event()).await.expect("registered again in time") {
+            Some(RegistrationEvent::Registered { ack }) => break ack,
+            // Attempts made before the new server listened.
+            Some(RegistrationEvent::Retrying { .. }) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(ack.accepted.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert_eq!(listed(&second, "kept").await, ["a"]);
+
+    let withdrawn = kept.close().await.unwrap().expect("registered when closed");
+    assert_eq!(withdrawn.refused, []);
+    assert_eq!(listed(&second, "kept").await, Vec::<String>::new(), "withdrawn on close");
+}
+
+#[tokio::test]
+async fn a_kept_registration_must_be_accepted_whole_the_first_time() {
+    let server = TestServer::start().await;
+    let _owner = server.register(vec![instance("whole", "a", 1)]).await;
+    let mut published = server.server.balancer().registry().changes();
+    let client = server.client().await;
+    let refused = client
+        .keep_registered(vec![instance("whole", "b", 2), instance("whole", "a", 3)])
+        .await
+        .err()
+        .expect("an owned id is refused");
+    assert_eq!(refused.code(), Some(tonic::Code::AlreadyExists), "{refused}");
+    // The accepted b leaves with the dropped stream, as the registry publishes its end.
+    tokio::time::timeout(PATIENCE, async {
+        while listed(&server, "whole").await != ["a"] {
+            published.changed().await.expect("the registry runs");
+        }
+    })
+    .await
+    .expect("b removed in time");
 }

@@ -70,14 +70,12 @@ return answers
 pub struct IdClaims {
     link: Arc<Link>,
     liveness: Arc<Liveness>,
-    replica: Arc<str>,
     script: redis::Script,
 }
 
 impl IdClaims {
     pub fn new(link: Arc<Link>, liveness: Arc<Liveness>) -> Self {
-        let replica = liveness.replica.clone();
-        Self { link, liveness, replica, script: redis::Script::new(CLAIM_SCRIPT) }
+        Self { link, liveness, script: redis::Script::new(CLAIM_SCRIPT) }
     }
 }
 
@@ -90,7 +88,7 @@ impl IdClaims {
             .link
             .run(|mut conn| async move { redis::cmd("SMEMBERS").arg(&holders_key).query_async(&mut conn).await })
             .await?;
-        let others: Vec<String> = holders.into_iter().filter(|h| **h != *self.replica).collect();
+        let others: Vec<String> = holders.into_iter().filter(|h| **h != *self.liveness.replica).collect();
         let mut pipe = redis::pipe();
         self.liveness.renew(&mut pipe);
         for holder in &others {
@@ -117,8 +115,8 @@ impl Claims for IdClaims {
             }
             let Some(dead) = self.dead_holders(service).await else { return unchecked };
             let mut invocation = self.script.prepare_invoke();
-            invocation.key(keys::holders(service)).key(keys::instances(service, &self.replica));
-            invocation.arg(&*self.replica).arg(keys::instances(service, "")).arg(dead.len()).arg(&dead);
+            invocation.key(keys::holders(service)).key(keys::instances(service, &self.liveness.replica));
+            invocation.arg(&*self.liveness.replica).arg(keys::instances(service, "")).arg(dead.len()).arg(&dead);
             for instance in instances {
                 let encoded = serde_json::to_string(&Shared::of(instance)).unwrap_or_default();
                 invocation.arg(&*instance.id).arg(encoded);
@@ -140,7 +138,7 @@ impl Claims for IdClaims {
     }
 
     fn release(&self, service: &str, ids: Vec<Arc<str>>) {
-        let (link, key) = (self.link.clone(), keys::instances(service, &self.replica));
+        let (link, key) = (self.link.clone(), keys::instances(service, &self.liveness.replica));
         tokio::spawn(async move {
             let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
             link.run(

@@ -164,7 +164,6 @@ struct Changes {
 
 /// Shares the instance table through Redis until the registry stops.
 pub struct TableSharing {
-    replica: Arc<str>,
     liveness: Arc<Liveness>,
     registry: Registry,
     link: Arc<Link>,
@@ -182,7 +181,6 @@ impl TableSharing {
     /// Starts sharing `registry` as replica `replica` on the current runtime.
     pub fn spawn(registry: Registry, link: Arc<Link>, liveness: Arc<Liveness>) -> tokio::task::JoinHandle<()> {
         let sharing = Self {
-            replica: liveness.replica.clone(),
             liveness,
             registry,
             link,
@@ -266,7 +264,7 @@ impl TableSharing {
         if self.liveness.take_lapsed() && !self.written.is_empty() {
             // This replica's key had lapsed: the others took it for dead and may have removed
             // its entries. Everything it holds is written again.
-            tracing::info!(replica = %self.replica, "this replica's key had expired; writing its instances again");
+            tracing::info!(replica = %self.liveness.replica, "this replica's key had expired; writing its instances again");
             self.write_all_again();
         }
         if !self.flush().await {
@@ -328,7 +326,7 @@ impl TableSharing {
         if !whole && changed.is_empty() && removed.is_empty() {
             return true;
         }
-        let (instances, holders) = (keys::instances(service, &self.replica), keys::holders(service));
+        let (instances, holders) = (keys::instances(service, &self.liveness.replica), keys::holders(service));
         // Three steps, each in one hash slot. The replica's key first: no reader may see these
         // instances without it (it would take the replica for dead and drop them). Then the
         // service's keys, then the change entry that tells the others to read them.
@@ -339,7 +337,7 @@ impl TableSharing {
         let token = format!("{:016x}", fastrand::u64(..));
         if own.is_empty() {
             pipe.cmd("DEL").arg(&instances).ignore();
-            pipe.cmd("SREM").arg(&holders).arg(&*self.replica).ignore();
+            pipe.cmd("SREM").arg(&holders).arg(&*self.liveness.replica).ignore();
         } else {
             if whole {
                 // Replaced in one step, so a reader never sees the hash half written.
@@ -360,12 +358,12 @@ impl TableSharing {
                     ids = Some(changed.iter().map(|(id, _)| &***id).chain(removed.iter().map(|id| &***id)).collect());
                 }
             }
-            pipe.cmd("SADD").arg(&holders).arg(&*self.replica).ignore();
+            pipe.cmd("SADD").arg(&holders).arg(&*self.liveness.replica).ignore();
             announce.cmd("SADD").arg(SERVICES).arg(&**service).ignore();
         }
         let entry = announce.cmd("XADD");
         entry.arg(CHANGES).arg("MAXLEN").arg("~").arg(CHANGES_KEPT).arg("*");
-        entry.arg("s").arg(&**service).arg("r").arg(&*self.replica);
+        entry.arg("s").arg(&**service).arg("r").arg(&*self.liveness.replica);
         if let Some(ids) = ids {
             entry.arg("ids").arg(ids.join(" "));
         }
@@ -440,7 +438,7 @@ impl TableSharing {
                 self.last_change = id;
                 let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
                 let (Some(service), Some(holder)) = (field("s"), field("r")) else { continue };
-                if holder == *self.replica {
+                if holder == *self.liveness.replica {
                     continue;
                 }
                 match field("ids") {
@@ -468,7 +466,7 @@ impl TableSharing {
         else {
             return false;
         };
-        let holders: Vec<String> = holders.into_iter().filter(|h| **h != *self.replica).collect();
+        let holders: Vec<String> = holders.into_iter().filter(|h| **h != *self.liveness.replica).collect();
         let Some(alive) = self.alive(&holders).await else { return false };
         let service: Arc<str> = service.into();
         let mut present = HashSet::new();

@@ -58,6 +58,17 @@ async fn pick(client: &mut RotaClient, service: &str, options: PickOptions) -> p
     client.pick(service, options).await.expect("pick").into_response()
 }
 
+/// The ids of `count` picks of `service` under `rule` through `server`, sorted.
+async fn picked_sorted(server: &TestServer, service: &str, rule: &str, count: usize) -> Vec<String> {
+    let mut client = server.client().await;
+    let mut ids = Vec::with_capacity(count);
+    for _ in 0..count {
+        ids.push(picked_id(&pick(&mut client, service, PickOptions::rule(rule)).await));
+    }
+    ids.sort();
+    ids
+}
+
 #[tokio::test]
 async fn consumers_alternating_replicas_follow_one_rotation() {
     let redis = RedisServer::start().await;
@@ -583,12 +594,7 @@ async fn load_aware_rules_weigh_the_picks_in_flight_on_other_replicas() {
     }
     wait_stats(&two, "load", "a", |r| r.load.in_flight == 3).await;
     // Replica two's least-loaded picks go to b and c, idle fleet-wide, never to a.
-    let mut second = two.client().await;
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        ids.push(picked_id(&pick(&mut second, "load", PickOptions::rule("best_available")).await));
-    }
-    ids.sort();
+    let ids = picked_sorted(&two, "load", "best_available", 4).await;
     assert_eq!(ids, ["b", "b", "c", "c"], "best_available weighed replica one's picks");
     wait_stats(&one, "load", "b", |r| r.load.in_flight == 2).await;
 }
@@ -896,12 +902,7 @@ async fn under_load_a_replica_dies_and_the_survivor_fails_no_pick_and_drops_only
         total += picks;
     }
     assert!(total > 0, "no pick was made while the replica died");
-    let mut client = two.client().await;
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        ids.push(picked_id(&pick(&mut client, "survive", PickOptions::rule("round_robin")).await));
-    }
-    ids.sort();
+    let ids = picked_sorted(&two, "survive", "round_robin", 4).await;
     assert_eq!(ids, ["b", "b", "c", "c"], "only the dead replica's instance left");
 }
 

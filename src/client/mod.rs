@@ -10,7 +10,9 @@
 //! ```
 //!
 //! A client that [follows](RotaClient::follow) a service keeps picking it while rota is
-//! unreachable, round robin over the last instance list it saw (see [`fallback`]).
+//! unreachable, round robin over the last instance list it saw (see [`fallback`]). A provider
+//! that [keeps its instances registered](RotaClient::keep_registered) announces them again
+//! whenever its stream is lost, until it closes the registration.
 
 mod backoff;
 mod error;

@@ -76,7 +76,7 @@ export ROTA_BIN="$root/target/debug/rota"
 step redis-install scripts/install-redis.sh
 
 if [ "$run_rust" = 1 ]; then
-  step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings'
+  step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings && RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps'
   step rust rust_tests
 fi
 for client in "${clients[@]}"; do

@@ -5,7 +5,7 @@
 //! isolation (and gray release) and `exclude`, draws a ticket from the shared rotation of
 //! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is
 //! shared with the registry writer. `retry` and `sticky` wrap that single selection (see
-//! [`select`]). Every successful pick counts as in flight for its instance until a consumer
+//! `select`). Every successful pick counts as in flight for its instance until a consumer
 //! reports the call's outcome ([`Balancer::report`]). Every pick and lease is counted for
 //! operators ([`counters`]).
 

@@ -1,7 +1,7 @@
 //! Per-service policies: which rule a service uses when a request names none, what version
 //! isolation does when nothing is left, gray-release version weights, and breaker settings.
 //!
-//! Policies come from the config file (`[defaults]` and `[services.NAME]`, see [`file`]) and
+//! Policies come from the config file (`[defaults]` and `[services.NAME]`, see [`mod@file`]) and
 //! from runtime overrides (`SetPolicy`); [`Policies`] keeps the two as layers and is their one
 //! writer (see [`store`]). What picks read is one immutable merged [`PolicySet`] behind an
 //! `ArcSwap`: a pick loads it once, so it sees the old policy or the new one, never a mix.

@@ -1,7 +1,7 @@
 //! The live instance table.
 //!
 //! Providers hold a [`Lease`] for as long as their registration stream is open; the instances
-//! they announce belong to that lease and disappear with it. One task ([`index`]) owns the
+//! they announce belong to that lease and disappear with it. One task (`index`) owns the
 //! mutable index and publishes an immutable [`Catalog`] of per-service [`ServiceSnapshot`]s
 //! behind an `ArcSwap`, so a pick is one atomic load and a hash lookup, with no lock shared with
 //! writers (the reader/writer split of linkerd's destination controller).

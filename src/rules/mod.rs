@@ -1,6 +1,6 @@
 //! Load-balancing rules: filters that narrow the eligible instances, then one selector.
 //!
-//! Selectors are pure functions of a [`Draw`]: the eligible [`Subset`], a ticket, the request's
+//! Selectors are pure functions of a [`Draw`]: the eligible [`Candidates`], a ticket, the request's
 //! key and zone, a read-only view of instance load, and an injected random source. The ticket is
 //! the next number of a counter held by the state backend and shared by every consumer, which is
 //! what makes a rotation exact across a whole fleet of consumers rather than per process (the
@@ -15,7 +15,7 @@
 //! **One rule, one file.** Each rule's file declares, through [`RuleDef`], its name, its
 //! parameters with their ranges and defaults (the error text is written from the ranges), its
 //! canonical form, whether it can be leased, which tables it reads, and its selection. The
-//! [`rules!`] list below is the one place that names every rule; the enum, the parser's
+//! `rules!` list below is the one place that names every rule; the enum, the parser's
 //! dispatch and [`KNOWN_RULES`] are made from it.
 
 mod cache;

@@ -13,7 +13,7 @@ pub const MAX_N: u32 = 1_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Repeat {
-    /// Picks per instance before moving on; 1..=[`MAX_N`].
+    /// Picks per instance before moving on; 1..=`MAX_N`.
     pub n: u32,
 }
 

@@ -1,13 +1,13 @@
-//! Scenario `churn`: registration churn under a pick load, judged by the [`history`] checker.
+//! Scenario `churn`: registration churn under a pick load, judged by the [`super::history`] checker.
 //!
 //! Three services each keep two *anchor* instances (one unversioned, one of version `v2`) on a
 //! stream that never changes, so every subset always has an eligible instance: a pick never
 //! fails for want of one and a rotation is never abandoned. Around them, provider tasks (see
-//! [`super::provider`]) own a few instances of every service and announce, re-weigh, drain,
+//! `provider`) own a few instances of every service and announce, re-weigh, drain,
 //! revive, withdraw and abruptly close them at a random pace. Consumer tasks, half on unary
 //! `Pick` and half on one `PickStream` each, pick continuously from random services under
 //! `round_robin` and `repeat(n=3)`, with and without version `v2`. Everything is recorded on
-//! one monotonic clock and handed to [`History::check`] at the end.
+//! one monotonic clock and handed to [`super::judge::check`] at the end.
 //!
 //! Besides the checker's four checks, every pick must be answered (the anchors make
 //! `UNAVAILABLE` impossible), every registration change accepted, and every closed stream's

@@ -3,7 +3,7 @@
 //!
 //! Each phase starts a server (plaintext, then TLS with a certificate made here by rcgen),
 //! registers one instance for the probe to pick, and opens the attack from 127.0.0.2 (see
-//! [`super::slowloris`]): connections that send nothing, and connections that send the start of
+//! `slowloris`): connections that send nothing, and connections that send the start of
 //! an HTTP/2 preface or a TLS ClientHello a byte a second. Once they are open, a probe from
 //! 127.0.0.1 opens a *new* connection every few hundred milliseconds (TLS handshake included),
 //! picks once and records how long it took. The check: every probe picks within 5 s. A server

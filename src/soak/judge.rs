@@ -1,5 +1,5 @@
 //! The verdict on a churn history: every check of [`super::history`] (live, stale, tickets)
-//! and the exact-shares check of [`super::shares`], into one set of findings.
+//! and the exact-shares check of `shares`, into one set of findings.
 
 use super::history::{Findings, History};
 

@@ -189,7 +189,7 @@ impl MemoryState {
         self.counters.entry(key.clone()).or_default().ticket.clone()
     }
 
-    /// Drops rotation counters unused for [`IDLE_ROUNDS`] calls. A counter in use is one whose
+    /// Drops rotation counters unused for `IDLE_ROUNDS` calls. A counter in use is one whose
     /// ticket moved since the last call, or that a snapshot subset caches (it holds a second
     /// reference), so nothing is added to the pick path to tell.
     pub fn prune_counters(&self) {

@@ -1,12 +1,12 @@
 //! Rule state shared by several rota replicas through Redis.
 //!
-//! Rotation counters ([`tickets`]) and sticky assignments live in Redis, so a consumer gets the
+//! Rotation counters (`tickets`) and sticky assignments live in Redis, so a consumer gets the
 //! same answer from any replica. Every key of a service carries the service's name as its hash
 //! tag (`rota:{orders}:…`), so on Redis Cluster a service's counters and sticky keys live on one
 //! shard and a fleet scales out by service.
 //!
 //! The replica keeps in-process state beside it ([`MemoryState`]): rotation caches, the local
-//! counters and sticky assignments it answers from while Redis is unreachable (see [`link`]).
+//! counters and sticky assignments it answers from while Redis is unreachable (see `link`).
 //! A pick that finds the link down never waits for Redis.
 
 pub mod keys;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the Python client's whole test suite: the linters (ruff check, ruff format --check, mypy
-# --strict on the package), then unit tests, the conformance scenarios (sync and asyncio
+# --strict on the package and the tests), then unit tests, the conformance scenarios (sync and asyncio
 # clients) and the integration tests against live `rota serve` processes.
 #
 # Creates .venv here, installs the package in editable mode with its test and lint extras from

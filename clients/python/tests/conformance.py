@@ -18,6 +18,7 @@ import grpc
 
 from rota import (
     Ack,
+    AsyncRegistration,
     AsyncRotaClient,
     CallOutcome,
     CallResult,
@@ -25,6 +26,7 @@ from rota import (
     InstanceRef,
     InstanceStatus,
     PickResult,
+    Registration,
     ReportResult,
     RotaClient,
     RotaError,
@@ -151,8 +153,8 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
         _check(refused == expected_refused, f"refused {sorted(refused)}, expected {sorted(expected_refused)}")
     elif op == "withdraw":
         _expect_keys(step, {"op", "stream"})
-        ack = await driver.withdraw(step["stream"])
-        _check(ack is not None, "the Withdraw was not acknowledged")
+        withdrawn = await driver.withdraw(step["stream"])
+        _check(withdrawn is not None, "the Withdraw was not acknowledged")
     elif op == "pick":
         _expect_keys(step, {"op", "connection", "request", "expect"})
         await _pick(driver, step.get("connection", 0), step["request"], step["expect"])
@@ -190,10 +192,10 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
                 )
             tickets.append(picked.ticket)
             if "expect_fallback" in step:
-                wanted = "some" if step["expect_fallback"] else "none"
+                wanted_fallback = "some" if step["expect_fallback"] else "none"
                 _check(
                     bool(picked.fallback) == step["expect_fallback"],
-                    f"pick {i} has fallback {picked.fallback!r}, expected {wanted}",
+                    f"pick {i} has fallback {picked.fallback!r}, expected {wanted_fallback}",
                 )
             ids.append(picked.instance.id)
         _check(ids == step["expect_ids"], f"picked {ids}, expected {step['expect_ids']}")
@@ -226,9 +228,9 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
         unknown = set(expect) - {"first_ticket", "count", "ids", "rule", "fallback"}
         _check(not unknown, f"unknown lease expectation {sorted(unknown)}")
         leased = await driver.lease(step.get("connection", 0), pb.LeaseRequest(**request))
-        got = (leased.first_ticket, leased.count, [i.id for i in leased.instances])
-        wanted = (expect["first_ticket"], expect["count"], expect["ids"])
-        _check(got == wanted, f"leased {got}, expected {wanted}")
+        got_lease = (leased.first_ticket, leased.count, [i.id for i in leased.instances])
+        wanted_lease = (expect["first_ticket"], expect["count"], expect["ids"])
+        _check(got_lease == wanted_lease, f"leased {got_lease}, expected {wanted_lease}")
         if "rule" in expect:
             _check(leased.rule == expect["rule"], f"lease rule {leased.rule!r}, expected {expect['rule']!r}")
         if "fallback" in expect:
@@ -241,10 +243,10 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
         for n, expected in enumerate(step["events"]):
             want = _describe_expected(expected)
             try:
-                got = _describe(await driver.next_event(step["watch"]))
+                got_event = _describe(await driver.next_event(step["watch"]))
             except (TimeoutError, queue.Empty):
                 raise StepFailed(f"event {n}: none within {PATIENCE:g}s, expected {want}") from None
-            _check(got == want, f"event {n}: got {got}, expected {want}")
+            _check(got_event == want, f"event {n}: got {got_event}, expected {want}")
     elif op == "follow":
         _expect_keys(step, {"op", "connection", "service", "expect_ids"})
         seen = await driver.follow(step.get("connection", 0), step["service"], step["expect_ids"])
@@ -344,7 +346,7 @@ class SyncDriver:
         self.server = server
         self.start = start
         self.connections: list[RotaClient] = []
-        self.streams: dict[str, Any] = {}
+        self.streams: dict[str, Registration] = {}
         self.watches: dict[str, queue.Queue[WatchEvent]] = {}
         self.registrar: RotaClient | None = None
 
@@ -434,7 +436,7 @@ class AsyncDriver:
         self.server = server
         self.start = start
         self.connections: list[AsyncRotaClient] = []
-        self.streams: dict[str, Any] = {}
+        self.streams: dict[str, AsyncRegistration] = {}
         self.watches: dict[str, Any] = {}
         self.registrar: AsyncRotaClient | None = None
 

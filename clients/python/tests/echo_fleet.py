@@ -56,7 +56,7 @@ class Received:
     at: float
 
 
-class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
+class _Recorder(grpc.ServerInterceptor):
     def __init__(self, fleet: EchoFleet, instance: str) -> None:
         self.fleet = fleet
         self.instance = instance
@@ -67,6 +67,7 @@ class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
         return continuation(details)
 
 
+# echo_pb2_grpc is generated at import time, so mypy only knows it as Any.
 class _Echo(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
     def __init__(self, instance: str) -> None:
         self.instance = instance

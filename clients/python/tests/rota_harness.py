@@ -25,7 +25,12 @@ _LISTENING = re.compile(r"^listening on (127\.0\.0\.1:(\d+))$")
 
 # Fixtures stop their servers, also when tests fail; this catches any exit that skips them.
 _running: list[RotaServer] = []
-atexit.register(lambda: [server.kill() for server in list(_running)])
+
+
+@atexit.register
+def _kill_running() -> None:
+    for server in list(_running):
+        server.kill()
 
 
 def rota_binary() -> Path:

@@ -71,7 +71,11 @@ def test_local_mapping_matches_rotas_pick(rota_server: RotaServer, service_name:
                 pick = balancer.Pick(
                     pb.PickRequest(service=service_name, rule=rule, exclude=[exclude] if exclude else []), timeout=20
                 )
-                excluded = eligible.excluded(lambda id_, ex=exclude: id_ != ex) if exclude else None
+
+                def usable(id_: str, ex: str | None = exclude) -> bool:
+                    return id_ != ex
+
+                excluded = eligible.excluded(usable) if exclude else None
                 local = eligible.map(pick.ticket, excluded)
                 assert local is not None and local.id == pick.instance.id, (rule, pick.ticket, exclude)
 
@@ -202,10 +206,10 @@ def test_unknown_service_fails_fast_with_a_clear_error(rota_server: RotaServer) 
         with pytest.raises(grpc.RpcError) as failure:
             echo_pb2_grpc.EchoStub(ch).Echo(echo_pb2.EchoRequest(message="x"), timeout=20)
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "no-such-service" in failure.value.details()
+    assert "no-such-service" in (failure.value.details() or "")
 
 
-class _Tag(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+class _Tag(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     def __init__(self) -> None:
         self.calls = 0
 

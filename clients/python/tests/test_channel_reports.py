@@ -19,7 +19,7 @@ from rota._pb import rota_pb2_grpc as pb_grpc
 from rota._tickets import MAX_BLOCK, MIN_BLOCK
 
 
-class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):  # type: ignore[misc]
+class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):
     def __init__(self, instances: list[pb.Instance]) -> None:
         self.instances = instances
         self.leases: list[pb.LeaseRequest] = []

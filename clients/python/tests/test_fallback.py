@@ -184,7 +184,9 @@ class FakeRpcError(grpc.RpcError):
     def initial_metadata(self) -> tuple[()]:
         return ()
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    # grpc-stubs declares RpcError.trailing_metadata as _Metadatum objects, but the errors grpc
+    # raises (grpc.Call) return (key, value) pairs, which rota.errors reads; the fake does too.
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
         return self._trailing
 
 
@@ -238,7 +240,7 @@ class FakeBalancer:
 
 
 class FakeAsyncBalancer(FakeBalancer):
-    async def Pick(self, request: Any, timeout: float | None = None) -> Any:  # type: ignore[override]
+    async def Pick(self, request: Any, timeout: float | None = None) -> Any:
         return super().Pick(request, timeout)
 
 

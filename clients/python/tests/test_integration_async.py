@@ -241,12 +241,12 @@ async def test_version_follows_an_incoming_grpc_call_into_the_pick(rota: AsyncRo
             instance(service_name, "plain-1", 9001), instance(service_name, "zlt-1", 9002, version="zlt")
         ):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call = channel.unary_unary("/test.Gateway/Call")
+                call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Gateway/Call")
                 answers = await asyncio.gather(
                     call(b"", metadata=(("x-rota-version", "zlt"),), timeout=5),
                     call(b"", timeout=5),
                     call(b"", metadata=(("x-rota-version", "zlt"),), timeout=5),
                 )
-                assert answers == [b"zlt-1", b"plain-1", b"zlt-1"]
+                assert list(answers) == [b"zlt-1", b"plain-1", b"zlt-1"]
     finally:
         await server.stop(None)

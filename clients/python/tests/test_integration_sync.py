@@ -392,7 +392,7 @@ def test_version_follows_an_incoming_grpc_call_into_the_pick(rota: RotaClient, s
             ),
             grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
-            call = channel.unary_unary("/test.Gateway/Call")
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Gateway/Call")
             assert call(b"", metadata=(("x-rota-version", "zlt"),), timeout=5) == b"zlt-1"
             assert call(b"", timeout=5) == b"plain-1"
             assert call(b"", metadata=(("x-rota-version", "nobody"),), timeout=5) == b"plain-1"

@@ -59,7 +59,11 @@ def test_consumers_on_two_replicas_share_one_rotation_and_one_owner_per_id(
         # Providers register through different replicas; every replica picks from all three.
         with first.register(a), second.register(b), first.register(c):
             for client in (first, second):
-                assert wait_until(lambda client=client: client.list_instances(service_name).ids == ["a", "b", "c"], 10)
+
+                def lists_all(client: RotaClient = client) -> bool:
+                    return client.list_instances(service_name).ids == ["a", "b", "c"]
+
+                assert wait_until(lists_all, 10)
             picks = [(first, second)[i % 2].pick(service_name) for i in range(6)]
             assert "".join(p.instance.id for p in picks) == "abcabc"
             assert [p.ticket for p in picks] == list(range(6))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -57,7 +57,7 @@ async def test_tasks_do_not_share_the_version() -> None:
             await asyncio.sleep(0)
             return [first, current_version()]
 
-    assert await asyncio.gather(handle("a"), handle("b")) == [["a", "a"], ["b", "b"]]
+    assert list(await asyncio.gather(handle("a"), handle("b"))) == [["a", "a"], ["b", "b"]]
 
 
 @pytest.mark.parametrize(
@@ -103,14 +103,14 @@ class RecordingBalancer:
 
 
 class AsyncRecordingBalancer(RecordingBalancer):
-    async def Pick(self, request: Any, timeout: float | None = None) -> Any:  # type: ignore[override]
+    async def Pick(self, request: Any, timeout: float | None = None) -> Any:
         return super().Pick(request, timeout)
 
 
 def _pick_versions(client: RotaClient) -> list[str]:
     balancer = RecordingBalancer()
     client._balancer = balancer  # type: ignore[assignment]
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: client.pick("svc"),
         lambda: client.pick("svc", version="bob"),
         lambda: client.pick("svc", version=""),
@@ -187,31 +187,33 @@ def echo_server() -> Iterator[str]:
 
 def test_server_interceptor_makes_the_header_current(echo_server: str) -> None:
     with grpc.insecure_channel(echo_server) as channel:
+        unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Echo/Unary")
+        server_stream: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream("/test.Echo/ServerStream")
+        client_stream: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary("/test.Echo/ClientStream")
+        bidi: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/test.Echo/Bidi")
         header = (("x-rota-version", "zlt"),)
-        assert channel.unary_unary("/test.Echo/Unary")(b"", metadata=header, timeout=5) == b"zlt"
-        assert list(channel.unary_stream("/test.Echo/ServerStream")(b"", metadata=header, timeout=5)) == [
-            b"zlt",
-            b"zlt",
-        ]
-        assert (
-            channel.stream_unary("/test.Echo/ClientStream")(iter([b"a", b"b"]), metadata=header, timeout=5) == b"ab:zlt"
-        )
-        assert list(channel.stream_stream("/test.Echo/Bidi")(iter([b"x"]), metadata=header, timeout=5)) == [b"x:zlt"]
+        assert unary(b"", metadata=header, timeout=5) == b"zlt"
+        assert list(server_stream(b"", metadata=header, timeout=5)) == [b"zlt", b"zlt"]
+        assert client_stream(iter([b"a", b"b"]), metadata=header, timeout=5) == b"ab:zlt"
+        assert list(bidi(iter([b"x"]), metadata=header, timeout=5)) == [b"x:zlt"]
         # The next call on the same worker thread carries no header and sees no version.
-        assert channel.unary_unary("/test.Echo/Unary")(b"", timeout=5) == b"-"
-        assert list(channel.unary_stream("/test.Echo/ServerStream")(b"", timeout=5)) == [b"-", b"-"]
+        assert unary(b"", timeout=5) == b"-"
+        assert list(server_stream(b"", timeout=5)) == [b"-", b"-"]
 
 
 def test_client_interceptor_passes_the_current_version_on(echo_server: str) -> None:
     with grpc.insecure_channel(echo_server) as raw:
         channel = grpc.intercept_channel(raw, VersionClientInterceptor())
-        unary = channel.unary_unary("/test.Echo/Unary")
+        unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Echo/Unary")
+        server_stream: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream("/test.Echo/ServerStream")
+        client_stream: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary("/test.Echo/ClientStream")
+        bidi: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/test.Echo/Bidi")
         assert unary(b"", timeout=5) == b"-"
         with use_version("bob"):
             assert unary(b"", timeout=5) == b"bob"
-            assert list(channel.unary_stream("/test.Echo/ServerStream")(b"", timeout=5)) == [b"bob", b"bob"]
-            assert channel.stream_unary("/test.Echo/ClientStream")(iter([b"q"]), timeout=5) == b"q:bob"
-            assert list(channel.stream_stream("/test.Echo/Bidi")(iter([b"y"]), timeout=5)) == [b"y:bob"]
+            assert list(server_stream(b"", timeout=5)) == [b"bob", b"bob"]
+            assert client_stream(iter([b"q"]), timeout=5) == b"q:bob"
+            assert list(bidi(iter([b"y"]), timeout=5)) == [b"y:bob"]
             # An explicit header is left alone.
             assert unary(b"", metadata=(("x-rota-version", "own"),), timeout=5) == b"own"
 
@@ -259,20 +261,23 @@ async def test_async_interceptors_carry_the_version_both_ways() -> None:
         async with grpc.aio.insecure_channel(
             f"127.0.0.1:{port}", interceptors=async_version_client_interceptors()
         ) as channel:
-            unary = channel.unary_unary("/test.Echo/Unary")
+            unary: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Echo/Unary")
+            server_stream: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+                "/test.Echo/ServerStream"
+            )
+            sync_unary: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Echo/SyncUnary")
+            client_stream: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(
+                "/test.Echo/ClientStream"
+            )
+            bidi: grpc.aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/test.Echo/Bidi")
             assert await unary(b"", timeout=5) == b"-"
             assert await unary(b"", metadata=(("x-rota-version", "zlt"),), timeout=5) == b"zlt"
             with use_version("bob"):
                 assert await unary(b"", timeout=5) == b"bob"
-                assert [m async for m in channel.unary_stream("/test.Echo/ServerStream")(b"", timeout=5)] == [
-                    b"bob",
-                    b"bob",
-                ]
-                assert await channel.unary_unary("/test.Echo/SyncUnary")(b"", timeout=5) == b"bob"
-                assert await channel.stream_unary("/test.Echo/ClientStream")(iter([b"a", b"b"]), timeout=5) == b"ab:bob"
-                assert [m async for m in channel.stream_stream("/test.Echo/Bidi")(iter([b"x"]), timeout=5)] == [
-                    b"x:bob"
-                ]
+                assert [m async for m in server_stream(b"", timeout=5)] == [b"bob", b"bob"]
+                assert await sync_unary(b"", timeout=5) == b"bob"
+                assert await client_stream(iter([b"a", b"b"]), timeout=5) == b"ab:bob"
+                assert [m async for m in bidi(iter([b"x"]), timeout=5)] == [b"x:bob"]
             assert await unary(b"", timeout=5) == b"-"
     finally:
         await server.stop(None)

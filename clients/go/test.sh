@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the Go client: formatting, go vet, then every test (unit tests, the shared
+# Checks the Go client: formatting, go vet, staticcheck, then every test (unit tests, the shared
 # conformance scenarios and the integration tests) with the race detector, against live
 # `rota serve` processes that the tests start themselves. The server binary is $ROTA_BIN,
 # or, when that is unset, built with cargo in the repository root.
@@ -21,6 +21,8 @@ if [[ -n "$unformatted" ]]; then
 fi
 
 go vet ./...
+# staticcheck, pinned, built from the Go module proxy (go.mod is not touched).
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # The tests read the server binary from ROTA_BIN; build it here when unset, so that a cold
 # cargo build does not count against go test's timeout.

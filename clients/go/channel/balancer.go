@@ -135,16 +135,15 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 	b.config = config
 	b.resolverErr = nil
 
-	addrs := s.ResolverState.Addresses
-	if len(addrs) == 0 {
-		for _, e := range s.ResolverState.Endpoints {
-			addrs = append(addrs, e.Addresses...)
-		}
-	}
-	seen := make(map[string]bool, len(addrs))
+	endpoints := s.ResolverState.Endpoints
+	seen := make(map[string]bool, len(endpoints))
 	changed := false
-	for _, a := range addrs {
-		info := infoOf(a)
+	for _, e := range endpoints {
+		if len(e.Addresses) == 0 {
+			continue
+		}
+		a := e.Addresses[0]
+		info := infoOf(e)
 		key := subConnKey(info.id, a.Addr)
 		seen[key] = true
 		if c, ok := b.subConns[key]; ok {
@@ -155,6 +154,9 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 			continue
 		}
 		c := &subConn{key: key, info: info, addr: a.Addr, state: connectivity.Idle}
+		// The notice on NewSubConn announces that a SubConn will take one address only, which is
+		// what this policy gives it; a policy that keeps its own SubConns has no other call.
+		//lint:ignore SA1019 one address per SubConn, as the deprecation notice asks
 		sc, err := b.cc.NewSubConn([]resolver.Address{{Addr: a.Addr}}, balancer.NewSubConnOptions{
 			StateListener: func(st balancer.SubConnState) { b.updateSubConn(c, st) },
 		})

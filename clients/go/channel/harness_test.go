@@ -86,10 +86,8 @@ func (s *rotaServer) stop() {
 // restartRota starts a new server on the address of a stopped one.
 func restartRota(t *testing.T, old *rotaServer) *rotaServer {
 	t.Helper()
-	var s *rotaServer
 	// The port was just released; binding it again is immediate on Linux (SO_REUSEADDR).
-	s = startRota(t, old.addr)
-	return s
+	return startRota(t, old.addr)
 }
 
 func quietLogger() *slog.Logger { return slog.New(discardHandler{}) }

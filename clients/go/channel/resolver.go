@@ -229,25 +229,25 @@ func (r *watchResolver) lost(err error) {
 // publish hands the UP instances to the channel (a service rota does not know, or with no UP
 // instance, is reported as an error, so that RPCs fail rather than wait).
 func (r *watchResolver) publish(instances map[string]*rotapb.Instance, epoch uint64) {
-	addrs := make([]resolver.Address, 0, len(instances))
+	endpoints := make([]resolver.Endpoint, 0, len(instances))
 	for _, i := range instances {
 		if s := i.GetStatus(); s != rotapb.InstanceStatus_UP && s != rotapb.InstanceStatus_INSTANCE_STATUS_UNSPECIFIED {
 			continue
 		}
-		addrs = append(addrs, resolver.Address{
-			Addr:               instanceAddr(i),
-			BalancerAttributes: attributes.New(instanceKey{}, instanceInfo{id: i.GetId(), version: i.GetVersion(), weight: weightOf(i)}),
+		endpoints = append(endpoints, resolver.Endpoint{
+			Addresses:  []resolver.Address{{Addr: instanceAddr(i)}},
+			Attributes: attributes.New(instanceKey{}, instanceInfo{id: i.GetId(), version: i.GetVersion(), weight: weightOf(i)}),
 		})
 	}
-	sort.Slice(addrs, func(a, b int) bool { return infoOf(addrs[a]).id < infoOf(addrs[b]).id })
-	if len(addrs) == 0 {
+	sort.Slice(endpoints, func(a, b int) bool { return infoOf(endpoints[a]).id < infoOf(endpoints[b]).id })
+	if len(endpoints) == 0 {
 		r.link.setPublished(false)
 		r.cc.ReportError(status.Errorf(codes.Unavailable, "rota: service %q has no UP instance (epoch %d); is it registered with rota?", r.link.service, epoch))
 		return
 	}
 	r.link.setPublished(true)
 	_ = r.cc.UpdateState(resolver.State{
-		Addresses:     addrs,
+		Endpoints:     endpoints,
 		ServiceConfig: r.config,
 		Attributes:    attributes.New(linkKey{}, r.link).WithValue(watchKey{}, r.watches),
 	})
@@ -272,15 +272,15 @@ type instanceKey struct{}
 type linkKey struct{}
 type watchKey struct{}
 
-// instanceInfo rides on each address, for the policy.
+// instanceInfo rides on each endpoint, for the policy.
 type instanceInfo struct {
 	id      string
 	version string
 	weight  uint64
 }
 
-func infoOf(a resolver.Address) instanceInfo {
-	info, _ := a.BalancerAttributes.Value(instanceKey{}).(instanceInfo)
+func infoOf(e resolver.Endpoint) instanceInfo {
+	info, _ := e.Attributes.Value(instanceKey{}).(instanceInfo)
 	return info
 }
 

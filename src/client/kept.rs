@@ -9,6 +9,7 @@ use tonic::transport::Channel;
 use super::backoff::backoff;
 use super::{ClientError, Registration};
 use crate::pb;
+use crate::pb::register_request::Msg;
 use crate::pb::registry_client::RegistryClient;
 
 /// Events kept for the owner of a [`KeptRegistration`]; past this many unread, newer ones are
@@ -28,15 +29,19 @@ pub enum RegistrationEvent {
 }
 
 /// Instances kept registered: heartbeats on one stream, and a new stream with the same
-/// instances whenever one is lost (waits from 100 ms doubling to 10 s, each between half and
-/// all of it). Dropping it ends the stream, which removes the instances at once;
-/// [`KeptRegistration::close`] withdraws them explicitly first.
+/// instances (and the updates accepted since) whenever one is lost (waits from 100 ms doubling
+/// to 10 s, each between half and all of it). Dropping it ends the stream, which removes the
+/// instances at once; [`KeptRegistration::close`] withdraws them explicitly first.
 pub struct KeptRegistration {
     first_ack: pb::Ack,
     events: mpsc::Receiver<RegistrationEvent>,
+    updates: mpsc::Sender<Pending>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Option<Result<pb::Ack, ClientError>>>,
 }
+
+/// An update waiting for the stream, with where its answer goes.
+type Pending = (pb::Update, oneshot::Sender<Result<pb::Ack, ClientError>>);
 
 impl KeptRegistration {
     /// Announces `instances` on a new stream; fails unless rota accepts every one of them.
@@ -48,9 +53,21 @@ impl KeptRegistration {
         let registration = open_all(&mut registry, token.clone(), instances.clone()).await?;
         let first_ack = registration.ack().clone();
         let (events_tx, events) = mpsc::channel(EVENTS_KEPT);
+        let (updates, updates_rx) = mpsc::channel(1);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(keep(registration, Reopen { registry, token, instances }, events_tx, stopped));
-        Ok(Self { first_ack, events, stop: Some(stop), task })
+        let reopen = Reopen { registry, token, instances };
+        let task = tokio::spawn(keep(registration, reopen, events_tx, updates_rx, stopped));
+        Ok(Self { first_ack, events, updates, stop: Some(stop), task })
+    }
+
+    /// Changes one instance (weight, status, metadata) and waits for rota's acknowledgement; an
+    /// accepted change is also part of every later announcement. While the registration is
+    /// between streams the update fails with `UNAVAILABLE` and changes nothing.
+    pub async fn update(&self, update: pb::Update) -> Result<pb::Ack, ClientError> {
+        let gone = || ClientError::Closed("the registration has ended".into());
+        let (reply, answer) = oneshot::channel();
+        self.updates.send((update, reply)).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 
     /// The acknowledgement of the first announcement.
@@ -102,26 +119,41 @@ async fn open_all(
     Ok(registration)
 }
 
-/// Keeps `registration` (and its successors) until `stop`; returns the withdrawal's result, or
-/// `None` when stopped with no stream accepted.
+/// Keeps `registration` (and its successors) until `stop`, applying updates as they come;
+/// returns the withdrawal's result, or `None` when stopped with no stream accepted.
 async fn keep(
     mut registration: Registration,
     mut reopen: Reopen,
     events: mpsc::Sender<RegistrationEvent>,
+    mut updates: mpsc::Receiver<Pending>,
     mut stop: oneshot::Receiver<()>,
 ) -> Option<Result<pb::Ack, ClientError>> {
     let mut rng = fastrand::Rng::new();
     loop {
-        let lost = tokio::select! {
-            _ = &mut stop => None,
-            reason = registration.closed() => Some(reason),
+        let reason = loop {
+            let next = tokio::select! {
+                _ = &mut stop => return Some(registration.close().await),
+                reason = registration.closed() => Err(reason),
+                Some(pending) = updates.recv() => Ok(pending),
+            };
+            match next {
+                Ok((update, reply)) => {
+                    let answer = apply(&mut registration, &mut reopen.instances, update).await;
+                    let _ = reply.send(answer);
+                }
+                Err(reason) => break reason,
+            }
         };
-        let Some(reason) = lost else { return Some(registration.close().await) };
         let _ = events.try_send(RegistrationEvent::Lost { reason });
         let mut attempt = 0;
         registration = loop {
             tokio::select! {
                 _ = &mut stop => return None,
+                Some((_, reply)) = updates.recv() => {
+                    let between = tonic::Status::unavailable("the registration is between streams; nothing was changed");
+                    let _ = reply.send(Err(between.into()));
+                    continue;
+                }
                 () = tokio::time::sleep(backoff(attempt, &mut rng)) => {}
             }
             attempt = attempt.saturating_add(1);
@@ -134,4 +166,38 @@ async fn keep(
         };
         let _ = events.try_send(RegistrationEvent::Registered { ack: registration.ack().clone() });
     }
+}
+
+/// Sends `update` on the stream; when rota accepts it, `instances` (what later announcements
+/// send) take it too. A refusal comes back as [`ClientError::Refused`].
+async fn apply(
+    registration: &mut Registration,
+    instances: &mut [pb::Instance],
+    update: pb::Update,
+) -> Result<pb::Ack, ClientError> {
+    let ack = registration.send(Msg::Update(update.clone())).await?;
+    if let Some(refusal) = ack.refused.first() {
+        return Err(ClientError::Refused {
+            code: tonic::Code::from_i32(refusal.code),
+            message: refusal.message.clone(),
+        });
+    }
+    let target = update.instance.unwrap_or_default();
+    for instance in instances.iter_mut().filter(|i| i.service == target.service && id_of(i) == target.id) {
+        if update.weight.is_some() {
+            instance.weight = update.weight;
+        }
+        if update.status != pb::InstanceStatus::Unspecified as i32 {
+            instance.status = update.status;
+        }
+        if let Some(metadata) = &update.metadata {
+            instance.metadata = metadata.entries.clone();
+        }
+    }
+    Ok(ack)
+}
+
+/// The id rota gives an instance: its own, else `HOST:PORT`.
+fn id_of(instance: &pb::Instance) -> String {
+    if instance.id.is_empty() { format!("{}:{}", instance.host, instance.port) } else { instance.id.clone() }
 }

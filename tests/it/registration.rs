@@ -145,12 +145,21 @@ async fn a_kept_registration_registers_again_after_rota_restarts_and_withdraws_o
     let address = first.server.local_addr();
     let mut kept = first.client().await.keep_registered(vec![instance("kept", "a", 1)]).await.unwrap();
     assert_eq!(kept.ack().accepted.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a"]);
+    let reweigh = |weight| pb::Update {
+        instance: Some(pb::InstanceRef { service: "kept".into(), id: "a".into() }),
+        weight: Some(weight),
+        ..Default::default()
+    };
+    let ack = kept.update(reweigh(7)).await.expect("an update on the live stream");
+    assert_eq!(ack.accepted.len(), 1, "{ack:?}");
     // A rolling restart: the draining rota tells its providers to go (`Closing`) and refuses
     // them until it has stopped.
     first.server.begin_drain().await;
     let lost = tokio::time::timeout(PATIENCE, kept.next_event()).await.expect("the loss is told in time");
     assert!(matches!(&lost, Some(RegistrationEvent::Lost { reason }) if reason.contains("shutting down")), "{lost:?}");
     first.server.stop().await.unwrap();
+    let between = kept.update(reweigh(9)).await.expect_err("no stream to send it on");
+    assert_eq!(between.code(), Some(tonic::Code::Unavailable), "{between}");
 
     // A new rota on the same address knows nothing until the registration comes back.
     let second = TestServer::start_with(|config| config.listen = address).await;
@@ -164,6 +173,8 @@ async fn a_kept_registration_registers_again_after_rota_restarts_and_withdraws_o
     };
     assert_eq!(ack.accepted.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a"]);
     assert_eq!(listed(&second, "kept").await, ["a"]);
+    let announced = second.client().await.list_instances("kept").await.unwrap().instances;
+    assert_eq!(announced[0].weight, Some(7), "announced again with the accepted update, not the refused one");
 
     let withdrawn = kept.close().await.unwrap().expect("registered when closed");
     assert_eq!(withdrawn.refused, []);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the dependencies, generates the gRPC types, builds and runs the whole test suite
-# (unit tests, the shared conformance scenarios, the integration tests against live servers and
-# the install of the packed package into a fresh project).
+# Installs the dependencies, generates the gRPC types, lints (ESLint with typescript-eslint's
+# type-checked rules, eslint.config.mjs), builds and runs the whole test suite (unit tests, the
+# shared conformance scenarios, the integration tests against live servers and the install of the
+# packed package into a fresh project).
 set -euo pipefail
 
 # The suite runs several `rota serve` at once; their admin listeners would all want the default
@@ -21,6 +22,11 @@ fi
 # (sources and tests into build/); the package build (dist/) runs once, in the `npm pack` of
 # test/install.test.ts, which installs the tarball into a fresh project outside the repository.
 npm ci --ignore-scripts --no-audit --no-fund
+
+# The type-checked lint rules read the generated gRPC types, so they are generated first (pretest
+# generates them again, which changes nothing). A lint error fails the run before any test.
+npm run generate
+npm run lint
 
 # pretest empties build/ first, so compiled copies of deleted tests cannot run. A run in which
 # no test ran (a glob that matched nothing, a suite that registered no test) fails.

@@ -4,8 +4,8 @@ import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
 
 import type { InstanceRef, Refusal } from './types.js';
 
-/** The name of a gRPC status code, e.g. `"NOT_FOUND"`. */
-export function codeName(code: status): string {
+/** The name of a gRPC status code, e.g. `"NOT_FOUND"`; `CODE_<n>` for a number that names none. */
+export function codeName(code: status | number): string {
   return status[code] ?? `CODE_${code}`;
 }
 

@@ -229,9 +229,11 @@ export function ackFromMessage(message: Ack__Output): Ack {
     leaseId: u64(message.leaseId),
     seq: u64(message.seq),
     accepted: message.accepted.map(refFromMessage),
+    // Refusal.code is the gRPC status code, which the wire carries as a plain number.
+    // eslint-disable-next-line @typescript-eslint/no-unsafe-enum-assignment
     refused: message.refused.map((refusal) => ({
       instance: refFromMessage(refusal.instance),
-      code: refusal.code as status,
+      code: refusal.code,
       message: refusal.message,
     })),
     heartbeatTimeoutMs: Number(message.heartbeatTimeoutMs),

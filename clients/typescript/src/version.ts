@@ -37,7 +37,8 @@ export function versionFromMetadata(metadata: Metadata): string | undefined {
 }
 
 function firstNonEmpty(value: string | readonly string[] | undefined): string | undefined {
-  const first = Array.isArray(value) ? value[0] : value;
+  // Not Array.isArray, which narrows a readonly string[] to any[].
+  const first = typeof value === 'object' ? value[0] : value;
   const trimmed = typeof first === 'string' ? first.trim() : '';
   return trimmed === '' ? undefined : trimmed;
 }

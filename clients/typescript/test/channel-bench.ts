@@ -95,6 +95,6 @@ rota.close();
 quiet.close();
 rr.close();
 await registration.close();
-provider.close();
+await provider.close();
 echoes.forEach((e) => e.kill());
 await server.kill();

@@ -124,7 +124,7 @@ describe('x-rota-ticket', { timeout: 60_000 }, () => {
       assert.ok(opted[0]!.ticket >= 0n);
     } finally {
       await registration.close();
-      rota.close();
+      await rota.close();
       echoes.forEach((e) => e.kill());
       await server.stop();
     }

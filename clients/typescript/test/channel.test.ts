@@ -83,7 +83,7 @@ describe('ticket map against rota', { timeout: 60_000 }, () => {
   });
   after(async () => {
     await registration.close();
-    rota.close();
+    await rota.close();
     await server.stop();
   });
 
@@ -284,7 +284,7 @@ describe(`channel scenarios (second consumer: ${consumer.language} process)`, { 
           [OPTION_TICKET_HEADER]: true,
           [OPTION_LOGGER]: silentLogger,
           [OPTION_BACKOFF]: { initialMs: 20, maxMs: 500 },
-        }) as grpc.Client;
+        });
         for (const [i, s] of sc.steps.entries()) {
           if (s.calls !== undefined) {
             const deadline = s.deadline_ms ?? 5_000;
@@ -352,7 +352,7 @@ describe(`channel scenarios (second consumer: ${consumer.language} process)`, { 
         for (const r of regs.values()) {
           await r.close().catch(() => {});
         }
-        provider.close();
+        await provider.close();
         for (const e of echoes.values()) {
           e.kill();
         }

@@ -301,7 +301,8 @@ class ScenarioRun {
       lease.close();
     }
     await Promise.allSettled([...this.#streams.values()].map((registration) => registration.close()));
-    await Promise.allSettled([...this.#connections, this.#provider].map((client) => client?.close()));
+    const clients = this.#provider === undefined ? this.#connections : [...this.#connections, this.#provider];
+    await Promise.allSettled(clients.map((client) => client.close()));
     await Promise.allSettled(this.#started.map((server) => server.kill()));
   }
 
@@ -434,7 +435,7 @@ class ScenarioRun {
           );
         });
         assert.deepEqual(
-          [String(leased.firstTicket), leased.count, leased.instances.map((i) => i.id)],
+          [leased.firstTicket, leased.count, leased.instances.map((i) => i.id)],
           [String(step.expect.first_ticket), step.expect.count, step.expect.ids],
           'leased (first ticket, count, instances)',
         );

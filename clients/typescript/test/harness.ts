@@ -88,7 +88,7 @@ export class RotaServer {
     child.stderr?.on('data', (chunk: string) => {
       log.text = (log.text + chunk).slice(-20_000);
     });
-    const lines = createInterface({ input: child.stdout! });
+    const lines = createInterface({ input: child.stdout });
     try {
       const first = await new Promise<string>((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`rota serve printed nothing within ${STARTUP_TIMEOUT_MS} ms`)), STARTUP_TIMEOUT_MS);

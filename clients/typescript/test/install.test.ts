@@ -144,7 +144,7 @@ describe('the packed package, installed as README.md says', { timeout: 600_000 }
       assert.equal(output, 'orders-a\norders-b\norders-c\n');
     } finally {
       await registration.close();
-      provider.close();
+      await provider.close();
       echoes.forEach((e) => e.kill());
     }
   });

@@ -185,7 +185,8 @@ describe('version propagation across services', () => {
         Pick(call: ServerUnaryCall<PickRequest__Output, unknown>, callback: sendUnaryData<unknown>) {
           downstream.pick(call.request.service).then(
             (result) => callback(null, { instance: { id: result.instance.id, service: 'orders', host: '127.0.0.1', port: 1 } }),
-            (error: Error) => callback(error),
+            // pick() rejects with a RotaError.
+            (error: unknown) => callback(error as Error),
           );
         },
       }),

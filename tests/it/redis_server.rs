@@ -147,19 +147,28 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub async fn start(size: usize) -> Self {
+        Self::start_with(size, 0, 5000).await
+    }
+
+    /// `primaries` primaries, each with `replicas` replicas, which take over a primary that
+    /// has not answered for `node_timeout_ms`.
+    pub async fn start_with(primaries: usize, replicas: usize, node_timeout_ms: u64) -> Self {
+        let size = primaries * (1 + replicas);
         let mut nodes = Vec::with_capacity(size);
+        let timeout = node_timeout_ms.to_string();
         for _ in 0..size {
             let flags =
-                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"];
+                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", &timeout];
             nodes.push(RedisServer::start_with(&flags).await);
         }
+        let replicas = replicas.to_string();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let create = addrs.clone();
         let status = tokio::task::spawn_blocking(move || {
             Command::new("redis-cli")
                 .args(["--cluster", "create"])
                 .args(&create)
-                .args(["--cluster-replicas", "0", "--cluster-yes"])
+                .args(["--cluster-replicas", &replicas, "--cluster-yes"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .status()
@@ -188,5 +197,27 @@ impl RedisCluster {
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         format!("redis+cluster://{}", addrs.join(","))
+    }
+
+    /// The positions in `nodes` of the primary serving `key`'s slot and of its replica.
+    pub async fn primary_and_replica_of(&self, key: &str) -> (usize, usize) {
+        let any = &self.nodes[0];
+        let slot: u64 = any.query(&["CLUSTER", "KEYSLOT", key]).await.expect("CLUSTER KEYSLOT");
+        let nodes: String = any.query(&["CLUSTER", "NODES"]).await.expect("CLUSTER NODES");
+        // `ID HOST:PORT@BUS FLAGS PRIMARY_ID ... SLOT_RANGES...`, one node per line.
+        let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split_whitespace().collect()).collect();
+        let serves = |fields: &Vec<&str>| {
+            fields.iter().skip(8).any(|range| match range.split_once('-') {
+                Some((from, to)) => (from.parse().unwrap_or(u64::MAX)..=to.parse().unwrap_or(0)).contains(&slot),
+                None => range.parse() == Ok(slot),
+            })
+        };
+        let primary = lines.iter().find(|f| f[2].contains("master") && serves(f)).expect("a primary serves the slot");
+        let replica = lines.iter().find(|f| f[3] == primary[0]).expect("the primary has a replica");
+        let position = |fields: &Vec<&str>| {
+            let port: u16 = fields[1].split(['@', ':']).nth(1).and_then(|p| p.parse().ok()).expect("HOST:PORT@BUS");
+            self.nodes.iter().position(|n| n.port == port).expect("a node of this cluster")
+        };
+        (position(primary), position(replica))
     }
 }

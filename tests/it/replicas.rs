@@ -779,6 +779,57 @@ async fn replicas_on_a_redis_cluster_share_rotations_ids_policies_and_breakers()
     wait_stats(&one, "users", "b", |r| r.tripped_for.is_some()).await;
 }
 
+/// The replication offset `field` (`master_repl_offset`, `slave_repl_offset`) in `INFO replication`.
+async fn repl_offset(node: &RedisServer, field: &str) -> Option<u64> {
+    let info: String = node.query(&["INFO", "replication"]).await.ok()?;
+    info.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_replica_follows_a_cluster_failover_without_a_failed_pick_or_a_repeated_ticket() {
+    // Three primaries with a replica each, which takes over a primary silent for a second.
+    let mut cluster = RedisCluster::start_with(3, 1, 1000).await;
+    let server = replica(&cluster.url(), 1).await;
+    let _held = register_spread(&[&server], "failover").await;
+    let counter = "rota:{failover}:ticket:version=:round_robin";
+    let mut client = server.client().await;
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        tickets.push(pick(&mut client, "failover", PickOptions::rule("round_robin")).await.ticket);
+    }
+    let (primary, secondary) = cluster.primary_and_replica_of(counter).await;
+    // The replica must have caught up with the counter before its primary dies.
+    let written = repl_offset(&cluster.nodes[primary], "master_repl_offset").await.expect("the primary's offset");
+    tokio::time::timeout(PATIENCE, async {
+        while repl_offset(&cluster.nodes[secondary], "slave_repl_offset").await.is_none_or(|copied| copied < written) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the replica copies the counter");
+
+    cluster.nodes[primary].kill();
+    // Picks never fail: while the slot has no primary they draw on the replica's local floor,
+    // and once the cluster has promoted the replica, on it.
+    let promoted = &cluster.nodes[secondary];
+    let on_new_primary = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            tickets.push(pick(&mut client, "failover", PickOptions::rule("round_robin")).await.ticket);
+            let stored: Option<u64> = promoted.query(&["GET", counter]).await.unwrap_or(None);
+            if stored.is_some_and(|n| n > 3) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(on_new_primary.is_ok(), "rota never drew on the promoted replica ({} picks)", tickets.len());
+    let mut sorted = tickets.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), tickets.len(), "no ticket repeated through the failover: {tickets:?}");
+}
+
 /// Picks of one consumer under load: (phase when the pick started, ticket), and any failure.
 struct Tally {
     picks: Vec<(u8, u64)>,

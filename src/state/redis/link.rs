@@ -34,6 +34,8 @@ pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 /// Longest wait to open a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Times a Cluster command is sent again after a redirection or a failed node.
+const CLUSTER_RETRIES: u32 = 2;
 
 pub struct Link {
     target: Target,
@@ -261,9 +263,15 @@ async fn connect_cluster(nodes: &[String], target: &Target, timeout: Duration) -
         let info = format!("redis://{node}/").into_connection_info().map_err(|e| format!("bad address {node}: {e}"))?;
         infos.push(target.apply_credentials(info));
     }
+    // Few and short retries: enough to follow a redirection (MOVED, ASK) or a slot map that
+    // just changed, not to wait out a node that is down (the client's default is 16 retries from
+    // 1.28 s apart). The link answers from local state meanwhile, and its keeper reconnects.
     let client = ClusterClientBuilder::new(infos)
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(100)
         .build()
         .map_err(|e| format!("cannot open the cluster {}: {e}", nodes.join(",")))?;
     // Connecting asks the nodes for the slot map and connects to each primary.

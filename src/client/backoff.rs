@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-pub(super) const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
-pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(10);
+const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// The wait before reconnect attempt `attempt` (from 0): exponential from 100 ms up to 10 s,
 /// each wait drawn between half and all of it, so that clients that lost rota together do not

@@ -7,10 +7,12 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use super::backoff::backoff;
+use super::registration::all_accepted;
 use super::{ClientError, Registration};
 use crate::pb;
 use crate::pb::register_request::Msg;
 use crate::pb::registry_client::RegistryClient;
+use crate::registry::default_id;
 
 /// Events kept for the owner of a [`KeptRegistration`]; past this many unread, newer ones are
 /// dropped (the registration itself goes on).
@@ -147,14 +149,19 @@ async fn keep(
         let _ = events.try_send(RegistrationEvent::Lost { reason });
         let mut attempt = 0;
         registration = loop {
-            tokio::select! {
-                _ = &mut stop => return None,
-                Some((_, reply)) = updates.recv() => {
-                    let between = tonic::Status::unavailable("the registration is between streams; nothing was changed");
-                    let _ = reply.send(Err(between.into()));
-                    continue;
+            // Updates asked for meanwhile are answered without cutting the wait short or
+            // starting it again.
+            let wait = tokio::time::sleep(backoff(attempt, &mut rng));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return None,
+                    Some((_, reply)) = updates.recv() => {
+                        let between = tonic::Status::unavailable("the registration is between streams; nothing was changed");
+                        let _ = reply.send(Err(between.into()));
+                    }
+                    () = &mut wait => break,
                 }
-                () = tokio::time::sleep(backoff(attempt, &mut rng)) => {}
             }
             attempt = attempt.saturating_add(1);
             match open_all(&mut reopen.registry, reopen.token.clone(), reopen.instances.clone()).await {
@@ -176,14 +183,11 @@ async fn apply(
     update: pb::Update,
 ) -> Result<pb::Ack, ClientError> {
     let ack = registration.send(Msg::Update(update.clone())).await?;
-    if let Some(refusal) = ack.refused.first() {
-        return Err(ClientError::Refused {
-            code: tonic::Code::from_i32(refusal.code),
-            message: refusal.message.clone(),
-        });
-    }
+    all_accepted(&ack)?;
     let target = update.instance.unwrap_or_default();
-    for instance in instances.iter_mut().filter(|i| i.service == target.service && id_of(i) == target.id) {
+    let named =
+        |i: &pb::Instance| if i.id.is_empty() { default_id(&i.host, i.port) == target.id } else { i.id == target.id };
+    for instance in instances.iter_mut().filter(|i| i.service == target.service && named(i)) {
         if update.weight.is_some() {
             instance.weight = update.weight;
         }
@@ -195,9 +199,4 @@ async fn apply(
         }
     }
     Ok(ack)
-}
-
-/// The id rota gives an instance: its own, else `HOST:PORT`.
-fn id_of(instance: &pb::Instance) -> String {
-    if instance.id.is_empty() { format!("{}:{}", instance.host, instance.port) } else { instance.id.clone() }
 }

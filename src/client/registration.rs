@@ -50,13 +50,7 @@ impl Registration {
 
     /// Fails unless every announced instance was accepted.
     pub fn require_all_accepted(&self) -> Result<(), ClientError> {
-        match self.first_ack.refused.first() {
-            None => Ok(()),
-            Some(refusal) => Err(ClientError::Refused {
-                code: tonic::Code::from_i32(refusal.code),
-                message: refusal.message.clone(),
-            }),
-        }
+        all_accepted(&self.first_ack)
     }
 
     /// Sends one message and waits for its acknowledgement.
@@ -94,6 +88,16 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.heartbeat.abort();
+    }
+}
+
+/// The first refusal in `ack` as an error; `Ok` when it refused nothing.
+pub(super) fn all_accepted(ack: &pb::Ack) -> Result<(), ClientError> {
+    match ack.refused.first() {
+        None => Ok(()),
+        Some(refusal) => {
+            Err(ClientError::Refused { code: tonic::Code::from_i32(refusal.code), message: refusal.message.clone() })
+        }
     }
 }
 

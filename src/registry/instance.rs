@@ -131,7 +131,7 @@ impl InstanceSpec {
                 ));
             }
         };
-        let id = if self.id.is_empty() { format!("{}:{}", self.host, port) } else { self.id };
+        let id = if self.id.is_empty() { default_id(&self.host, port) } else { self.id };
         validate_token(&format!("{field}.id"), &id)?;
         if !self.version.is_empty() {
             validate_token(&format!("{field}.version"), &self.version)?;
@@ -157,6 +157,11 @@ impl InstanceSpec {
 }
 
 /// A service name: 1..=253 bytes of `[A-Za-z0-9._:-]`.
+/// The id of an instance announced without one: `HOST:PORT`.
+pub fn default_id(host: &str, port: impl std::fmt::Display) -> String {
+    format!("{host}:{port}")
+}
+
 pub fn validate_service_name(field: &str, name: &str) -> Result<(), InvalidField> {
     if name.is_empty() {
         return Err(InvalidField::new(field, "must not be empty"));

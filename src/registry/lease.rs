@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::command::{Command, InstanceRef, InstanceUpdate, LeaseId, Outcome, ValidUpdate};
 use super::error::{InvalidField, Refused, RegistryClosed};
-use super::instance::{Instance, InstanceSpec, validate_metadata, validate_service_name};
+use super::instance::{Instance, InstanceSpec, default_id, validate_metadata, validate_service_name};
 
 /// Where ids are claimed across rota replicas, so that one id has one owner fleet-wide: a
 /// registration stream's announce asks it before the registry applies the instances.
@@ -233,10 +233,7 @@ async fn claim(claims: &dyn Claims, valid: Vec<Instance>, outcome: &mut Outcome)
 }
 
 fn raw_ref(spec: &InstanceSpec) -> InstanceRef {
-    let id = if spec.id.is_empty() && !spec.host.is_empty() {
-        format!("{}:{}", spec.host, spec.port)
-    } else {
-        spec.id.clone()
-    };
+    let id =
+        if spec.id.is_empty() && !spec.host.is_empty() { default_id(&spec.host, spec.port) } else { spec.id.clone() };
     InstanceRef { service: spec.service.clone(), id }
 }

@@ -169,6 +169,7 @@ mod tests {
             breaker: Some(pb::Breaker { failure_threshold: 3, blackout_base_ms: 10_000, blackout_max_ms: 30_000 }),
             is_default: false,
             source: pb::PolicySource::Runtime.into(),
+            ejection: None,
         };
         let row = row(&policy);
         let columns: Vec<&str> = row.split_whitespace().collect();

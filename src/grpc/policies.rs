@@ -44,6 +44,7 @@ fn to_pb(service: &str, policy: &Policy, source: PolicySource) -> pb::Policy {
             PolicySource::Runtime => pb::PolicySource::Runtime,
         }
         .into(),
+        ejection: None,
     }
 }
 

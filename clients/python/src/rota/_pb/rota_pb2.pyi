@@ -99,20 +99,30 @@ class LeaseRequest(_message.Message):
     def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., version: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("first_ticket", "count", "instances", "epoch", "rule", "fallback")
+    __slots__ = ("first_ticket", "count", "instances", "epoch", "rule", "fallback", "picks")
     FIRST_TICKET_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    PICKS_FIELD_NUMBER: _ClassVar[int]
     first_ticket: int
     count: int
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
     epoch: int
     rule: str
     fallback: str
-    def __init__(self, first_ticket: _Optional[int] = ..., count: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ..., rule: _Optional[str] = ..., fallback: _Optional[str] = ...) -> None: ...
+    picks: _containers.RepeatedCompositeFieldContainer[LeasedPick]
+    def __init__(self, first_ticket: _Optional[int] = ..., count: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ..., rule: _Optional[str] = ..., fallback: _Optional[str] = ..., picks: _Optional[_Iterable[_Union[LeasedPick, _Mapping]]] = ...) -> None: ...
+
+class LeasedPick(_message.Message):
+    __slots__ = ("ticket", "position")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    ticket: int
+    position: int
+    def __init__(self, ticket: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
 
 class PickRequest(_message.Message):
     __slots__ = ("service", "rule", "version", "key", "zone", "exclude")
@@ -211,8 +221,20 @@ class Breaker(_message.Message):
     blackout_max_ms: int
     def __init__(self, failure_threshold: _Optional[int] = ..., blackout_base_ms: _Optional[int] = ..., blackout_max_ms: _Optional[int] = ...) -> None: ...
 
+class Ejection(_message.Message):
+    __slots__ = ("disabled", "max_ejected_percent", "failure_rate_percent", "failure_rate_min_calls")
+    DISABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_EJECTED_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_RATE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_RATE_MIN_CALLS_FIELD_NUMBER: _ClassVar[int]
+    disabled: bool
+    max_ejected_percent: int
+    failure_rate_percent: int
+    failure_rate_min_calls: int
+    def __init__(self, disabled: _Optional[bool] = ..., max_ejected_percent: _Optional[int] = ..., failure_rate_percent: _Optional[int] = ..., failure_rate_min_calls: _Optional[int] = ...) -> None: ...
+
 class Policy(_message.Message):
-    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default", "source")
+    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default", "source", "ejection")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FALLBACK_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +242,7 @@ class Policy(_message.Message):
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    EJECTION_FIELD_NUMBER: _ClassVar[int]
     service: str
     rule: str
     isolation_fallback: IsolationFallback
@@ -227,7 +250,8 @@ class Policy(_message.Message):
     breaker: Breaker
     is_default: bool
     source: PolicySource
-    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ..., source: _Optional[_Union[PolicySource, str]] = ...) -> None: ...
+    ejection: Ejection
+    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ..., source: _Optional[_Union[PolicySource, str]] = ..., ejection: _Optional[_Union[Ejection, _Mapping]] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ("service",)

@@ -21,7 +21,7 @@ import grpc
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
 from ._reports import Outcome, OutcomeBuffer
-from ._tickets import WAIT, Draw, Member, Refused, Rotation, leasable
+from ._tickets import WAIT, Draw, Lease, Member, Refused, Rotation, leasable
 from .client import CHANNEL_OPTIONS
 from .errors import error_reason
 
@@ -235,8 +235,7 @@ class Router:
                     self.service,
                 )
         else:
-            members = [_member(i) for i in response.instances]
-            follow_up, recovered = rotation.leased(response.first_ticket, response.count, members, response.rule)
+            follow_up, recovered = rotation.leased(lease_of(response))
             if recovered:
                 log.info("rota reachable again: %s routed by leased tickets", self.service)
             if follow_up is not None:
@@ -294,3 +293,15 @@ def _member(instance: pb.Instance) -> Member:
         version=instance.version,
         weight=instance.weight if instance.HasField("weight") else 100,
     )
+
+
+def lease_of(response: pb.LeaseResponse) -> Lease:
+    """A lease answer as the rotation takes it: a ticket range, or rota's picks (``picks`` set).
+
+    A pick naming a position outside ``instances`` cannot be routed and is left out.
+    """
+    members = [_member(i) for i in response.instances]
+    if not response.picks:
+        return Lease(response.first_ticket, response.count, members, response.rule)
+    picks = [(p.ticket, members[p.position]) for p in response.picks if p.position < len(members)]
+    return Lease(0, 0, members, response.rule, picks)

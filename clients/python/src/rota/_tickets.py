@@ -7,6 +7,11 @@ rules rotate over the accepted positions, ``weighted`` walks its schedule to the
 instance. A :class:`Rotation` holds the leased blocks of one (rule, version) and decides, per
 call, between a leased ticket, a wait for the first lease, a local rotation while rota is
 unreachable, and rota's refusal.
+
+A lease comes back in one of two shapes, and a rotation takes either without knowing which to
+expect: a range of tickets (a :class:`TicketBlock`, mapped here over the eligible list), or,
+for a lease without a version of a service under gray release, the picks rota mapped itself
+(a :class:`PickBlock`: per pick an instance and the ticket to report, used in order).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_CYCLE = 1 << 20
 #: Least and most tickets one lease reserves; between them the block follows the call rate.
@@ -195,11 +200,63 @@ WAIT = "wait"
 NONE_USABLE = "none-usable"
 
 
+@dataclass(frozen=True)
+class Lease:
+    """One answer to ``Balancer.Lease``: a ticket range, or (``picks`` not empty) rota's own picks.
+
+    ``picks`` are (ticket, instance) in the order calls use them; ``first_ticket`` and ``count``
+    then say nothing (rota sends 0 and the number of picks).
+    """
+
+    first_ticket: int
+    count: int
+    members: list[Member]
+    rule: str
+    picks: list[tuple[int, Member]] = field(default_factory=list)
+
+
+class TicketBlock:
+    """Leased tickets ``next .. end - 1``, mapped over the rotation's eligible list."""
+
+    __slots__ = ("end", "next")
+
+    def __init__(self, first: int, end: int) -> None:
+        self.next = first
+        self.end = end
+
+    def remaining(self) -> int:
+        return self.end - self.next
+
+
+class PickBlock:
+    """Picks rota mapped itself (gray release without a version), each used once, in order.
+
+    A pick whose instance cannot take the call is passed over: its ticket is a gap in its
+    version's rotation, as a leased ticket never used is.
+    """
+
+    __slots__ = ("ids", "next", "picks", "rule")
+
+    def __init__(self, picks: list[tuple[int, Member]], rule: str) -> None:
+        self.picks = picks
+        self.rule = rule
+        self.next = 0
+        self.ids = sorted({m.id for _, m in picks})
+
+    def remaining(self) -> int:
+        return len(self.picks) - self.next
+
+
 class Rotation:
     """Leased blocks of one (rule, version), refilled at half, with a local rotation during outages.
 
     Thread-safe; :meth:`draw` never blocks. When it returns a lease count, the caller asks rota
     for that many tickets and hands the answer to :meth:`leased` or :meth:`failed`.
+
+    Blocks of both shapes are used in the order they were leased. When the instance list
+    changes (:meth:`refresh`), held picks are dropped, since rota chose them over the old list,
+    and a new block is leased at once; held tickets stay and map over the list a lease of no
+    tickets returns.
     """
 
     def __init__(self, rule: str, version: str, resolved: Callable[[], list[Member]]) -> None:
@@ -207,8 +264,13 @@ class Rotation:
         self.version = version
         self._resolved = resolved
         self._lock = threading.Lock()
-        self._blocks: deque[list[int]] = deque()
+        self._blocks: deque[TicketBlock | PickBlock] = deque()
+        # The list leased tickets map over (the last answer without picks).
         self._eligible: Eligible | None = None
+        # The last list any lease returned: the local rotation's list during an outage.
+        self._listed: Eligible | None = None
+        # The last answer that leased anything came as picks: refreshes lease a new block.
+        self._picks = False
         self._leasing = False
         self._refresh_wanted = False
         self._outage = False
@@ -220,69 +282,69 @@ class Rotation:
         self._drawn = 0
         self.leases = 0
         self.leased_tickets = 0
+        #: Picks passed over because their instance could not take the call, or dropped unused.
+        self.skipped_picks = 0
 
     @property
     def outage(self) -> bool:
         return self._outage
 
     def draw(self, usable: Callable[[str], bool]) -> tuple[Draw | str | Refused, int | None]:
-        """The next ticket's instance among the usable ones, and a lease to start (a count) or None."""
+        """The next call's instance among the usable ones, and a lease to start (a count) or None."""
         with self._lock:
             now = time.monotonic()
             may_lease = not self._leasing and (not (self._outage or self._refusal) or now >= self._retry_at)
-            lease: int | None = None
-            if self._eligible is None and self._refusal is not None:
+            if self._listed is None and self._refusal is not None:
                 return self._refusal, self._start(now) if may_lease else None
             if not self._blocks:
-                if may_lease:
-                    lease = self._start(now)
+                lease = self._start(now) if may_lease else None
                 if self._outage:
                     return self._local(usable), lease
                 return WAIT, lease
-            ticket = self._next_ticket()
+            decision = self._take(usable)
+            lease = None
             if may_lease and self._remaining() * 2 <= self._block_size:
                 lease = self._start(now)
-            assert self._eligible is not None
-            member = self._eligible.map(ticket)
-            if member is not None and usable(member.id):
-                return Draw(member, ticket, self._eligible.rule, False), lease
-            # Skipped the way rota skips `exclude`: the next ticket, over the usable instances.
-            excluded = self._eligible.excluded(usable)
-            if self._blocks:
-                ticket = self._next_ticket()
-            member = self._eligible.map(ticket, excluded)
-            if member is None:
-                return NONE_USABLE, lease
-            return Draw(member, ticket, self._eligible.rule, False), lease
+            return decision, lease
 
     def refresh(self) -> int | None:
-        """After the instance list changed: 0 (a lease of no tickets, for the current list) or None."""
+        """After the instance list changed: a lease to start (0: no tickets, just the list) or None."""
         with self._lock:
-            if self._eligible is None or self._outage:
+            if self._listed is None or self._outage:
                 return None
+            self._drop_picks()
             if self._leasing:
                 self._refresh_wanted = True
                 return None
-            self._leasing = True
-            return 0
+            return self._refresh_lease()
 
-    def leased(self, first_ticket: int, count: int, members: list[Member], rule: str) -> tuple[int | None, bool]:
-        """A lease answered; returns (a follow-up refresh lease or None, whether the outage ended)."""
+    def leased(self, lease: Lease) -> tuple[int | None, bool]:
+        """A lease answered; returns (a follow-up lease or None, whether the outage ended)."""
         with self._lock:
             self._leasing = False
             self.leases += 1
-            self.leased_tickets += count
-            if count > 0:
-                self._blocks.append([first_ticket, first_ticket + count])
-            self._eligible = Eligible(members, rule)
+            listed = Eligible(lease.members, lease.rule)
+            self._listed = listed
+            stale = self._refresh_wanted
+            self._refresh_wanted = False
+            if lease.picks:
+                self._picks = True
+                self.leased_tickets += len(lease.picks)
+                if stale:
+                    # Chosen over the list from before the change: unused, like dropped picks.
+                    self.skipped_picks += len(lease.picks)
+                else:
+                    self._blocks.append(PickBlock(lease.picks, lease.rule))
+            else:
+                self._eligible = listed
+                self.leased_tickets += lease.count
+                if lease.count > 0:
+                    self._picks = False
+                    self._blocks.append(TicketBlock(lease.first_ticket, lease.first_ticket + lease.count))
             self._refusal = None
             recovered = self._outage
             self._outage = False
-            follow_up = None
-            if self._refresh_wanted:
-                self._refresh_wanted = False
-                self._leasing = True
-                follow_up = 0
+            follow_up = self._refresh_lease() if stale else None
             return follow_up, recovered
 
     def failed(self, error: Refused, answered_by_rota: bool, refresh: bool = False) -> bool:
@@ -298,10 +360,10 @@ class Rotation:
             self._retry_at = time.monotonic() + RETRY_INTERVAL
             if self._outage:
                 return False
-            if answered_by_rota and self._eligible is None:
+            if answered_by_rota and self._listed is None:
                 self._refusal = error
                 return False
-            if self._eligible is not None or self._resolved():
+            if self._listed is not None or self._resolved():
                 # Tickets of a rota that may have restarted (a new counter): the local rotation
                 # takes over until a lease succeeds.
                 self._outage = True
@@ -313,15 +375,83 @@ class Rotation:
     def lost(self) -> bool:
         """rota's watch broke: local rotation from now, a lease tried at once; True if this starts an outage."""
         with self._lock:
-            if self._outage or (self._eligible is None and not self._resolved()):
+            if self._outage or (self._listed is None and not self._resolved()):
                 return False
             self._outage = True
             self._blocks.clear()
             self._retry_at = time.monotonic()
             return True
 
+    def _take(self, usable: Callable[[str], bool]) -> Draw | str:
+        """The next call's decision from the held blocks (there is at least one)."""
+        while self._blocks:
+            block = self._blocks[0]
+            if isinstance(block, TicketBlock):
+                return self._from_tickets(usable)
+            decision = self._from_picks(block, usable)
+            if decision is not None:
+                return decision
+        return WAIT
+
+    def _from_tickets(self, usable: Callable[[str], bool]) -> Draw | str:
+        ticket = self._next_ticket()
+        eligible = self._eligible
+        assert eligible is not None  # every TicketBlock came with a list
+        member = eligible.map(ticket)
+        if member is not None and usable(member.id):
+            return Draw(member, ticket, eligible.rule, False)
+        # Skipped the way rota skips `exclude`: the next ticket, over the usable instances.
+        excluded = eligible.excluded(usable)
+        if self._blocks and isinstance(self._blocks[0], TicketBlock):
+            ticket = self._next_ticket()
+        member = eligible.map(ticket, excluded)
+        if member is None:
+            return NONE_USABLE
+        return Draw(member, ticket, eligible.rule, False)
+
+    def _from_picks(self, block: PickBlock, usable: Callable[[str], bool]) -> Draw | str | None:
+        """The block's next pick whose instance is usable (those before it are gaps); None once
+        the block is spent without one; NONE_USABLE, using up nothing, if none of its instances is."""
+        checked = False
+        while block.next < len(block.picks):
+            ticket, member = block.picks[block.next]
+            if not usable(member.id):
+                if not checked:
+                    if not any(usable(i) for i in block.ids):
+                        return NONE_USABLE
+                    checked = True
+                self.skipped_picks += 1
+                self._advance(block)
+                continue
+            self._advance(block)
+            return Draw(member, ticket, block.rule, False)
+        return None
+
+    def _advance(self, block: PickBlock) -> None:
+        block.next += 1
+        self._drawn += 1
+        if block.next == len(block.picks):
+            self._blocks.popleft()
+
+    def _drop_picks(self) -> None:
+        if any(isinstance(b, PickBlock) for b in self._blocks):
+            kept: deque[TicketBlock | PickBlock] = deque()
+            for b in self._blocks:
+                if isinstance(b, PickBlock):
+                    self.skipped_picks += b.remaining()
+                else:
+                    kept.append(b)
+            self._blocks = kept
+
+    def _refresh_lease(self) -> int:
+        """The lease that follows a change of the instance list: new picks, or the list for the held tickets."""
+        if self._picks:
+            return self._start(time.monotonic())
+        self._leasing = True
+        return 0
+
     def _local(self, usable: Callable[[str], bool]) -> Draw | str:
-        eligible = self._eligible or Eligible.isolate(self._resolved(), self.version, self.rule)
+        eligible = self._listed or Eligible.isolate(self._resolved(), self.version, self.rule)
         turn = self._local_turn
         self._local_turn += 1
         member = eligible.map(turn, eligible.excluded(usable))
@@ -329,15 +459,16 @@ class Rotation:
 
     def _next_ticket(self) -> int:
         block = self._blocks[0]
-        ticket = block[0]
-        block[0] += 1
+        assert isinstance(block, TicketBlock)
+        ticket = block.next
+        block.next += 1
         self._drawn += 1
-        if block[0] == block[1]:
+        if block.next == block.end:
             self._blocks.popleft()
         return ticket
 
     def _remaining(self) -> int:
-        return sum(end - start for start, end in self._blocks)
+        return sum(b.remaining() for b in self._blocks)
 
     def _start(self, now: float) -> int:
         elapsed = max(now - self._last_lease_at, 0.001)

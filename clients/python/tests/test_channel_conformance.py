@@ -1,41 +1,180 @@
-"""The shared channel scenarios (clients/conformance/channel/*.json, README there) run through
-``rota.channel``; consumers after the first are separate Python processes."""
+"""The shared channel scenarios (clients/conformance/channel/*.json, README there), each run
+through ``rota.channel`` and through ``rota.aio.channel``; consumers after the first are separate
+Python processes with a channel of the same flavour."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import pytest
+from google.protobuf import json_format
 
 import rota
+import rota.aio
 from echo_fleet import EchoFleet, Received, echo_pb2, echo_pb2_grpc
+from rota._pb import rota_pb2 as pb
+from rota._pb import rota_pb2_grpc as pb_grpc
 from rota._tickets import TicketMapping
-from rota_harness import REPO_ROOT, RotaServer
+from rota_harness import REPO_ROOT, RotaServer, wait_until
 
-SCENARIOS = sorted((REPO_ROOT / "clients" / "conformance" / "channel").glob("*.json"))
+SCENARIO_DIR = REPO_ROOT / "clients" / "conformance" / "channel"
+SCENARIOS = sorted(SCENARIO_DIR.glob("*.json"))
 CONSUMER = Path(__file__).resolve().parent / "channel_consumer.py"
 CONSUMER_TIMEOUT = 120.0
+FLAVOURS = ("sync", "aio")
+#: Scenario files (by stem) the Python channels cannot run, each with the reason. Every other
+#: file in the folder runs with both flavours; test_every_scenario_is_run_or_listed checks it.
+UNSUPPORTED: dict[str, str] = {}
+
+#: The keys the format (the folder's README) defines; anything else is refused, so that a
+#: misspelt expectation fails instead of passing unchecked.
+SCENARIO_KEYS = {"name", "rule", "service", "instances", "policy", "steps"}
+INSTANCE_KEYS = {"id", "version", "weight"}
+STEP_KEYS = {
+    "calls": {"calls", "consumers", "version", "deadline_ms", "expect"},
+    "withdraw": {"withdraw", "within_ms"},
+    "kill": {"kill"},
+    "stop_rota": {"stop_rota"},
+    "restart_rota": {"restart_rota"},
+    "await_leases": {"await_leases", "within_ms"},
+}
+EXPECT_KEYS = {"failures", "error_contains", "leased", "rotation", "runs", "only", "never", "spread", "counts"}
+#: How long restart_rota waits for the registrations to be listed again.
+RESTART_PATIENCE = 20.0
+#: At most this many calls after a kill step until one succeeds.
+CALLS_AFTER_KILL = 10
+
+
+class ScenarioError(ValueError):
+    """A scenario file outside the format."""
+
+
+def validate(scenario: dict[str, Any]) -> None:
+    """Refuses keys the format does not define, anywhere in the scenario."""
+
+    def refuse(where: str, keys: set[str]) -> None:
+        if keys:
+            raise ScenarioError(f"unknown keys in {where}: {sorted(keys)}")
+
+    refuse("the scenario", set(scenario) - SCENARIO_KEYS)
+    for key in ("name", "rule", "instances", "steps"):
+        if key not in scenario:
+            raise ScenarioError(f"the scenario has no {key!r}")
+    for i, instance in enumerate(scenario["instances"]):
+        refuse(f"instances[{i}]", set(instance) - INSTANCE_KEYS)
+    if "policy" in scenario:
+        if "service" in scenario["policy"]:
+            raise ScenarioError("policy names no service: it is set for the scenario's service")
+        try:
+            json_format.ParseDict(scenario["policy"], pb.Policy())
+        except json_format.ParseError as error:
+            raise ScenarioError(f"policy: {error}") from None
+    for i, step in enumerate(scenario["steps"]):
+        actions = [k for k in STEP_KEYS if k in step]
+        if len(actions) != 1:
+            raise ScenarioError(f"steps[{i}] has {len(actions)} actions ({actions}), not one: {step}")
+        refuse(f"steps[{i}]", set(step) - STEP_KEYS[actions[0]])
+        refuse(f"steps[{i}].expect", set(step.get("expect", {})) - EXPECT_KEYS)
 
 
 def leased(r: Received) -> int | None:
     return None if r.ticket is None or r.ticket.startswith("L") else int(r.ticket)
 
 
+class Consumer(Protocol):
+    """Consumer 1 of a scenario: one channel, kept across steps."""
+
+    def call(self, version: str, deadline_ms: int) -> str | None: ...
+    def close(self) -> None: ...
+
+
+class SyncConsumer:
+    def __init__(self, target: str, rule: str) -> None:
+        self.channel = rota.channel(target, rule=rule, ticket_header=True)
+        self.stub = echo_pb2_grpc.EchoStub(self.channel)
+
+    def call(self, version: str, deadline_ms: int) -> str | None:
+        """One Echo call; None, or the failed call's message."""
+        try:
+            self.stub.Echo(
+                echo_pb2.EchoRequest(message="first"),
+                timeout=deadline_ms / 1000,
+                metadata=[("x-rota-version", version)] if version else None,
+            )
+        except grpc.RpcError as error:
+            return str(error.details())
+        return None
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+T = TypeVar("T")
+
+
+class AioConsumer:
+    """``rota.aio.channel`` on an event loop of its own thread, so that the runner stays one."""
+
+    def __init__(self, target: str, rule: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="aio-consumer", daemon=True)
+        self.thread.start()
+        self.channel = self._run(self._open(target, rule), 10.0)
+        self.stub = echo_pb2_grpc.EchoStub(self.channel)
+
+    def _run(self, coroutine: Coroutine[Any, Any, T], timeout: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    @staticmethod
+    async def _open(target: str, rule: str) -> rota.aio.AsyncRotaChannel:
+        return rota.aio.channel(target, rule=rule, ticket_header=True)
+
+    async def _call(self, version: str, deadline_ms: int) -> str | None:
+        try:
+            await self.stub.Echo(
+                echo_pb2.EchoRequest(message="first"),
+                timeout=deadline_ms / 1000,
+                metadata=[("x-rota-version", version)] if version else None,
+            )
+        except grpc.RpcError as error:
+            return str(error.details())
+        return None
+
+    def call(self, version: str, deadline_ms: int) -> str | None:
+        # The call is bounded by its own deadline; the margin covers a first lease's wait.
+        return self._run(self._call(version, deadline_ms), deadline_ms / 1000 + 15.0)
+
+    def close(self) -> None:
+        try:
+            self._run(self.channel.close(), 15.0)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
 class Runner:
-    def __init__(self, scenario: dict[str, Any], private_server: Callable[..., RotaServer]) -> None:
+    def __init__(self, scenario: dict[str, Any], flavour: str, private_server: Callable[..., RotaServer]) -> None:
+        validate(scenario)
         self.scenario = scenario
+        self.flavour = flavour
         self.private_server = private_server
         self.server = private_server()
         self.fleet = EchoFleet()
         self.client = rota.RotaClient(self.server.address)
+        self.consumer: Consumer | None = None
+        self.service = scenario.get("service", "echo")
         self.weights = {i["id"]: i.get("weight", 100) for i in scenario["instances"]}
         self.registrations = {}
         for spec in scenario["instances"]:
@@ -48,26 +187,34 @@ class Runner:
                 weight=spec.get("weight"),
             )
             self.registrations[spec["id"]] = self.client.register(instance)
-        self.target = f"rota://{self.server.address}/{scenario.get('service', 'echo')}"
-        self.channel = rota.channel(self.target, rule=scenario["rule"], ticket_header=True)
-        self.stub = echo_pb2_grpc.EchoStub(self.channel)
+        if "policy" in scenario:
+            self.set_policy(scenario["policy"])
+        self.target = f"rota://{self.server.address}/{self.service}"
+        self.consumer = (SyncConsumer if flavour == "sync" else AioConsumer)(self.target, scenario["rule"])
         self.seen: set[int] = set()
 
+    def set_policy(self, policy_json: dict[str, Any]) -> None:
+        policy = json_format.ParseDict(policy_json, pb.Policy())
+        policy.service = self.service
+        with grpc.insecure_channel(self.server.address) as ch:
+            pb_grpc.PoliciesStub(ch).SetPolicy(pb.SetPolicyRequest(policy=policy), timeout=10)
+
     def close(self) -> None:
-        self.channel.close()
+        if self.consumer is not None:
+            self.consumer.close()
         self.client.close()
         self.fleet.close()
 
     def call(self, version: str = "", deadline_ms: int = 5000) -> str | None:
-        try:
-            self.stub.Echo(
-                echo_pb2.EchoRequest(message="first"),
-                timeout=deadline_ms / 1000,
-                metadata=[("x-rota-version", version)] if version else None,
-            )
-        except grpc.RpcError as error:
-            return str(error.details())
-        return None
+        assert self.consumer is not None
+        return self.consumer.call(version, deadline_ms)
+
+    def run(self) -> None:
+        for index, step in enumerate(self.scenario["steps"]):
+            try:
+                self.step(step)
+            except AssertionError as failure:
+                raise AssertionError(f"{self.scenario['name']}: step {index} ({step}) failed: {failure}") from None
 
     def step(self, step: dict[str, Any]) -> None:
         if "calls" in step:
@@ -83,10 +230,21 @@ class Runner:
             assert not late, f"{step['withdraw']} still reached after {step['within_ms']} ms: {late[:3]}"
         elif "kill" in step:
             self.fleet.kill(step["kill"])
+            # A call already on its way to the instance may fail; one of the next must not.
+            outcomes = []
+            for _ in range(CALLS_AFTER_KILL):
+                outcomes.append(self.call())
+                if outcomes[-1] is None:
+                    break
+            assert outcomes[-1] is None, f"{CALLS_AFTER_KILL} calls failed after the kill: {outcomes}"
         elif step.get("stop_rota"):
             self.server.kill()
         elif step.get("restart_rota"):
             self.server = self.private_server(listen=self.server.address)
+            expected = sorted(self.registrations)
+            assert wait_until(lambda: self.listed() == expected, RESTART_PATIENCE), (
+                f"rota lists {self.listed()} after the restart, not {expected}"
+            )
         elif step.get("await_leases"):
             started = time.monotonic()
             while True:
@@ -99,25 +257,33 @@ class Runner:
         else:
             raise AssertionError(f"unknown step {step}")
 
+    def listed(self) -> list[str]:
+        try:
+            return [i.id for i in self.client.list_instances("echo").instances]
+        except rota.RotaError:
+            return []
+
     def calls(self, step: dict[str, Any]) -> None:
         n, version = step["calls"], step.get("version", "")
         deadline_ms = step.get("deadline_ms", 5000)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CONSUMER.parent), *sys.path])}
         before = len(self.fleet.received)
+        args = [self.target, self.scenario["rule"], str(n), version, str(deadline_ms), self.flavour]
         others = [
-            subprocess.Popen(
-                [sys.executable, str(CONSUMER), self.target, self.scenario["rule"], str(n), version, str(deadline_ms)],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
+            subprocess.Popen([sys.executable, str(CONSUMER), *args], stdout=subprocess.PIPE, text=True, env=env)
             for _ in range(step.get("consumers", 1) - 1)
         ]
-        failures = [f for f in (self.call(version, deadline_ms) for _ in range(n)) if f is not None]
-        for process in others:
-            out, _ = process.communicate(timeout=CONSUMER_TIMEOUT)
-            assert process.returncode == 0, out
-            failures += json.loads(out)["failures"]
+        try:
+            failures = [f for f in (self.call(version, deadline_ms) for _ in range(n)) if f is not None]
+            for process in others:
+                out, _ = process.communicate(timeout=CONSUMER_TIMEOUT)
+                assert process.returncode == 0, out
+                failures += json.loads(out)["failures"]
+        finally:
+            for process in others:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
         received = self.fleet.received[before:]
         self.check(step.get("expect", {}), received, failures)
 
@@ -147,19 +313,75 @@ class Runner:
                 if all(group + k in by_ticket for k in range(size)):
                     assert len({by_ticket[group + k] for k in range(size)}) == 1, group
         if "only" in expect:
-            assert {r.instance for r in received} <= set(expect["only"])
+            assert {r.instance for r in received} <= set(expect["only"]), Counter(r.instance for r in received)
         if "never" in expect:
-            assert not {r.instance for r in received} & set(expect["never"])
+            assert not {r.instance for r in received} & set(expect["never"]), Counter(r.instance for r in received)
         if expect.get("spread"):
-            assert {r.instance for r in received} == set(expect["only"])
+            assert {r.instance for r in received} == set(expect["only"]), Counter(r.instance for r in received)
+        if "counts" in expect:
+            reached = Counter(r.instance for r in received)
+            assert reached == Counter(expect["counts"]), f"calls per instance {dict(reached)}, not {expect['counts']}"
+
+
+def run(scenario: dict[str, Any], flavour: str, private_server: Callable[..., RotaServer]) -> None:
+    runner = Runner(scenario, flavour, private_server)
+    try:
+        runner.run()
+    finally:
+        runner.close()
+
+
+RUN = [p for p in SCENARIOS if p.stem not in UNSUPPORTED]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_channel_scenario(path: Path, private_server: Callable[..., RotaServer]) -> None:
-    runner = Runner(json.loads(path.read_text()), private_server)
-    try:
-        for step in runner.scenario["steps"]:
-            runner.step(step)
-    finally:
-        runner.close()
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("path", RUN, ids=[p.stem for p in RUN])
+def test_channel_scenario(path: Path, flavour: str, private_server: Callable[..., RotaServer]) -> None:
+    run(json.loads(path.read_text()), flavour, private_server)
+
+
+def test_every_scenario_is_run_or_listed() -> None:
+    assert SCENARIOS, f"no scenario in {SCENARIO_DIR}"
+    assert [p.name for p in SCENARIOS] == sorted(p.name for p in SCENARIO_DIR.iterdir() if p.suffix == ".json")
+    assert set(UNSUPPORTED) <= {p.stem for p in SCENARIOS}, "a listed scenario that no longer exists"
+    assert all(UNSUPPORTED.values()), "every scenario left out says why"
+    assert "gray" in {p.stem for p in RUN}
+    for path in SCENARIOS:
+        validate(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"polcy": {}}, "polcy"),
+        ({"instances": [{"id": "a", "wieght": 1}]}, "wieght"),
+        ({"steps": [{"calls": 1, "expect": {"count": {}}}]}, "count"),
+        ({"steps": [{"calls": 1, "kill": "a"}]}, "not one"),
+        ({"steps": [{"kill": "a", "within_ms": 1}]}, "within_ms"),
+        ({"policy": {"gray": {"weights": 1}}}, "policy"),
+        ({"policy": {"service": "echo"}}, "service"),
+    ],
+)
+def test_unknown_keys_are_refused(change: dict[str, Any], message: str) -> None:
+    scenario = {"name": "x", "rule": "round_robin", "instances": [], "steps": [], **change}
+    with pytest.raises(ScenarioError, match=message):
+        validate(scenario)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_wrong_expectation_fails(flavour: str, private_server: Callable[..., RotaServer]) -> None:
+    # The runner must be able to fail: round robin over two instances does not send 4 calls of 4
+    # to echo-a, and counts are compared exactly.
+    scenario = {
+        "name": "wrong on purpose",
+        "rule": "round_robin",
+        "instances": [{"id": "echo-a"}, {"id": "echo-b"}],
+        "steps": [
+            {"calls": 4, "expect": {"failures": 0, "counts": {"echo-a": 2, "echo-b": 2}}},
+            {"calls": 4, "expect": {"failures": 0, "counts": {"echo-a": 4}}},
+        ],
+    }
+    with pytest.raises(AssertionError, match=r"step 1 .*calls per instance"):
+        run(scenario, flavour, private_server)

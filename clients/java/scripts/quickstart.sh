@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs README.md's quick start the way a user would, once `mvn install` has put the artifacts in
 # the local Maven repository (test.sh runs it first): a new Maven project under the system temp
-# folder with README.md's <dependency> block, README.md's quick start as its only class, compiled
-# by Maven and run against a `rota serve` started here on a free loopback port.
+# folder (removed at the end) with README.md's pom.xml as it is written and README.md's quick start,
+# built with `mvn package` and run against a `rota serve` started here on a free loopback port.
 #
 #   ROTA_BIN=/abs/path/to/rota scripts/quickstart.sh
 set -euo pipefail
@@ -35,7 +35,9 @@ readme_block() {
   ' "$readme" || { echo "quickstart.sh: README.md has no \`\`\`$2 block under \"$1\"" >&2; exit 1; }
 }
 
-dependency="$(readme_block "## Install" xml)"
+pom="$(readme_block "## Install" xml)"
+grep -q '<artifactId>rota-client</artifactId>' <<<"$pom" && grep -q '</project>' <<<"$pom" \
+  || { echo "quickstart.sh: the xml block under \"## Install\" is not a whole pom.xml depending on rota-client" >&2; exit 1; }
 quick_start="$(readme_block "## Quick start" java)"
 class="$(sed -nE 's/^public class ([A-Za-z0-9_]+).*/\1/p' <<<"$quick_start")"
 [[ -n "$class" ]] || { echo "quickstart.sh: the quick start declares no public class" >&2; exit 1; }
@@ -59,43 +61,8 @@ address="${first#listening on }"
 
 app="$work/app"
 mkdir -p "$app/src/main/java"
-cat >"$app/pom.xml" <<EOF
-<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0"
-         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0 https://maven.apache.org/xsd/maven-4.0.0.xsd">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>example</groupId>
-  <artifactId>quickstart</artifactId>
-  <version>1</version>
-  <properties>
-    <maven.compiler.release>17</maven.compiler.release>
-    <project.build.sourceEncoding>UTF-8</project.build.sourceEncoding>
-  </properties>
-  <dependencies>
-$dependency
-  </dependencies>
-  <build>
-    <plugins>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-resources-plugin</artifactId>
-        <version>3.3.1</version>
-      </plugin>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-compiler-plugin</artifactId>
-        <version>3.14.1</version>
-      </plugin>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-dependency-plugin</artifactId>
-        <version>3.8.1</version>
-      </plugin>
-    </plugins>
-  </build>
-</project>
-EOF
+# README.md's pom.xml, word for word: what a user copies must build as it is.
+printf '%s\n' "$pom" >"$app/pom.xml"
 printf '%s\n' "${quick_start/"$readme_target"/$address}" >"$app/src/main/java/$class.java"
 # The gRPC channel of the installed artifact: rota:///channel-check, whose one instance is the rota
 # server itself, so one RPC through the channel (ListServices, from the stubs inside the jar)
@@ -133,12 +100,15 @@ public class ChannelCheck {
 }
 JAVA
 
-# Compiles against io.rota:rota-client from the local repository, and writes the runtime classpath.
-# Both JVMs are short-lived: the C1 compiler alone (as .mvn/jvm.config has it for this build)
-# halves their time.
+# `mvn package` with README.md's pom, against io.rota:rota-client from the local repository (where
+# test.sh's `mvn install` put it; nothing of this checkout is on the path), and, in the same build,
+# the runtime classpath written out for the runs below. Both JVMs are short-lived: the C1 compiler
+# alone (as .mvn/jvm.config has it for this build) halves their time.
 quick_jvm="-XX:+TieredCompilation -XX:TieredStopAtLevel=1"
-(cd "$app" && MAVEN_OPTS="${MAVEN_OPTS:-} $quick_jvm" mvn -B -q -ntp -Dstyle.color=never compile \
-  dependency:build-classpath -Dmdep.outputFile=classpath.txt -Dmdep.includeScope=runtime)
+(cd "$app" && MAVEN_OPTS="${MAVEN_OPTS:-} $quick_jvm" mvn -B -q -ntp -Dstyle.color=never package \
+  org.apache.maven.plugins:maven-dependency-plugin:3.8.1:build-classpath \
+  -Dmdep.outputFile=classpath.txt -Dmdep.includeScope=runtime)
+compgen -G "$app/target/*.jar" >/dev/null || { echo "quickstart.sh: mvn package made no jar" >&2; exit 1; }
 # shellcheck disable=SC2086 # quick_jvm is two options
 output="$(cd "$app" && timeout 60 java $quick_jvm -cp "target/classes:$(cat classpath.txt)" "$class")"
 if [[ "$output" != "$expected" ]]; then

@@ -76,6 +76,8 @@ public final class Registration implements AutoCloseable {
     private Stream current;
     private boolean closed;
     private int failures;
+    /** Why the last stream was lost (guarded by lock), for the error of a registration that never got an ack. */
+    private String lastFailure;
     private int reconnects;
     private long heartbeatsSent;
     private long heartbeatIntervalMs;
@@ -277,6 +279,7 @@ public final class Registration implements AutoCloseable {
                 if (!closed) {
                     Duration delay = backoff.delay(Math.min(failures, MAX_BACKOFF_ATTEMPT));
                     String why = closingReason != null ? "server closed it: " + closingReason : RotaException.describe(status);
+                    lastFailure = closingReason != null ? why : describeFailure(status);
                     // Once per outage at WARNING; the failed attempts that follow at DEBUG.
                     LOG.log(failures == 0 ? Level.WARNING : Level.DEBUG, "rota registration stream lost (" + why
                             + "); reconnecting in " + delay.toMillis() + " ms");
@@ -292,6 +295,20 @@ public final class Registration implements AutoCloseable {
         }
         if (wasCurrent && !firstAck.isDone() && !retryable(status.getCode())) {
             firstAck.completeExceptionally(new RotaException(status.getCode(), status.getDescription(), status.getCause()));
+        }
+    }
+
+    /** {@code CODE: description}, with the transport's reason when there is one. */
+    private static String describeFailure(Status status) {
+        String why = RotaException.transportCause(status.getCause());
+        String text = status.getCode() + (status.getDescription() != null ? ": " + status.getDescription() : "");
+        return why == null ? text : why + " (" + text + ")";
+    }
+
+    /** Why the last stream was lost, or null when none was. */
+    String lastStreamFailure() {
+        synchronized (lock) {
+            return lastFailure;
         }
     }
 

@@ -97,6 +97,8 @@ public final class RotaClient implements AutoCloseable {
     private static final AtomicInteger THREADS = new AtomicInteger();
 
     private final Channel channel;
+    /** rota's address as errors name it: the target, or the given channel's authority. */
+    private final String server;
     private final ManagedChannel ownedChannel;
     private final ManagedChannel managedChannel;
     private final BalancerGrpc.BalancerBlockingStub balancer;
@@ -138,6 +140,7 @@ public final class RotaClient implements AutoCloseable {
                     .build();
             base = ownedChannel;
         }
+        server = builder.channel != null ? base.authority() : normalizeTarget(builder.target);
         managedChannel = base instanceof ManagedChannel m ? m : null;
         channel = ClientInterceptors.intercept(base, builder.interceptors);
         pickTimeout = builder.pickTimeout;
@@ -207,7 +210,7 @@ public final class RotaClient implements AutoCloseable {
                     .pick(effective);
             return answered(response);
         } catch (StatusRuntimeException e) {
-            return recover(effective, RotaException.from(e));
+            return recover(effective, failure(e));
         }
     }
 
@@ -231,7 +234,7 @@ public final class RotaClient implements AutoCloseable {
             if (error == null) {
                 return answered(response);
             }
-            return recover(effective, RotaException.from(unwrap(error)));
+            return recover(effective, failure(unwrap(error)));
         });
     }
 
@@ -291,7 +294,7 @@ public final class RotaClient implements AutoCloseable {
     }
 
     private RotaException shortCutFailure() {
-        return new RotaException(Status.Code.UNAVAILABLE, "rota unreachable (" + UNREACHABLE_STREAK
+        return new RotaException(Status.Code.UNAVAILABLE, "rota at " + server + " unreachable (" + UNREACHABLE_STREAK
                 + " picks in a row failed); not asked again for " + shortCut.toMillis() + " ms");
     }
 
@@ -381,7 +384,7 @@ public final class RotaClient implements AutoCloseable {
                 accepted += response.getAccepted();
                 ignored += response.getIgnored();
             } catch (StatusRuntimeException e) {
-                throw RotaException.from(e);
+                throw failure(e);
             }
         }
         return new ReportResult(accepted, ignored);
@@ -402,7 +405,7 @@ public final class RotaClient implements AutoCloseable {
         }
         return CompletableFuture.allOf(calls.toArray(CompletableFuture[]::new)).handle((ignoredResult, error) -> {
             if (error != null) {
-                throw RotaException.from(unwrap(error));
+                throw failure(unwrap(error));
             }
             int accepted = 0;
             int ignored = 0;
@@ -520,11 +523,12 @@ public final class RotaClient implements AutoCloseable {
             throw new RotaException(Status.Code.CANCELLED, "interrupted while registering", e);
         } catch (ExecutionException e) {
             registration.close();
-            throw RotaException.from(e.getCause());
+            throw failure(e.getCause());
         } catch (TimeoutException e) {
+            String last = registration.lastStreamFailure();
             registration.close();
-            throw new RotaException(Status.Code.DEADLINE_EXCEEDED,
-                    "no acknowledgement from rota within " + registerTimeout.toMillis() + " ms");
+            throw new RotaException(Status.Code.DEADLINE_EXCEEDED, "no acknowledgement from rota at " + server + " within "
+                    + registerTimeout.toMillis() + " ms" + (last == null ? "" : " (last attempt: " + last + ")"));
         }
     }
 
@@ -557,7 +561,7 @@ public final class RotaClient implements AutoCloseable {
                     .listServices(ListServicesRequest.getDefaultInstance()).getServicesList().stream()
                     .map(Wire::service).toList();
         } catch (StatusRuntimeException e) {
-            throw RotaException.from(e);
+            throw failure(e);
         }
     }
 
@@ -568,8 +572,49 @@ public final class RotaClient implements AutoCloseable {
             return Wire.instanceList(registry.withDeadlineAfter(callTimeout.toNanos(), TimeUnit.NANOSECONDS)
                     .listInstances(ListInstancesRequest.newBuilder().setService(service).build()));
         } catch (StatusRuntimeException e) {
-            throw RotaException.from(e);
+            throw failure(e);
         }
+    }
+
+    /**
+     * Watches {@code service}: a {@link WatchEvent.Snapshot} of its instances, then an event per
+     * change, delivered to {@code listener} in order until the returned {@link Watch} is closed,
+     * the watch fails ({@link WatchListener#onError}) or rota ends it. One stream, not reopened.
+     */
+    public Watch watch(String service, WatchListener listener) {
+        Objects.requireNonNull(service, "service");
+        Objects.requireNonNull(listener, "listener");
+        checkOpen();
+        Watch watch = new Watch(service, listener, 0, this::failure);
+        watch.start(registryAsync);
+        return watch;
+    }
+
+    /**
+     * Watches {@code service} as a blocking iterator of {@link WatchEvent}s: a snapshot first, then
+     * each change, until the {@link WatchStream} is closed or rota ends it; a failure is thrown
+     * from {@link WatchStream#hasNext()}.
+     *
+     * <pre>{@code
+     * try (WatchStream events = rota.watch("orders")) {
+     *     events.forEachRemaining(event -> System.out.println(event));
+     * }
+     * }</pre>
+     */
+    public WatchStream watch(String service) {
+        Objects.requireNonNull(service, "service");
+        checkOpen();
+        WatchStream stream = new WatchStream(service, this::failure);
+        stream.watch().start(registryAsync);
+        return stream;
+    }
+
+    /**
+     * A failed call as a {@link RotaException}; when rota could not be reached, its description
+     * names rota's address and the transport's reason.
+     */
+    private RotaException failure(Throwable t) {
+        return RotaException.from(t).at(server);
     }
 
     // --- lifecycle -----------------------------------------------------------------------------

@@ -107,6 +107,60 @@ public class RotaException extends RuntimeException {
                 && (trailers == null || trailers.keys().isEmpty());
     }
 
+    /**
+     * This failure, if rota was unreachable, with the address that could not be reached and why
+     * (connection refused, unknown host, no answer in time, ...) at the head of its description;
+     * else this failure itself. Code, reason and {@link #isUnreachable()} are kept.
+     */
+    RotaException at(String server) {
+        if (!unreachable || description.startsWith(UNREACHABLE_PREFIX)) {
+            return this;
+        }
+        String why = transportCause(getCause());
+        String grpc = description.isEmpty() ? code.toString() : description;
+        String text = code == Status.Code.DEADLINE_EXCEEDED && why == null
+                ? UNREACHABLE_PREFIX + server + " did not answer in time (" + grpc + ")"
+                : UNREACHABLE_PREFIX + server + " unreachable: " + (why == null ? grpc : why + " (" + grpc + ")");
+        return new RotaException(code, text, reason, true, getCause() != null ? getCause() : this);
+    }
+
+    private static final String UNREACHABLE_PREFIX = "rota at ";
+    private static final java.util.regex.Pattern NATIVE_ERROR = java.util.regex.Pattern.compile("failed with error\\(-?\\d+\\): ");
+
+    /**
+     * What the transport said under a failed call, in a few words: the innermost cause's message
+     * without the address it repeats ("Connection refused: /127.0.0.1:1" becomes
+     * "connection refused"); null when there is no such cause.
+     */
+    static String transportCause(Throwable failure) {
+        Throwable inner = null;
+        Throwable t = failure;
+        for (int depth = 0; t != null && depth < 16; depth++, t = t.getCause()) {
+            if (!(t instanceof StatusRuntimeException) && !(t instanceof io.grpc.StatusException) && !(t instanceof RotaException)) {
+                inner = t;
+            }
+        }
+        if (inner == null) {
+            return null;
+        }
+        String message = inner.getMessage();
+        if (message == null || message.isBlank()) {
+            return inner.getClass().getSimpleName();
+        }
+        if (inner instanceof java.net.SocketException) {
+            // Netty's native transport: "finishConnect(..) failed with error(-111): Connection refused".
+            java.util.regex.Matcher errno = NATIVE_ERROR.matcher(message);
+            if (errno.find()) {
+                message = message.substring(errno.end());
+            }
+            int address = message.indexOf(": /");
+            if (address > 0) {
+                message = message.substring(0, address);
+            }
+        }
+        return Character.toLowerCase(message.charAt(0)) + message.substring(1);
+    }
+
     /** {@code CODE: description (cause)}, on one line. */
     static String describe(Status status) {
         StringBuilder text = new StringBuilder(status.getCode().toString());

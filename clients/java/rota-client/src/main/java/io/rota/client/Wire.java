@@ -108,6 +108,19 @@ final class Wire {
         };
     }
 
+    /** The event, or null for an event this client does not know. */
+    static WatchEvent watchEvent(io.rota.v1.WatchEvent message) {
+        long epoch = message.getEpoch();
+        return switch (message.getEventCase()) {
+            case SNAPSHOT -> new WatchEvent.Snapshot(epoch,
+                    message.getSnapshot().getInstancesList().stream().map(Wire::instance).toList());
+            case ADDED -> new WatchEvent.Added(epoch, instance(message.getAdded()));
+            case UPDATED -> new WatchEvent.Updated(epoch, instance(message.getUpdated()));
+            case REMOVED -> new WatchEvent.Removed(epoch, ref(message.getRemoved()));
+            case EVENT_NOT_SET -> null;
+        };
+    }
+
     static InstanceList instanceList(io.rota.v1.ListInstancesResponse response) {
         return new InstanceList(response.getInstancesList().stream().map(Wire::instance).toList(), response.getEpoch());
     }

@@ -33,7 +33,9 @@ import reactor.core.publisher.Mono;
  * {@code rota.loadbalancer.rule}. The version is, first found: the request's
  * {@code X-Rota-Version} header, the current {@link RotaVersion}, the configured version of the
  * service, the global configured version. A retry excludes the instance tried before. When rota
- * says the service is unknown or has nothing eligible, the answer is an {@link EmptyResponse}.
+ * says the service is unknown or has nothing eligible (or cannot be reached and no local fallback
+ * answers), the answer is a {@link RotaEmptyResponse} (an {@link EmptyResponse} carrying rota's
+ * status and message), logged at WARNING.
  */
 public class RotaLoadBalancer implements ReactorServiceInstanceLoadBalancer {
     private static final Log LOG = LogFactory.getLog(RotaLoadBalancer.class);
@@ -73,10 +75,12 @@ public class RotaLoadBalancer implements ReactorServiceInstanceLoadBalancer {
                 .onErrorResume(RotaException.class, e -> {
                     Status.Code code = e.getCode();
                     if (code == Status.Code.NOT_FOUND || code == Status.Code.UNAVAILABLE) {
-                        if (LOG.isDebugEnabled()) {
-                            LOG.debug("rota has no instance of " + serviceId + ": " + e.getMessage());
+                        RotaEmptyResponse empty = new RotaEmptyResponse(e);
+                        // At WARNING, as Spring's own load balancers log a service without instances.
+                        if (LOG.isWarnEnabled()) {
+                            LOG.warn("No instance of " + serviceId + " from " + empty.describe());
                         }
-                        return Mono.just(new EmptyResponse());
+                        return Mono.just(empty);
                     }
                     return Mono.error(e);
                 });

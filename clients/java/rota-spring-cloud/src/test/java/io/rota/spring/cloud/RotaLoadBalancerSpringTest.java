@@ -241,7 +241,13 @@ class RotaLoadBalancerSpringTest {
         assertNull(loadBalancerClient.choose("conf-spring-missing"));
         IllegalStateException e = assertThrows(IllegalStateException.class,
                 () -> restTemplate.getForObject("http://conf-spring-missing/", String.class));
-        assertTrue(e.getMessage().contains("No instances available for conf-spring-missing"), e.getMessage());
+        // Spring's message, with what rota answered and rota's failure as the cause.
+        assertTrue(e.getMessage().startsWith("No instances available for conf-spring-missing: rota: NOT_FOUND: "), e.getMessage());
+        assertTrue(e.getMessage().contains("\"conf-spring-missing\""), e.getMessage());
+        assertTrue(e.getMessage().endsWith("[unknown_service]"), e.getMessage());
+        io.rota.client.RotaException cause = assertInstanceOf(io.rota.client.RotaException.class, e.getCause());
+        assertEquals(io.grpc.Status.Code.NOT_FOUND, cause.getCode());
+        assertInstanceOf(RotaBlockingLoadBalancerClient.class, loadBalancerClient);
     }
 
     @Test

@@ -3,6 +3,7 @@ package io.rota.spring.cloud;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.net.URI;
 import java.time.Duration;
@@ -25,6 +26,7 @@ import org.springframework.http.HttpHeaders;
 import org.springframework.http.HttpMethod;
 import org.springframework.util.LinkedMultiValueMap;
 
+import io.grpc.Status;
 import io.rota.client.Instance;
 import io.rota.client.Registration;
 import io.rota.client.RotaClient;
@@ -109,5 +111,11 @@ class RotaLoadBalancerTest {
         Response<ServiceInstance> unknown = balancer("conf-lb-never", "").choose(request(null)).block(Duration.ofSeconds(10));
         assertInstanceOf(EmptyResponse.class, unknown);
         assertFalse(unknown.hasServer());
+        // rota's word on why, for lifecycle beans and the blocking client's error.
+        RotaEmptyResponse why = assertInstanceOf(RotaEmptyResponse.class, unknown);
+        assertEquals(Status.Code.NOT_FOUND, why.getCode());
+        assertEquals("unknown_service", why.getFailure().reason());
+        assertTrue(why.describe().startsWith("rota: NOT_FOUND: "), why.describe());
+        assertTrue(why.describe().contains("\"conf-lb-never\""), why.describe());
     }
 }

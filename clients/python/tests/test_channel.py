@@ -300,3 +300,77 @@ async def test_aio_channel_skips_a_killed_instance(fleet: Any) -> None:
             [(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id for _ in range(100)]
         )
     assert set(reached) == {"echo-a", "echo-b"}
+
+
+GRAY_IDS = ["echo-a", "echo-b", "echo-v"]
+
+
+@pytest.fixture
+def gray_fleet(
+    private_server: Callable[..., RotaServer],
+) -> Iterator[tuple[RotaServer, EchoFleet, dict[str, Any]]]:
+    """echo-a, echo-b (no version) and echo-v (v2), one registration each, under a 2:1 gray split."""
+    server = private_server()
+    echo = EchoFleet()
+    client = rota.RotaClient(server.address)
+    registrations = {
+        i: client.register(
+            rota.Instance(
+                service="echo", host="127.0.0.1", port=echo.start(i), id=i, version="v2" if i == "echo-v" else ""
+            )
+        )
+        for i in GRAY_IDS
+    }
+    gray = pb.GrayRelease(unversioned=2, versions={"v2": 1})
+    with grpc.insecure_channel(server.address) as ch:
+        pb_grpc.PoliciesStub(ch).SetPolicy(pb.SetPolicyRequest(policy=pb.Policy(service="echo", gray=gray)), timeout=20)
+    try:
+        yield server, echo, registrations
+    finally:
+        client.close()
+        echo.close()
+
+
+def check_gray_split(received: list[Received]) -> None:
+    """60 calls in 2:1, each by a ticket of its version's own rotation, round robin within the version."""
+    assert Counter(r.instance for r in received) == {"echo-a": 20, "echo-b": 20, "echo-v": 20}
+    assert all(r.ticket is not None and r.ticket.isdigit() for r in received), [r.ticket for r in received]
+    unversioned = [(int(r.ticket or ""), r.instance) for r in received if r.instance != "echo-v"]
+    v2 = [int(r.ticket or "") for r in received if r.instance == "echo-v"]
+    assert len({t for t, _ in unversioned}) == 40 and len(set(v2)) == 20, "no ticket of a rotation used twice"
+    assert all(instance == ["echo-a", "echo-b"][t % 2] for t, instance in unversioned)
+
+
+def test_gray_release_without_a_version(gray_fleet: Any) -> None:
+    server, echoes, registrations = gray_fleet
+    s, ch = stub(server)
+    with ch:
+        for i in range(60):
+            echo(s, f"gray {i}")
+        check_gray_split(echoes.received)
+        # The instance list changes: held picks are dropped, rota's next ones name echo-a and echo-b only.
+        registrations["echo-v"].close()
+        withdrawn = time.monotonic()
+        while time.monotonic() - withdrawn < 1.5:
+            echo(s, "after")
+        late = echoes.since(withdrawn + 1.0)
+        assert {r.instance for r in late} == {"echo-a", "echo-b"}, Counter(r.instance for r in late)
+        assert all(r.ticket is not None and not r.ticket.startswith("L") for r in late), "leased after the change"
+        # A killed instance: its picks are passed over, no call fails.
+        echoes.kill("echo-b")
+        reached = Counter(echo(s, f"killed {i}") for i in range(60))
+    assert set(reached) == {"echo-a"}, reached
+
+
+async def test_aio_gray_release_without_a_version(gray_fleet: Any) -> None:
+    server, echoes, registrations = gray_fleet
+    async with rota.aio.channel(f"rota://{server.address}/echo", rule="round_robin", ticket_header=True) as ch:
+        s = echo_pb2_grpc.EchoStub(ch)
+        for i in range(60):
+            await s.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
+        check_gray_split(echoes.received)
+        echoes.kill("echo-v")
+        reached = Counter(
+            [(await s.Echo(echo_pb2.EchoRequest(message="k"), timeout=20)).instance_id for _ in range(60)]
+        )
+    assert set(reached) == {"echo-a", "echo-b"}, reached

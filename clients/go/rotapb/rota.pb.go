@@ -491,8 +491,14 @@ type LeaseResponse struct {
 	Instances []*Instance `protobuf:"bytes,3,rep,name=instances,proto3" json:"instances,omitempty"`
 	Epoch     uint64      `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// Canonical rule, e.g. "repeat(n=3)".
-	Rule          string `protobuf:"bytes,5,opt,name=rule,proto3" json:"rule,omitempty"`
-	Fallback      string `protobuf:"bytes,6,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	Rule     string `protobuf:"bytes,5,opt,name=rule,proto3" json:"rule,omitempty"`
+	Fallback string `protobuf:"bytes,6,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	// Set, instead of a ticket range, when rota mapped the leased picks itself: a lease without a
+	// version of a service under gray release, whose version is chosen per pick. The i-th call
+	// routed by this lease goes to instances[picks[i].position] and reports picks[i].ticket;
+	// first_ticket is 0 and count is the number of picks. `instances` then holds every instance
+	// a pick names (of every version the picks went to), ordered by id.
+	Picks         []*LeasedPick `protobuf:"bytes,7,rep,name=picks,proto3" json:"picks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +575,68 @@ func (x *LeaseResponse) GetFallback() string {
 	return ""
 }
 
+func (x *LeaseResponse) GetPicks() []*LeasedPick {
+	if x != nil {
+		return x.Picks
+	}
+	return nil
+}
+
+// One pick of a lease that rota mapped itself (see LeaseResponse.picks).
+type LeasedPick struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ticket drawn from the rotation of the pick's own version.
+	Ticket uint64 `protobuf:"varint,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	// Index into LeaseResponse.instances.
+	Position      uint32 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeasedPick) Reset() {
+	*x = LeasedPick{}
+	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeasedPick) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeasedPick) ProtoMessage() {}
+
+func (x *LeasedPick) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeasedPick.ProtoReflect.Descriptor instead.
+func (*LeasedPick) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LeasedPick) GetTicket() uint64 {
+	if x != nil {
+		return x.Ticket
+	}
+	return 0
+}
+
+func (x *LeasedPick) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
 type PickRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -588,7 +656,7 @@ type PickRequest struct {
 
 func (x *PickRequest) Reset() {
 	*x = PickRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	mi := &file_rota_v1_rota_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +668,7 @@ func (x *PickRequest) String() string {
 func (*PickRequest) ProtoMessage() {}
 
 func (x *PickRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[4]
+	mi := &file_rota_v1_rota_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +681,7 @@ func (x *PickRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickRequest.ProtoReflect.Descriptor instead.
 func (*PickRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{4}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PickRequest) GetService() string {
@@ -679,7 +747,7 @@ type PickResponse struct {
 
 func (x *PickResponse) Reset() {
 	*x = PickResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[5]
+	mi := &file_rota_v1_rota_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +759,7 @@ func (x *PickResponse) String() string {
 func (*PickResponse) ProtoMessage() {}
 
 func (x *PickResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[5]
+	mi := &file_rota_v1_rota_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +772,7 @@ func (x *PickResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickResponse.ProtoReflect.Descriptor instead.
 func (*PickResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{5}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PickResponse) GetInstance() *Instance {
@@ -770,7 +838,7 @@ type CallOutcome struct {
 
 func (x *CallOutcome) Reset() {
 	*x = CallOutcome{}
-	mi := &file_rota_v1_rota_proto_msgTypes[6]
+	mi := &file_rota_v1_rota_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +850,7 @@ func (x *CallOutcome) String() string {
 func (*CallOutcome) ProtoMessage() {}
 
 func (x *CallOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[6]
+	mi := &file_rota_v1_rota_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +863,7 @@ func (x *CallOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallOutcome.ProtoReflect.Descriptor instead.
 func (*CallOutcome) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{6}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CallOutcome) GetService() string {
@@ -857,7 +925,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[7]
+	mi := &file_rota_v1_rota_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +937,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[7]
+	mi := &file_rota_v1_rota_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +950,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{7}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReportRequest) GetOutcomes() []*CallOutcome {
@@ -904,7 +972,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[8]
+	mi := &file_rota_v1_rota_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +984,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[8]
+	mi := &file_rota_v1_rota_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +997,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{8}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReportResponse) GetAccepted() uint32 {
@@ -957,7 +1025,7 @@ type PickError struct {
 
 func (x *PickError) Reset() {
 	*x = PickError{}
-	mi := &file_rota_v1_rota_proto_msgTypes[9]
+	mi := &file_rota_v1_rota_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1037,7 @@ func (x *PickError) String() string {
 func (*PickError) ProtoMessage() {}
 
 func (x *PickError) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[9]
+	mi := &file_rota_v1_rota_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1050,7 @@ func (x *PickError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PickError.ProtoReflect.Descriptor instead.
 func (*PickError) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{9}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PickError) GetCode() int32 {
@@ -1011,7 +1079,7 @@ type GrayRelease struct {
 
 func (x *GrayRelease) Reset() {
 	*x = GrayRelease{}
-	mi := &file_rota_v1_rota_proto_msgTypes[10]
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1091,7 @@ func (x *GrayRelease) String() string {
 func (*GrayRelease) ProtoMessage() {}
 
 func (x *GrayRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[10]
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1104,7 @@ func (x *GrayRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrayRelease.ProtoReflect.Descriptor instead.
 func (*GrayRelease) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{10}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GrayRelease) GetUnversioned() uint32 {
@@ -1067,7 +1135,7 @@ type Breaker struct {
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1147,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1160,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Breaker) GetFailureThreshold() uint32 {
@@ -1116,6 +1184,85 @@ func (x *Breaker) GetBlackoutMaxMs() uint64 {
 	return 0
 }
 
+// Outlier ejection: every rule skips an instance the fleet has seen failing (its breaker is
+// tripped by successive failures, or its failure rate over the statistics window is too high).
+// Zero fields take the defaults.
+type Ejection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Turns ejection off for the service: only `availability_filtering` and `retry` then look at
+	// breakers.
+	Disabled bool `protobuf:"varint,1,opt,name=disabled,proto3" json:"disabled,omitempty"`
+	// The most of a subset's instances that may be skipped at once, in percent (default 50; one
+	// instance may always be). With more of them ejected, the rules skip none (panic mode) and the
+	// response says so in `fallback`.
+	MaxEjectedPercent uint32 `protobuf:"varint,2,opt,name=max_ejected_percent,json=maxEjectedPercent,proto3" json:"max_ejected_percent,omitempty"`
+	// Failure rate over the statistics window that ejects an instance, in percent (default 50;
+	// above 100 turns failure-rate ejection off).
+	FailureRatePercent uint32 `protobuf:"varint,3,opt,name=failure_rate_percent,json=failureRatePercent,proto3" json:"failure_rate_percent,omitempty"`
+	// Calls the window must hold before its failure rate counts (default 20).
+	FailureRateMinCalls uint32 `protobuf:"varint,4,opt,name=failure_rate_min_calls,json=failureRateMinCalls,proto3" json:"failure_rate_min_calls,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Ejection) Reset() {
+	*x = Ejection{}
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Ejection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Ejection) ProtoMessage() {}
+
+func (x *Ejection) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Ejection.ProtoReflect.Descriptor instead.
+func (*Ejection) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Ejection) GetDisabled() bool {
+	if x != nil {
+		return x.Disabled
+	}
+	return false
+}
+
+func (x *Ejection) GetMaxEjectedPercent() uint32 {
+	if x != nil {
+		return x.MaxEjectedPercent
+	}
+	return 0
+}
+
+func (x *Ejection) GetFailureRatePercent() uint32 {
+	if x != nil {
+		return x.FailureRatePercent
+	}
+	return 0
+}
+
+func (x *Ejection) GetFailureRateMinCalls() uint32 {
+	if x != nil {
+		return x.FailureRateMinCalls
+	}
+	return 0
+}
+
 type Policy struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -1129,14 +1276,16 @@ type Policy struct {
 	IsDefault bool `protobuf:"varint,6,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
 	// In responses: which layer the policy came from (`is_default` is `source == DEFAULT`).
 	// Ignored in SetPolicy.
-	Source        PolicySource `protobuf:"varint,7,opt,name=source,proto3,enum=rota.v1.PolicySource" json:"source,omitempty"`
+	Source PolicySource `protobuf:"varint,7,opt,name=source,proto3,enum=rota.v1.PolicySource" json:"source,omitempty"`
+	// Absent = the defaults.
+	Ejection      *Ejection `protobuf:"bytes,8,opt,name=ejection,proto3" json:"ejection,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1297,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1310,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Policy) GetService() string {
@@ -1213,6 +1362,13 @@ func (x *Policy) GetSource() PolicySource {
 	return PolicySource_POLICY_SOURCE_UNSPECIFIED
 }
 
+func (x *Policy) GetEjection() *Ejection {
+	if x != nil {
+		return x.Ejection
+	}
+	return nil
+}
+
 type GetPolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -1222,7 +1378,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1390,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1403,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetPolicyRequest) GetService() string {
@@ -1267,7 +1423,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1435,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1448,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *Policy {
@@ -1310,7 +1466,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1478,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1491,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
 }
 
 type ResetPolicyRequest struct {
@@ -1347,7 +1503,7 @@ type ResetPolicyRequest struct {
 
 func (x *ResetPolicyRequest) Reset() {
 	*x = ResetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1515,7 @@ func (x *ResetPolicyRequest) String() string {
 func (*ResetPolicyRequest) ProtoMessage() {}
 
 func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1528,7 @@ func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ResetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResetPolicyRequest) GetService() string {
@@ -1392,7 +1548,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1560,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1573,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoliciesResponse) GetDefaults() *Policy {
@@ -1450,7 +1606,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1462,7 +1618,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1475,7 +1631,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegisterRequest) GetMsg() isRegisterRequest_Msg {
@@ -1560,7 +1716,7 @@ type Announce struct {
 
 func (x *Announce) Reset() {
 	*x = Announce{}
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1728,7 @@ func (x *Announce) String() string {
 func (*Announce) ProtoMessage() {}
 
 func (x *Announce) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1741,7 @@ func (x *Announce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announce.ProtoReflect.Descriptor instead.
 func (*Announce) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Announce) GetInstances() []*Instance {
@@ -1603,7 +1759,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1771,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1784,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
 }
 
 // Changes one instance owned by this stream. Fields left unset keep their value.
@@ -1644,7 +1800,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1812,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1825,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Update) GetInstance() *InstanceRef {
@@ -1709,7 +1865,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1877,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1890,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Metadata) GetEntries() map[string]string {
@@ -1754,7 +1910,7 @@ type Withdraw struct {
 
 func (x *Withdraw) Reset() {
 	*x = Withdraw{}
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1922,7 @@ func (x *Withdraw) String() string {
 func (*Withdraw) ProtoMessage() {}
 
 func (x *Withdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1935,7 @@ func (x *Withdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
 func (*Withdraw) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Withdraw) GetInstances() []*InstanceRef {
@@ -1802,7 +1958,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1970,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +1983,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterResponse) GetMsg() isRegisterResponse_Msg {
@@ -1889,7 +2045,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2057,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2070,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Ack) GetLeaseId() uint64 {
@@ -1965,7 +2121,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2133,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2146,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Refusal) GetInstance() *InstanceRef {
@@ -2024,7 +2180,7 @@ type Closing struct {
 
 func (x *Closing) Reset() {
 	*x = Closing{}
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2192,7 @@ func (x *Closing) String() string {
 func (*Closing) ProtoMessage() {}
 
 func (x *Closing) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2205,7 @@ func (x *Closing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closing.ProtoReflect.Descriptor instead.
 func (*Closing) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Closing) GetReason() string {
@@ -2067,7 +2223,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2235,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2248,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
 }
 
 type ListServicesResponse struct {
@@ -2104,7 +2260,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2272,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2285,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListServicesResponse) GetServices() []*ServiceSummary {
@@ -2151,7 +2307,7 @@ type ServiceSummary struct {
 
 func (x *ServiceSummary) Reset() {
 	*x = ServiceSummary{}
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2319,7 @@ func (x *ServiceSummary) String() string {
 func (*ServiceSummary) ProtoMessage() {}
 
 func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2332,7 @@ func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSummary.ProtoReflect.Descriptor instead.
 func (*ServiceSummary) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ServiceSummary) GetName() string {
@@ -2216,7 +2372,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2384,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2397,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListInstancesRequest) GetService() string {
@@ -2261,7 +2417,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2429,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2442,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2312,7 +2468,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2480,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2493,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2364,7 +2520,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2532,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2545,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2480,7 +2636,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2648,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2661,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -2541,14 +2697,19 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\rR\x05count\"\xbf\x01\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\"\xea\x01\n" +
 	"\rLeaseResponse\x12!\n" +
 	"\ffirst_ticket\x18\x01 \x01(\x04R\vfirstTicket\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12/\n" +
 	"\tinstances\x18\x03 \x03(\v2\x11.rota.v1.InstanceR\tinstances\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04rule\x18\x05 \x01(\tR\x04rule\x12\x1a\n" +
-	"\bfallback\x18\x06 \x01(\tR\bfallback\"\x95\x01\n" +
+	"\bfallback\x18\x06 \x01(\tR\bfallback\x12)\n" +
+	"\x05picks\x18\a \x03(\v2\x13.rota.v1.LeasedPickR\x05picks\"@\n" +
+	"\n" +
+	"LeasedPick\x12\x16\n" +
+	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x1a\n" +
+	"\bposition\x18\x02 \x01(\rR\bposition\"\x95\x01\n" +
 	"\vPickRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
@@ -2590,7 +2751,12 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\aBreaker\x12+\n" +
 	"\x11failure_threshold\x18\x01 \x01(\rR\x10failureThreshold\x12(\n" +
 	"\x10blackout_base_ms\x18\x02 \x01(\x04R\x0eblackoutBaseMs\x12&\n" +
-	"\x0fblackout_max_ms\x18\x03 \x01(\x04R\rblackoutMaxMs\"\xa5\x02\n" +
+	"\x0fblackout_max_ms\x18\x03 \x01(\x04R\rblackoutMaxMs\"\xbd\x01\n" +
+	"\bEjection\x12\x1a\n" +
+	"\bdisabled\x18\x01 \x01(\bR\bdisabled\x12.\n" +
+	"\x13max_ejected_percent\x18\x02 \x01(\rR\x11maxEjectedPercent\x120\n" +
+	"\x14failure_rate_percent\x18\x03 \x01(\rR\x12failureRatePercent\x123\n" +
+	"\x16failure_rate_min_calls\x18\x04 \x01(\rR\x13failureRateMinCalls\"\xd4\x02\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12I\n" +
@@ -2599,7 +2765,8 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\abreaker\x18\x05 \x01(\v2\x10.rota.v1.BreakerR\abreaker\x12\x1d\n" +
 	"\n" +
 	"is_default\x18\x06 \x01(\bR\tisDefault\x12-\n" +
-	"\x06source\x18\a \x01(\x0e2\x15.rota.v1.PolicySourceR\x06source\",\n" +
+	"\x06source\x18\a \x01(\x0e2\x15.rota.v1.PolicySourceR\x06source\x12-\n" +
+	"\bejection\x18\b \x01(\v2\x11.rota.v1.EjectionR\bejection\",\n" +
 	"\x10GetPolicyRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\";\n" +
 	"\x10SetPolicyRequest\x12'\n" +
@@ -2726,7 +2893,7 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 }
 
 var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_rota_v1_rota_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: rota.v1.InstanceStatus
 	(CallResult)(0),               // 1: rota.v1.CallResult
@@ -2736,109 +2903,113 @@ var file_rota_v1_rota_proto_goTypes = []any{
 	(*InstanceRef)(nil),           // 5: rota.v1.InstanceRef
 	(*LeaseRequest)(nil),          // 6: rota.v1.LeaseRequest
 	(*LeaseResponse)(nil),         // 7: rota.v1.LeaseResponse
-	(*PickRequest)(nil),           // 8: rota.v1.PickRequest
-	(*PickResponse)(nil),          // 9: rota.v1.PickResponse
-	(*CallOutcome)(nil),           // 10: rota.v1.CallOutcome
-	(*ReportRequest)(nil),         // 11: rota.v1.ReportRequest
-	(*ReportResponse)(nil),        // 12: rota.v1.ReportResponse
-	(*PickError)(nil),             // 13: rota.v1.PickError
-	(*GrayRelease)(nil),           // 14: rota.v1.GrayRelease
-	(*Breaker)(nil),               // 15: rota.v1.Breaker
-	(*Policy)(nil),                // 16: rota.v1.Policy
-	(*GetPolicyRequest)(nil),      // 17: rota.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 18: rota.v1.SetPolicyRequest
-	(*ListPoliciesRequest)(nil),   // 19: rota.v1.ListPoliciesRequest
-	(*ResetPolicyRequest)(nil),    // 20: rota.v1.ResetPolicyRequest
-	(*ListPoliciesResponse)(nil),  // 21: rota.v1.ListPoliciesResponse
-	(*RegisterRequest)(nil),       // 22: rota.v1.RegisterRequest
-	(*Announce)(nil),              // 23: rota.v1.Announce
-	(*Heartbeat)(nil),             // 24: rota.v1.Heartbeat
-	(*Update)(nil),                // 25: rota.v1.Update
-	(*Metadata)(nil),              // 26: rota.v1.Metadata
-	(*Withdraw)(nil),              // 27: rota.v1.Withdraw
-	(*RegisterResponse)(nil),      // 28: rota.v1.RegisterResponse
-	(*Ack)(nil),                   // 29: rota.v1.Ack
-	(*Refusal)(nil),               // 30: rota.v1.Refusal
-	(*Closing)(nil),               // 31: rota.v1.Closing
-	(*ListServicesRequest)(nil),   // 32: rota.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 33: rota.v1.ListServicesResponse
-	(*ServiceSummary)(nil),        // 34: rota.v1.ServiceSummary
-	(*ListInstancesRequest)(nil),  // 35: rota.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil), // 36: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),          // 37: rota.v1.WatchRequest
-	(*WatchEvent)(nil),            // 38: rota.v1.WatchEvent
-	(*InstanceList)(nil),          // 39: rota.v1.InstanceList
-	nil,                           // 40: rota.v1.Instance.MetadataEntry
-	nil,                           // 41: rota.v1.GrayRelease.VersionsEntry
-	nil,                           // 42: rota.v1.Metadata.EntriesEntry
+	(*LeasedPick)(nil),            // 8: rota.v1.LeasedPick
+	(*PickRequest)(nil),           // 9: rota.v1.PickRequest
+	(*PickResponse)(nil),          // 10: rota.v1.PickResponse
+	(*CallOutcome)(nil),           // 11: rota.v1.CallOutcome
+	(*ReportRequest)(nil),         // 12: rota.v1.ReportRequest
+	(*ReportResponse)(nil),        // 13: rota.v1.ReportResponse
+	(*PickError)(nil),             // 14: rota.v1.PickError
+	(*GrayRelease)(nil),           // 15: rota.v1.GrayRelease
+	(*Breaker)(nil),               // 16: rota.v1.Breaker
+	(*Ejection)(nil),              // 17: rota.v1.Ejection
+	(*Policy)(nil),                // 18: rota.v1.Policy
+	(*GetPolicyRequest)(nil),      // 19: rota.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 20: rota.v1.SetPolicyRequest
+	(*ListPoliciesRequest)(nil),   // 21: rota.v1.ListPoliciesRequest
+	(*ResetPolicyRequest)(nil),    // 22: rota.v1.ResetPolicyRequest
+	(*ListPoliciesResponse)(nil),  // 23: rota.v1.ListPoliciesResponse
+	(*RegisterRequest)(nil),       // 24: rota.v1.RegisterRequest
+	(*Announce)(nil),              // 25: rota.v1.Announce
+	(*Heartbeat)(nil),             // 26: rota.v1.Heartbeat
+	(*Update)(nil),                // 27: rota.v1.Update
+	(*Metadata)(nil),              // 28: rota.v1.Metadata
+	(*Withdraw)(nil),              // 29: rota.v1.Withdraw
+	(*RegisterResponse)(nil),      // 30: rota.v1.RegisterResponse
+	(*Ack)(nil),                   // 31: rota.v1.Ack
+	(*Refusal)(nil),               // 32: rota.v1.Refusal
+	(*Closing)(nil),               // 33: rota.v1.Closing
+	(*ListServicesRequest)(nil),   // 34: rota.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 35: rota.v1.ListServicesResponse
+	(*ServiceSummary)(nil),        // 36: rota.v1.ServiceSummary
+	(*ListInstancesRequest)(nil),  // 37: rota.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil), // 38: rota.v1.ListInstancesResponse
+	(*WatchRequest)(nil),          // 39: rota.v1.WatchRequest
+	(*WatchEvent)(nil),            // 40: rota.v1.WatchEvent
+	(*InstanceList)(nil),          // 41: rota.v1.InstanceList
+	nil,                           // 42: rota.v1.Instance.MetadataEntry
+	nil,                           // 43: rota.v1.GrayRelease.VersionsEntry
+	nil,                           // 44: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	40, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	42, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
 	4,  // 2: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
-	4,  // 3: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
-	13, // 4: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
-	1,  // 5: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
-	10, // 6: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
-	41, // 7: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
-	2,  // 8: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
-	14, // 9: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
-	15, // 10: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
-	3,  // 11: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
-	16, // 12: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
-	16, // 13: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
-	16, // 14: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
-	23, // 15: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
-	24, // 16: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
-	25, // 17: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
-	27, // 18: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
-	4,  // 19: rota.v1.Announce.instances:type_name -> rota.v1.Instance
-	5,  // 20: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
-	0,  // 21: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
-	26, // 22: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	42, // 23: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
-	5,  // 24: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
-	29, // 25: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
-	31, // 26: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
-	5,  // 27: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
-	30, // 28: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
-	5,  // 29: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
-	34, // 30: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
-	4,  // 31: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	39, // 32: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	4,  // 33: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	4,  // 34: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	5,  // 35: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	4,  // 36: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	8,  // 37: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	8,  // 38: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	11, // 39: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	6,  // 40: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
-	17, // 41: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	18, // 42: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	19, // 43: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	20, // 44: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
-	22, // 45: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	32, // 46: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	35, // 47: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	37, // 48: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	9,  // 49: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	9,  // 50: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	12, // 51: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	7,  // 52: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
-	16, // 53: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	16, // 54: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	21, // 55: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	16, // 56: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
-	28, // 57: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	33, // 58: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	36, // 59: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	38, // 60: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	49, // [49:61] is the sub-list for method output_type
-	37, // [37:49] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	8,  // 3: rota.v1.LeaseResponse.picks:type_name -> rota.v1.LeasedPick
+	4,  // 4: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
+	14, // 5: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
+	1,  // 6: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
+	11, // 7: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
+	43, // 8: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	2,  // 9: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
+	15, // 10: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
+	16, // 11: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
+	3,  // 12: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
+	17, // 13: rota.v1.Policy.ejection:type_name -> rota.v1.Ejection
+	18, // 14: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
+	18, // 15: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
+	18, // 16: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
+	25, // 17: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
+	26, // 18: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
+	27, // 19: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
+	29, // 20: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
+	4,  // 21: rota.v1.Announce.instances:type_name -> rota.v1.Instance
+	5,  // 22: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
+	0,  // 23: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
+	28, // 24: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
+	44, // 25: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	5,  // 26: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
+	31, // 27: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
+	33, // 28: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
+	5,  // 29: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
+	32, // 30: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
+	5,  // 31: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
+	36, // 32: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
+	4,  // 33: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
+	41, // 34: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	4,  // 35: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	4,  // 36: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	5,  // 37: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	4,  // 38: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	9,  // 39: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	9,  // 40: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	12, // 41: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	6,  // 42: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	19, // 43: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	20, // 44: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	21, // 45: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	22, // 46: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
+	24, // 47: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	34, // 48: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	37, // 49: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	39, // 50: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	10, // 51: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	10, // 52: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	13, // 53: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	7,  // 54: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	18, // 55: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	18, // 56: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	23, // 57: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	18, // 58: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
+	30, // 59: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	35, // 60: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	38, // 61: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	40, // 62: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	51, // [51:63] is the sub-list for method output_type
+	39, // [39:51] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -2847,18 +3018,18 @@ func file_rota_v1_rota_proto_init() {
 		return
 	}
 	file_rota_v1_rota_proto_msgTypes[0].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[18].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[20].OneofWrappers = []any{
 		(*RegisterRequest_Announce)(nil),
 		(*RegisterRequest_Heartbeat)(nil),
 		(*RegisterRequest_Update)(nil),
 		(*RegisterRequest_Withdraw)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[21].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[24].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[23].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[26].OneofWrappers = []any{
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[34].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[36].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -2870,7 +3041,7 @@ func file_rota_v1_rota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

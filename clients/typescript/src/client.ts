@@ -99,9 +99,18 @@ export const UNREACHABLE_STREAK = 3;
 
 type Callback<T> = (error: ServiceError | null, value?: T) => void;
 
-/** `host:port`, or a grpc-js target (`dns:///host:port`); `http://host:port` is accepted too. */
-function normalizeTarget(target: string): string {
-  return target.startsWith('http://') ? target.slice('http://'.length).replace(/\/+$/, '') : target;
+/** Where `rota serve` listens by default: the client's target when none is given. */
+export const DEFAULT_TARGET = '127.0.0.1:50051';
+/** The environment variable naming rota's address when the constructor is given none. */
+export const TARGET_ENV = 'ROTA_SERVER';
+
+/**
+ * `host:port`, or a grpc-js target (`dns:///host:port`); `http://host:port` is accepted too.
+ * No target (or an empty one): `ROTA_SERVER`, else {@link DEFAULT_TARGET}.
+ */
+export function normalizeTarget(target: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+  const chosen = target || env[TARGET_ENV] || DEFAULT_TARGET;
+  return chosen.startsWith('http://') ? chosen.slice('http://'.length).replace(/\/+$/, '') : chosen;
 }
 
 /** The wire request of a pick; the current version applies when `options.version` is left out. */
@@ -178,7 +187,8 @@ export class RotaClient implements AsyncDisposable {
   /** Whether the current outage was logged (at its first local pick). */
   #outageLogged = false;
 
-  constructor(target: string, options: RotaClientOptions = {}) {
+  /** `target` defaults to `ROTA_SERVER`, else {@link DEFAULT_TARGET} (`127.0.0.1:50051`). */
+  constructor(target?: string, options: RotaClientOptions = {}) {
     this.target = normalizeTarget(target);
     const rota = rotaV1();
     const credentials = options.credentials ?? grpcCredentials.createInsecure();
@@ -198,7 +208,7 @@ export class RotaClient implements AsyncDisposable {
   }
 
   /** Creates a client and waits until its connection is up; rejects with `UNAVAILABLE` if it does not come up in time. */
-  static async connect(target: string, options: ConnectOptions = {}): Promise<RotaClient> {
+  static async connect(target?: string, options: ConnectOptions = {}): Promise<RotaClient> {
     const client = new RotaClient(target, options);
     try {
       await client.waitForReady(options.connectTimeoutMs ?? 5_000);

@@ -1,6 +1,6 @@
 // @rota/client: the TypeScript client of rota, the central load-balancing decision service.
 
-export { RotaClient, classifyError, type ConnectOptions, type RotaClientOptions, type TimedOptions } from './client.js';
+export { DEFAULT_TARGET, RotaClient, TARGET_ENV, classifyError, type ConnectOptions, type RotaClientOptions, type TimedOptions } from './client.js';
 export { Registration, type RegistrationEvents, type RegistrationOptions } from './registration.js';
 export { RotaError, RegistrationRefusedError, codeName, isUnreachable } from './errors.js';
 export { Backoff, type BackoffOptions } from './backoff.js';

@@ -1,18 +1,39 @@
 // The lease stream of the grpc-js channel against a scripted Lease: consecutive tickets, the
-// bounded growth of the lease size, and the local rotation while rota is unreachable.
+// bounded growth of the lease size, the local rotation while rota is unreachable, and the picks
+// of leases rota mapped itself (gray release without a version).
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { Metadata, status } from '@grpc/grpc-js';
 
-import { Leaser, MAX_LEASE, type Draw, type VersionStream } from '../src/channel/lease.js';
+import { Leaser, MAX_LEASE, type Draw, type LeaseView, type VersionStream } from '../src/channel/lease.js';
+import { TicketMap, parseLeasedRule } from '../src/channel/mapping.js';
 import type { RotaLink } from '../src/channel/link.js';
+
+const GRAY_INSTANCES = [
+  { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: 100 },
+  { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: 100 },
+  { id: 'v', host: '127.0.0.1', port: 3, version: 'v2', weight: 100 },
+];
+
+/** The i-th pick rota maps for a gray lease: position i mod 3, a ticket of its own. */
+function grayPick(i: number): { ticket: bigint; position: number } {
+  return { ticket: 1_000n + BigInt(i), position: i % 3 };
+}
 
 class ScriptedLeases {
   next = 0n;
   counts: number[] = [];
   down = false;
+  /** Answer with picks (a gray lease) rather than a ticket range. */
+  gray = false;
+  /** Picks handed out so far across gray leases. */
+  picks = 0;
+  /** A position past the instance list in the next gray answer. */
+  badPosition = false;
+  /** Called when a Lease request is made (synchronously, from the stream's take()). */
+  onRequest: () => void = () => {};
 
   link(): RotaLink {
     return {
@@ -24,7 +45,24 @@ class ScriptedLeases {
       report() {},
       balancer: {
         Lease: (request: { count: number }, _md: Metadata, _opts: object, callback: (e: unknown, r?: unknown) => void) => {
+          this.onRequest();
           setImmediate(() => {
+            if (this.gray && !this.down) {
+              this.counts.push(request.count);
+              const picks = Array.from({ length: request.count }, (_, i) => grayPick(this.picks + i));
+              this.picks += request.count;
+              if (this.badPosition) {
+                picks[0] = { ticket: 0n, position: 3 };
+              }
+              callback(null, {
+                firstTicket: '0',
+                count: request.count,
+                rule: 'round_robin',
+                instances: GRAY_INSTANCES,
+                picks: picks.map((p) => ({ ticket: p.ticket.toString(), position: p.position })),
+              });
+              return;
+            }
             if (this.down) {
               callback(Object.assign(new Error('connection refused'), { code: status.UNAVAILABLE, details: 'connection refused', metadata: new Metadata() }));
               return;
@@ -37,9 +75,10 @@ class ScriptedLeases {
               count: request.count,
               rule: 'round_robin',
               instances: [
-                { id: 'a', host: '127.0.0.1', port: 1, weight: 100 },
-                { id: 'b', host: '127.0.0.1', port: 2, weight: 100 },
+                { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: 100 },
+                { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: 100 },
               ],
+              picks: [],
             });
           });
         },
@@ -61,9 +100,12 @@ async function take(stream: VersionStream, woken: () => Promise<void>): Promise<
   throw new Error('no ticket after 100 waits');
 }
 
-function leaser(script: ScriptedLeases): { stream: VersionStream; woken: () => Promise<void>; close: () => void } {
+function leaser(
+  script: ScriptedLeases,
+  localView: (version: string) => LeaseView | undefined = () => undefined,
+): { stream: VersionStream; leases: Leaser; woken: () => Promise<void>; close: () => void } {
   let wake: (() => void) | undefined;
-  const leases = new Leaser(script.link(), '', () => wake?.(), () => undefined);
+  const leases = new Leaser(script.link(), '', () => wake?.(), localView);
   const woken = (): Promise<void> =>
     new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error('no wake-up within 10 s')), 10_000);
@@ -72,7 +114,7 @@ function leaser(script: ScriptedLeases): { stream: VersionStream; woken: () => P
         resolve();
       };
     });
-  return { stream: leases.stream(''), woken, close: () => leases.close() };
+  return { stream: leases.stream(''), leases, woken, close: () => leases.close() };
 }
 
 describe('lease stream', () => {
@@ -123,5 +165,131 @@ describe('lease stream', () => {
     } finally {
       close();
     }
+  });
+});
+
+/** The instance a draw routes its call to: the pick's own position, else the ticket's. */
+function routed(draw: Draw): string {
+  return draw.view.ids[draw.position ?? draw.view.map.position(draw.ticket)!]!;
+}
+
+describe('lease stream of a gray lease (picks rota mapped itself)', () => {
+  it('hands out the picks in order, with their tickets and instances, and leases the next block ahead', async () => {
+    const script = new ScriptedLeases();
+    script.gray = true;
+    const { stream, woken, close } = leaser(script);
+    let taken = 0;
+    const requestedAt: number[] = [];
+    script.onRequest = () => requestedAt.push(taken);
+    try {
+      for (let i = 0; i < 200; i++) {
+        const draw = await take(stream, woken);
+        taken++;
+        assert.equal(draw.local, false);
+        assert.equal(draw.position, grayPick(i).position, `pick ${i}`);
+        assert.equal(draw.ticket, grayPick(i).ticket, `pick ${i}`);
+        assert.equal(routed(draw), ['a', 'b', 'v'][i % 3]);
+      }
+    } finally {
+      close();
+    }
+    // The first block is 16 picks; the second is asked for by the take that spends half of it
+    // (after 7 picks were handed out), not when it runs out.
+    assert.equal(script.counts[0], 16);
+    assert.equal(requestedAt[0], 0);
+    assert.equal(requestedAt[1], 7, `lease requests after ${requestedAt.join(',')} picks`);
+  });
+
+  it('takes either answer shape as it comes, ticket range or picks', async () => {
+    const script = new ScriptedLeases();
+    const { stream, woken, close } = leaser(script);
+    try {
+      const first = await take(stream, woken);
+      assert.equal(first.position, undefined);
+      assert.equal(first.ticket, 0n);
+      script.gray = true;
+      // The rest of the ticket blocks already held, then the picks.
+      let draw = first;
+      for (let n = 0; n < 100 && draw.position === undefined; n++) {
+        draw = await take(stream, woken);
+      }
+      assert.notEqual(draw.position, undefined, 'no pick after the service went gray');
+      assert.deepEqual({ ticket: draw.ticket, position: draw.position }, grayPick(0));
+      script.gray = false;
+      for (let n = 0; n < 100 && draw.position !== undefined; n++) {
+        draw = await take(stream, woken);
+      }
+      assert.equal(draw.position, undefined, 'still picks after the gray release ended');
+      assert.equal(routed(draw), ['a', 'b'][Number(draw.ticket % 2n)]);
+    } finally {
+      close();
+    }
+  });
+
+  it('drops the unused picks when the instance list changes', async () => {
+    const script = new ScriptedLeases();
+    script.gray = true;
+    const { stream, leases, woken, close } = leaser(script);
+    try {
+      for (let i = 0; i < 3; i++) {
+        assert.equal((await take(stream, woken)).ticket, grayPick(i).ticket);
+      }
+      const served = script.picks;
+      leases.invalidate();
+      const next = await take(stream, woken);
+      // The first pick of a lease asked for after the change: the picks 3.. of the block held
+      // are gaps, never used.
+      assert.deepEqual({ ticket: next.ticket, position: next.position }, grayPick(served));
+      assert.ok(served >= 16);
+    } finally {
+      close();
+    }
+  });
+
+  it('refuses an answer whose pick names no instance of it', async () => {
+    const script = new ScriptedLeases();
+    script.gray = true;
+    script.badPosition = true;
+    const { stream, woken, close } = leaser(script);
+    try {
+      assert.equal(stream.take().kind, 'wait');
+      await woken();
+      const taken = stream.take();
+      assert.equal(taken.kind, 'error');
+      assert.equal(taken.kind === 'error' && taken.code, status.INVALID_ARGUMENT);
+      assert.match(taken.kind === 'error' ? taken.details : '', /position 3 of 3 instances/);
+    } finally {
+      close();
+    }
+  });
+
+  /** Local draws of a stream whose gray lease was answered, once rota went down. */
+  async function localAfterGray(localView: (version: string) => LeaseView | undefined): Promise<string[]> {
+    const script = new ScriptedLeases();
+    script.gray = true;
+    const { stream, woken, close } = leaser(script, localView);
+    try {
+      await take(stream, woken);
+      script.down = true;
+      const local: string[] = [];
+      for (let n = 0; n < 10_000 && local.length < 6; n++) {
+        const draw = await take(stream, woken);
+        if (draw.local) {
+          assert.equal(draw.position, undefined);
+          local.push(routed(draw));
+        }
+      }
+      assert.equal(local.length, 6, 'no local rotation while rota is down');
+      return local;
+    } finally {
+      close();
+    }
+  }
+
+  it('rotates over the unversioned instances while rota is down, not over the split', async () => {
+    const unversioned: LeaseView = { rule: 'round_robin', ids: ['a', 'b'], addrs: ['127.0.0.1:1', '127.0.0.1:2'], map: new TicketMap(parseLeasedRule('round_robin'), [100, 100]) };
+    assert.deepEqual(await localAfterGray((v) => (v === '' ? unversioned : undefined)), ['a', 'b', 'a', 'b', 'a', 'b']);
+    // With no unversioned instance known, over the last lease's instances.
+    assert.deepEqual(await localAfterGray(() => undefined), ['a', 'b', 'v', 'a', 'b', 'v']);
   });
 });

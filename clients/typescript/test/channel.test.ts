@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
 
 import { RotaClient, type Registration } from '../src/index.js';
 import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
@@ -123,6 +124,7 @@ interface Expect {
   only?: string[];
   never?: string[];
   spread?: boolean;
+  counts?: Record<string, number>;
 }
 
 interface Step {
@@ -144,10 +146,115 @@ interface Scenario {
   rule: string;
   service?: string;
   instances: { id: string; version?: string; weight?: number }[];
+  policy?: Record<string, unknown>;
   steps: Step[];
 }
 
 const scenarioDir = join(repoRoot, 'clients', 'conformance', 'channel');
+
+// The keys clients/conformance/channel/README.md defines; any other key fails the scenario.
+const SCENARIO_KEYS = new Set(['name', 'rule', 'service', 'instances', 'policy', 'steps']);
+const INSTANCE_KEYS = new Set(['id', 'version', 'weight']);
+const EXPECT_KEYS = new Set(['failures', 'error_contains', 'leased', 'rotation', 'runs', 'only', 'never', 'spread', 'counts']);
+/** Each step's action key and the keys that may go with it. */
+const STEP_KEYS: Record<string, ReadonlySet<string>> = {
+  calls: new Set(['calls', 'consumers', 'version', 'deadline_ms', 'expect']),
+  withdraw: new Set(['withdraw', 'within_ms']),
+  kill: new Set(['kill']),
+  stop_rota: new Set(['stop_rota']),
+  restart_rota: new Set(['restart_rota']),
+  await_leases: new Set(['await_leases', 'within_ms']),
+};
+
+function checkKeys(what: string, value: unknown, allowed: ReadonlySet<string>): void {
+  if (value === undefined) {
+    return;
+  }
+  assert.ok(value !== null && typeof value === 'object' && !Array.isArray(value), `${what} is not an object`);
+  for (const key of Object.keys(value)) {
+    assert.ok(allowed.has(key), `unknown key ${JSON.stringify(key)} in ${what} (known: ${[...allowed].sort().join(', ')})`);
+  }
+}
+
+/** Fails on a key the channel scenario format does not define, anywhere in the scenario. */
+function checkScenario(sc: Scenario): void {
+  checkKeys('scenario', sc, SCENARIO_KEYS);
+  for (const inst of sc.instances) {
+    checkKeys('instance', inst, INSTANCE_KEYS);
+  }
+  if (sc.policy !== undefined) {
+    policyMessage(sc.policy);
+  }
+  for (const [i, step] of sc.steps.entries()) {
+    const actions = Object.keys(step).filter((k) => k in STEP_KEYS);
+    assert.equal(actions.length, 1, `step ${i} has ${actions.length} actions (${actions.join(', ')}), want one of ${Object.keys(STEP_KEYS).join(', ')}`);
+    checkKeys(`step ${i}`, step, STEP_KEYS[actions[0]!]!);
+    checkKeys(`step ${i} expect`, step.expect, EXPECT_KEYS);
+  }
+}
+
+type MessageType = { field: { name: string; type: string; typeName: string; label: string }[]; nestedType: { name: string; field: { name: string; type: string; typeName: string }[]; options: { mapEntry?: boolean } | null }[] };
+
+let rotaTypes: Record<string, { type?: MessageType }> | undefined;
+
+function messageType(name: string): MessageType {
+  rotaTypes ??= protoLoader.loadSync(join('rota', 'v1', 'rota.proto'), { includeDirs: [join(repoRoot, 'proto')], keepCase: false }) as unknown as Record<string, { type?: MessageType }>;
+  const type = rotaTypes[`rota.v1.${name}`]?.type;
+  assert.ok(type !== undefined, `no message rota.v1.${name}`);
+  return type;
+}
+
+/**
+ * A message in proto JSON (lowerCamelCase or proto field names, enums by name) as the object
+ * grpc-js sends: field names in camelCase, map keys as they are. An unknown field fails.
+ */
+function fromProtoJson(typeName: string, json: unknown, path: string): Record<string, unknown> {
+  const type = messageType(typeName);
+  assert.ok(json !== null && typeof json === 'object' && !Array.isArray(json), `${path} is not an object`);
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(json as Record<string, unknown>)) {
+    const name = key.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+    const field = type.field.find((f) => f.name === name);
+    assert.ok(field !== undefined, `unknown key ${JSON.stringify(key)} in ${path} (rota.v1.${typeName} has ${type.field.map((f) => f.name).join(', ')})`);
+    if (field.type !== 'TYPE_MESSAGE') {
+      out[name] = value;
+      continue;
+    }
+    const entry = type.nestedType.find((n) => n.name === field.typeName && n.options?.mapEntry === true);
+    if (entry !== undefined) {
+      const valueType = entry.field.find((f) => f.name === 'value')!;
+      assert.ok(value !== null && typeof value === 'object' && !Array.isArray(value), `${path}.${key} is not an object`);
+      out[name] = Object.fromEntries(
+        Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, valueType.type === 'TYPE_MESSAGE' ? fromProtoJson(valueType.typeName, v, `${path}.${key}.${k}`) : v]),
+      );
+    } else if (field.label === 'LABEL_REPEATED') {
+      assert.ok(Array.isArray(value), `${path}.${key} is not a list`);
+      out[name] = value.map((v, i) => fromProtoJson(field.typeName, v, `${path}.${key}[${i}]`));
+    } else {
+      out[name] = fromProtoJson(field.typeName, value, `${path}.${key}`);
+    }
+  }
+  return out;
+}
+
+/** A scenario's `policy` as a SetPolicy request's Policy (the service is the scenario's). */
+function policyMessage(policy: Record<string, unknown>): Record<string, unknown> {
+  assert.ok(!('service' in policy), 'policy names its service: the scenario sets it for its own');
+  return fromProtoJson('Policy', policy, 'policy');
+}
+
+async function setPolicy(target: string, service: string, policy: Record<string, unknown>): Promise<void> {
+  const policies = new (rotaV1().Policies)(target, grpc.credentials.createInsecure());
+  try {
+    await new Promise<void>((resolve, reject) => {
+      policies.SetPolicy({ policy: { ...policyMessage(policy), service } }, { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null) =>
+        error !== null ? reject(new Error(`SetPolicy of ${service}: ${error.details}`)) : resolve(),
+      );
+    });
+  } finally {
+    policies.close();
+  }
+}
 
 /** The second consumer: the Go client's echoconsumer when go is at hand, else a Node process. */
 function secondConsumer(): { language: string; command: string; args: (target: string, rule: string, calls: number, version: string, deadlineMs: number) => string[] } {
@@ -193,6 +300,10 @@ function runProcess(command: string, args: string[]): Promise<EchoResult[]> {
   });
 }
 
+function sortedRecord(r: Record<string, number>): Record<string, number> {
+  return Object.fromEntries(Object.entries(r).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
 function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[]): void {
   if (e === undefined) {
     return;
@@ -200,7 +311,11 @@ function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<s
   const failed = results.filter((r) => r.error !== undefined);
   const reached = results.flatMap((r) => (r.instance !== undefined ? [r.instance] : []));
   if (e.failures !== undefined) {
-    assert.equal(failed.length, e.failures, `failures: ${failed.map((r) => r.error!.details).join('; ')}`);
+    const kinds = new Map<string, number>();
+    for (const r of failed) {
+      kinds.set(r.error!.details, (kinds.get(r.error!.details) ?? 0) + 1);
+    }
+    assert.equal(failed.length, e.failures, `failures: ${[...kinds].map(([details, n]) => `${n} × ${details}`).join('; ')}`);
   }
   if (e.error_contains !== undefined) {
     for (const r of failed) {
@@ -218,6 +333,14 @@ function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<s
     for (const id of e.only ?? []) {
       assert.ok(reached.includes(id), `${id} answered no call`);
     }
+  }
+  if (e.counts !== undefined) {
+    const got: Record<string, number> = {};
+    for (const id of reached) {
+      got[id] = (got[id] ?? 0) + 1;
+    }
+    const want = Object.fromEntries(Object.entries(e.counts).filter(([, n]) => n > 0));
+    assert.deepEqual(sortedRecord(got), sortedRecord(want), 'calls per instance');
   }
   if (e.leased !== undefined) {
     for (const c of calls) {
@@ -256,109 +379,151 @@ function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<s
 
 const consumer = secondConsumer();
 
+/** Runs one channel scenario against a rota of its own; rejects at the first unmet expectation. */
+async function runScenario(sc: Scenario): Promise<void> {
+  checkScenario(sc);
+  let server = await RotaServer.start();
+  const log: EchoCall[] = [];
+  const echoes = new Map<string, EchoServer>();
+  const regs = new Map<string, Registration>();
+  const provider = new RotaClient(server.target, { logger: silentLogger, backoff: { initialMs: 20, maxMs: 300 } });
+  const service = sc.service ?? 'echo';
+  let client: grpc.Client | undefined;
+  try {
+    for (const inst of sc.instances) {
+      const echo = await EchoServer.start(inst.id, log);
+      echoes.set(inst.id, echo);
+      regs.set(
+        inst.id,
+        await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port: echo.port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
+      );
+    }
+    if (sc.policy !== undefined) {
+      await setPolicy(server.target, service, sc.policy);
+    }
+    client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
+      [OPTION_SERVER]: server.target,
+      [OPTION_RULE]: sc.rule,
+      [OPTION_TICKET_HEADER]: true,
+      [OPTION_LOGGER]: silentLogger,
+      [OPTION_BACKOFF]: { initialMs: 20, maxMs: 500 },
+    });
+    for (const [i, s] of sc.steps.entries()) {
+      if (s.calls !== undefined) {
+        const deadline = s.deadline_ms ?? 5_000;
+        const before = log.length;
+        const others = Array.from({ length: Math.max(s.consumers ?? 1, 1) - 1 }, () =>
+          runProcess(consumer.command, consumer.args(`rota://${server.target}/${service}`, sc.rule, s.calls!, s.version ?? '', deadline)),
+        );
+        const mine = await echoCalls(client, s.calls, s.version ?? '', deadline);
+        const theirs = await Promise.all(others);
+        for (const r of theirs) {
+          assert.equal(r.length, s.calls, `step ${i}: a consumer process made ${r.length} calls`);
+        }
+        const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
+        try {
+          checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
+        } catch (e) {
+          throw new Error(`step ${i}: ${(e as Error).message}`, { cause: e });
+        }
+      } else if (s.withdraw !== undefined) {
+        await regs.get(s.withdraw)!.close();
+        regs.delete(s.withdraw);
+        const withdrawn = performance.now();
+        const bound = s.within_ms ?? 1_000;
+        const late: number[] = [];
+        let afterBound = 0;
+        while (performance.now() - withdrawn <= bound || afterBound < 20) {
+          const started = performance.now() - withdrawn;
+          const [r] = await echoCalls(client, 1, '', 5_000);
+          assert.equal(r!.error, undefined, `step ${i}: a call failed after the withdrawal`);
+          if (started > bound) {
+            afterBound++;
+            if (r!.instance === s.withdraw) {
+              late.push(Math.round(started));
+            }
+          }
+        }
+        assert.deepEqual(late, [], `step ${i}: ${s.withdraw} still received calls started ms after its withdrawal`);
+      } else if (s.kill !== undefined) {
+        echoes.get(s.kill)!.kill();
+        let answered = false;
+        for (let n = 0; n < 10 && !answered; n++) {
+          answered = (await echoCalls(client, 1, '', 5_000))[0]!.error === undefined;
+        }
+        assert.ok(answered, `step ${i}: 10 calls failed after ${s.kill} was killed`);
+      } else if (s.stop_rota) {
+        await server.kill();
+      } else if (s.restart_rota) {
+        server = await RotaServer.start({ listen: server.target });
+        const restarted = server;
+        await waitFor(
+          async () => (await provider.listInstances('echo').catch(() => ({ instances: [] }))).instances.length === regs.size,
+          { timeoutMs: 20_000, what: `every registration back in the restarted rota (${restarted.target})` },
+        );
+      } else if (s.await_leases) {
+        const before = log.length;
+        await waitFor(
+          async () => {
+            await echoCalls(client!, 1, '', 5_000);
+            return log.slice(before).some((c) => c.ticket >= 0n);
+          },
+          { timeoutMs: s.within_ms ?? 20_000, what: 'a leased call' },
+        );
+      } else {
+        assert.fail(`step ${i}: no action`);
+      }
+    }
+  } finally {
+    client?.close();
+    for (const r of regs.values()) {
+      await r.close().catch(() => {});
+    }
+    await provider.close();
+    for (const e of echoes.values()) {
+      e.kill();
+    }
+    await server.kill();
+  }
+}
+
 describe(`channel scenarios (second consumer: ${consumer.language} process)`, { timeout: 600_000 }, () => {
   const files = readdirSync(scenarioDir).filter((f) => f.endsWith('.json')).sort();
   it('has scenarios', () => assert.ok(files.length > 0));
   for (const file of files) {
     const sc = JSON.parse(readFileSync(join(scenarioDir, file), 'utf8')) as Scenario;
-    it(`${file}: ${sc.name}`, { timeout: 180_000 }, async () => {
-      let server = await RotaServer.start();
-      const log: EchoCall[] = [];
-      const echoes = new Map<string, EchoServer>();
-      const regs = new Map<string, Registration>();
-      const provider = new RotaClient(server.target, { logger: silentLogger, backoff: { initialMs: 20, maxMs: 300 } });
-      const service = sc.service ?? 'echo';
-      let client: grpc.Client | undefined;
-      try {
-        for (const inst of sc.instances) {
-          const echo = await EchoServer.start(inst.id, log);
-          echoes.set(inst.id, echo);
-          regs.set(
-            inst.id,
-            await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port: echo.port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
-          );
-        }
-        client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
-          [OPTION_SERVER]: server.target,
-          [OPTION_RULE]: sc.rule,
-          [OPTION_TICKET_HEADER]: true,
-          [OPTION_LOGGER]: silentLogger,
-          [OPTION_BACKOFF]: { initialMs: 20, maxMs: 500 },
-        });
-        for (const [i, s] of sc.steps.entries()) {
-          if (s.calls !== undefined) {
-            const deadline = s.deadline_ms ?? 5_000;
-            const before = log.length;
-            const others = Array.from({ length: Math.max(s.consumers ?? 1, 1) - 1 }, () =>
-              runProcess(consumer.command, consumer.args(`rota://${server.target}/${service}`, sc.rule, s.calls!, s.version ?? '', deadline)),
-            );
-            const mine = await echoCalls(client, s.calls, s.version ?? '', deadline);
-            const theirs = await Promise.all(others);
-            for (const r of theirs) {
-              assert.equal(r.length, s.calls, `step ${i}: a consumer process made ${r.length} calls`);
-            }
-            const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
-            checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
-          } else if (s.withdraw !== undefined) {
-            await regs.get(s.withdraw)!.close();
-            regs.delete(s.withdraw);
-            const withdrawn = performance.now();
-            const bound = s.within_ms ?? 1_000;
-            const late: number[] = [];
-            let afterBound = 0;
-            while (performance.now() - withdrawn <= bound || afterBound < 20) {
-              const started = performance.now() - withdrawn;
-              const [r] = await echoCalls(client, 1, '', 5_000);
-              assert.equal(r!.error, undefined, `step ${i}: a call failed after the withdrawal`);
-              if (started > bound) {
-                afterBound++;
-                if (r!.instance === s.withdraw) {
-                  late.push(Math.round(started));
-                }
-              }
-            }
-            assert.deepEqual(late, [], `step ${i}: ${s.withdraw} still received calls started ms after its withdrawal`);
-          } else if (s.kill !== undefined) {
-            echoes.get(s.kill)!.kill();
-            let answered = false;
-            for (let n = 0; n < 10 && !answered; n++) {
-              answered = (await echoCalls(client, 1, '', 5_000))[0]!.error === undefined;
-            }
-            assert.ok(answered, `step ${i}: 10 calls failed after ${s.kill} was killed`);
-          } else if (s.stop_rota) {
-            await server.kill();
-          } else if (s.restart_rota) {
-            server = await RotaServer.start({ listen: server.target });
-            const restarted = server;
-            await waitFor(
-              async () => (await provider.listInstances('echo').catch(() => ({ instances: [] }))).instances.length === regs.size,
-              { timeoutMs: 20_000, what: `every registration back in the restarted rota (${restarted.target})` },
-            );
-          } else if (s.await_leases) {
-            const before = log.length;
-            await waitFor(
-              async () => {
-                await echoCalls(client!, 1, '', 5_000);
-                return log.slice(before).some((c) => c.ticket >= 0n);
-              },
-              { timeoutMs: s.within_ms ?? 20_000, what: 'a leased call' },
-            );
-          } else {
-            assert.fail(`step ${i}: no action`);
-          }
-        }
-      } finally {
-        client?.close();
-        for (const r of regs.values()) {
-          await r.close().catch(() => {});
-        }
-        await provider.close();
-        for (const e of echoes.values()) {
-          e.kill();
-        }
-        await server.kill();
-      }
-    });
+    it(`${file}: ${sc.name}`, { timeout: 180_000 }, () => runScenario(sc));
   }
 });
 
+describe('channel scenario runner self-checks', { timeout: 120_000 }, () => {
+  const two = [{ id: 'echo-a' }, { id: 'echo-b' }];
+
+  it('rejects keys the format does not define', async () => {
+    const base: Scenario = { name: 'self-check', rule: 'round_robin', instances: two, steps: [{ calls: 2, expect: { failures: 0 } }] };
+    const misspelt = (patch: object): Scenario => JSON.parse(JSON.stringify({ ...base, ...patch })) as Scenario;
+    await assert.rejects(runScenario(misspelt({ polcy: {} })), /unknown key "polcy" in scenario/);
+    await assert.rejects(runScenario(misspelt({ instances: [{ id: 'echo-a', verison: 'v2' }] })), /unknown key "verison" in instance/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ calls: 2, expect: { count: { 'echo-a': 1 } } }] })), /unknown key "count" in step 0 expect/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ calls: 2, deadline: 100 }] })), /unknown key "deadline" in step 0/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ cals: 2 }] })), /step 0 has 0 actions/);
+    await assert.rejects(runScenario(misspelt({ policy: { gray: { unversioned: 1, version: { v2: 1 } } } })), /unknown key "version" in policy\.gray/);
+    await assert.rejects(runScenario(misspelt({ policy: { service: 'echo' } })), /policy names its service/);
+  });
+
+  it('reads proto JSON policies: proto and JSON field names, map keys as they are', () => {
+    assert.deepEqual(policyMessage({ isolation_fallback: 'ISOLATION_FALLBACK_ANY', gray: { unversioned: 2, versions: { v_2: 1 } }, breaker: { failureThreshold: 5 } }), {
+      isolationFallback: 'ISOLATION_FALLBACK_ANY',
+      gray: { unversioned: 2, versions: { v_2: 1 } },
+      breaker: { failureThreshold: 5 },
+    });
+  });
+
+  it('fails a counts expectation the calls do not meet', async () => {
+    const counted = (counts: Record<string, number>): Scenario => ({ name: 'self-check', rule: 'round_robin', instances: two, steps: [{ calls: 4, expect: { failures: 0, counts } }] });
+    await runScenario(counted({ 'echo-a': 2, 'echo-b': 2 }));
+    await assert.rejects(runScenario(counted({ 'echo-a': 3, 'echo-b': 1 })), /step 0: calls per instance/);
+    await assert.rejects(runScenario(counted({ 'echo-a': 2 })), /step 0: calls per instance/);
+    await runScenario(counted({ 'echo-a': 2, 'echo-b': 2, 'echo-c': 0 }));
+  });
+});

@@ -16,7 +16,7 @@ import {
 import type { StatusOr } from '@grpc/grpc-js/build/src/call-interface.js';
 
 import { VERSION_HEADER } from '../version.js';
-import { Leaser, type LeaseView } from './lease.js';
+import { Leaser, type Draw, type LeaseView } from './lease.js';
 import { TicketMap, parseLeasedRule } from './mapping.js';
 import { LINK_ATTRIBUTE, type KnownInstance, type ResolvedService } from './resolver.js';
 
@@ -267,26 +267,41 @@ class RotaPicker implements Picker {
     const asked = args.metadata.get(VERSION_HEADER)[0];
     const version = typeof asked === 'string' ? asked : this.version;
     const stream = this.leases.stream(version);
-    let taken = stream.take();
-    if (taken.kind !== 'ticket') {
-      return taken.kind === 'wait' ? QUEUE : this.#failure(taken.code, taken.details);
-    }
-    let { draw } = taken;
-    let position = draw.view.map.position(draw.ticket);
-    let subchannel = this.#at(draw.view, position);
-    if (subchannel === undefined) {
-      // Not READY: skipped as `exclude` skips it, with the next ticket over the ready ones.
-      taken = stream.take();
+    let draw: Draw;
+    let position: number | undefined;
+    let subchannel: SubchannelInterface | undefined;
+    for (let skipped = false; ; ) {
+      const taken = stream.take();
       if (taken.kind !== 'ticket') {
         return taken.kind === 'wait' ? QUEUE : this.#failure(taken.code, taken.details);
       }
       draw = taken.draw;
       const view = draw.view;
-      position = view.map.position(draw.ticket, (p) => this.#at(view, p) === undefined);
+      if (draw.position !== undefined) {
+        // A pick rota mapped itself: its instance, or (not READY) the next pick of the block,
+        // the skipped one left as a gap. When none of the lease's instances is READY, the call
+        // waits (or fails) rather than spending the rest of the block.
+        position = draw.position;
+        subchannel = this.#at(view, position);
+        if (subchannel !== undefined) {
+          break;
+        }
+        if (!view.ids.some((_, p) => this.#at(view, p) !== undefined)) {
+          return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
+        }
+        continue;
+      }
+      // A ticket: mapped as rota's rule maps it. Not READY: skipped as `exclude` skips it, with
+      // the next ticket over the ready ones.
+      position = skipped ? view.map.position(draw.ticket, (p) => this.#at(view, p) === undefined) : view.map.position(draw.ticket);
       subchannel = this.#at(view, position);
-      if (subchannel === undefined) {
+      if (subchannel !== undefined) {
+        break;
+      }
+      if (skipped) {
         return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
       }
+      skipped = true;
     }
     if (this.ticketHeader) {
       args.metadata.set(TICKET_HEADER, (draw.local ? 'L' : '') + draw.ticket.toString());

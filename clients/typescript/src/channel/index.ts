@@ -16,6 +16,7 @@ export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.
 export { LEASE_TARGET_MS, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
 export { TicketMap, parseLeasedRule, weightSchedule, type LeasedRule } from './mapping.js';
 export {
+  DEFAULT_SERVER,
   OPTION_BACKOFF,
   OPTION_LOGGER,
   OPTION_REPORT,
@@ -24,6 +25,7 @@ export {
   OPTION_TICKET_HEADER,
   OPTION_VERSION,
   SERVER_ENV,
+  rotaServer,
 } from './resolver.js';
 
 /** The target scheme: `rota:///SERVICE` or `rota://HOST:PORT/SERVICE`. */

@@ -1,5 +1,7 @@
 // Ticket leases, one stream per version in use: a block of consecutive tickets of rota's
-// rotation, handed out one call at a time, the next block leased before this one runs out.
+// rotation, handed out one call at a time, the next block leased before this one runs out. A
+// lease rota mapped itself (a service under gray release, leased without a version) is a block
+// of picks instead: each names its instance and its ticket, and is handed out the same way.
 
 import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
 
@@ -31,6 +33,12 @@ export interface LeaseView {
   readonly map: TicketMap;
 }
 
+/** One pick of a lease rota mapped itself: the ticket to report and the position in the view. */
+export interface LeasedPick {
+  readonly ticket: bigint;
+  readonly position: number;
+}
+
 export function sameView(a: LeaseView | undefined, b: LeaseView): boolean {
   return (
     a !== undefined &&
@@ -55,18 +63,41 @@ export function viewOf(response: LeaseResponse__Output): LeaseView {
   };
 }
 
+/**
+ * The picks of a lease answer, or undefined for a ticket range; throws for a pick naming no
+ * instance of the answer.
+ */
+export function picksOf(response: LeaseResponse__Output): LeasedPick[] | undefined {
+  if (response.picks.length === 0) {
+    return undefined;
+  }
+  return response.picks.map((p, i) => {
+    if (p.position >= response.instances.length) {
+      throw new Error(`rota: lease pick ${i} names position ${p.position} of ${response.instances.length} instances`);
+    }
+    return { ticket: BigInt(p.ticket), position: p.position };
+  });
+}
+
 interface Block {
   first: bigint;
   count: number;
   used: number;
   view: LeaseView;
+  /** Set for a lease rota mapped itself: the i-th call takes picks[i]. */
+  picks: readonly LeasedPick[] | undefined;
 }
 
-/** One ticket for one call; `local` when it came from the local rotation. */
+/**
+ * One ticket for one call; `local` when it came from the local rotation. `position` is set when
+ * rota mapped the ticket itself (a pick of a gray lease): the call goes to `view.ids[position]`,
+ * whatever the view's map would say.
+ */
 export interface Draw {
   ticket: bigint;
   view: LeaseView;
   local: boolean;
+  position?: number;
 }
 
 export type Take = { kind: 'ticket'; draw: Draw } | { kind: 'wait' } | { kind: 'error'; code: status; details: string };
@@ -136,6 +167,8 @@ export class VersionStream {
   #k = INITIAL_LEASE;
   #activated = 0;
   #last: LeaseView | undefined;
+  /** The last lease was rota's own picks (gray release): `#last` spans the split's versions. */
+  #lastGray = false;
   #offline = false;
   #localTicket = 0n;
   #refused: { code: status; details: string; until: number } | undefined;
@@ -169,7 +202,10 @@ export class VersionStream {
     const now = performance.now();
     this.lastUse = now;
     if (this.#offline) {
-      const view = this.#last ?? this.owner.localView(this.version);
+      // A local rotation goes over the last leased list, except after a gray lease, whose list
+      // holds the versions of the split: the split is rota's to keep, so calls go to the
+      // instances with no version (the list a lease without gray release would name).
+      const view = this.#lastGray ? (this.owner.localView(this.version) ?? this.#last) : (this.#last ?? this.owner.localView(this.version));
       if (view === undefined) {
         return { kind: 'error', code: status.UNAVAILABLE, details: `rota is unreachable and no instance of "${this.owner.link.service}" is known` };
       }
@@ -180,13 +216,15 @@ export class VersionStream {
     for (;;) {
       const cur = this.#cur;
       if (cur !== undefined && cur.used < cur.count) {
-        const ticket = cur.first + BigInt(cur.used);
+        const pick = cur.picks?.[cur.used];
+        const ticket = pick?.ticket ?? cur.first + BigInt(cur.used);
         cur.used++;
         // Lease the next block once half of this one is spent.
         if (this.#next === undefined && !this.#fetching && cur.count - cur.used <= cur.count >> 1) {
           this.#fetch();
         }
-        return { kind: 'ticket', draw: { ticket, view: cur.view, local: false } };
+        const draw: Draw = pick === undefined ? { ticket, view: cur.view, local: false } : { ticket, view: cur.view, local: false, position: pick.position };
+        return { kind: 'ticket', draw };
       }
       if (this.#next !== undefined) {
         this.#activate(this.#next, now);
@@ -242,11 +280,14 @@ export class VersionStream {
       return;
     }
     let view: LeaseView | undefined;
+    let picks: LeasedPick[] | undefined;
     let refusal: { code: status; details: string } | undefined;
     if (error === null && response !== undefined) {
       try {
         view = viewOf(response);
+        picks = picksOf(response);
       } catch (e) {
+        view = undefined;
         refusal = { code: status.INVALID_ARGUMENT, details: (e as Error).message };
       }
     } else if (error !== null && error.metadata?.get('rota-error').length > 0) {
@@ -262,8 +303,12 @@ export class VersionStream {
       if (sameView(this.#last, view)) {
         view = this.#last!;
       }
+      this.#lastGray = picks !== undefined;
       this.#last = view;
-      const block: Block = { first: BigInt(response.firstTicket), count: response.count, used: 0, view };
+      const block: Block =
+        picks === undefined
+          ? { first: BigInt(response.firstTicket), count: response.count, used: 0, view, picks }
+          : { first: 0n, count: picks.length, used: 0, view, picks };
       if (this.#cur === undefined || this.#cur.used >= this.#cur.count) {
         this.#activate(block, performance.now());
       } else {

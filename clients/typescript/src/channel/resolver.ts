@@ -1,6 +1,6 @@
-// The `rota` resolver scheme: `rota:///SERVICE` (rota's address from the channel option
-// `rota.server` or ROTA_SERVER) or `rota://HOST:PORT/SERVICE`. It follows the service with
-// Watch and hands its UP instances to the channel.
+// The `rota` resolver scheme: `rota://HOST:PORT/SERVICE`, or `rota:///SERVICE` with rota's
+// address from the channel option `rota.server`, else ROTA_SERVER, else 127.0.0.1:50051. It
+// follows the service with Watch and hands its UP instances to the channel.
 
 import { Metadata, status, type ChannelOptions, type ClientReadableStream, type ServiceError } from '@grpc/grpc-js';
 import {
@@ -30,6 +30,18 @@ export const OPTION_BACKOFF = 'rota.backoff';
 /** The attribute that hands the channel's rota link from the resolver to the policy. */
 export const LINK_ATTRIBUTE = 'rota.link';
 export const SERVER_ENV = 'ROTA_SERVER';
+/** rota's address when neither the target, the channel option nor ROTA_SERVER names one. */
+export const DEFAULT_SERVER = '127.0.0.1:50051';
+
+/**
+ * rota's address for a channel: the target's authority (`rota://HOST:PORT/SERVICE`), else the
+ * channel option `rota.server`, else the ROTA_SERVER environment variable, else
+ * {@link DEFAULT_SERVER}. Empty values count as absent.
+ */
+export function rotaServer(authority: string, options: ChannelOptions, env: NodeJS.ProcessEnv = process.env): string {
+  const option: unknown = options[OPTION_SERVER];
+  return authority || (typeof option === 'string' ? option : '') || env[SERVER_ENV] || DEFAULT_SERVER;
+}
 
 /** What the policy needs to know of an instance, by "host:port". */
 export interface KnownInstance {
@@ -67,11 +79,11 @@ export class RotaResolver implements Resolver {
   constructor(target: GrpcUri, listener: ResolverListener, options: ChannelOptions) {
     this.#listener = listener;
     const service = target.path.replace(/^\//, '');
-    const server = target.authority || (options[OPTION_SERVER] as string | undefined) || process.env[SERVER_ENV] || '';
+    const server = rotaServer(target.authority ?? '', options);
     const logger = (options[OPTION_LOGGER] as Logger | undefined) ?? consoleLogger;
     const backoff = (options[OPTION_BACKOFF] as BackoffOptions | undefined) ?? { initialMs: 100, maxMs: 2_000 };
     this.#backoff = new Backoff(backoff);
-    this.#link = new RotaLink(server || '127.0.0.1:0', service, logger, backoff);
+    this.#link = new RotaLink(server, service, logger, backoff);
     // A service config given to the channel (grpc.service_config) wins; otherwise the policy is
     // rota with the rule and version of the channel options.
     this.#serviceConfig =
@@ -90,11 +102,8 @@ export class RotaResolver implements Resolver {
             ],
             methodConfig: [],
           };
-    if (service === '' || server === '') {
-      const details =
-        service === ''
-          ? `rota: target names no service (want rota:///SERVICE)`
-          : `rota: no rota server for "${service}": set ${SERVER_ENV}, the channel option ${OPTION_SERVER}, or use rota://HOST:PORT/${service}`;
+    if (service === '') {
+      const details = `rota: target names no service (want rota:///SERVICE)`;
       process.nextTick(() => this.#fail(details));
       this.#destroyed = true;
       return;

@@ -10,6 +10,7 @@ import java.util.function.Supplier;
 import io.grpc.Status;
 import io.rota.v1.Instance;
 import io.rota.v1.LeaseResponse;
+import io.rota.v1.LeasedPick;
 
 /**
  * One rotation of one channel: the tickets leased for (service, rule, version), the eligible list
@@ -27,6 +28,13 @@ import io.rota.v1.LeaseResponse;
  * (unknown service, no eligible instance, a rule that cannot be leased) fails the RPC when the
  * rotation never had a list, and is treated like an outage when it had one (rota restarted and
  * does not know the instances again yet).
+ *
+ * <p>A lease can come back in either of rota's two shapes, and the rotation takes both without
+ * knowing in advance which one a service uses: a ticket range mapped here over the eligible list,
+ * or {@code picks} that rota mapped itself (a lease without a version of a service under gray
+ * release, whose version rota chooses per pick). Picks are used in order; a pick whose instance
+ * is not usable is skipped (a gap) for the next pick of the block. When the instance list
+ * changes, the unused picks are dropped and a new block is leased.
  */
 final class Rotation {
     private static final System.Logger LOG = System.getLogger(Rotation.class.getName());
@@ -48,9 +56,54 @@ final class Rotation {
     private final Supplier<List<Member>> resolved;
     private final Runnable leased;
 
+    /**
+     * Held leases, oldest first: tickets {@code next .. end-1} of a ticket range, or the picks
+     * {@code next .. end-1} of a lease rota mapped itself (then {@code picks} and {@code members}).
+     */
+    private static final class Block {
+        long next;
+        final long end;
+        final List<LeasedPick> picks;
+        final List<Member> members;
+        final String rule;
+
+        Block(long first, long end) {
+            this.next = first;
+            this.end = end;
+            this.picks = null;
+            this.members = null;
+            this.rule = null;
+        }
+
+        Block(List<LeasedPick> picks, List<Member> members, String rule) {
+            this.next = 0;
+            this.end = picks.size();
+            this.picks = picks;
+            this.members = members;
+            this.rule = rule;
+        }
+
+        boolean isPicks() {
+            return picks != null;
+        }
+
+        /** The instance of pick {@code i}, or null when its position is out of the lease's list. */
+        Member member(int i) {
+            int position = picks.get(i).getPosition();
+            return position >= 0 && position < members.size() ? members.get(position) : null;
+        }
+    }
+
     // Guarded by this.
-    private final ArrayDeque<long[]> blocks = new ArrayDeque<>();
+    private final ArrayDeque<Block> blocks = new ArrayDeque<>();
+    /** The list ticket ranges map over (the last ticket-shaped answer's). */
     private Eligible eligible;
+    /** The last picks block rota sent, kept for the local rotation; null when none came yet. */
+    private Block lastPicks;
+    /** Whether the last answer with tickets or picks had picks: how the next refresh asks. */
+    private boolean picksMode;
+    /** Bumped when held picks are dropped; a picks answer to a lease asked before is dropped too. */
+    private long generation;
     private boolean leasing;
     private boolean refreshWanted;
     private boolean outage;
@@ -82,7 +135,7 @@ final class Rotation {
             lease(now, blockSize);
             mayLease = false;
         }
-        if (eligible == null && refusal != null) {
+        if (!listed() && refusal != null) {
             return new Decision(null, refusal);
         }
         if (blocks.isEmpty()) {
@@ -91,6 +144,9 @@ final class Rotation {
             }
             waiting = true;
             return Decision.WAIT;
+        }
+        if (blocks.peekFirst().isPicks()) {
+            return drawPick(usable, now, mayLease);
         }
         long ticket = nextTicket();
         drawnSinceLease++;
@@ -103,7 +159,7 @@ final class Rotation {
         }
         // Skipped the way rota skips `exclude`: the next ticket, mapped over the usable instances.
         boolean[] excluded = eligible.excluded(usable);
-        if (!blocks.isEmpty()) {
+        if (!blocks.isEmpty() && !blocks.peekFirst().isPicks()) {
             ticket = nextTicket();
             drawnSinceLease++;
         }
@@ -116,21 +172,78 @@ final class Rotation {
         return new Decision(new Draw(member, ticket, eligible.rule, false), null);
     }
 
-    /** Asks rota for the current eligible list (after the instance list changed). */
+    /**
+     * The next pick of the picks block at the head whose instance {@code usable} accepts; the
+     * picks skipped on the way are gaps. A block none of whose instances is usable is left as it
+     * is (the RPC waits for a subchannel, or for the new block an instance change brings).
+     */
+    private Decision drawPick(Predicate<String> usable, long now, boolean mayLease) {
+        Block block;
+        while ((block = blocks.peekFirst()) != null && block.isPicks()) {
+            if (block.members.stream().noneMatch(m -> usable.test(m.id()))) {
+                waiting |= leasing;
+                return Decision.NONE_USABLE;
+            }
+            while (block.next < block.end) {
+                int i = (int) block.next++;
+                drawnSinceLease++;
+                Member member = block.member(i);
+                if (member != null && usable.test(member.id())) {
+                    if (block.next == block.end) {
+                        blocks.pollFirst();
+                    }
+                    if (mayLease && remaining() * 2 <= blockSize) {
+                        lease(now, blockSize);
+                    }
+                    return new Decision(new Draw(member, block.picks.get(i).getTicket(), block.rule, false), null);
+                }
+            }
+            // Only unusable picks were left: spent; on to the next block.
+            blocks.pollFirst();
+        }
+        if (mayLease && remaining() * 2 <= blockSize) {
+            lease(now, blockSize);
+        }
+        if (!blocks.isEmpty()) {
+            // A ticket range follows (the service left gray release), or the lease just asked
+            // for is already in.
+            return draw(usable);
+        }
+        if (outage) {
+            return local(usable);
+        }
+        waiting = true;
+        return Decision.WAIT;
+    }
+
+    /**
+     * The instance list changed: asks rota for the current eligible list. Held picks name
+     * instances of the old list; they are dropped (gaps in their rotations) and a new block is
+     * leased.
+     */
     synchronized void refresh() {
-        if (eligible == null || outage) {
+        if (!listed() || outage) {
             return;
+        }
+        if (picksMode || blocks.stream().anyMatch(Block::isPicks)) {
+            blocks.removeIf(Block::isPicks);
+            generation++;
         }
         if (leasing) {
             refreshWanted = true;
             return;
         }
-        lease(System.nanoTime(), 0);
+        lease(System.nanoTime(), picksMode ? blockSize : 0);
+    }
+
+    /** Whether rota ever gave this rotation a list (tickets or picks). */
+    private boolean listed() {
+        return eligible != null || lastPicks != null;
     }
 
     /** rota's watch broke: the local rotation from now on, and a lease tried at once. */
     synchronized void lost() {
-        if (outage || (eligible == null && resolved.get().isEmpty())) {
+        if (outage || (!listed() && resolved.get().isEmpty())) {
             return;
         }
         outage = true;
@@ -148,16 +261,35 @@ final class Rotation {
     }
 
     private Decision local(Predicate<String> usable) {
+        if (picksMode && lastPicks != null) {
+            return localPick(usable);
+        }
         Eligible list = eligible != null ? eligible : Eligible.isolate(resolved.get(), version, rule);
         long turn = localTurn++;
         Member member = list.map(turn, list.excluded(usable));
         return member == null ? Decision.NONE_USABLE : new Decision(new Draw(member, turn, list.rule, true), null);
     }
 
+    /**
+     * The local rotation of a rotation rota last answered with picks: the last block's picks over
+     * again, in order, so that the split between versions stays what rota last chose.
+     */
+    private Decision localPick(Predicate<String> usable) {
+        int n = lastPicks.picks.size();
+        for (int tried = 0; tried < n; tried++) {
+            long turn = localTurn++;
+            Member member = lastPicks.member((int) Long.remainderUnsigned(turn, n));
+            if (member != null && usable.test(member.id())) {
+                return new Decision(new Draw(member, turn, lastPicks.rule, true), null);
+            }
+        }
+        return Decision.NONE_USABLE;
+    }
+
     private long nextTicket() {
-        long[] block = blocks.peekFirst();
-        long ticket = block[0]++;
-        if (block[0] == block[1]) {
+        Block block = blocks.peekFirst();
+        long ticket = block.next++;
+        if (block.next == block.end) {
             blocks.pollFirst();
         }
         return ticket;
@@ -165,8 +297,8 @@ final class Rotation {
 
     private long remaining() {
         long sum = 0;
-        for (long[] block : blocks) {
-            sum += block[1] - block[0];
+        for (Block block : blocks) {
+            sum += block.end - block.next;
         }
         return sum;
     }
@@ -189,10 +321,11 @@ final class Rotation {
             link.resetConnectBackoff();
         }
         int asked = count;
-        link.lease(rule, version, count).whenComplete((response, failure) -> leased(response, failure, asked));
+        long askedIn = generation;
+        link.lease(rule, version, count).whenComplete((response, failure) -> leased(response, failure, asked, askedIn));
     }
 
-    private void leased(LeaseResponse response, Throwable failure, int asked) {
+    private void leased(LeaseResponse response, Throwable failure, int asked, long askedIn) {
         boolean notify;
         synchronized (this) {
             leasing = false;
@@ -200,11 +333,28 @@ final class Rotation {
             waiting = false;
             if (failure == null) {
                 leases++;
-                leasedTickets += response.getCount();
-                if (response.getCount() > 0) {
-                    blocks.addLast(new long[] {response.getFirstTicket(), response.getFirstTicket() + response.getCount()});
+                List<Member> members = response.getInstancesList().stream().map(Rotation::member).toList();
+                if (response.getPicksCount() > 0) {
+                    // rota mapped these itself: each pick names its instance and its own ticket.
+                    leasedTickets += response.getPicksCount();
+                    picksMode = true;
+                    Block block = new Block(List.copyOf(response.getPicksList()), members, response.getRule());
+                    lastPicks = block;
+                    if (askedIn == generation) {
+                        blocks.addLast(block);
+                    }
+                } else {
+                    leasedTickets += response.getCount();
+                    if (response.getCount() > 0) {
+                        picksMode = false;
+                        blocks.addLast(new Block(response.getFirstTicket(), response.getFirstTicket() + response.getCount()));
+                    }
+                    // A list-only answer (count 0) of a rotation in picks mode says nothing of the
+                    // ticket list; one with tickets, or of a ticket rotation, is the list they map over.
+                    if (response.getCount() > 0 || !picksMode) {
+                        eligible = new Eligible(members, response.getRule());
+                    }
                 }
-                eligible = new Eligible(response.getInstancesList().stream().map(Rotation::member).toList(), response.getRule());
                 refusal = null;
                 if (outage) {
                     outage = false;
@@ -212,7 +362,7 @@ final class Rotation {
                 }
                 if (refreshWanted) {
                     refreshWanted = false;
-                    lease(System.nanoTime(), 0);
+                    lease(System.nanoTime(), picksMode ? blockSize : 0);
                 }
             } else if (asked == 0) {
                 // A failed refresh of the list: the held tickets stay good, the next refill retries.
@@ -222,9 +372,9 @@ final class Rotation {
                 Status status = Status.fromThrowable(failure);
                 if (outage) {
                     // still unreachable: keep the local rotation
-                } else if (RotaLink.answeredByRota(failure) && eligible == null) {
+                } else if (RotaLink.answeredByRota(failure) && !listed()) {
                     refusal = status;
-                } else if (eligible != null || !resolved.get().isEmpty()) {
+                } else if (listed() || !resolved.get().isEmpty()) {
                     outage = true;
                     // Tickets of a rota that may have restarted (a new counter): the local
                     // rotation takes over until a lease succeeds.

@@ -55,12 +55,61 @@ class ChannelConformanceTest {
             files = listing.filter(p -> p.toString().endsWith(".json")).sorted().toList();
         }
         return files.stream().map(file -> DynamicTest.dynamicTest(file.getFileName().toString(), () -> {
-            try (Runner runner = new Runner(JSON.readTree(file.toFile()))) {
+            JsonNode scenario = JSON.readTree(file.toFile());
+            checkKeys(scenario);
+            try (Runner runner = new Runner(scenario)) {
                 for (JsonNode step : runner.scenario.get("steps")) {
                     runner.step(step);
                 }
             }
         }));
+    }
+
+    /** The keys clients/conformance/channel/README.md defines; any other fails the scenario. */
+    private static final Set<String> SCENARIO_KEYS = Set.of("name", "rule", "service", "instances", "policy", "steps");
+    private static final Set<String> INSTANCE_KEYS = Set.of("id", "version", "weight");
+    private static final Map<String, Set<String>> STEP_KEYS = Map.of(
+            "calls", Set.of("calls", "consumers", "version", "deadline_ms", "expect"),
+            "withdraw", Set.of("withdraw", "within_ms"),
+            "kill", Set.of("kill"),
+            "stop_rota", Set.of("stop_rota"),
+            "restart_rota", Set.of("restart_rota"),
+            "await_leases", Set.of("await_leases", "within_ms"));
+    private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "leased", "rotation", "runs", "only",
+            "never", "spread", "counts");
+
+    /** Fails on a key of {@code node} outside {@code known}. */
+    static void known(JsonNode node, Set<String> known, String where) {
+        node.fieldNames().forEachRemaining(key -> assertTrue(known.contains(key), "unknown key \"" + key + "\" in " + where));
+    }
+
+    /** Every key of a scenario, its instances, steps and expectations is one the format defines. */
+    static void checkKeys(JsonNode scenario) {
+        known(scenario, SCENARIO_KEYS, "the scenario");
+        scenario.path("instances").forEach(i -> known(i, INSTANCE_KEYS, "an instance"));
+        for (JsonNode step : scenario.path("steps")) {
+            String action = STEP_KEYS.keySet().stream().filter(step::has).findFirst()
+                    .orElseThrow(() -> new AssertionError("a step with no action: " + step));
+            known(step, STEP_KEYS.get(action), "a " + action + " step");
+            if (step.has("expect")) {
+                known(step.get("expect"), EXPECT_KEYS, "an expectation");
+            }
+        }
+    }
+
+    @org.junit.jupiter.api.Test
+    void aMisspeltKeyFailsTheScenario() throws IOException {
+        JsonNode good = JSON.readTree("{\"name\": \"n\", \"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\"}],"
+                + " \"policy\": {}, \"steps\": [{\"calls\": 1, \"expect\": {\"counts\": {\"a\": 1}}}]}");
+        checkKeys(good);
+        for (String bad : List.of(
+                "{\"rule\": \"round_robin\", \"polcy\": {}, \"steps\": []}",
+                "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"zone\": \"z\"}], \"steps\": []}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"count\": {}}}]}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"versions\": \"v\"}]}")) {
+            JsonNode scenario = JSON.readTree(bad);
+            org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
+        }
     }
 
     private static Long leased(EchoFleet.Received r) {
@@ -78,6 +127,7 @@ class ChannelConformanceTest {
         final String target;
         final ManagedChannel channel;
         final Set<Long> seen = new HashSet<>();
+        final String service;
 
         Runner(JsonNode scenario) throws Exception {
             this.scenario = scenario;
@@ -95,7 +145,15 @@ class ChannelConformanceTest {
                 weights.put(id, instance.weight());
                 registrations.put(id, provider.register(instance));
             }
-            target = "rota://" + rota.target() + "/" + scenario.path("service").asText("echo");
+            service = scenario.path("service").asText("echo");
+            if (scenario.has("policy")) {
+                // Proto JSON of a rota.v1.Policy without its service, set before the channel opens.
+                io.rota.v1.Policy.Builder policy = io.rota.v1.Policy.newBuilder();
+                com.google.protobuf.util.JsonFormat.parser().merge(JSON.writeValueAsString(scenario.get("policy")), policy);
+                io.rota.v1.PoliciesGrpc.newBlockingStub(provider.channel()).withDeadlineAfter(10, TimeUnit.SECONDS)
+                        .setPolicy(io.rota.v1.SetPolicyRequest.newBuilder().setPolicy(policy.setService(service)).build());
+            }
+            target = "rota://" + rota.target() + "/" + service;
             channel = ManagedChannelBuilder.forTarget(target)
                     .setNameResolverArg(RotaChannels.RULE, rule)
                     .setNameResolverArg(RotaChannels.TICKET_HEADER_ENABLED, true)
@@ -134,10 +192,32 @@ class ChannelConformanceTest {
                         id + " still reached after the withdrawal");
             } else if (step.has("kill")) {
                 fleet.kill(step.get("kill").asText());
+                // A call already on its way to the dead instance may fail; one must get through.
+                boolean through = false;
+                for (int i = 0; i < 10 && !through; i++) {
+                    through = call("", 5000) == null;
+                }
+                assertTrue(through, "no call got through in 10 after the kill");
             } else if (step.path("stop_rota").asBoolean()) {
                 rota.kill();
             } else if (step.path("restart_rota").asBoolean()) {
                 rota = RotaServer.startOn(rota.target());
+                // Over when rota lists again every instance whose registration is open.
+                Set<String> open = new TreeSet<>(registrations.keySet());
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (true) {
+                    Set<String> listed = new TreeSet<>();
+                    try {
+                        provider.listInstances("echo").instances().forEach(i -> listed.add(i.id()));
+                    } catch (io.rota.client.RotaException e) {
+                        // rota is not answering yet
+                    }
+                    if (listed.containsAll(open)) {
+                        break;
+                    }
+                    assertTrue(System.nanoTime() < deadline, "rota lists " + listed + ", not " + open + ", 20 s after its restart");
+                    Thread.sleep(20);
+                }
             } else if (step.path("await_leases").asBoolean()) {
                 long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(step.get("within_ms").asLong());
                 while (true) {
@@ -187,7 +267,8 @@ class ChannelConformanceTest {
 
         void check(JsonNode expect, List<EchoFleet.Received> received, List<String> failures) {
             if (expect.has("failures")) {
-                assertEquals(expect.get("failures").asInt(), failures.size(), failures.toString());
+                assertEquals(expect.get("failures").asInt(), failures.size(),
+                        (failures.size() > 3 ? failures.subList(0, 3) + " and " + (failures.size() - 3) + " more" : failures.toString()));
             }
             if (expect.has("error_contains")) {
                 String text = expect.get("error_contains").asText();
@@ -236,6 +317,18 @@ class ChannelConformanceTest {
             }
             if (expect.path("spread").asBoolean()) {
                 assertEquals(new HashSet<>(strings(expect.get("only"))), reached);
+            }
+            if (expect.has("counts")) {
+                Map<String, Integer> wanted = new java.util.TreeMap<>();
+                JsonNode counts = expect.get("counts");
+                counts.fieldNames().forEachRemaining(id -> {
+                    if (counts.get(id).asInt() != 0) {
+                        wanted.put(id, counts.get(id).asInt());
+                    }
+                });
+                Map<String, Integer> got = new java.util.TreeMap<>();
+                received.forEach(r -> got.merge(r.instance(), 1, Integer::sum));
+                assertEquals(wanted, got, "calls per instance");
             }
         }
 

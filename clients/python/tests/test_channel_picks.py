@@ -173,12 +173,32 @@ def test_ticket_ranges_and_picks_follow_each_other() -> None:
     assert r.refresh() == 0
 
 
-def test_rota_unreachable_routes_by_the_last_leased_list() -> None:
+def test_rota_unreachable_replays_the_last_picks() -> None:
     r = rotation()
     started(r)
-    r.leased(lease_of(picks_response(GRAY[:2])))
+    r.leased(lease_of(picks_response(GRAY[:3])))  # echo-a, echo-v, echo-b
     _, lease = r.draw(everyone)
     assert lease is not None
     assert r.failed(Refused("UNAVAILABLE", "connection refused"), answered_by_rota=False)
-    local = [drawn(r) for _ in range(3)]
-    assert [d.member for d in local] == [A, B, V] and all(d.local for d in local)
+    local = [drawn(r) for _ in range(6)]
+    assert [d.member.id for d in local] == ["echo-a", "echo-v", "echo-b"] * 2, "rota's last split, over again"
+    assert all(d.local for d in local) and [d.ticket for d in local] == list(range(6))
+
+    def no_v(i: str) -> bool:
+        return i != "echo-v"
+
+    assert [drawn(r, no_v).member.id for _ in range(4)] == ["echo-a", "echo-b", "echo-a", "echo-b"]
+    assert r.draw(lambda _: False)[0] == NONE_USABLE
+
+
+def test_rota_unreachable_after_tickets_maps_a_local_counter() -> None:
+    # The service left gray release: the last answer was a ticket range, so the local rotation
+    # is round robin over that list again, not the picks before it.
+    r = rotation()
+    started(r)
+    r.leased(lease_of(picks_response(GRAY[:1])))
+    drawn(r)
+    r.leased(lease_of(pb.LeaseResponse(first_ticket=10, count=1, instances=[instance(A), instance(B)], rule="")))
+    drawn(r)
+    assert r.failed(Refused("UNAVAILABLE", "connection refused"), answered_by_rota=False)
+    assert [drawn(r).member.id for _ in range(3)] == ["echo-a", "echo-b", "echo-a"]

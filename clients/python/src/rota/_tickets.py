@@ -256,7 +256,9 @@ class Rotation:
     Blocks of both shapes are used in the order they were leased. When the instance list
     changes (:meth:`refresh`), held picks are dropped, since rota chose them over the old list,
     and a new block is leased at once; held tickets stay and map over the list a lease of no
-    tickets returns.
+    tickets returns. While rota is unreachable, a rotation last answered with picks replays
+    them (the versions keep rota's last split); one answered with tickets maps a local counter
+    over the last list.
     """
 
     def __init__(self, rule: str, version: str, resolved: Callable[[], list[Member]]) -> None:
@@ -269,8 +271,10 @@ class Rotation:
         self._eligible: Eligible | None = None
         # The last list any lease returned: the local rotation's list during an outage.
         self._listed: Eligible | None = None
-        # The last answer that leased anything came as picks: refreshes lease a new block.
+        # The last answer that leased anything came as picks: refreshes lease a new block, and
+        # the local rotation replays the last picks.
         self._picks = False
+        self._last_picks: list[tuple[int, Member]] = []
         self._leasing = False
         self._refresh_wanted = False
         self._outage = False
@@ -329,6 +333,7 @@ class Rotation:
             self._refresh_wanted = False
             if lease.picks:
                 self._picks = True
+                self._last_picks = lease.picks
                 self.leased_tickets += len(lease.picks)
                 if stale:
                     # Chosen over the list from before the change: unused, like dropped picks.
@@ -451,11 +456,26 @@ class Rotation:
         return 0
 
     def _local(self, usable: Callable[[str], bool]) -> Draw | str:
+        if self._picks and self._last_picks:
+            return self._local_pick(usable)
         eligible = self._listed or Eligible.isolate(self._resolved(), self.version, self.rule)
         turn = self._local_turn
         self._local_turn += 1
         member = eligible.map(turn, eligible.excluded(usable))
         return NONE_USABLE if member is None else Draw(member, turn, eligible.rule, True)
+
+    def _local_pick(self, usable: Callable[[str], bool]) -> Draw | str:
+        """The last picks rota sent, over again in order (usable instances only), so that the
+        split between versions stays the one rota last chose."""
+        picks = self._last_picks
+        rule = self._listed.rule if self._listed is not None else self.rule
+        for _ in picks:
+            turn = self._local_turn
+            self._local_turn += 1
+            member = picks[turn % len(picks)][1]
+            if usable(member.id):
+                return Draw(member, turn, rule, True)
+        return NONE_USABLE
 
     def _next_ticket(self) -> int:
         block = self._blocks[0]

@@ -32,6 +32,9 @@ class ScriptedLeases {
   picks = 0;
   /** A position past the instance list in the next gray answer. */
   badPosition = false;
+  /** The rule and weights of ticket-range answers. */
+  rule = 'round_robin';
+  weights = [100, 100];
   /** Called when a Lease request is made (synchronously, from the stream's take()). */
   onRequest: () => void = () => {};
 
@@ -73,10 +76,10 @@ class ScriptedLeases {
             callback(null, {
               firstTicket: first.toString(),
               count: request.count,
-              rule: 'round_robin',
+              rule: this.rule,
               instances: [
-                { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: 100 },
-                { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: 100 },
+                { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: this.weights[0] },
+                { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: this.weights[1] },
               ],
               picks: [],
             });
@@ -172,6 +175,30 @@ describe('lease stream', () => {
 function routed(draw: Draw): string {
   return draw.view.ids[draw.position ?? draw.view.map.position(draw.ticket)!]!;
 }
+
+describe('lease stream after a weight change', () => {
+  it('maps the next lease by the new weights', async () => {
+    const script = new ScriptedLeases();
+    script.rule = 'weighted';
+    const { stream, leases, woken, close } = leaser(script);
+    try {
+      const before = await take(stream, woken);
+      assert.deepEqual(before.view.weights, [100, 100]);
+      script.weights = [300, 100];
+      // What the policy does when the resolver hands it an instance with another weight.
+      leases.invalidate();
+      const after = await take(stream, woken);
+      assert.deepEqual(after.view.weights, [300, 100]);
+      const ids: string[] = [];
+      for (let t = 0n; t < 4n; t++) {
+        ids.push(after.view.ids[after.view.map.position(t)!]!);
+      }
+      assert.deepEqual(ids, ['a', 'a', 'b', 'a']);
+    } finally {
+      close();
+    }
+  });
+});
 
 describe('lease stream of a gray lease (picks rota mapped itself)', () => {
   it('hands out the picks in order, with their tickets and instances, and leases the next block ahead', async () => {
@@ -287,7 +314,7 @@ describe('lease stream of a gray lease (picks rota mapped itself)', () => {
   }
 
   it('rotates over the unversioned instances while rota is down, not over the split', async () => {
-    const unversioned: LeaseView = { rule: 'round_robin', ids: ['a', 'b'], addrs: ['127.0.0.1:1', '127.0.0.1:2'], map: new TicketMap(parseLeasedRule('round_robin'), [100, 100]) };
+    const unversioned: LeaseView = { rule: 'round_robin', ids: ['a', 'b'], addrs: ['127.0.0.1:1', '127.0.0.1:2'], weights: [100, 100], map: new TicketMap(parseLeasedRule('round_robin'), [100, 100]) };
     assert.deepEqual(await localAfterGray((v) => (v === '' ? unversioned : undefined)), ['a', 'b', 'a', 'b', 'a', 'b']);
     // With no unversioned instance known, over the last lease's instances.
     assert.deepEqual(await localAfterGray(() => undefined), ['a', 'b', 'v', 'a', 'b', 'v']);

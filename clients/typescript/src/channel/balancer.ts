@@ -233,6 +233,7 @@ export class RotaLoadBalancer implements LoadBalancer {
         rule: 'round_robin',
         ids: members.map((i) => i.id),
         addrs: members.map((i) => i.addr),
+        weights: members.map((i) => i.weight),
         map: new TicketMap(rule, members.map((i) => i.weight)),
       };
     };

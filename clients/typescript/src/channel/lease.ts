@@ -30,6 +30,8 @@ export interface LeaseView {
   readonly rule: string;
   readonly ids: readonly string[];
   readonly addrs: readonly string[];
+  /** The registration weights the map was built from (weighted maps by them). */
+  readonly weights: readonly number[];
   readonly map: TicketMap;
 }
 
@@ -44,7 +46,7 @@ export function sameView(a: LeaseView | undefined, b: LeaseView): boolean {
     a !== undefined &&
     a.rule === b.rule &&
     a.ids.length === b.ids.length &&
-    a.ids.every((id, i) => id === b.ids[i] && a.addrs[i] === b.addrs[i])
+    a.ids.every((id, i) => id === b.ids[i] && a.addrs[i] === b.addrs[i] && a.weights[i] === b.weights[i])
   );
 }
 
@@ -55,11 +57,13 @@ export function hostPort(host: string, port: number): string {
 /** The view of a lease answer; throws for a rule the channel cannot map. */
 export function viewOf(response: LeaseResponse__Output): LeaseView {
   const rule = parseLeasedRule(response.rule);
+  const weights = response.instances.map((i) => i.weight ?? 100);
   return {
     rule: response.rule,
     ids: response.instances.map((i) => i.id),
     addrs: response.instances.map((i) => hostPort(i.host, i.port)),
-    map: new TicketMap(rule, response.instances.map((i) => i.weight ?? 100)),
+    weights,
+    map: new TicketMap(rule, weights),
   };
 }
 

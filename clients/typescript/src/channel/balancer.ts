@@ -280,14 +280,14 @@ class RotaPicker implements Picker {
       const view = draw.view;
       if (draw.position !== undefined) {
         // A pick rota mapped itself: its instance, or (not READY) the next pick of the block,
-        // the skipped one left as a gap. When none of the lease's instances is READY, the call
+        // the skipped one left as a gap. When no instance the block names is READY, the call
         // waits (or fails) rather than spending the rest of the block.
         position = draw.position;
         subchannel = this.#at(view, position);
         if (subchannel !== undefined) {
           break;
         }
-        if (!view.ids.some((_, p) => this.#at(view, p) !== undefined)) {
+        if (!(draw.named ?? []).some((p) => this.#at(view, p) !== undefined)) {
           return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
         }
         continue;

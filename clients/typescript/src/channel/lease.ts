@@ -41,6 +41,12 @@ export interface LeasedPick {
   readonly position: number;
 }
 
+/** The picks of one lease, and the positions they name (each once). */
+export interface LeasedPicks {
+  readonly list: readonly LeasedPick[];
+  readonly named: readonly number[];
+}
+
 export function sameView(a: LeaseView | undefined, b: LeaseView): boolean {
   return (
     a !== undefined &&
@@ -71,16 +77,17 @@ export function viewOf(response: LeaseResponse__Output): LeaseView {
  * The picks of a lease answer, or undefined for a ticket range; throws for a pick naming no
  * instance of the answer.
  */
-export function picksOf(response: LeaseResponse__Output): LeasedPick[] | undefined {
+export function picksOf(response: LeaseResponse__Output): LeasedPicks | undefined {
   if (response.picks.length === 0) {
     return undefined;
   }
-  return response.picks.map((p, i) => {
+  const list = response.picks.map((p, i) => {
     if (p.position >= response.instances.length) {
       throw new Error(`rota: lease pick ${i} names position ${p.position} of ${response.instances.length} instances`);
     }
     return { ticket: BigInt(p.ticket), position: p.position };
   });
+  return { list, named: [...new Set(list.map((p) => p.position))] };
 }
 
 interface Block {
@@ -88,20 +95,22 @@ interface Block {
   count: number;
   used: number;
   view: LeaseView;
-  /** Set for a lease rota mapped itself: the i-th call takes picks[i]. */
-  picks: readonly LeasedPick[] | undefined;
+  /** Set for a lease rota mapped itself: the i-th call takes picks.list[i]. */
+  picks: LeasedPicks | undefined;
 }
 
 /**
- * One ticket for one call; `local` when it came from the local rotation. `position` is set when
- * rota mapped the ticket itself (a pick of a gray lease): the call goes to `view.ids[position]`,
- * whatever the view's map would say.
+ * One ticket for one call; `local` when it came from the local rotation. `position` is set for
+ * a pick rota mapped itself (of a gray lease, or its local replay): the call goes to
+ * `view.ids[position]`, whatever the view's map would say; `named` then lists the positions the
+ * block's picks name.
  */
 export interface Draw {
   ticket: bigint;
   view: LeaseView;
   local: boolean;
   position?: number;
+  named?: readonly number[];
 }
 
 export type Take = { kind: 'ticket'; draw: Draw } | { kind: 'wait' } | { kind: 'error'; code: status; details: string };
@@ -171,8 +180,8 @@ export class VersionStream {
   #k = INITIAL_LEASE;
   #activated = 0;
   #last: LeaseView | undefined;
-  /** The last lease was rota's own picks (gray release): `#last` spans the split's versions. */
-  #lastGray = false;
+  /** The picks of the last lease when rota mapped it itself (gray release), replayed while rota is unreachable. */
+  #lastPicks: LeasedPicks | undefined;
   #offline = false;
   #localTicket = 0n;
   #refused: { code: status; details: string; until: number } | undefined;
@@ -206,28 +215,33 @@ export class VersionStream {
     const now = performance.now();
     this.lastUse = now;
     if (this.#offline) {
-      // A local rotation goes over the last leased list, except after a gray lease, whose list
-      // holds the versions of the split: the split is rota's to keep, so calls go to the
-      // instances with no version (the list a lease without gray release would name).
-      const view = this.#lastGray ? (this.owner.localView(this.version) ?? this.#last) : (this.#last ?? this.owner.localView(this.version));
+      const ticket = this.#localTicket;
+      const replay = this.#lastPicks;
+      if (replay !== undefined && this.#last !== undefined) {
+        // After a gray lease, its picks over again (a local counter), keeping rota's last split.
+        this.#localTicket++;
+        const pick = replay.list[Number(ticket % BigInt(replay.list.length))]!;
+        return { kind: 'ticket', draw: { ticket, view: this.#last, local: true, position: pick.position, named: replay.named } };
+      }
+      const view = this.#last ?? this.owner.localView(this.version);
       if (view === undefined) {
         return { kind: 'error', code: status.UNAVAILABLE, details: `rota is unreachable and no instance of "${this.owner.link.service}" is known` };
       }
-      const ticket = this.#localTicket;
       this.#localTicket++;
       return { kind: 'ticket', draw: { ticket, view, local: true } };
     }
     for (;;) {
       const cur = this.#cur;
       if (cur !== undefined && cur.used < cur.count) {
-        const pick = cur.picks?.[cur.used];
+        const pick = cur.picks?.list[cur.used];
         const ticket = pick?.ticket ?? cur.first + BigInt(cur.used);
         cur.used++;
         // Lease the next block once half of this one is spent.
         if (this.#next === undefined && !this.#fetching && cur.count - cur.used <= cur.count >> 1) {
           this.#fetch();
         }
-        const draw: Draw = pick === undefined ? { ticket, view: cur.view, local: false } : { ticket, view: cur.view, local: false, position: pick.position };
+        const draw: Draw =
+          pick === undefined ? { ticket, view: cur.view, local: false } : { ticket, view: cur.view, local: false, position: pick.position, named: cur.picks!.named };
         return { kind: 'ticket', draw };
       }
       if (this.#next !== undefined) {
@@ -284,7 +298,7 @@ export class VersionStream {
       return;
     }
     let view: LeaseView | undefined;
-    let picks: LeasedPick[] | undefined;
+    let picks: LeasedPicks | undefined;
     let refusal: { code: status; details: string } | undefined;
     if (error === null && response !== undefined) {
       try {
@@ -307,12 +321,12 @@ export class VersionStream {
       if (sameView(this.#last, view)) {
         view = this.#last!;
       }
-      this.#lastGray = picks !== undefined;
+      this.#lastPicks = picks;
       this.#last = view;
       const block: Block =
         picks === undefined
           ? { first: BigInt(response.firstTicket), count: response.count, used: 0, view, picks }
-          : { first: 0n, count: picks.length, used: 0, view, picks };
+          : { first: 0n, count: picks.list.length, used: 0, view, picks };
       if (this.#cur === undefined || this.#cur.used >= this.#cur.count) {
         this.#activate(block, performance.now());
       } else {

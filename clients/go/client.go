@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -71,7 +72,29 @@ func WithFallback(services ...string) Option {
 	return func(o *options) { o.fallback = append(o.fallback, services...) }
 }
 
-// Dial creates a client of the rota server at addr ("host:port").
+// DefaultServer is the rota server a client or channel talks to when nothing else names one:
+// rota serve's default listen address.
+const DefaultServer = "127.0.0.1:50051"
+
+// ServerEnv is the environment variable naming the rota server ("host:port") when the code
+// names none.
+const ServerEnv = "ROTA_SERVER"
+
+// ServerAddr is the rota server to use when addr is the one the code asked for: addr itself,
+// else $ROTA_SERVER, else DefaultServer.
+func ServerAddr(addr string) string {
+	if addr != "" {
+		return addr
+	}
+	if env := os.Getenv(ServerEnv); env != "" {
+		return env
+	}
+	return DefaultServer
+}
+
+// Dial creates a client of the rota server at addr ("host:port"). An empty addr means
+// $ROTA_SERVER, else DefaultServer (127.0.0.1:50051), as in the other rota clients and the
+// rota command line.
 //
 // Dial does not wait for the server: the connection is made in the background, and calls
 // made while rota is unreachable fail fast (or, for followed services, fall back to the
@@ -109,7 +132,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 			PermitWithoutStream: true,
 		}),
 	}, o.dialOptions...)
-	conn, err := grpc.NewClient(addr, dialOptions...)
+	conn, err := grpc.NewClient(ServerAddr(addr), dialOptions...)
 	if err != nil {
 		return nil, err
 	}

@@ -21,8 +21,8 @@ import (
 
 // The shared conformance scenarios (../conformance/README.md), run through the client's own
 // API as users call it: Register, Registration.Update and Close for providers, Pick,
-// Report, Follow and Instances for consumers. Lease and Watch have no wrapper in this
-// client; their steps use the rotapb stubs on the client's connection. Scenarios that stop
+// Report, Follow, Instances and Watch for consumers. Lease has no wrapper in this client
+// (the channel package leases); its steps use the rotapb stubs on the client's connection. Scenarios that stop
 // their server get a server of their own.
 
 const scenarioDir = "../conformance/scenarios"
@@ -265,7 +265,7 @@ type scenarioRun struct {
 	// refused names streams whose announcement was refused: Register is all or nothing, so
 	// they hold nothing and there is nothing to withdraw.
 	refused map[string]bool
-	watches map[string]rotapb.Registry_WatchClient
+	watches map[string]*Watcher
 }
 
 func newScenarioRun(t *testing.T, sc *scenario, addr string, srv *server) *scenarioRun {
@@ -276,7 +276,7 @@ func newScenarioRun(t *testing.T, sc *scenario, addr string, srv *server) *scena
 		srv:     srv,
 		streams: map[string]*Registration{},
 		refused: map[string]bool{},
-		watches: map[string]rotapb.Registry_WatchClient{},
+		watches: map[string]*Watcher{},
 	}
 	for range sc.Connections {
 		r.conns = append(r.conns, dial(t, addr))
@@ -664,28 +664,28 @@ func (r *scenarioRun) watch(st step) error {
 	if err != nil {
 		return err
 	}
-	stream, err := c.registry.Watch(r.ctx, &rotapb.WatchRequest{Service: st.Service})
+	w, err := c.Watch(r.ctx, st.Service)
 	if err != nil {
-		return rpcError(err)
+		return err
 	}
-	r.watches[st.Watch] = stream
+	r.watches[st.Watch] = w
 	return nil
 }
 
-func describeEvent(e *rotapb.WatchEvent) string {
-	switch ev := e.GetEvent().(type) {
-	case *rotapb.WatchEvent_Snapshot:
+func describeEvent(e WatchEvent) string {
+	switch e.Kind {
+	case WatchSnapshot:
 		ids := []string{}
-		for _, i := range ev.Snapshot.GetInstances() {
-			ids = append(ids, i.GetId())
+		for _, i := range e.Instances {
+			ids = append(ids, i.ID)
 		}
 		return fmt.Sprintf("snapshot %q", ids)
-	case *rotapb.WatchEvent_Added:
-		return fmt.Sprintf("added %q", ev.Added.GetId())
-	case *rotapb.WatchEvent_Updated:
-		return fmt.Sprintf("updated %q %s", ev.Updated.GetId(), ev.Updated.GetStatus())
-	case *rotapb.WatchEvent_Removed:
-		return fmt.Sprintf("removed %q", ev.Removed.GetId())
+	case WatchAdded:
+		return fmt.Sprintf("added %q", e.Ref.ID)
+	case WatchUpdated:
+		return fmt.Sprintf("updated %q %s", e.Ref.ID, e.Instance.Status)
+	case WatchRemoved:
+		return fmt.Sprintf("removed %q", e.Ref.ID)
 	}
 	return "nothing"
 }
@@ -734,7 +734,7 @@ func (r *scenarioRun) watchExpect(st step) error {
 			return fmt.Errorf("event %d: %w", n, err)
 		}
 		type received struct {
-			event *rotapb.WatchEvent
+			event WatchEvent
 			err   error
 		}
 		got := make(chan received, 1)

@@ -89,7 +89,7 @@ type Refusal struct {
 }
 
 // RefusedError is returned by Client.Register when rota refused one or more of the
-// instances. Register is all or nothing: after a RefusedError none of the instances is
+// instances (or the client did, for an instance it can tell is invalid without asking rota). Register is all or nothing: after a RefusedError none of the instances is
 // registered.
 type RefusedError struct {
 	Refusals []Refusal

@@ -40,9 +40,15 @@ type Instance struct {
 	// version. Empty means the instance serves requests that ask for no version.
 	Version string
 	Zone    string
-	// Weight is nil for the default of 100; 0 means never picked by weighted rules.
-	Weight   *uint32
-	Metadata map[string]string
+	// Weight is the instance's share under the weighted rules. 0 means rota's default, 100;
+	// to register weight 0 (the instance is never picked by weighted rules), set ZeroWeight.
+	Weight uint32
+	// ZeroWeight registers weight 0: the instance is registered and eligible for the other
+	// rules but never picked by weighted ones. Weight must then be 0 (Register refuses an
+	// instance with both). Instances read from rota (Instances, Watch) with weight 0 have it
+	// set.
+	ZeroWeight bool
+	Metadata   map[string]string
 	// Status is StatusUp when left unspecified.
 	Status InstanceStatus
 }
@@ -78,8 +84,11 @@ func (i Instance) proto() *rotapb.Instance {
 		Metadata: maps.Clone(i.Metadata),
 		Status:   rotapb.InstanceStatus(i.Status),
 	}
-	if i.Weight != nil {
-		w := *i.Weight
+	switch {
+	case i.ZeroWeight:
+		pb.Weight = new(uint32)
+	case i.Weight != 0:
+		w := i.Weight
 		pb.Weight = &w
 	}
 	return pb
@@ -97,8 +106,8 @@ func instanceFromProto(pb *rotapb.Instance) Instance {
 		Status:   InstanceStatus(pb.GetStatus()),
 	}
 	if pb.Weight != nil {
-		w := pb.GetWeight()
-		i.Weight = &w
+		i.Weight = pb.GetWeight()
+		i.ZeroWeight = i.Weight == 0
 	}
 	return i
 }

@@ -3,6 +3,7 @@ package rota
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"sync"
@@ -57,13 +58,24 @@ type Registration struct {
 // closed (or the client is). ctx bounds the initial announcement only.
 //
 // Registration is all or nothing: if rota refuses any instance Register returns a
-// *RefusedError listing the refusals, and none of the instances stays registered.
+// *RefusedError listing the refusals, and none of the instances stays registered. An instance
+// with both ZeroWeight and a non-zero Weight is refused the same way before anything is sent.
 func (c *Client) Register(ctx context.Context, instances ...Instance) (*Registration, error) {
 	if c.closed() {
 		return nil, errClosed
 	}
 	if len(instances) == 0 {
 		return nil, &Error{Code: codes.InvalidArgument, Message: "no instances to register"}
+	}
+	var contradictory []Refusal
+	for _, i := range instances {
+		if i.ZeroWeight && i.Weight != 0 {
+			contradictory = append(contradictory, Refusal{Instance: i.Ref(), Code: codes.InvalidArgument,
+				Message: fmt.Sprintf("weight %d with ZeroWeight: set one or the other", i.Weight)})
+		}
+	}
+	if len(contradictory) > 0 {
+		return nil, &RefusedError{Refusals: contradictory}
 	}
 	r := &Registration{c: c, done: make(chan struct{})}
 	for _, i := range instances {

@@ -105,9 +105,11 @@ func runScenario(t *testing.T, sc scenario) {
 		}
 		t.Cleanup(srv.Kill)
 		r.servers[inst.ID] = srv
-		reg, err := r.client.Register(ctx, rota.Instance{
-			ID: inst.ID, Service: "echo", Host: "127.0.0.1", Port: uint32(srv.Addr.Port), Version: inst.Version, Weight: inst.Weight,
-		})
+		instance := rota.Instance{ID: inst.ID, Service: "echo", Host: "127.0.0.1", Port: uint32(srv.Addr.Port), Version: inst.Version}
+		if inst.Weight != nil {
+			instance.Weight, instance.ZeroWeight = *inst.Weight, *inst.Weight == 0
+		}
+		reg, err := r.client.Register(ctx, instance)
 		if err != nil {
 			t.Fatal(err)
 		}

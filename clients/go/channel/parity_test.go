@@ -19,9 +19,8 @@ func TestTicketMapAgreesWithRotasPick(t *testing.T) {
 	weights := []uint32{30, 10, 20, 0, 10}
 	var instances []rota.Instance
 	for i, w := range weights {
-		w := w
 		instances = append(instances, rota.Instance{
-			ID: fmt.Sprintf("p-%d", i), Service: "parity", Host: "127.0.0.1", Port: uint32(7000 + i), Weight: &w,
+			ID: fmt.Sprintf("p-%d", i), Service: "parity", Host: "127.0.0.1", Port: uint32(7000 + i), Weight: w, ZeroWeight: w == 0,
 		})
 	}
 	reg, err := client.Register(ctx, instances...)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -27,8 +26,9 @@ import (
 const Scheme = "rota"
 
 // ServerEnv names the environment variable with the rota server's address, used when neither
-// the target nor WithServer names one.
-const ServerEnv = "ROTA_SERVER"
+// the target nor WithServer names one; without it the channel uses rota.DefaultServer
+// (127.0.0.1:50051).
+const ServerEnv = rota.ServerEnv
 
 // Option configures the resolver built by NewResolver.
 type Option func(*resolverOptions)
@@ -44,7 +44,9 @@ type resolverOptions struct {
 	backoff     rota.Backoff
 }
 
-// WithServer sets the rota server's address ("host:port").
+// WithServer sets the rota server's address ("host:port"). A target that names one
+// (rota://HOST:PORT/SERVICE) wins; without either, the channel uses $ROTA_SERVER, else
+// rota.DefaultServer (127.0.0.1:50051).
 func WithServer(addr string) Option { return func(o *resolverOptions) { o.server = addr } }
 
 // WithRule sets the rule of the channel's policy (default round_robin) in the service config
@@ -74,7 +76,8 @@ func WithLogger(logger *slog.Logger) Option { return func(o *resolverOptions) { 
 func WithBackoff(b rota.Backoff) Option { return func(o *resolverOptions) { o.backoff = b } }
 
 // NewResolver returns a resolver builder for the rota scheme with options; pass it to
-// grpc.WithResolvers. The builder registered by this package's import reads ROTA_SERVER.
+// grpc.WithResolvers. The builder registered by this package's import has no options: its
+// channels talk to the rota server of the target, else $ROTA_SERVER, else 127.0.0.1:50051.
 func NewResolver(opts ...Option) resolver.Builder {
 	o := resolverOptions{logger: slog.Default(), backoff: rota.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second, Factor: 2}}
 	for _, opt := range opts {
@@ -96,16 +99,7 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	if service == "" {
 		return nil, fmt.Errorf("rota: target %q names no service (want rota:///SERVICE)", target.String())
 	}
-	server := target.URL.Host
-	if server == "" {
-		server = b.opts.server
-	}
-	if server == "" {
-		server = os.Getenv(ServerEnv)
-	}
-	if server == "" {
-		return nil, fmt.Errorf("rota: no rota server for %q: set %s, use rota://HOST:PORT/%s or channel.WithServer", target.String(), ServerEnv, service)
-	}
+	server := serverOf(target, b.opts.server)
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, b.opts.dialOptions...)
 	conn, err := grpc.NewClient(server, dial...)
 	if err != nil {
@@ -128,6 +122,15 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	r.wg.Add(1)
 	go r.run()
 	return r, nil
+}
+
+// serverOf is the rota server of a target: its authority, else the WithServer option, else
+// $ROTA_SERVER, else rota.DefaultServer.
+func serverOf(target resolver.Target, option string) string {
+	if host := target.URL.Host; host != "" {
+		return host
+	}
+	return rota.ServerAddr(option)
 }
 
 // serviceConfigJSON selects the rota policy with the resolver's rule and version.

@@ -15,6 +15,9 @@
 //
 // Errors of rota calls are *Error values carrying the gRPC status code.
 //
+// Dial(ctx, "") talks to $ROTA_SERVER, else DefaultServer (127.0.0.1:50051). Client.Watch
+// streams one service's instance list: a snapshot, then every change, until its context ends.
+//
 // # Versions
 //
 // A request may ask for a version of the services it goes through ("zlt" below): rota then

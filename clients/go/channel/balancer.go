@@ -283,12 +283,11 @@ func (b *rotaBalancer) localView(version string) *leaseView {
 	}
 	pick := func(v string) *leaseView {
 		view := &leaseView{rule: "round_robin"}
-		var weights []uint64
 		for _, c := range known.instances {
 			if c.info.version == v {
 				view.ids = append(view.ids, c.info.id)
 				view.addrs = append(view.addrs, c.addr)
-				weights = append(weights, c.info.weight)
+				view.weights = append(view.weights, c.info.weight)
 			}
 		}
 		if len(view.ids) == 0 {
@@ -298,7 +297,7 @@ func (b *rotaBalancer) localView(version string) *leaseView {
 		if err != nil {
 			rule = leasedRule{kind: ruleRoundRobin}
 		}
-		view.m = newTicketMap(rule, weights)
+		view.m = newTicketMap(rule, view.weights)
 		return view
 	}
 	if v := pick(version); v != nil || version == "" {
@@ -310,5 +309,5 @@ func (b *rotaBalancer) localView(version string) *leaseView {
 type errPicker struct{ err error }
 
 func (p errPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
-	return balancer.PickResult{}, p.err
+	return balancer.PickResult{}, pickError(p.err)
 }

@@ -15,9 +15,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	rota "github.com/rota-lb/rota/clients/go"
 	"github.com/rota-lb/rota/clients/go/channel/echo"
+	"github.com/rota-lb/rota/clients/go/rotapb"
 )
 
 // scenario is one file of clients/conformance/channel (format in its README.md).
@@ -30,7 +32,9 @@ type scenario struct {
 		Version string  `json:"version"`
 		Weight  *uint32 `json:"weight"`
 	} `json:"instances"`
-	Steps []step `json:"steps"`
+	// Policy is a rota.v1.Policy in proto JSON, without service, set before the channel opens.
+	Policy json.RawMessage `json:"policy"`
+	Steps  []step          `json:"steps"`
 }
 
 type step struct {
@@ -56,6 +60,8 @@ type expectInfo struct {
 	Only          []string `json:"only"`
 	Never         []string `json:"never"`
 	Spread        bool     `json:"spread"`
+	// Counts: exactly this many calls reached each id, and none reached another.
+	Counts map[string]int `json:"counts"`
 }
 
 const scenarioDir = "../../conformance/channel"
@@ -70,14 +76,28 @@ func TestChannelScenarios(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var sc scenario
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&sc); err != nil {
+		sc, err := decodeScenario(raw)
+		if err != nil {
 			t.Fatalf("%s: %v", file, err)
 		}
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".json"), func(t *testing.T) { runScenario(t, sc) })
 	}
+}
+
+// decodeScenario reads a scenario file, refusing unknown keys anywhere (the policy's too).
+func decodeScenario(raw []byte) (scenario, error) {
+	var sc scenario
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sc); err != nil {
+		return sc, err
+	}
+	if sc.Policy != nil {
+		if err := protojson.Unmarshal(sc.Policy, &rotapb.Policy{}); err != nil {
+			return sc, fmt.Errorf("policy: %w", err)
+		}
+	}
+	return sc, nil
 }
 
 // run is one scenario's world: rota, the echo instances, their registrations, consumer 1.
@@ -118,6 +138,19 @@ func runScenario(t *testing.T, sc scenario) {
 	service := sc.Service
 	if service == "" {
 		service = "echo"
+	}
+	if sc.Policy != nil {
+		var policy rotapb.Policy
+		if err := protojson.Unmarshal(sc.Policy, &policy); err != nil {
+			t.Fatalf("policy: %v", err)
+		}
+		if policy.GetService() != "" {
+			t.Fatalf("policy names service %q; a scenario's policy is for its own service", policy.GetService())
+		}
+		policy.Service = service
+		if _, err := rotapb.NewPoliciesClient(r.client.Conn()).SetPolicy(ctx, &rotapb.SetPolicyRequest{Policy: &policy}); err != nil {
+			t.Fatalf("setting the policy of %s: %v", service, err)
+		}
 	}
 	r.target = "rota:///" + service
 	conn, err := grpc.NewClient(r.target, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -296,6 +329,22 @@ func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, resu
 		}
 		if in(id, e.Never) {
 			return fmt.Errorf("a call reached %s", id)
+		}
+	}
+	if e.Counts != nil {
+		got := map[string]int{}
+		for _, id := range reached {
+			got[id]++
+		}
+		for id, n := range got {
+			if _, listed := e.Counts[id]; !listed {
+				return fmt.Errorf("%d calls reached %s, which counts does not list: %v", n, id, got)
+			}
+		}
+		for id, want := range e.Counts {
+			if got[id] != want {
+				return fmt.Errorf("%d calls reached %s, want %d: %v", got[id], id, want, got)
+			}
 		}
 	}
 	if e.Spread {

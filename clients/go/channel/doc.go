@@ -16,8 +16,17 @@
 // version comes from its `x-rota-version` metadata (or rota.WithVersion on its context), with
 // the same isolation and fallback as Pick; one lease stream is kept per version in use (at most
 // MaxVersions). An instance whose subchannel is not READY is skipped as Pick's `exclude` skips
-// it: the call takes the next ticket, mapped over the remaining instances. Outcomes (status
-// and latency of every call) are reported to rota in batches. When rota cannot be reached, the
-// channel goes on over the last instances it knew with a local rotation, logs it once, and
-// returns to leases when rota answers again.
+// it: the call takes the next ticket, mapped over the remaining instances. A lease without a
+// version of a service under gray release is answered with rota's own picks instead of a
+// ticket range (LeaseResponse.picks: per call an instance, of whichever version the split
+// chose, and its ticket); the channel uses them in order, and passes over a pick whose
+// instance is not READY (a gap in that version's rotation). rota's refusals fail calls with
+// UNAVAILABLE and rota's message, since grpc-go turns a picker's INVALID_ARGUMENT, NOT_FOUND,
+// FAILED_PRECONDITION, ... into INTERNAL. Outcomes (status and latency of every call) are
+// reported to rota in batches. When rota cannot be reached, the channel goes on over the last instances it knew with a local rotation, logs it once, and
+// returns to leases when rota answers again (after a lease answered with picks, the local
+// rotation replays those picks in order, keeping rota's last split).
+//
+// rota's address is the target's (rota://HOST:PORT/SERVICE), else WithServer's, else
+// $ROTA_SERVER, else 127.0.0.1:50051.
 package channel

@@ -36,10 +36,11 @@ const (
 
 // leaseView is one lease's instance list with its ticket map.
 type leaseView struct {
-	rule  string
-	ids   []string
-	addrs []string
-	m     *ticketMap
+	rule    string
+	ids     []string
+	addrs   []string
+	weights []uint64
+	m       *ticketMap
 }
 
 func (v *leaseView) same(o *leaseView) bool {
@@ -47,19 +48,24 @@ func (v *leaseView) same(o *leaseView) bool {
 		return false
 	}
 	for i := range v.ids {
-		if v.ids[i] != o.ids[i] || v.addrs[i] != o.addrs[i] {
+		if v.ids[i] != o.ids[i] || v.addrs[i] != o.addrs[i] || v.weights[i] != o.weights[i] {
 			return false
 		}
 	}
 	return true
 }
 
-// block is a run of leased tickets: first .. first+count-1, of which used are spent.
+// block is one lease, of which used draws are spent: either a run of tickets first ..
+// first+count-1, mapped locally over view, or (picks set) rota's own picks, the i-th going to
+// view position picks[i] with tickets[i]: a lease without a version of a service under gray
+// release, whose version rota chooses per pick.
 type block struct {
-	first uint64
-	count uint32
-	used  uint32
-	view  *leaseView
+	first   uint64
+	count   uint32
+	used    uint32
+	view    *leaseView
+	picks   []int
+	tickets []uint64
 }
 
 // draw is one ticket for one RPC.
@@ -67,6 +73,10 @@ type draw struct {
 	ticket uint64
 	view   *leaseView
 	local  bool // from the local rotation (rota unreachable)
+	// picked: rota chose the instance, view position pos (a pick of a picks block, or its
+	// replay by the local rotation); otherwise the ticket is mapped by view.m.
+	picked bool
+	pos    int
 }
 
 // leaser holds the lease streams of one channel, one per version in use.
@@ -148,8 +158,11 @@ type versionStream struct {
 	k         uint32
 	activated time.Time
 	used      time.Time
-	// last is the newest lease's view, kept for the local rotation while rota is away.
-	last *leaseView
+	// last is the newest lease's view, kept for the local rotation while rota is away; when
+	// that lease was answered with picks, lastPicks holds their positions, which the local
+	// rotation replays in order (keeping rota's last split between versions).
+	last      *leaseView
+	lastPicks []int
 	// offline: leases fail because rota is unreachable; tickets come from localTicket.
 	offline     bool
 	localTicket uint64
@@ -190,19 +203,26 @@ func (s *versionStream) take() (d draw, ok bool, err error) {
 			return draw{}, false, status.Errorf(codes.Unavailable, "rota is unreachable and no instance of %q is known", s.owner.link.service)
 		}
 		s.localTicket++
-		return draw{ticket: s.localTicket - 1, view: view, local: true}, true, nil
+		d := draw{ticket: s.localTicket - 1, view: view, local: true}
+		if view == s.last && len(s.lastPicks) > 0 {
+			d.picked, d.pos = true, s.lastPicks[d.ticket%uint64(len(s.lastPicks))]
+		}
+		return d, true, nil
 	}
 	for {
 		if s.cur != nil && s.cur.used < s.cur.count {
 			b := s.cur
-			t := b.first + uint64(b.used)
+			d := draw{ticket: b.first + uint64(b.used), view: b.view}
+			if b.picks != nil {
+				d.ticket, d.picked, d.pos = b.tickets[b.used], true, b.picks[b.used]
+			}
 			b.used++
 			// Keep one block ahead: the next lease has the whole of this block's life (about
 			// leaseTarget) to arrive, so calls do not wait for it even when rota is slow.
 			if s.next == nil && !s.fetching {
 				s.startFetch()
 			}
-			return draw{ticket: t, view: b.view}, true, nil
+			return d, true, nil
 		}
 		if s.next != nil {
 			s.activate(s.next, now)
@@ -252,8 +272,12 @@ func (s *versionStream) fetch(count uint32, gen uint64) {
 	}, grpc.Trailer(&trailer))
 	cancel()
 	var view *leaseView
+	var b *block
 	if err == nil {
 		view, err = viewOf(resp)
+	}
+	if err == nil {
+		b, err = blockOf(resp, view)
 	}
 
 	s.mu.Lock()
@@ -276,10 +300,9 @@ func (s *versionStream) fetch(count uint32, gen uint64) {
 			}
 		}
 		if s.last.same(view) {
-			view = s.last
+			b.view = s.last
 		}
-		s.last = view
-		b := &block{first: resp.GetFirstTicket(), count: resp.GetCount(), view: view}
+		s.last, s.lastPicks = b.view, b.picks
 		if s.cur == nil || s.cur.used >= s.cur.count {
 			s.activate(b, time.Now())
 		} else {
@@ -325,19 +348,34 @@ func isLocalError(err error) bool {
 	return errors.As(err, &le)
 }
 
+// blockOf is the block of a lease answer over its view: a ticket range, or rota's picks.
+func blockOf(resp *rotapb.LeaseResponse, view *leaseView) (*block, error) {
+	picks := resp.GetPicks()
+	if len(picks) == 0 {
+		return &block{first: resp.GetFirstTicket(), count: resp.GetCount(), view: view}, nil
+	}
+	b := &block{count: uint32(len(picks)), view: view, picks: make([]int, len(picks)), tickets: make([]uint64, len(picks))}
+	for i, p := range picks {
+		if int(p.GetPosition()) >= len(view.ids) {
+			return nil, localError{status.Errorf(codes.Unavailable, "rota: lease pick %d names instance %d of %d", i, p.GetPosition(), len(view.ids))}
+		}
+		b.picks[i], b.tickets[i] = int(p.GetPosition()), p.GetTicket()
+	}
+	return b, nil
+}
+
 func viewOf(resp *rotapb.LeaseResponse) (*leaseView, error) {
 	rule, err := parseLeasedRule(resp.GetRule())
 	if err != nil {
 		return nil, localError{status.Error(codes.InvalidArgument, err.Error())}
 	}
 	instances := resp.GetInstances()
-	v := &leaseView{rule: resp.GetRule(), ids: make([]string, len(instances)), addrs: make([]string, len(instances))}
-	weights := make([]uint64, len(instances))
+	v := &leaseView{rule: resp.GetRule(), ids: make([]string, len(instances)), addrs: make([]string, len(instances)), weights: make([]uint64, len(instances))}
 	for i, inst := range instances {
 		v.ids[i] = inst.GetId()
 		v.addrs[i] = instanceAddr(inst)
-		weights[i] = weightOf(inst)
+		v.weights[i] = weightOf(inst)
 	}
-	v.m = newTicketMap(rule, weights)
+	v.m = newTicketMap(rule, v.weights)
 	return v, nil
 }

@@ -129,3 +129,46 @@ func TestUnreachableRotaFallsBackToALocalRotationAndBack(t *testing.T) {
 		return !takeTicket(t, s, woken).local
 	})
 }
+
+// weightLeases answers weighted leases over a and b with the weights it is given.
+type weightLeases struct {
+	rotapb.BalancerClient
+	mu      sync.Mutex
+	next    uint64
+	weights [2]uint32
+}
+
+func (f *weightLeases) Lease(_ context.Context, req *rotapb.LeaseRequest, _ ...grpc.CallOption) (*rotapb.LeaseResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	first := f.next
+	f.next += uint64(req.GetCount())
+	a, b := f.weights[0], f.weights[1]
+	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "weighted", Instances: []*rotapb.Instance{
+		{Id: "a", Host: "127.0.0.1", Port: 1, Weight: &a}, {Id: "b", Host: "127.0.0.1", Port: 2, Weight: &b},
+	}}, nil
+}
+
+// A lease whose instances differ from the last one only in weight maps by the new weights.
+func TestANewWeightGetsATicketMapOfItsOwn(t *testing.T) {
+	fake := &weightLeases{weights: [2]uint32{100, 0}}
+	l := &link{balancer: fake, service: "svc", log: quietLogger()}
+	woken := make(chan struct{}, 1024)
+	ls := newLeaser(l, "weighted", func() { woken <- struct{}{} }, func(string) *leaseView { return nil })
+	t.Cleanup(ls.close)
+	s := ls.stream("")
+	mapped := func(d draw) string {
+		p, _ := d.view.m.position(d.ticket, nil)
+		return d.view.ids[p]
+	}
+	if d := takeTicket(t, s, woken); mapped(d) != "a" {
+		t.Fatalf("weights 100 and 0 mapped ticket %d to %s", d.ticket, mapped(d))
+	}
+	fake.mu.Lock()
+	fake.weights = [2]uint32{0, 100}
+	fake.mu.Unlock()
+	ls.invalidate() // the resolver saw the weights change
+	if d := takeTicket(t, s, woken); mapped(d) != "b" {
+		t.Fatalf("weights 0 and 100 mapped ticket %d to %s", d.ticket, mapped(d))
+	}
+}

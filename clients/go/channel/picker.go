@@ -44,26 +44,44 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	s := p.leases.stream(version)
 	d, ok, err := s.take()
 	if err != nil {
-		return balancer.PickResult{}, err
+		return balancer.PickResult{}, pickError(err)
 	}
 	if !ok {
 		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 	}
-	pos, found := d.view.m.position(d.ticket, nil)
-	sc := p.at(d.view, pos, found)
-	if sc == nil {
-		// Not READY: skipped as `exclude` skips it, with the next ticket over the ready ones.
+	var sc balancer.SubConn
+	var pos int
+	for skipped := 0; ; skipped++ {
+		if d.picked {
+			// rota chose the instance; one that is not READY is passed over, a gap, and the
+			// call takes the next pick.
+			pos = d.pos
+			if sc = p.at(d.view, pos, true); sc != nil {
+				break
+			}
+			if skipped >= maxPickSkips || !p.anyReady(d.view) {
+				return balancer.PickResult{}, p.noneReady()
+			}
+		} else {
+			// A ticket: its instance not READY is skipped as `exclude` skips it, with the next
+			// ticket over the ready ones.
+			var found bool
+			if skipped == 0 {
+				pos, found = d.view.m.position(d.ticket, nil)
+			} else {
+				pos, found = d.view.m.position(d.ticket, func(i int) bool { return p.at(d.view, i, true) == nil })
+			}
+			if sc = p.at(d.view, pos, found); sc != nil {
+				break
+			}
+			if skipped > 0 {
+				return balancer.PickResult{}, p.noneReady()
+			}
+		}
 		if d, ok, err = s.take(); err != nil {
-			return balancer.PickResult{}, err
+			return balancer.PickResult{}, pickError(err)
 		} else if !ok {
 			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
-		}
-		pos, found = d.view.m.position(d.ticket, func(i int) bool { return p.at(d.view, i, true) == nil })
-		if sc = p.at(d.view, pos, found); sc == nil {
-			if p.connecting {
-				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
-			}
-			return balancer.PickResult{}, status.Errorf(codes.Unavailable, "rota: no instance of %q is reachable", p.link.service)
 		}
 	}
 	id := d.view.ids[pos]
@@ -87,6 +105,46 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		reports.add(outcome{instance: id, rule: rule, ticket: ticket, latencyUs: uint64(time.Since(start).Microseconds()), result: result})
 	}
 	return result, nil
+}
+
+// maxPickSkips bounds the picks one call passes over for instances that are not READY.
+const maxPickSkips = 256
+
+// noneReady is the answer to a call for which no READY instance was found: wait while some
+// instance is still connecting, else fail.
+func (p *picker) noneReady() error {
+	if p.connecting {
+		return balancer.ErrNoSubConnAvailable
+	}
+	return status.Errorf(codes.Unavailable, "rota: no instance of %q is reachable", p.link.service)
+}
+
+// anyReady reports whether some instance of view has a READY subchannel.
+func (p *picker) anyReady(view *leaseView) bool {
+	for i := range view.ids {
+		if p.at(view, i, true) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// pickError is the status a picker may return for err. grpc-go turns the codes a picker must
+// not return (gRFC A54: INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION,
+// ABORTED, OUT_OF_RANGE, DATA_LOSS) into INTERNAL "illegal status"; rota's refusals of a lease
+// (an unknown version with isolation fail, a rule it cannot lease, ...) fail the call as
+// UNAVAILABLE with rota's message instead.
+func pickError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition,
+		codes.Aborted, codes.OutOfRange, codes.DataLoss:
+		return status.Error(codes.Unavailable, st.Message())
+	}
+	return err
 }
 
 func (p *picker) at(view *leaseView, pos int, found bool) balancer.SubConn {

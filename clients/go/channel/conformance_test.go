@@ -304,13 +304,20 @@ func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, resu
 		reached = append(reached, r.Instance)
 	}
 	if e.Failures != nil && failures != *e.Failures {
+		// Each distinct error once, with how many calls it failed.
+		counts := map[string]int{}
 		var msgs []string
 		for _, r := range results {
 			if r.Err != nil {
-				msgs = append(msgs, r.Err.Error())
+				if counts[r.Err.Error()]++; counts[r.Err.Error()] == 1 {
+					msgs = append(msgs, r.Err.Error())
+				}
 			}
 		}
-		return fmt.Errorf("%d calls failed, want %d: %v", failures, *e.Failures, msgs)
+		for i, m := range msgs {
+			msgs[i] = fmt.Sprintf("%d× %s", counts[m], m)
+		}
+		return fmt.Errorf("%d calls failed, want %d: %s", failures, *e.Failures, strings.Join(msgs, "; "))
 	}
 	if len(calls) != len(reached) {
 		return fmt.Errorf("the instances answered %d calls, the consumers saw %d answers", len(calls), len(reached))

@@ -26,6 +26,9 @@ interface Member {
 interface ServedPick {
   id: string;
   ticket: bigint;
+  /** Which Lease answer it came in (0, 1, ...), and its index there. */
+  block: number;
+  index: number;
 }
 
 /**
@@ -37,32 +40,48 @@ function pattern(i: number, members: readonly Member[]): number {
   return [2, 0, 0, 1, 2, 1, 1, 0, 2, 2, 0, 1, 0][i % 13]! % members.length;
 }
 
-/** A scripted rota: a Watch snapshot of `members`, Lease answers of picks, Reports recorded. */
-async function grayRota(members: readonly Member[]): Promise<{ fake: FakeRota; served: ServedPick[]; leases: LeaseRequest__Output[]; outcomes: CallOutcome__Output[] }> {
+interface GrayRota {
+  fake: FakeRota;
+  served: ServedPick[];
+  leases: LeaseRequest__Output[];
+  outcomes: CallOutcome__Output[];
+  /** Adds an instance: later Lease answers name it, and the open watches are told. */
+  add(member: Member): void;
+}
+
+/**
+ * A scripted rota: a Watch snapshot of `members`, Lease answers of picks (`blockSize` of them
+ * when given, else as many as asked for), Reports recorded.
+ */
+async function grayRota(initial: readonly Member[], blockSize?: number): Promise<GrayRota> {
+  const members = [...initial];
   const served: ServedPick[] = [];
   const leases: LeaseRequest__Output[] = [];
   const outcomes: CallOutcome__Output[] = [];
+  const watches: ServerWritableStream<{ service: string }, unknown>[] = [];
   const counters = new Map<string, bigint>();
-  const instances = members.map((m) => ({ id: m.id, service: 'gray', host: '127.0.0.1', port: m.port, version: m.version, status: 'UP' }));
+  let epoch = 1;
+  const instance = (m: Member): object => ({ id: m.id, service: 'gray', host: '127.0.0.1', port: m.port, version: m.version, status: 'UP' });
   const fake = await FakeRota.start({
     registry: {
       Watch(call: ServerWritableStream<{ service: string }, unknown>) {
-        call.write({ snapshot: { instances }, epoch: 1 });
+        watches.push(call);
+        call.write({ snapshot: { instances: members.map(instance) }, epoch });
       },
     },
     balancer: {
       Lease(call: ServerUnaryCall<LeaseRequest__Output, unknown>, callback: sendUnaryData<unknown>) {
         leases.push(call.request);
         const picks = [];
-        for (let n = 0; n < call.request.count; n++) {
+        for (let n = 0; n < (blockSize ?? call.request.count); n++) {
           const position = pattern(served.length, members);
           const member = members[position]!;
           const ticket = counters.get(member.version) ?? 0n;
           counters.set(member.version, ticket + 1n);
-          served.push({ id: member.id, ticket });
+          served.push({ id: member.id, ticket, block: leases.length - 1, index: n });
           picks.push({ ticket: ticket.toString(), position });
         }
-        callback(null, { firstTicket: 0, count: picks.length, instances, epoch: 1, rule: 'round_robin', fallback: '', picks });
+        callback(null, { firstTicket: 0, count: picks.length, instances: members.map(instance), epoch, rule: 'round_robin', fallback: '', picks });
       },
       Report(call: ServerUnaryCall<ReportRequest__Output, unknown>, callback: sendUnaryData<unknown>) {
         outcomes.push(...call.request.outcomes);
@@ -70,7 +89,15 @@ async function grayRota(members: readonly Member[]): Promise<{ fake: FakeRota; s
       },
     },
   });
-  return { fake, served, leases, outcomes };
+  const add = (m: Member): void => {
+    members.push(m);
+    members.sort((a, b) => (a.id < b.id ? -1 : 1));
+    epoch++;
+    for (const w of watches) {
+      w.write({ added: instance(m), epoch });
+    }
+  };
+  return { fake, served, leases, outcomes, add };
 }
 
 /** A loopback port nothing listens on: connections to it are refused. */
@@ -94,6 +121,17 @@ function channel(target: string): grpc.Client {
 
 function described(calls: readonly (EchoCall | ServedPick)[]): string[] {
   return calls.map((c) => `${'instance' in c ? c.instance : c.id}#${c.ticket}`);
+}
+
+/** The served pick a call used: the same instance and ticket, not used by an earlier call. */
+function servedOf(calls: readonly EchoCall[], served: readonly ServedPick[]): ServedPick[] {
+  const used = new Set<ServedPick>();
+  return calls.map((c) => {
+    const p = served.find((s) => !used.has(s) && s.id === c.instance && s.ticket === c.ticket);
+    assert.ok(p !== undefined, `a call to ${c.instance} with ticket ${c.ticket} no lease handed out`);
+    used.add(p);
+    return p;
+  });
 }
 
 describe('gray leases (picks rota mapped itself)', { timeout: 60_000 }, () => {
@@ -141,6 +179,47 @@ describe('gray leases (picks rota mapped itself)', { timeout: 60_000 }, () => {
     } finally {
       client.close();
       fake.stop();
+      echoes.forEach((e) => e.kill());
+    }
+  });
+
+  it('drops the unused picks when the instance list changes', async () => {
+    const log: EchoCall[] = [];
+    const echoes = await Promise.all(['a', 'b', 'c', 'v'].map((id) => EchoServer.start(id, log)));
+    const member = (i: number): Member => ({ id: echoes[i]!.id, version: echoes[i]!.id === 'v' ? 'v2' : '', port: echoes[i]!.port });
+    // Blocks of 1,000 picks: the first is far from spent when the list changes.
+    const rota = await grayRota([member(0), member(1), member(3)], 1_000);
+    const client = channel(rota.fake.target);
+    try {
+      assert.deepEqual((await echoCalls(client, 3, '', 5_000)).filter((r) => r.error !== undefined), []);
+      const blocksBefore = rota.leases.length;
+      rota.add(member(2));
+      // Calls until one is routed by a lease answered after the change (bounded).
+      let after = -1;
+      for (let n = 0; n < 200 && after < 0; n++) {
+        const [r] = await echoCalls(client, 1, '', 5_000);
+        assert.equal(r!.error, undefined);
+        if (servedOf(log.slice(-1), rota.served)[0]!.block >= blocksBefore) {
+          after = log.length - 1;
+        }
+      }
+      assert.ok(after >= 0, 'no call was routed by a lease answered after the change');
+      const used = servedOf(log, rota.served);
+      // Before: the first block's picks in order, most of it never used; after: the first pick
+      // of a block answered after the change, and none of the first block again.
+      assert.deepEqual(used.slice(0, after).map((p) => [p.block, p.index]), used.slice(0, after).map((_, i) => [0, i]));
+      assert.ok(after < 1_000);
+      assert.equal(used[after]!.index, 0);
+      assert.ok(used[after]!.block >= blocksBefore);
+      for (let i = 0; i < 20; i++) {
+        assert.equal((await echoCalls(client, 1, '', 5_000))[0]!.error, undefined);
+      }
+      const later = servedOf(log, rota.served).slice(after);
+      assert.deepEqual(later.map((p) => [p.block, p.index]), later.map((_, i) => [used[after]!.block, i]));
+      assert.ok(later.some((p) => p.id === 'c'), 'no call reached the added instance');
+    } finally {
+      client.close();
+      rota.fake.stop();
       echoes.forEach((e) => e.kill());
     }
   });

@@ -83,10 +83,10 @@ fn select_benches(c: &mut Criterion) {
         let index = Arc::new(LoadIndex::new(candidates.members()));
         stats.attach(&index, candidates.members());
         // Every instance has a reported latency (1 to 50 ms), so `response_time` weighs them.
-        let breaker = BreakerConfig::default();
+        let outliers = rota::state::Outliers::breaker(BreakerConfig::default());
         for (i, instance) in candidates.members().iter().enumerate() {
             let latency = std::time::Duration::from_millis(1 + (i % 50) as u64);
-            stats.on_outcome(&instance.service, &instance.id, Outcome::Success, Origin::Pick, latency, &breaker);
+            stats.on_outcome(&instance.service, &instance.id, Outcome::Success, Origin::Pick, latency, outliers);
         }
         candidates.tables.load.store(Some(index));
         let rotations = RotationCache::default();

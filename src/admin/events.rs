@@ -822,7 +822,11 @@ mod tests {
         assert!(!update.reset, "the same ring goes on");
         assert_eq!(markers(&update), [("registered", vec!["b".into()], 1), ("breaker_open", vec!["b".into()], 1)]);
         let b = &update.samples[0].instances[1];
-        assert_eq!((&*b.id, b.picks, b.latency_ms, b.breaker_open), ("b", 1, Some(20.0), true));
+        assert_eq!(
+            (&*b.id, b.picks, b.latency_ms, b.breaker_open),
+            ("b", 1, Some(1000.0), true),
+            "a failure counts as slow"
+        );
 
         drop(other);
         // The withdrawal is published by the registry task.

@@ -2,17 +2,33 @@
 //! consumer can map tickets to instances itself.
 //!
 //! Only rules whose choice is a pure function of (ticket, eligible list) can be leased —
-//! `round_robin`, `repeat`, `weighted` — and only without gray release (whose version choice is
-//! per pick). Leased tickets come from the same counter as unary picks, so leased and unary
-//! consumers share one exact rotation. Leased picks are not counted in flight: rota never
-//! sees them.
+//! `round_robin`, `repeat`, `weighted`. Leased tickets come from the same counter as unary
+//! picks, so leased and unary consumers share one exact rotation. Leased picks are not counted
+//! in flight: rota never sees them. Instances the fleet has ejected (see
+//! [`crate::state::ejection`]) are left out of the eligible list, so the rotation goes on over
+//! the others with equal shares.
+//!
+//! A lease without a version of a service under gray release cannot be a ticket range: each
+//! pick's version comes from the gray schedule. rota then maps the picks itself ([`LeasedPick`]):
+//! it draws `count` gray tickets at once, and for each version they name, that many tickets of
+//! the version's own rotation, and returns which instance each pick goes to, in gray-ticket
+//! order. The split and every rotation stay exact, as for unary picks.
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
+use super::select::{GRAY_RULE, add_owned_note, choose, skip_ejected};
+use super::view::{ServiceView, ensure};
 use super::{Balancer, PickError, PickQuery, PickResult, check_request_limits, known_service};
+use crate::policy::{GrayRelease, IsolationFallback, Policy};
 use crate::registry::{Instance, InvalidField};
-use crate::rules::{Fallback, isolate, leasable_rules};
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, isolate, leasable_rules};
 use crate::state::CounterKey;
+use crate::state::ejection::{Positions, Skip};
+
+/// One version's picks of a gray lease: (ticket, instance), in ticket order.
+type Mapped = Vec<(u64, Arc<Instance>)>;
 
 /// Most tickets one lease may reserve.
 pub const MAX_LEASE: u32 = 65_536;
@@ -25,6 +41,18 @@ pub struct Leased {
     pub epoch: u64,
     pub rule: Arc<str>,
     pub fallback: Option<String>,
+    /// Set when rota mapped the picks itself (gray release without a version): the i-th pick
+    /// goes to `instances[picks[i].position]`; `first_ticket` is then 0.
+    pub picks: Vec<LeasedPick>,
+}
+
+/// One pick of a lease rota mapped itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasedPick {
+    /// The ticket of the pick's own rotation.
+    pub ticket: u64,
+    /// Index into [`Leased::instances`].
+    pub position: u32,
 }
 
 impl Balancer {
@@ -57,41 +85,142 @@ impl Balancer {
                 format!("is {:?}, which cannot be leased; leasable rules: {}", &*rule.canonical, leasable_rules());
             return Err(InvalidField::new("rule", problem).into());
         }
-        if query.version.is_empty() && policy.gray.is_some() {
-            return Err(PickError::Invalid(InvalidField::new(
-                "version",
-                format!("must be set: service {:?} uses gray release, which assigns versions per pick", query.service),
-            )));
+        let views = self.views.load();
+        let view = known_service(views.get(query.service), query.service)?;
+        if let (Some(gray), true) = (&policy.gray, query.version.is_empty()) {
+            return self.lease_gray(view, policy, gray, &rule, count).await;
         }
-        let catalog = self.registry.catalog();
-        let snapshot = known_service(catalog.get(query.service), query.service)?;
-        let isolated =
-            isolate(&**snapshot, query.version, policy.isolation_fallback == crate::policy::IsolationFallback::Any);
-        if isolated.subset.is_empty() {
+        let isolated = isolate(&**view, query.version, policy.isolation_fallback == IsolationFallback::Any);
+        let members = isolated.subset.candidates.members();
+        if members.is_empty() {
             return Err(PickError::Unavailable(format!(
                 "service {:?} has no eligible instance for a lease",
                 query.service
             )));
         }
-        let fallback = isolated.fallback.map(|kind| match kind {
+        let mut fallback = isolated.fallback.map(|kind| match kind {
             Fallback::Unversioned => {
                 format!("no instance with version {:?}; leased instances with no version", query.version)
             }
             Fallback::Any => "no instance in the version nor unversioned; leased any instance".to_owned(),
         });
+        let instances: Arc<[Arc<Instance>]> = match skip_ejected(view, policy, members, &[], Instant::now()) {
+            Skip::Ejected(ejected) if ejected.is_empty() => isolated.subset.candidates.subset.members.clone(),
+            Skip::Ejected(ejected) => members
+                .iter()
+                .enumerate()
+                .filter(|(position, _)| ejected.binary_search(position).is_err())
+                .map(|(_, instance)| instance.clone())
+                .collect(),
+            panic => {
+                add_owned_note(&mut fallback, panic.note(policy.ejection.max_ejected_percent));
+                isolated.subset.candidates.subset.members.clone()
+            }
+        };
         let counter = CounterKey {
-            service: snapshot.name.clone(),
+            service: view.snapshot.name.clone(),
             rule: rule.canonical.clone(),
-            subset: isolated.subset.label.clone(),
+            subset: isolated.subset.label().clone(),
         };
         let first_ticket = if count == 0 { 0 } else { self.state.reserve_tickets(&counter, count).await? };
         Ok(Leased {
             first_ticket,
             count,
-            instances: isolated.subset.members.clone(),
-            epoch: snapshot.epoch,
+            instances,
+            epoch: view.snapshot.epoch,
             rule: rule.canonical.clone(),
             fallback,
+            picks: Vec::new(),
+        })
+    }
+
+    /// A version-less lease under gray release: `count` picks mapped here (see the module docs).
+    async fn lease_gray(
+        &self,
+        view: &Arc<ServiceView>,
+        policy: &Policy,
+        gray: &GrayRelease,
+        rule: &ParsedRule,
+        count: u32,
+    ) -> Result<Leased, PickError> {
+        let name = &view.snapshot.name;
+        let gray_counter = CounterKey { service: name.clone(), rule: GRAY_RULE.into(), subset: "".into() };
+        let first_gray = if count == 0 { 0 } else { self.state.reserve_tickets(&gray_counter, count).await? };
+        // The versions in the order the gray tickets name them, with how many picks each gets.
+        let mut groups: Vec<(Option<&str>, u32)> = Vec::new();
+        let versions: Vec<Option<&str>> = (0..u64::from(count)).map(|i| gray.version_for(first_gray + i)).collect();
+        for version in &versions {
+            match groups.iter_mut().find(|(v, _)| v == version) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((*version, 1)),
+            }
+        }
+        let any = policy.isolation_fallback == IsolationFallback::Any;
+        let now = Instant::now();
+        let mut fallback = None;
+        // Per version: the instances its picks go to, in ticket order.
+        let mut chosen: Vec<(Option<&str>, Mapped)> = Vec::new();
+        let mut rng = fastrand::Rng::new();
+        for (version, picks) in groups {
+            let version_name = version.unwrap_or_default();
+            let isolated = isolate(&**view, version_name, any);
+            let subset = isolated.subset;
+            let candidates = &subset.candidates;
+            if candidates.is_empty() {
+                return Err(PickError::Unavailable(format!(
+                    "service {name:?} has no eligible instance for a lease of version {version_name:?} \
+                     (gray release)"
+                )));
+            }
+            if let Some(kind) = isolated.fallback {
+                let note = match kind {
+                    Fallback::Unversioned => format!(
+                        "no instance with version {version_name:?}; its gray share leased instances with no version"
+                    ),
+                    Fallback::Any => "no instance in a gray version nor unversioned; leased any instance".to_owned(),
+                };
+                add_owned_note(&mut fallback, Some(note));
+            }
+            let skipped: Positions = match skip_ejected(view, policy, candidates.members(), &[], now) {
+                Skip::Ejected(ejected) => ejected,
+                panic => {
+                    add_owned_note(&mut fallback, panic.note(policy.ejection.max_ejected_percent));
+                    Positions::new()
+                }
+            };
+            ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
+            let counter =
+                CounterKey { service: name.clone(), rule: rule.canonical.clone(), subset: subset.label().clone() };
+            let first = self.state.reserve_tickets(&counter, picks).await?;
+            let mut mapped = Vec::with_capacity(picks as usize);
+            for ticket in first..first + u64::from(picks) {
+                let draw = Draw { candidates, ticket, key: "", zone: "", now, excluded: Excluded::new(&skipped) };
+                let mut note = None;
+                let index = choose(&rule.rule, &draw, &mut rng, &mut note, rule)?;
+                mapped.push((ticket, candidates.members()[index].clone()));
+            }
+            chosen.push((version, mapped));
+        }
+        let mut instances: Vec<Arc<Instance>> =
+            chosen.iter().flat_map(|(_, mapped)| mapped.iter().map(|(_, i)| i.clone())).collect();
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        instances.dedup_by(|a, b| a.id == b.id);
+        let mut next: Vec<_> = chosen.into_iter().map(|(v, mapped)| (v, mapped.into_iter())).collect();
+        let mut picks = Vec::with_capacity(count as usize);
+        for version in &versions {
+            let Some((_, mapped)) = next.iter_mut().find(|(v, _)| v == version) else { continue };
+            let Some((ticket, instance)) = mapped.next() else { continue };
+            let position = instances.binary_search_by(|i| i.id.cmp(&instance.id)).unwrap_or_default() as u32;
+            picks.push(LeasedPick { ticket, position });
+        }
+        Ok(Leased {
+            first_ticket: 0,
+            count: picks.len() as u32,
+            instances: instances.into(),
+            epoch: view.snapshot.epoch,
+            rule: rule.canonical.clone(),
+            fallback,
+            picks,
         })
     }
 }

@@ -29,7 +29,7 @@ use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
 pub use crate::state::InstancePicks;
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
-pub use lease::{Leased, MAX_LEASE};
+pub use lease::{Leased, LeasedPick, MAX_LEASE};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 pub use view::{ServiceView, SubsetView, Views};
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{Balancer, PickError};
 use crate::registry::{InvalidField, validate_service_name};
-use crate::state::{Origin, Outcome};
+use crate::state::{Origin, Outcome, Outliers};
 
 /// Most outcomes one report may carry.
 pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;
@@ -76,7 +76,7 @@ impl Balancer {
             let instance = snapshot.and_then(|s| s.instance(&outcome.instance_id));
             match (instance, outcome.result) {
                 (Some(instance), Some(result)) => {
-                    let breaker = &policies.for_service(&outcome.service).breaker;
+                    let policy = policies.for_service(&outcome.service);
                     let stats_outcome = match result {
                         CallResult::Ok => Outcome::Success,
                         CallResult::ConnectFailure | CallResult::Error => Outcome::Failure,
@@ -88,7 +88,7 @@ impl Balancer {
                         stats_outcome,
                         origin,
                         outcome.latency,
-                        breaker,
+                        Outliers { breaker: policy.breaker, ejection: policy.ejection },
                     );
                     self.reports.record(result);
                     summary.accepted += 1;

@@ -11,10 +11,11 @@ use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::Instance;
 use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, Sticky, isolate};
+use crate::state::ejection::{self, Positions, Skip};
 use crate::state::{CounterKey, StickyKey};
 
 /// The rotation gray-release tickets are drawn from.
-const GRAY_RULE: &str = "gray";
+pub(super) const GRAY_RULE: &str = "gray";
 
 pub(super) struct Selection {
     pub instance: Arc<Instance>,
@@ -55,6 +56,15 @@ impl Balancer {
         if candidates.len() == excluded.len() {
             return Err(PickError::Unavailable(unavailable_reason(query.service, &version, !exclude.is_empty())));
         }
+        let now = Instant::now();
+        let excluded = match skip_ejected(view, policy, candidates.members(), &excluded, now) {
+            Skip::Ejected(ejected) if ejected.is_empty() => excluded,
+            Skip::Ejected(ejected) => ejection::merge(&excluded, &ejected),
+            panic => {
+                add_owned_note(&mut fallback, panic.note(policy.ejection.max_ejected_percent));
+                excluded
+            }
+        };
         ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
         let excluded = Excluded::new(&excluded);
         let rotation = self.state.rotation(
@@ -68,7 +78,7 @@ impl Balancer {
             || self.counters.ok_counter(&snapshot.name, &rule.canonical),
         );
         let ticket = self.state.draw(&rotation).await?;
-        let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, now: Instant::now(), excluded };
+        let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, now, excluded };
         let mut rng = fastrand::Rng::new();
 
         let (index, sticky) = match selector {
@@ -139,8 +149,19 @@ impl Balancer {
     }
 }
 
-/// Exclusions are kept on the stack for up to 8 excluded candidates: no allocation per retry.
-type Positions = smallvec::SmallVec<[usize; 8]>;
+/// What outlier ejection skips among `members` (the subset's candidates) beside `excluded`.
+pub(super) fn skip_ejected(
+    view: &ServiceView,
+    policy: &Policy,
+    members: &[Arc<Instance>],
+    excluded: &[usize],
+    now: Instant,
+) -> Skip {
+    if !policy.ejection.enabled || view.ejections.is_empty() {
+        return Skip::Ejected(Positions::new());
+    }
+    policy.ejection.skip(members.len(), excluded, view.ejections.positions(members, now))
+}
 
 /// The positions among `members` (sorted by id) of the ids in `exclude`, sorted, without
 /// duplicates; ids that are not candidates are ignored. One binary search per id.
@@ -154,7 +175,7 @@ fn excluded_positions(members: &[Arc<Instance>], exclude: &[String]) -> Position
 
 /// The rule's choice among the draw's candidates (a position), its fallback note added to
 /// `fallback`.
-fn choose(
+pub(super) fn choose(
     selector: &Rule,
     draw: &Draw<'_>,
     rng: &mut fastrand::Rng,
@@ -179,16 +200,20 @@ fn isolation_note(kind: Fallback, version: &str) -> String {
     }
 }
 
-fn add_note(fallback: &mut Option<String>, note: Option<&'static str>) {
+pub(super) fn add_owned_note(fallback: &mut Option<String>, note: Option<String>) {
     if let Some(note) = note {
         match fallback {
             Some(existing) => {
                 existing.push_str("; ");
-                existing.push_str(note);
+                existing.push_str(&note);
             }
-            None => *fallback = Some(note.to_owned()),
+            None => *fallback = Some(note),
         }
     }
+}
+
+fn add_note(fallback: &mut Option<String>, note: Option<&'static str>) {
+    add_owned_note(fallback, note.map(str::to_owned));
 }
 
 fn no_choice(rule: &ParsedRule, candidates: usize) -> PickError {

@@ -1,6 +1,7 @@
 //! The pick path against a live registry, on paused time.
 
 use super::*;
+use crate::policy::PolicySpec;
 use crate::registry::{InstanceSpec, RegistryConfig};
 
 fn spec(id: &str, version: &str) -> InstanceSpec {
@@ -112,32 +113,32 @@ fn ok_picks(balancer: &Balancer, rule: &str) -> u64 {
 async fn picks_are_counted_once_per_answer_and_per_instance() {
     let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
     assert_eq!(ids(&balancer, query("round_robin", ""), 4).await, ["a", "b", "c", "a"]);
-    // Three failures in a row trip b's breaker; retry then skips b (drawing again without it:
-    // tickets 1, 4 land on b, tickets 2, 5 go to [a, c]) without counting the skips.
+    // Three failures in a row trip b's breaker; every rule then skips b (ejection), so retry's
+    // rotation goes on over [a, c] with no re-pick to count.
     balancer.report(&[failure("b"), failure("b"), failure("b")]).unwrap();
     let retry = "retry(rule=round_robin, max_ms=100)";
-    assert_eq!(ids(&balancer, query(retry, ""), 3).await, ["a", "a", "a"]);
+    assert_eq!(ids(&balancer, query(retry, ""), 3).await, ["a", "c", "a"]);
     let last = balancer.pick(query(retry, "")).await.unwrap();
-    assert_eq!((&*last.instance.id, last.ticket), ("c", 5));
+    assert_eq!((&*last.instance.id, last.ticket), ("c", 3));
     let canonical = last.rule;
     assert_eq!(ok_picks(&balancer, "round_robin"), 4);
-    assert_eq!(ok_picks(&balancer, &canonical), 4, "four answers; the two skips are not picks");
+    assert_eq!(ok_picks(&balancer, &canonical), 4, "four answers");
     let per_instance: Vec<_> =
         balancer.instance_picks("svc").iter().map(|p| (p.instance.to_string(), p.rule == canonical, p.count)).collect();
     assert_eq!(
         per_instance,
         [
-            ("a".to_owned(), true, 3),
+            ("a".to_owned(), true, 2),
             ("a".to_owned(), false, 2),
             ("b".to_owned(), false, 1),
-            ("c".to_owned(), true, 1),
+            ("c".to_owned(), true, 2),
             ("c".to_owned(), false, 1)
         ]
     );
     // In flight: every counted pick of an instance, less the reports for it.
     let in_flight: Vec<u64> =
         ["a", "b", "c"].iter().map(|id| balancer.instance_stats("svc", id).load.in_flight).collect();
-    assert_eq!(in_flight, [5, 0, 2]);
+    assert_eq!(in_flight, [4, 0, 3]);
 }
 
 /// Whether the view of `svc` has, in the subset labelled `label`, a Maglev table built for
@@ -193,4 +194,151 @@ async fn a_large_subset_picks_from_the_previous_table_until_its_own_is_built() {
     .await
     .expect("the table of the new members is built");
     assert_ne!(&*balancer.pick(keyed("user-7")).await.unwrap().instance.id, gone);
+}
+
+/// The instance each of 40 keys hashes to.
+async fn hashed(balancer: &Balancer) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in 0..40 {
+        let key = format!("key-{k}");
+        let q = PickQuery { key: &key, ..query("consistent_hash", "") };
+        out.push(balancer.pick(q).await.unwrap().instance.id.to_string());
+    }
+    out
+}
+
+fn failures(id: &str, n: usize) -> Vec<CallOutcome> {
+    vec![failure(id); n]
+}
+
+fn success(id: &str) -> CallOutcome {
+    CallOutcome { result: Some(CallResult::Ok), latency: Duration::from_millis(5), ..failure(id) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_rule_skips_an_ejected_instance() {
+    let specs = ["a", "b", "c", "d"].iter().map(|id| spec(id, "")).collect();
+    let (balancer, _lease) = balancer_with(specs).await;
+    let before = hashed(&balancer).await;
+    balancer.report(&failures("b", 3)).unwrap();
+    // Round robin goes on over the others with equal shares, from the next ticket.
+    assert_eq!(ids(&balancer, query("round_robin", ""), 6).await, ["a", "c", "d", "a", "c", "d"]);
+    assert_eq!(ids(&balancer, query("repeat(n=2)", ""), 6).await, ["a", "a", "c", "c", "d", "d"]);
+    for rule in ["random", "weighted", "response_time", "least_request", "best_available", "slow_start"] {
+        let picked = ids(&balancer, query(rule, ""), 30).await;
+        assert!(!picked.contains(&"b".to_owned()), "{rule}: {picked:?}");
+    }
+    let sticky = PickQuery { key: "user-1", ..query("sticky", "") };
+    assert_ne!(balancer.pick(sticky).await.unwrap().instance.id.as_ref(), "b");
+    // Consistent hashing moves only b's keys.
+    let after = hashed(&balancer).await;
+    for (old, new) in before.iter().zip(&after) {
+        if old == "b" {
+            assert_ne!(new, "b");
+        } else {
+            assert_eq!(old, new, "a key whose instance is healthy keeps it");
+        }
+    }
+    assert!(before.contains(&"b".to_owned()), "some key hashed to b");
+    // A lease leaves b out of the eligible list.
+    let leased = balancer.lease(query("round_robin", ""), 4).await.unwrap();
+    let listed: Vec<&str> = leased.instances.iter().map(|i| &*i.id).collect();
+    assert_eq!(listed, ["a", "c", "d"]);
+    // A success closes b's breaker: b is back in every rotation.
+    balancer.report(&[success("b")]).unwrap();
+    let back = ids(&balancer, query("round_robin", ""), 4).await;
+    assert!(back.contains(&"b".to_owned()), "{back:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_instance_is_not_preferred_for_being_fast() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    // Ejection off: only the latency weights stand between b and the traffic.
+    let off = PolicySpec {
+        ejection: crate::policy::EjectionSpec { enabled: Some(false), ..Default::default() },
+        ..Default::default()
+    };
+    balancer.policies().set_service("svc", off).unwrap();
+    let slow_ok = |id: &str| CallOutcome { latency: Duration::from_millis(50), ..success(id) };
+    for _ in 0..5 {
+        balancer.report(&[slow_ok("a"), slow_ok("c"), failure("b")]).unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    let picked = ids(&balancer, query("response_time", ""), 60).await;
+    let on_b = picked.iter().filter(|id| *id == "b").count();
+    assert!(on_b < 6, "b failed every call in 1 ms and got {on_b} of 60");
+    // With ejection off, round robin still reaches the tripped b: the switch works.
+    assert!(ids(&balancer, query("round_robin", ""), 3).await.contains(&"b".to_owned()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_high_failure_rate_ejects_without_successive_failures() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    // Alternating failures never reach three in a row, but 50 % of 20 calls ejects.
+    for _ in 0..10 {
+        balancer.report(&[failure("b"), success("b")]).unwrap();
+    }
+    assert!(!balancer.instance_stats("svc", "b").load.tripped, "the rate counts at a failure");
+    balancer.report(&[failure("b")]).unwrap();
+    assert!(balancer.instance_stats("svc", "b").load.tripped);
+    assert!(!ids(&balancer, query("round_robin", ""), 6).await.contains(&"b".to_owned()));
+    // A success does not end a rate ejection; its time does (the breaker's base blackout).
+    balancer.report(&[success("b")]).unwrap();
+    assert!(!ids(&balancer, query("round_robin", ""), 6).await.contains(&"b".to_owned()));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(ids(&balancer, query("round_robin", ""), 6).await.contains(&"b".to_owned()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn beyond_the_ejected_share_nothing_is_skipped_and_the_answer_says_so() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    balancer.report(&failures("a", 3)).unwrap();
+    balancer.report(&failures("b", 3)).unwrap();
+    // Two of three ejected is more than the default 50 % (one of three): panic mode.
+    let picked = balancer.pick(query("round_robin", "")).await.unwrap();
+    assert_eq!(&*picked.instance.id, "a");
+    let note = picked.fallback.unwrap();
+    assert!(note.contains("2 of 3 instances are ejected"), "{note}");
+    // A policy that allows it skips both.
+    let wide = PolicySpec {
+        ejection: crate::policy::EjectionSpec { max_ejected_percent: Some(70), ..Default::default() },
+        ..Default::default()
+    };
+    balancer.policies().set_service("svc", wide).unwrap();
+    assert_eq!(ids(&balancer, query("round_robin", ""), 3).await, ["c", "c", "c"]);
+    // Every instance ejected: panic again, whatever the share.
+    balancer.report(&failures("c", 3)).unwrap();
+    let picked = balancer.pick(query("round_robin", "")).await.unwrap();
+    assert!(picked.fallback.unwrap().contains("3 of 3 instances are ejected"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_versionless_lease_under_gray_release_maps_exact_picks() {
+    let specs = vec![spec("a", ""), spec("b", ""), spec("v", "v2")];
+    let (balancer, _lease) = balancer_with(specs).await;
+    let gray = PolicySpec {
+        gray: Some(crate::policy::GraySpec { unversioned: 2, versions: [("v2".to_owned(), 1)].into() }),
+        ..Default::default()
+    };
+    balancer.policies().set_service("svc", gray).unwrap();
+    let mut seen = Vec::new();
+    let mut tickets = Vec::new();
+    for count in [4, 5, 3] {
+        let leased = balancer.lease(query("round_robin", ""), count).await.unwrap();
+        assert_eq!((leased.first_ticket, leased.count, leased.picks.len()), (0, count, count as usize));
+        for pick in &leased.picks {
+            let instance = &leased.instances[pick.position as usize];
+            seen.push(instance.id.to_string());
+            tickets.push((instance.version.to_string(), pick.ticket));
+        }
+    }
+    // Gray tickets 0..12 over a 2:1 schedule: 8 unversioned picks (a, b alternating), 4 on v2.
+    let count = |id: &str| seen.iter().filter(|s| *s == id).count();
+    assert_eq!((count("a"), count("b"), count("v")), (4, 4, 4), "{seen:?}");
+    // Each version's rotation is drawn once per ticket, in order.
+    let unversioned: Vec<u64> = tickets.iter().filter(|(v, _)| v.is_empty()).map(|(_, t)| *t).collect();
+    assert_eq!(unversioned, (0..8).collect::<Vec<u64>>());
+    // A unary pick goes on from the same gray counter and rotations.
+    let next = balancer.pick(query("round_robin", "")).await.unwrap();
+    assert!(next.ticket == 8 || (next.ticket == 4 && &*next.instance.id == "v"), "{next:?}");
 }

@@ -24,7 +24,7 @@ use arc_swap::{ArcSwap, Guard};
 use crate::hash::Map;
 use crate::registry::{Catalog, PublishHook, Registry, ServiceSnapshot, Subset};
 use crate::rules::{Candidates, LoadIndex, Needs, Versions};
-use crate::state::{RotationCache, Stats, StatsHandle};
+use crate::state::{RotationCache, ServiceEjections, Stats, StatsHandle};
 
 /// Subsets up to this many members have their tables rebuilt on the registry task as part of
 /// a publication (a few hundred microseconds at most); larger ones on a blocking thread.
@@ -85,6 +85,8 @@ pub struct ServiceView {
     pub unversioned: SubsetView,
     pub versions: Map<Arc<str>, SubsetView>,
     pub up: SubsetView,
+    /// The service's ejected instances (shared by its successive views).
+    pub ejections: Arc<ServiceEjections>,
     /// Held while tables of this service are built; shared by the service's successive views.
     building: Arc<tokio::sync::Mutex<()>>,
     /// Set when a newer view replaced this one.
@@ -112,8 +114,9 @@ impl Versions for ServiceView {
 }
 
 impl ServiceView {
-    fn new(snapshot: Arc<ServiceSnapshot>, previous: Option<&ServiceView>) -> Self {
+    fn new(snapshot: Arc<ServiceSnapshot>, previous: Option<&ServiceView>, stats: &Stats) -> Self {
         Self {
+            ejections: previous.map_or_else(|| stats.ejections(&snapshot.name), |p| p.ejections.clone()),
             unversioned: SubsetView::new(snapshot.unversioned.clone()),
             versions: snapshot.versions.iter().map(|(v, s)| (v.clone(), SubsetView::new(s.clone()))).collect(),
             up: SubsetView::new(snapshot.up.clone()),
@@ -186,7 +189,7 @@ impl Views {
             if previous.as_ref().is_some_and(|view| Arc::ptr_eq(&view.snapshot, snapshot)) {
                 continue;
             }
-            let view = Arc::new(ServiceView::new(snapshot.clone(), previous.as_deref()));
+            let view = Arc::new(ServiceView::new(snapshot.clone(), previous.as_deref(), &self.stats));
             if let Some(previous) = previous {
                 previous.superseded.store(true, Ordering::Relaxed);
                 self.carry_over(&view, &previous);

@@ -94,7 +94,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             epoch: leased.epoch,
             rule: String::from(&*leased.rule),
             fallback: leased.fallback.unwrap_or_default(),
-            picks: Vec::new(),
+            picks: leased.picks.iter().map(|p| pb::LeasedPick { ticket: p.ticket, position: p.position }).collect(),
         }))
     }
 

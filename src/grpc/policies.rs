@@ -6,7 +6,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::pb;
-use crate::policy::{GraySpec, IsolationFallback, Policies, Policy, PolicySource, PolicySpec};
+use crate::policy::{EjectionSpec, GraySpec, IsolationFallback, Policies, Policy, PolicySource, PolicySpec};
 use crate::registry::{InvalidField, validate_service_name};
 
 pub struct PoliciesService {
@@ -44,7 +44,12 @@ fn to_pb(service: &str, policy: &Policy, source: PolicySource) -> pb::Policy {
             PolicySource::Runtime => pb::PolicySource::Runtime,
         }
         .into(),
-        ejection: None,
+        ejection: Some(pb::Ejection {
+            disabled: !policy.ejection.enabled,
+            max_ejected_percent: policy.ejection.max_ejected_percent,
+            failure_rate_percent: policy.ejection.failure_rate_percent,
+            failure_rate_min_calls: policy.ejection.failure_rate_min_calls,
+        }),
     }
 }
 
@@ -71,6 +76,15 @@ fn spec(policy: &pb::Policy) -> Result<PolicySpec, Status> {
         failure_threshold: Some(breaker.failure_threshold).filter(|t| *t > 0),
         blackout_base: nonzero_ms(breaker.blackout_base_ms),
         blackout_max: nonzero_ms(breaker.blackout_max_ms),
+        ejection: policy.ejection.map_or_else(EjectionSpec::default, |e| {
+            let nonzero = |value: u32| (value > 0).then_some(value);
+            EjectionSpec {
+                enabled: e.disabled.then_some(false),
+                max_ejected_percent: nonzero(e.max_ejected_percent),
+                failure_rate_percent: nonzero(e.failure_rate_percent),
+                failure_rate_min_calls: nonzero(e.failure_rate_min_calls),
+            }
+        }),
     })
 }
 

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
-use super::{GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
+use super::{EjectionSpec, GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
 
 /// How often the file's modification time is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -60,6 +60,16 @@ struct PolicyToml {
     isolation_fallback: Option<FallbackToml>,
     gray: Option<GrayToml>,
     breaker: Option<BreakerToml>,
+    ejection: Option<EjectionToml>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EjectionToml {
+    enabled: Option<bool>,
+    max_ejected_percent: Option<u32>,
+    failure_rate_percent: Option<u32>,
+    failure_rate_min_calls: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -108,6 +118,12 @@ impl PolicyToml {
             failure_threshold: breaker.and_then(|b| b.failure_threshold),
             blackout_base: duration("blackout_base", &breaker.and_then(|b| b.blackout_base.clone()))?,
             blackout_max: duration("blackout_max", &breaker.and_then(|b| b.blackout_max.clone()))?,
+            ejection: self.ejection.as_ref().map_or_else(EjectionSpec::default, |e| EjectionSpec {
+                enabled: e.enabled,
+                max_ejected_percent: e.max_ejected_percent,
+                failure_rate_percent: e.failure_rate_percent,
+                failure_rate_min_calls: e.failure_rate_min_calls,
+            }),
         })
     }
 }
@@ -144,6 +160,23 @@ pub fn spec_to_toml(spec: &PolicySpec) -> String {
     }
     if !breaker.is_empty() {
         let _ = writeln!(out, "breaker = {{ {} }}", breaker.join(", "));
+    }
+    let ejection = &spec.ejection;
+    let mut keys = Vec::new();
+    if let Some(enabled) = ejection.enabled {
+        keys.push(format!("enabled = {enabled}"));
+    }
+    for (name, value) in [
+        ("max_ejected_percent", ejection.max_ejected_percent),
+        ("failure_rate_percent", ejection.failure_rate_percent),
+        ("failure_rate_min_calls", ejection.failure_rate_min_calls),
+    ] {
+        if let Some(value) = value {
+            keys.push(format!("{name} = {value}"));
+        }
+    }
+    if !keys.is_empty() {
+        let _ = writeln!(out, "ejection = {{ {} }}", keys.join(", "));
     }
     out
 }
@@ -251,6 +284,15 @@ pub fn to_toml(set: &PolicySet) -> String {
             breaker.failure_threshold,
             humantime::format_duration(breaker.blackout_base),
             humantime::format_duration(breaker.blackout_max)
+        );
+        let ejection = &policy.ejection;
+        let _ = writeln!(
+            out,
+            "ejection = {{ enabled = {}, max_ejected_percent = {}, failure_rate_percent = {}, failure_rate_min_calls = {} }}",
+            ejection.enabled,
+            ejection.max_ejected_percent,
+            ejection.failure_rate_percent,
+            ejection.failure_rate_min_calls
         );
         match &policy.gray {
             Some(gray) => {

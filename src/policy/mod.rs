@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::hash::Map;
 use crate::registry::{InvalidField, validate_service_name};
 use crate::rules::{self, ParsedRule};
-use crate::state::BreakerConfig;
+use crate::state::{BreakerConfig, EjectionConfig};
 
 pub use gray::GrayRelease;
 pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError, RuntimeChange};
@@ -71,6 +71,8 @@ pub struct Policy {
     pub isolation_fallback: IsolationFallback,
     pub gray: Option<GrayRelease>,
     pub breaker: BreakerConfig,
+    /// Outlier ejection: which failing instances every rule skips.
+    pub ejection: EjectionConfig,
 }
 
 impl Default for Policy {
@@ -80,6 +82,7 @@ impl Default for Policy {
             isolation_fallback: IsolationFallback::Fail,
             gray: None,
             breaker: BreakerConfig::default(),
+            ejection: EjectionConfig::default(),
         }
     }
 }
@@ -93,6 +96,40 @@ pub struct PolicySpec {
     pub failure_threshold: Option<u32>,
     pub blackout_base: Option<Duration>,
     pub blackout_max: Option<Duration>,
+    pub ejection: EjectionSpec,
+}
+
+/// Outlier-ejection settings as written; unset ones inherit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EjectionSpec {
+    pub enabled: Option<bool>,
+    pub max_ejected_percent: Option<u32>,
+    pub failure_rate_percent: Option<u32>,
+    pub failure_rate_min_calls: Option<u32>,
+}
+
+impl EjectionSpec {
+    fn resolve(&self, base: &EjectionConfig, field: &str) -> Result<EjectionConfig, InvalidField> {
+        let config = EjectionConfig {
+            enabled: self.enabled.unwrap_or(base.enabled),
+            max_ejected_percent: self.max_ejected_percent.unwrap_or(base.max_ejected_percent),
+            failure_rate_percent: self.failure_rate_percent.unwrap_or(base.failure_rate_percent),
+            failure_rate_min_calls: self.failure_rate_min_calls.unwrap_or(base.failure_rate_min_calls),
+        };
+        if !(1..=100).contains(&config.max_ejected_percent) {
+            let problem = format!("must be from 1 to 100, got {}", config.max_ejected_percent);
+            return Err(InvalidField::new(format!("{field}.ejection.max_ejected_percent"), problem));
+        }
+        if !(1..=101).contains(&config.failure_rate_percent) {
+            let problem = format!("must be from 1 to 100, or 101 for off, got {}", config.failure_rate_percent);
+            return Err(InvalidField::new(format!("{field}.ejection.failure_rate_percent"), problem));
+        }
+        if !(1..=1_000_000).contains(&config.failure_rate_min_calls) {
+            let problem = format!("must be from 1 to 1000000, got {}", config.failure_rate_min_calls);
+            return Err(InvalidField::new(format!("{field}.ejection.failure_rate_min_calls"), problem));
+        }
+        Ok(config)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,6 +177,7 @@ impl PolicySpec {
             isolation_fallback: self.isolation_fallback.unwrap_or(base.isolation_fallback),
             gray,
             breaker,
+            ejection: self.ejection.resolve(&base.ejection, field)?,
         })
     }
 }

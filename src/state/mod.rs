@@ -6,6 +6,7 @@
 //! [`MemoryState`] or a [`RedisState`] shared by several rota replicas drawing from one counter;
 //! an enum rather than a trait object keeps the pick path free of boxed futures.
 
+pub mod ejection;
 mod memory;
 pub mod redis;
 mod stats;
@@ -15,11 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+pub use ejection::{EjectionConfig, ServiceEjections};
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
 pub use redis::{RedisConfig, RedisState};
 pub use stats::{
-    BreakerConfig, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE, Origin, Outcome,
-    RemoteLoad, Stats, StatsConfig, StatsHandle,
+    BreakerConfig, FAILED_CALL_LATENCY, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE,
+    Origin, Outcome, Outliers, RemoteLoad, Stats, StatsConfig, StatsHandle,
 };
 
 /// Identifies one shared rotation.

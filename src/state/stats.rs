@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ejection::{EjectionConfig, ServiceEjections};
 use crate::hash::ConcurrentMap;
 use crate::registry::Instance;
 pub use crate::rules::Load;
@@ -58,6 +59,20 @@ impl BreakerConfig {
         }
         let doublings = (failures - self.failure_threshold).min(31);
         self.blackout_base.saturating_mul(1 << doublings).min(self.blackout_max)
+    }
+}
+
+/// What a failure does to an instance: its service's breaker and ejection settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outliers {
+    pub breaker: BreakerConfig,
+    pub ejection: EjectionConfig,
+}
+
+impl Outliers {
+    /// `breaker` with the default ejection settings.
+    pub fn breaker(breaker: BreakerConfig) -> Self {
+        Self { breaker, ejection: EjectionConfig::default() }
     }
 }
 
@@ -120,6 +135,8 @@ const IN_FLIGHT_BUCKETS: usize = BUCKETS_PER_TIMEOUT as usize + 2;
 const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
 /// Buckets of the success/failure window.
 const COUNT_BUCKETS: u64 = 6;
+/// The least latency a failed call is sampled at.
+pub const FAILED_CALL_LATENCY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -133,6 +150,10 @@ struct Inner {
     counts: VecDeque<(u64, u64, u64)>,
     successive_failures: u32,
     tripped_until: Option<Instant>,
+    /// End of a failure-rate ejection (see [`super::ejection`]).
+    ejected_until: Option<Instant>,
+    /// The ejection end last told to the service's [`ServiceEjections`].
+    announced: Option<Instant>,
     /// Successful picks of the instance, per canonical rule name (a handful of rules at most).
     picks: Vec<(Arc<str>, u64)>,
     /// The load indexes (and positions in them) this instance's changes are pushed to.
@@ -168,7 +189,7 @@ impl Inner {
         LoadSample {
             in_flight: self.in_flight_total + self.remote.in_flight,
             latency_ms: self.latency_ms(),
-            tripped_until: self.tripped_until.max(self.remote.tripped_until),
+            tripped_until: self.tripped_until.max(self.remote.tripped_until).max(self.ejected_until),
         }
     }
 
@@ -235,6 +256,8 @@ pub struct Stats {
     origin: Instant,
     config: StatsConfig,
     services: ConcurrentMap<Arc<str>, ServiceStats>,
+    /// Each service's ejected instances, as picks read them.
+    ejections: ConcurrentMap<Arc<str>, Arc<ServiceEjections>>,
 }
 
 impl Default for Stats {
@@ -245,7 +268,13 @@ impl Default for Stats {
 
 impl Stats {
     pub fn new(config: StatsConfig) -> Self {
-        Self { other_rule: OTHER_RULE.into(), origin: Instant::now(), config, services: ConcurrentMap::default() }
+        Self {
+            other_rule: OTHER_RULE.into(),
+            origin: Instant::now(),
+            config,
+            services: ConcurrentMap::default(),
+            ejections: ConcurrentMap::default(),
+        }
     }
 
     pub fn config(&self) -> StatsConfig {
@@ -259,6 +288,24 @@ impl Stats {
             return stats.clone();
         }
         self.services.entry(service.clone()).or_default().entry(id.clone()).or_default().clone()
+    }
+
+    /// The ejected instances of `service` (an entry is made if there is none; services are
+    /// bounded by the registry's limits).
+    pub fn ejections(&self, service: &Arc<str>) -> Arc<ServiceEjections> {
+        if let Some(found) = self.ejections.get(&**service) {
+            return found.clone();
+        }
+        self.ejections.entry(service.clone()).or_default().clone()
+    }
+
+    /// Tells the service's ejection list when the instance's ejection started, moved or ended.
+    fn announce(&self, service: &Arc<str>, id: &Arc<str>, inner: &mut Inner, now: Instant) {
+        let until = inner.sample().tripped_until.filter(|until| *until > now);
+        if until != inner.announced {
+            inner.announced = until;
+            self.ejections(service).set(id, until);
+        }
     }
 
     /// The handle of one instance's statistics (an entry is made if there is none).
@@ -361,8 +408,9 @@ impl Stats {
         outcome: Outcome,
         origin: Origin,
         latency: Duration,
-        breaker: &BreakerConfig,
+        outliers: Outliers,
     ) {
+        let Outliers { breaker, ejection } = outliers;
         let now = Instant::now();
         let second = self.second(now);
         let stats = self.entry(service, id);
@@ -371,6 +419,9 @@ impl Stats {
         if origin == Origin::Pick {
             Self::retire_oldest_pick(&mut inner);
         }
+        // A failed call is not a fast one: rules that prefer fast instances must not prefer one
+        // that fails at once.
+        let latency = if outcome == Outcome::Failure { latency.max(FAILED_CALL_LATENCY) } else { latency };
         self.sample_latency(&mut inner, now, latency);
         self.count(&mut inner, now, outcome);
         match outcome {
@@ -386,9 +437,21 @@ impl Stats {
                 if !blackout.is_zero() {
                     inner.tripped_until = Some(now + blackout);
                 }
+                let (successes, failures) = self.window(&inner, now);
+                if ejection.rate_ejects(successes + failures, failures) {
+                    inner.ejected_until = inner.ejected_until.max(Some(now + breaker.blackout_base));
+                }
             }
         }
         inner.publish(now);
+        self.announce(service, id, &mut inner, now);
+    }
+
+    /// Successes and failures over the count window.
+    fn window(&self, inner: &Inner, now: Instant) -> (u64, u64) {
+        let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
+        let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
+        live.fold((0, 0), |(s, f), (_, ok, fail)| (s + ok, f + fail))
     }
 
     /// The load of one instance now, found by name.
@@ -423,9 +486,7 @@ impl Stats {
         }
         let sample = inner.sample();
         let tripped_for = sample.tripped_until.filter(|until| *until > now).map(|until| until - now);
-        let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
-        let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
-        let (successes, failures) = live.fold((0, 0), |(s, f), (_, ok, fail)| (s + ok, f + fail));
+        let (successes, failures) = self.window(&inner, now);
         InstanceReport {
             load: Load { in_flight: sample.in_flight, latency_ms: sample.latency_ms, tripped: tripped_for.is_some() },
             successes,
@@ -448,7 +509,8 @@ impl Stats {
                 if self.expire_in_flight(&mut inner, second) {
                     inner.publish(now);
                 }
-                let tripped_for = inner.tripped_until.filter(|until| *until > now).map(|until| until - now);
+                let tripped_for =
+                    inner.tripped_until.max(inner.ejected_until).filter(|until| *until > now).map(|until| until - now);
                 if inner.in_flight_total > 0 || inner.successive_failures > 0 || tripped_for.is_some() {
                     loads.push(LocalLoad {
                         service: service.key().clone(),
@@ -471,7 +533,9 @@ impl Stats {
         let mut inner = stats.lock();
         if inner.remote != remote {
             inner.remote = remote;
-            inner.publish(Instant::now());
+            let now = Instant::now();
+            inner.publish(now);
+            self.announce(service, id, &mut inner, now);
         }
     }
 
@@ -495,6 +559,9 @@ impl Stats {
                 instances.retain(|id, stats| Arc::strong_count(stats) > 1 || registered(&service, id));
             }
             self.services.remove_if(&service, |_, instances| instances.is_empty());
+        }
+        for ejections in self.ejections.iter() {
+            ejections.value().prune();
         }
     }
 
@@ -588,10 +655,24 @@ mod tests {
         let breaker = BreakerConfig::default();
         let (service, id) = key("a");
         for _ in 0..2 {
-            stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
+            stats.on_outcome(
+                &service,
+                &id,
+                Outcome::Failure,
+                Origin::Pick,
+                Duration::from_millis(5),
+                Outliers::breaker(breaker),
+            );
         }
         assert!(!stats.load("svc", "a").tripped);
-        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Failure,
+            Origin::Pick,
+            Duration::from_millis(5),
+            Outliers::breaker(breaker),
+        );
         assert!(stats.load("svc", "a").tripped);
         assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(10)));
         tokio::time::advance(Duration::from_secs(9)).await;
@@ -600,9 +681,23 @@ mod tests {
         assert!(!stats.load("svc", "a").tripped, "blackout over after 10 s");
 
         // A fourth failure in a row: 20 s. A success clears everything.
-        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::from_millis(5), &breaker);
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Failure,
+            Origin::Pick,
+            Duration::from_millis(5),
+            Outliers::breaker(breaker),
+        );
         assert_eq!(stats.report("svc", "a").tripped_for, Some(Duration::from_secs(20)));
-        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(5), &breaker);
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            Duration::from_millis(5),
+            Outliers::breaker(breaker),
+        );
         let report = stats.report("svc", "a");
         assert_eq!((report.load.tripped, report.successive_failures), (false, 0));
         assert_eq!((report.successes, report.failures), (1, 4));
@@ -617,14 +712,7 @@ mod tests {
             stats.on_pick(&handle, &rule);
         }
         assert_eq!(stats.load("svc", "a").in_flight, 3);
-        stats.on_outcome(
-            &service,
-            &id,
-            Outcome::Success,
-            Origin::Pick,
-            Duration::from_millis(1),
-            &BreakerConfig::default(),
-        );
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(1), Outliers::default());
         assert_eq!(stats.load("svc", "a").in_flight, 2);
         tokio::time::advance(Duration::from_secs(20)).await;
         stats.on_pick(&handle, &rule);
@@ -637,14 +725,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(20)).await;
         assert_eq!(stats.load("svc", "a").in_flight, 0);
         // A late report never drives the count below zero.
-        stats.on_outcome(
-            &service,
-            &id,
-            Outcome::Success,
-            Origin::Pick,
-            Duration::from_millis(1),
-            &BreakerConfig::default(),
-        );
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(1), Outliers::default());
         assert_eq!(stats.load("svc", "a").in_flight, 0);
     }
 
@@ -656,13 +737,27 @@ mod tests {
         let breaker = BreakerConfig::default();
         stats.on_pick(&handle, &rule);
         for _ in 0..3 {
-            stats.on_outcome(&service, &id, Outcome::Failure, Origin::Lease, Duration::from_millis(8), &breaker);
+            stats.on_outcome(
+                &service,
+                &id,
+                Outcome::Failure,
+                Origin::Lease,
+                Duration::from_millis(8),
+                Outliers::breaker(breaker),
+            );
         }
         let report = stats.report("svc", "a");
         assert_eq!(report.load.in_flight, 1, "the unary pick is still in flight");
         assert_eq!((report.failures, report.successive_failures, report.load.tripped), (3, 3, true));
-        assert_eq!(report.load.latency_ms, Some(8.0));
-        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(8), &breaker);
+        assert_eq!(report.load.latency_ms, Some(FAILED_CALL_LATENCY.as_secs_f64() * 1000.0), "failures count as slow");
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            Duration::from_millis(8),
+            Outliers::breaker(breaker),
+        );
         assert_eq!(stats.load("svc", "a").in_flight, 0, "the pick's own report retires it");
     }
 
@@ -672,13 +767,27 @@ mod tests {
         let (service, id) = key("a");
         let breaker = BreakerConfig::default();
         for _ in 0..10 {
-            stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(100), &breaker);
+            stats.on_outcome(
+                &service,
+                &id,
+                Outcome::Success,
+                Origin::Pick,
+                Duration::from_millis(100),
+                Outliers::breaker(breaker),
+            );
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         assert!((stats.load("svc", "a").latency_ms.unwrap() - 100.0).abs() < 1e-9);
         // The instance gets fast: within a few time constants the EWMA is near the new value.
         for _ in 0..40 {
-            stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::from_millis(10), &breaker);
+            stats.on_outcome(
+                &service,
+                &id,
+                Outcome::Success,
+                Origin::Pick,
+                Duration::from_millis(10),
+                Outliers::breaker(breaker),
+            );
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         let latency = stats.load("svc", "a").latency_ms.unwrap();
@@ -690,9 +799,9 @@ mod tests {
         let stats = Stats::default();
         let (service, id) = key("a");
         let breaker = BreakerConfig { failure_threshold: 100, ..Default::default() };
-        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::ZERO, &breaker);
+        stats.on_outcome(&service, &id, Outcome::Failure, Origin::Pick, Duration::ZERO, Outliers::breaker(breaker));
         tokio::time::advance(Duration::from_secs(30)).await;
-        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::ZERO, &breaker);
+        stats.on_outcome(&service, &id, Outcome::Success, Origin::Pick, Duration::ZERO, Outliers::breaker(breaker));
         assert_eq!(stats.report("svc", "a").failures, 1);
         tokio::time::advance(Duration::from_secs(31)).await;
         let report = stats.report("svc", "a");
@@ -766,9 +875,16 @@ mod tests {
         stats.on_pick(&handle, &"best_available".into());
         assert_eq!(index.load(1, now()).in_flight, 2);
         let breaker = BreakerConfig { failure_threshold: 1, ..BreakerConfig::default() };
-        stats.on_outcome(&service, &b, Outcome::Failure, Origin::Pick, Duration::from_millis(3), &breaker);
+        stats.on_outcome(
+            &service,
+            &b,
+            Outcome::Failure,
+            Origin::Pick,
+            Duration::from_millis(3),
+            Outliers::breaker(breaker),
+        );
         let load = index.load(1, now());
-        assert_eq!((load.in_flight, load.tripped, load.latency_ms), (1, true, Some(3.0)));
+        assert_eq!((load.in_flight, load.tripped, load.latency_ms), (1, true, Some(1000.0)));
         tokio::time::advance(Duration::from_secs(6)).await;
         stats.expire();
         assert_eq!(index.load(1, now()).in_flight, 0, "the unreported pick expired");

@@ -61,8 +61,53 @@ pub struct SetArgs {
     /// Longest blackout (e.g. 30s).
     #[arg(long, value_parser = parse_duration)]
     pub blackout_max: Option<Duration>,
+    /// Gray release for picks without a version: `unversioned=90,v2=10` (exact shares);
+    /// `unversioned=1` turns it off.
+    #[arg(long, value_parser = parse_gray)]
+    pub gray: Option<pb::GrayRelease>,
+    /// Outlier ejection (every rule skips instances the fleet has seen failing): on or off.
+    #[arg(long, value_enum)]
+    pub ejection: Option<Switch>,
+    /// The most of a subset's instances ejection may skip at once, in percent (one always may).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_ejected_percent: Option<u32>,
+    /// Failure rate over the statistics window that ejects an instance, in percent (101 = off).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=101))]
+    pub failure_rate_percent: Option<u32>,
+    /// Calls the window must hold before its failure rate counts.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub failure_rate_min_calls: Option<u32>,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// `unversioned=90,v2=10` → a gray release; the weights are checked by rota.
+fn parse_gray(text: &str) -> Result<pb::GrayRelease, String> {
+    let mut gray = pb::GrayRelease::default();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, weight) =
+            part.split_once('=').ok_or_else(|| format!("{part:?} is not NAME=WEIGHT (e.g. unversioned=90,v2=10)"))?;
+        let weight: u32 = weight.trim().parse().map_err(|_| format!("{part:?}: the weight must be a whole number"))?;
+        match name.trim() {
+            "unversioned" => gray.unversioned = weight,
+            "" => return Err(format!("{part:?}: a version name is missing")),
+            version => {
+                if gray.versions.insert(version.to_owned(), weight).is_some() {
+                    return Err(format!("version {version:?} is given twice"));
+                }
+            }
+        }
+    }
+    if gray.unversioned == 0 && gray.versions.is_empty() {
+        return Err("give at least one NAME=WEIGHT, e.g. unversioned=90,v2=10".to_owned());
+    }
+    Ok(gray)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -102,6 +147,13 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
                     blackout_base_ms: millis(args.blackout_base),
                     blackout_max_ms: millis(args.blackout_max),
                 }),
+                gray: args.gray,
+                ejection: Some(pb::Ejection {
+                    disabled: args.ejection == Some(Switch::Off),
+                    max_ejected_percent: args.max_ejected_percent.unwrap_or(0),
+                    failure_rate_percent: args.failure_rate_percent.unwrap_or(0),
+                    failure_rate_min_calls: args.failure_rate_min_calls.unwrap_or(0),
+                }),
                 ..Default::default()
             };
             print_rows(&[client.set_policy(policy).await?]);
@@ -116,7 +168,10 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
 }
 
 fn print_rows(policies: &[pb::Policy]) {
-    println!("{:<24} {:<8} {:<24} {:<8} {:<20} GRAY", "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER");
+    println!(
+        "{:<24} {:<8} {:<24} {:<8} {:<20} {:<24} GRAY",
+        "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER", "EJECTION"
+    );
     for policy in policies {
         println!("{}", row(policy));
     }
@@ -151,8 +206,18 @@ fn row(policy: &pb::Policy) -> String {
             parts.join(",")
         },
     );
+    let ejection = policy.ejection.map_or_else(
+        || "-".to_owned(),
+        |e| match (e.disabled, e.failure_rate_percent > 100) {
+            (true, _) => "off".to_owned(),
+            (false, true) => format!("max={}%,rate=off", e.max_ejected_percent),
+            (false, false) => {
+                format!("max={}%,rate={}%/{}", e.max_ejected_percent, e.failure_rate_percent, e.failure_rate_min_calls)
+            }
+        },
+    );
     let service = if policy.service.is_empty() { "(defaults)" } else { &policy.service };
-    format!("{service:<24} {source:<8} {:<24} {fallback:<8} {breaker:<20} {gray}", policy.rule)
+    format!("{service:<24} {source:<8} {:<24} {fallback:<8} {breaker:<20} {ejection:<24} {gray}", policy.rule)
 }
 
 #[cfg(test)]
@@ -169,10 +234,28 @@ mod tests {
             breaker: Some(pb::Breaker { failure_threshold: 3, blackout_base_ms: 10_000, blackout_max_ms: 30_000 }),
             is_default: false,
             source: pb::PolicySource::Runtime.into(),
-            ejection: None,
+            ejection: Some(pb::Ejection {
+                disabled: false,
+                max_ejected_percent: 50,
+                failure_rate_percent: 50,
+                failure_rate_min_calls: 20,
+            }),
         };
         let row = row(&policy);
         let columns: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(columns, ["orders", "runtime", "repeat(n=2)", "any", "3x", "10s..30s", "unversioned=9,v2=1"]);
+        assert_eq!(
+            columns,
+            ["orders", "runtime", "repeat(n=2)", "any", "3x", "10s..30s", "max=50%,rate=50%/20", "unversioned=9,v2=1"]
+        );
+    }
+
+    #[test]
+    fn gray_flags_parse_and_bad_ones_say_why() {
+        let gray = parse_gray("unversioned=90, v2=10").unwrap();
+        assert_eq!((gray.unversioned, gray.versions.get("v2").copied()), (90, Some(10)));
+        assert!(parse_gray("v2").unwrap_err().contains("NAME=WEIGHT"));
+        assert!(parse_gray("v2=ten").unwrap_err().contains("whole number"));
+        assert!(parse_gray("v2=1,v2=2").unwrap_err().contains("twice"));
+        assert!(parse_gray("").is_err());
     }
 }

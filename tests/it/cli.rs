@@ -354,6 +354,21 @@ fn policy_set_survives_a_reload_and_policy_reset_drops_it() {
 
     let set = policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any"]);
     assert_eq!(row(&set, "cfg")[1..4], ["runtime", "weighted", "any"]);
+    // Every policy field has a flag: gray release and ejection too.
+    let gray =
+        policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--gray", "unversioned=9,v2=1"]);
+    assert_eq!(row(&gray, "cfg").last().map(String::as_str), Some("unversioned=9,v2=1"));
+    let off = policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--ejection", "off"]);
+    assert_eq!(row(&off, "cfg")[6], "off");
+    let wide =
+        policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--max-ejected-percent", "80"]);
+    assert_eq!(row(&wide, "cfg")[6], "max=80%,rate=50%/20");
+    let bad_gray = rota(&server, &["policy", "set", "cfg", "--gray", "v2"]);
+    assert_eq!(bad_gray.status.code(), Some(2), "a usage error");
+    assert!(text(&bad_gray.stderr).contains("NAME=WEIGHT"), "{}", text(&bad_gray.stderr));
+    let bad_share = rota(&server, &["policy", "set", "cfg", "--max-ejected-percent", "0"]);
+    assert_eq!(bad_share.status.code(), Some(2), "a usage error");
+    assert!(text(&bad_share.stderr).contains("0 is not in 1..=100"), "{}", text(&bad_share.stderr));
     // The file changes and is reloaded: the override stays in force.
     rewrite(&path, "[services.cfg]\nrule = \"repeat(n=3)\"\n[services.other]\nrule = \"random\"\n");
     hangup(&server);

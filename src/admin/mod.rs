@@ -126,7 +126,40 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/events", get(events::stream))
         .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
         .layer(axum::Extension(history))
+        .layer(axum::middleware::from_fn(not_grpc))
         .with_state(state)
+}
+
+/// A gRPC client pointed at this port by mistake gets a gRPC answer that says so, instead of
+/// an HTTP 404 its library reports as "grpc-status header missing".
+async fn not_grpc(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if !grpc {
+        return next.run(request).await;
+    }
+    let message = format!(
+        "this is rota's admin HTTP port (metrics, health, dashboard), not its gRPC port; \
+         point the client at rota's listen address (`rota serve --listen`, 127.0.0.1:50051 by default) \
+         instead of {}",
+        request.uri().path()
+    );
+    // grpc-message is percent-encoded: every byte outside printable ASCII, and '%' itself.
+    let encoded: String = message
+        .bytes()
+        .map(|b| if (0x20..0x7f).contains(&b) && b != b'%' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let mut response = StatusCode::OK.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", header::HeaderValue::from_static("12"));
+    if let Ok(value) = header::HeaderValue::from_str(&encoded) {
+        headers.insert("grpc-message", value);
+    }
+    response
 }
 
 /// With authentication on, the metrics and the API need a token with the admin scope, sent as

@@ -35,7 +35,7 @@ pub enum RuleError {
     UnknownParam { rule: &'static str, param: String, accepted: String },
     #[error("rule {rule:?}: parameter {param:?} {problem}, got {value:?}")]
     BadParam { rule: &'static str, param: &'static str, problem: String, value: String },
-    #[error("rule {rule:?} needs a request key; set `key`")]
+    #[error("rule {rule:?} needs a request key; set `key` (`rota pick --key K`)")]
     MissingKey { rule: Arc<str> },
 }
 

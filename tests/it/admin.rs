@@ -298,3 +298,15 @@ async fn fallback_picks_are_counted_per_service() {
         [r#"rota_picks_total{service="legacy",rule="round_robin",result="ok"} 2"#]
     );
 }
+
+#[tokio::test]
+async fn a_grpc_client_pointed_at_the_admin_port_is_told_so() {
+    let server = TestServer::start().await;
+    let mut client = rota::client::RotaClient::connect(&format!("http://{}", admin(&server))).await.unwrap();
+    let error = client.pick("orders", PickOptions::rule("round_robin")).await.unwrap_err();
+    assert_eq!(error.code(), Some(tonic::Code::Unimplemented), "{error}");
+    assert!(error.to_string().contains("rota's admin HTTP port"), "{error}");
+    assert!(error.to_string().contains("/rota.v1.Balancer/Pick"), "{error}");
+    // Plain HTTP requests are served as before.
+    assert_eq!(get(admin(&server), "/healthz").await, (200, "ok".to_owned()));
+}

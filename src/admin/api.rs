@@ -35,7 +35,15 @@ pub struct InstanceView {
     /// Recent latency; `null` until a call to the instance has been reported.
     pub latency_ms: Option<f64>,
     pub breaker_open: bool,
-    /// Successful picks of this instance since it was registered (or since rota started).
+    /// Whether every rule skips it now (its breaker is open or its failure rate too high).
+    pub ejected: bool,
+    /// Calls consumers reported for the instance (since it was first seen), and the failed ones.
+    pub calls: u64,
+    pub errors: u64,
+    /// Failed share of the calls reported over the statistics window; `null` without any.
+    pub error_rate: Option<f64>,
+    /// Successful picks of this instance since it was registered (or since rota started),
+    /// leased calls included once they are reported.
     pub picks: u64,
     pub picks_by_rule: BTreeMap<String, u64>,
 }
@@ -80,6 +88,8 @@ pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) 
 pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
     let snapshot = state.balancer.registry().service(name)?;
     let counters = state.balancer.counters();
+    let policies = state.balancer.policies().load();
+    let policy = policies.for_service(name);
     // One pass over the tallies, grouped by instance: the view is linear in the instances.
     let mut per_instance: HashMap<Arc<str>, BTreeMap<String, u64>> = HashMap::new();
     for tally in state.balancer.instance_picks(name) {
@@ -102,6 +112,11 @@ pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
                 in_flight: report.load.in_flight,
                 latency_ms: report.load.latency_ms,
                 breaker_open: report.load.tripped,
+                ejected: report.load.tripped && policy.ejection.enabled,
+                calls: report.calls,
+                errors: report.errors,
+                error_rate: (report.successes + report.failures > 0)
+                    .then(|| report.failures as f64 / (report.successes + report.failures) as f64),
                 picks: picks_by_rule.values().sum(),
                 picks_by_rule,
             }

@@ -814,6 +814,7 @@ mod tests {
             latency: Duration::from_millis(20),
             result: Some(CallResult::Error),
             leased: false,
+            rule: String::new(),
         };
         balancer.report(&vec![failure; 3]).unwrap();
         tokio::time::advance(SAMPLE_INTERVAL).await;

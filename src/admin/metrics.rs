@@ -152,18 +152,42 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     let _ = writeln!(out, "rota_state_backend_up{{backend=\"{}\"}} {}", backend.name(), u8::from(backend.is_up()));
 
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
-    for snapshot in &services {
-        for instance in &snapshot.instances {
-            let open = state.balancer.instance_stats(&snapshot.name, &instance.id).load.tripped;
-            let _ = writeln!(
-                out,
-                "rota_breaker_open{{service=\"{}\",instance=\"{}\"}} {}",
-                escape(&snapshot.name),
-                escape(&instance.id),
-                u8::from(open)
-            );
+    let reports: Vec<Vec<_>> = services
+        .iter()
+        .map(|s| s.instances.iter().map(|i| state.balancer.instance_stats(&s.name, &i.id)).collect())
+        .collect();
+    let each = |out: &mut String, write: &dyn Fn(&mut String, &str, &crate::state::InstanceReport)| {
+        for (snapshot, reports) in services.iter().zip(&reports) {
+            for (instance, report) in snapshot.instances.iter().zip(reports) {
+                let labels = format!("service=\"{}\",instance=\"{}\"", escape(&snapshot.name), escape(&instance.id));
+                write(out, &labels, report);
+            }
         }
-    }
+    };
+    each(out, &|out, labels, report| {
+        let _ = writeln!(out, "rota_breaker_open{{{labels}}} {}", u8::from(report.load.tripped));
+    });
+    // Labels name registered instances only, never what a client sent.
+    header(
+        out,
+        "rota_instance_calls_total",
+        "counter",
+        "Calls consumers reported for an instance (leased calls included), by result.",
+    );
+    each(out, &|out, labels, report| {
+        let _ = writeln!(out, "rota_instance_calls_total{{{labels},result=\"ok\"}} {}", report.calls - report.errors);
+        let _ = writeln!(out, "rota_instance_calls_total{{{labels},result=\"error\"}} {}", report.errors);
+    });
+    header(
+        out,
+        "rota_instance_latency_ms",
+        "gauge",
+        "The latency average rota holds for an instance (failed calls count as slow); NaN until a call is reported.",
+    );
+    each(out, &|out, labels, report| {
+        let latency = report.load.latency_ms.map_or_else(|| "NaN".to_owned(), |ms| format!("{ms:.3}"));
+        let _ = writeln!(out, "rota_instance_latency_ms{{{labels}}} {latency}");
+    });
 }
 
 fn render_grpc(state: &AdminState, out: &mut String) {

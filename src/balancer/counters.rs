@@ -153,12 +153,17 @@ impl PickCounters {
     /// Counts one pick (or lease) that ended with `result`. `rule` is the canonical rule when
     /// it was resolved; `fallback` marks a successful pick that took a fallback.
     pub fn record(&self, service: &str, rule: Option<&Arc<str>>, result: PickResult, fallback: bool) {
+        self.record_many(service, rule, result, fallback, 1);
+    }
+
+    /// [`PickCounters::record`] for `count` picks at once (a lease's tickets).
+    pub fn record_many(&self, service: &str, rule: Option<&Arc<str>>, result: PickResult, fallback: bool, count: u64) {
         let service = self.service_label(service);
         let rule = self.rule_label(rule);
         if fallback {
             bump(&self.fallbacks, service.clone());
         }
-        counter(&self.picks, (service, rule, result)).fetch_add(1, Ordering::Relaxed);
+        counter(&self.picks, (service, rule, result)).fetch_add(count, Ordering::Relaxed);
     }
 
     /// The counter of successful picks of `service` under `rule`, for a rotation to cache.

@@ -56,12 +56,15 @@ pub struct LeasedPick {
 }
 
 impl Balancer {
-    /// Reserves `count` tickets; counted as one pick of the service (not per ticket).
+    /// Reserves `count` tickets, counted as `count` picks of the service (a refused lease as
+    /// one refused pick): the metrics count the calls a lease routes, not the leases.
     pub async fn lease(&self, query: PickQuery<'_>, count: u32) -> Result<Leased, PickError> {
         let mut rule = None;
         let result = self.lease_uncounted(query, count, &mut rule).await;
         let fallback = result.as_ref().is_ok_and(|leased| leased.fallback.is_some());
-        self.counters.record(self.service_label(query.service), rule.as_ref(), PickResult::of(&result), fallback);
+        let picks = result.as_ref().map_or(1, |leased| u64::from(leased.count));
+        let service = self.service_label(query.service);
+        self.counters.record_many(service, rule.as_ref(), PickResult::of(&result), fallback, picks);
         result
     }
 

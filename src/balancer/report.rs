@@ -16,6 +16,9 @@ use crate::state::{Origin, Outcome, Outliers};
 
 /// Most outcomes one report may carry.
 pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;
+/// Longest latency a report may give: an hour, far past any call's deadline. A larger value is
+/// a broken or hostile reporter, and would hold an instance's latency average up for good.
+pub const MAX_REPORTED_LATENCY: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallResult {
@@ -35,6 +38,8 @@ pub struct CallOutcome {
     pub result: Option<CallResult>,
     /// Routed by a leased ticket rather than a unary pick.
     pub leased: bool,
+    /// The rule the call was routed by, as the consumer reported it (may be empty).
+    pub rule: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,6 +95,16 @@ impl Balancer {
                         outcome.latency,
                         Outliers { breaker: policy.breaker, ejection: policy.ejection },
                     );
+                    // A leased call was never a pick rota saw: its report is where the instance's
+                    // share of the rotation becomes visible (dashboard, API, metrics).
+                    if outcome.leased {
+                        let rule = if outcome.rule.is_empty() {
+                            Some(policy.rule.canonical.clone())
+                        } else {
+                            self.rules.get(&outcome.rule).ok().map(|r| r.canonical.clone())
+                        };
+                        self.stats.on_leased_call(&instance.service, &instance.id, rule.as_ref());
+                    }
                     self.reports.record(result);
                     summary.accepted += 1;
                 }
@@ -115,6 +130,16 @@ pub(super) fn validate(outcomes: &[CallOutcome]) -> Result<(), InvalidField> {
         validate_service_name(&format!("outcomes[{i}].service"), &outcome.service)?;
         if outcome.instance_id.is_empty() {
             return Err(InvalidField::new(format!("outcomes[{i}].instance_id"), "must not be empty"));
+        }
+        if outcome.latency > MAX_REPORTED_LATENCY {
+            return Err(InvalidField::new(
+                format!("outcomes[{i}].latency_us"),
+                format!(
+                    "is {} µs; the limit is {} µs (1 h)",
+                    outcome.latency.as_micros(),
+                    MAX_REPORTED_LATENCY.as_micros()
+                ),
+            ));
         }
         if outcome.result.is_none() {
             return Err(InvalidField::new(

@@ -101,6 +101,7 @@ fn failure(id: &str) -> CallOutcome {
         latency: Duration::from_millis(1),
         result: Some(CallResult::Error),
         leased: false,
+        rule: String::new(),
     }
 }
 

@@ -99,5 +99,6 @@ pub fn call_outcome(outcome: pb::CallOutcome) -> CallOutcome {
         latency: Duration::from_micros(outcome.latency_us),
         result,
         leased: outcome.leased,
+        rule: outcome.rule,
     }
 }

@@ -105,6 +105,9 @@ pub struct InstanceReport {
     pub successive_failures: u32,
     /// Time left until the breaker closes again.
     pub tripped_for: Option<Duration>,
+    /// Calls reported to this replica since the instance was first seen, and how many failed.
+    pub calls: u64,
+    pub errors: u64,
 }
 
 /// A call result as the stats see it.
@@ -150,6 +153,9 @@ struct Inner {
     counts: VecDeque<(u64, u64, u64)>,
     successive_failures: u32,
     tripped_until: Option<Instant>,
+    /// Calls reported to this replica, and how many of them failed.
+    calls: u64,
+    errors: u64,
     /// End of a failure-rate ejection (see [`super::ejection`]).
     ejected_until: Option<Instant>,
     /// The ejection end last told to the service's [`ServiceEjections`].
@@ -373,6 +379,20 @@ impl Stats {
         }
         inner.in_flight_total += 1;
         inner.publish(Instant::now());
+        self.tally(&mut inner, rule);
+    }
+
+    /// Tallies a reported call that a leased ticket routed as a pick of its instance under
+    /// `rule` (the reported rule when rota knows it), since rota never saw it picked.
+    pub fn on_leased_call(&self, service: &Arc<str>, id: &Arc<str>, rule: Option<&Arc<str>>) {
+        let stats = self.entry(service, id);
+        let mut inner = stats.lock();
+        self.tally(&mut inner, rule.unwrap_or(&self.other_rule));
+    }
+
+    /// Counts one pick of the instance under `rule`; past [`MAX_TALLIED_RULES`] distinct rules,
+    /// under [`OTHER_RULE`].
+    fn tally(&self, inner: &mut Inner, rule: &Arc<str>) {
         let name = if inner.picks.len() < MAX_TALLIED_RULES || inner.picks.iter().any(|(r, _)| **r == **rule) {
             rule
         } else {
@@ -424,6 +444,8 @@ impl Stats {
         let latency = if outcome == Outcome::Failure { latency.max(FAILED_CALL_LATENCY) } else { latency };
         self.sample_latency(&mut inner, now, latency);
         self.count(&mut inner, now, outcome);
+        inner.calls += 1;
+        inner.errors += u64::from(outcome == Outcome::Failure);
         match outcome {
             Outcome::Success => {
                 inner.successive_failures = 0;
@@ -493,6 +515,8 @@ impl Stats {
             failures,
             successive_failures: inner.successive_failures.saturating_add(inner.remote.successive_failures),
             tripped_for,
+            calls: inner.calls,
+            errors: inner.errors,
         }
     }
 

@@ -125,9 +125,12 @@ async fn service_view_has_exact_fields_and_unknown_services_are_404() {
     let view: serde_json::Value = serde_json::from_str(&body).unwrap();
     let epoch = view["epoch"].as_u64().expect("an epoch");
     let row = |id: &str, port: u16, in_flight: u64, latency: serde_json::Value, open: bool, picks: u64| {
+        // Only b had calls reported: three failures.
+        let (calls, error_rate) = if open { (3, json!(1.0)) } else { (0, json!(null)) };
         json!({
             "id": id, "host": "127.0.0.1", "port": port, "version": "", "zone": "", "weight": 100,
             "status": "UP", "in_flight": in_flight, "latency_ms": latency, "breaker_open": open,
+            "ejected": open, "calls": calls, "errors": calls, "error_rate": error_rate,
             "picks": picks, "picks_by_rule": { "round_robin": picks },
         })
     };
@@ -139,7 +142,7 @@ async fn service_view_has_exact_fields_and_unknown_services_are_404() {
             "instances": [
                 row("a", 1, 3, json!(null), false, 3),
                 // b's reported outcomes end its calls in flight.
-                row("b", 2, 0, json!(2.0), true, 2),
+                row("b", 2, 0, json!(1000.0), true, 2),
                 row("c", 3, 2, json!(null), false, 2),
             ],
             "picks_by_rule": { "round_robin": 7 },
@@ -309,4 +312,72 @@ async fn a_grpc_client_pointed_at_the_admin_port_is_told_so() {
     assert!(error.to_string().contains("/rota.v1.Balancer/Pick"), "{error}");
     // Plain HTTP requests are served as before.
     assert_eq!(get(admin(&server), "/healthz").await, (200, "ok".to_owned()));
+}
+
+#[tokio::test]
+async fn channel_traffic_shows_per_instance_calls_errors_and_picks() {
+    let server = TestServer::start().await;
+    let _web = server.register(vec![instance("web", "a", 1), instance("web", "b", 2)]).await;
+    let mut client = server.client().await;
+    let lease = pb::LeaseRequest { service: "web".into(), rule: "round_robin".into(), count: 10, ..Default::default() };
+    let leased = client.balancer().lease(lease).await.expect("lease").into_inner();
+    assert_eq!(leased.count, 10);
+    // The channel spent six tickets: a answered three, b failed one and answered two.
+    let outcome = |id: &str, ticket: u64, result: pb::CallResult| pb::CallOutcome {
+        service: "web".into(),
+        instance_id: id.into(),
+        ticket,
+        rule: "round_robin".into(),
+        latency_us: 3_000,
+        result: result.into(),
+        leased: true,
+    };
+    let ok = pb::CallResult::Ok;
+    let calls = vec![
+        outcome("a", 0, ok),
+        outcome("b", 1, pb::CallResult::Error),
+        outcome("a", 2, ok),
+        outcome("b", 3, ok),
+        outcome("a", 4, ok),
+        outcome("b", 5, ok),
+    ];
+    assert_eq!(client.report(calls).await.unwrap().accepted, 6);
+
+    let (_, body) = get(admin(&server), "/api/services/web").await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = |i: usize| {
+        let r = &view["instances"][i];
+        (r["id"].as_str(), r["calls"].as_u64(), r["errors"].as_u64(), r["picks"].as_u64(), r["error_rate"].as_f64())
+    };
+    assert_eq!(row(0), (Some("a"), Some(3), Some(0), Some(3), Some(0.0)), "{body}");
+    assert_eq!(row(1), (Some("b"), Some(3), Some(1), Some(3), Some(1.0 / 3.0)), "{body}");
+    // The failed call does not make b look fast.
+    assert!(
+        view["instances"][1]["latency_ms"].as_f64().unwrap() > view["instances"][0]["latency_ms"].as_f64().unwrap()
+    );
+
+    let (_, metrics) = get(admin(&server), "/metrics").await;
+    assert_eq!(
+        series(&metrics, "rota_picks_total{service=\"web\""),
+        [r#"rota_picks_total{service="web",rule="round_robin",result="ok"} 10"#],
+        "a lease counts its tickets"
+    );
+    assert_eq!(
+        series(&metrics, "rota_instance_calls_total{"),
+        [
+            r#"rota_instance_calls_total{service="web",instance="a",result="ok"} 3"#,
+            r#"rota_instance_calls_total{service="web",instance="a",result="error"} 0"#,
+            r#"rota_instance_calls_total{service="web",instance="b",result="ok"} 2"#,
+            r#"rota_instance_calls_total{service="web",instance="b",result="error"} 1"#,
+        ]
+    );
+    // A latency no call can have is refused whole, changing nothing.
+    let mut absurd = outcome("a", 6, ok);
+    absurd.latency_us = u64::MAX;
+    let error = client.report(vec![absurd]).await.unwrap_err();
+    assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
+    assert!(error.to_string().contains("outcomes[0].latency_us"), "{error}");
+    let (_, body) = get(admin(&server), "/api/services/web").await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["instances"][0]["calls"].as_u64(), Some(3));
 }

@@ -1,6 +1,7 @@
 // The grpc-js channel against a scripted rota whose Lease answers with picks (a service under
 // gray release, leased without a version): every call goes to the instance its pick names and
 // carries and reports the pick's ticket; a pick whose instance is not READY is skipped, a gap.
+// Then against a live rota with a gray split, one instance killed under the channel.
 
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
@@ -9,13 +10,15 @@ import { describe, it } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 import type { sendUnaryData, ServerUnaryCall, ServerWritableStream } from '@grpc/grpc-js';
 
+import { RotaClient } from '../src/index.js';
 import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_SERVER, OPTION_TICKET_HEADER } from '../src/channel/index.js';
 import type { CallOutcome__Output } from '../src/generated/rota/v1/CallOutcome.js';
 import type { LeaseRequest__Output } from '../src/generated/rota/v1/LeaseRequest.js';
 import type { ReportRequest__Output } from '../src/generated/rota/v1/ReportRequest.js';
 import { EchoServer, echoCalls, echoPackage, type EchoCall } from './echo.js';
 import { FakeRota } from './fake-rota.js';
-import { silentLogger, waitFor } from './harness.js';
+import { rotaV1 } from '../src/proto.js';
+import { RotaServer, silentLogger, waitFor } from './harness.js';
 
 interface Member {
   id: string;
@@ -221,6 +224,50 @@ describe('gray leases (picks rota mapped itself)', { timeout: 60_000 }, () => {
       client.close();
       rota.fake.stop();
       echoes.forEach((e) => e.kill());
+    }
+  });
+});
+
+describe('gray release against a live rota', { timeout: 60_000 }, () => {
+  it('follows the split without a version, and passes over a killed instance without failed calls', async () => {
+    const server = await RotaServer.start();
+    const log: EchoCall[] = [];
+    const echoes = await Promise.all(['a', 'b', 'v'].map((id) => EchoServer.start(id, log)));
+    const provider = new RotaClient(server.target, { logger: silentLogger });
+    const policies = new (rotaV1().Policies)(server.target, grpc.credentials.createInsecure());
+    let client: grpc.Client | undefined;
+    try {
+      await provider.register(echoes.map((e) => ({ id: e.id, service: 'gray', host: '127.0.0.1', port: e.port, ...(e.id === 'v' ? { version: 'v2' } : {}) })));
+      await new Promise<void>((resolve, reject) =>
+        policies.SetPolicy({ policy: { service: 'gray', gray: { unversioned: 2, versions: { v2: 1 } } } }, { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null) =>
+          error !== null ? reject(error) : resolve(),
+        ),
+      );
+      client = channel(server.target);
+      const first = await echoCalls(client, 30, '', 5_000);
+      assert.deepEqual(first.filter((r) => r.error !== undefined), []);
+      const count = (id: string): number => log.filter((c) => c.instance === id).length;
+      assert.deepEqual([count('a'), count('b'), count('v')], [10, 10, 10], 'the 2:1 split, round robin among the unversioned');
+      assert.ok(log.every((c) => c.ticket >= 0n), 'every call carried its pick ticket');
+      echoes[2]!.kill();
+      // A call already on its way to v when it died may fail; then none may.
+      let answered = false;
+      for (let n = 0; n < 10 && !answered; n++) {
+        answered = (await echoCalls(client, 1, '', 5_000))[0]!.error === undefined;
+      }
+      assert.ok(answered, '10 calls failed after v was killed');
+      const before = log.length;
+      const rest = await echoCalls(client, 30, '', 5_000);
+      assert.deepEqual(rest.filter((r) => r.error !== undefined).map((r) => r.error!.details), []);
+      const later = log.slice(before);
+      assert.equal(later.length, 30);
+      assert.ok(later.every((c) => (c.instance === 'a' || c.instance === 'b') && c.ticket >= 0n), JSON.stringify(later.map((c) => c.instance)));
+    } finally {
+      client?.close();
+      policies.close();
+      await provider.close();
+      echoes.forEach((e) => e.kill());
+      await server.stop();
     }
   });
 });

@@ -160,6 +160,11 @@ async fn demo(replicas: usize, redis: Option<&str>) -> Result<(), CliError> {
         for ((name, _), drawn) in columns.iter().zip(&tickets) {
             println!("tickets {name:<16} {}", drawn.join(" "));
         }
+        // A rotation is (service, rule, subset): the fallback lands on round_robin's own.
+        println!(
+            "(version=nobody fell back to the instances with no version, the subset round_robin \
+             rotates over, so it drew from that same rotation: its tickets go on from round_robin's)"
+        );
     }
     for note in notes {
         println!("\nfallback — {note}");

@@ -252,6 +252,9 @@ fn demo_replicas_share_one_rotation_across_replicas() {
     };
     assert_eq!(tickets("round_robin"), (0..12).collect::<Vec<u64>>(), "{out}");
     assert_eq!(tickets("repeat(n=3)"), (0..12).collect::<Vec<u64>>(), "{out}");
+    // The fallback draws from round_robin's rotation of the unversioned instances, and says so.
+    assert_eq!(tickets("version=nobody"), (12..24).collect::<Vec<u64>>(), "{out}");
+    assert!(out.contains("so it drew from that same rotation"), "{out}");
 }
 
 #[test]

@@ -167,10 +167,10 @@ test('the dashboard opens on a service with instances, shows its traffic and plo
   assert.equal((await server.report('dash', 'c', 3, 5, false)).accepted, 3);
   await until(page, 'latencies and the open breaker in the table', () => {
     const cell = (id, n) => document.querySelector(`#instances tr[data-instance-id="${id}"] td:nth-child(${n})`)?.innerText;
-    return cell('a', 8) === '20.0 ms' && cell('b', 8) === '40.0 ms' && cell('c', 9) === 'open';
+    return cell('a', 8) === '20.0 ms' && cell('b', 8) === '40.0 ms' && cell('c', 9) === 'open · ejected';
   });
   assert.deepEqual((await table(page)).map((row) => [row.id, row['unreported picks'], row['latency (EWMA)'], row.breaker]), [
-    ['a', '0', '20.0 ms', 'closed'], ['b', '0', '40.0 ms', 'closed'], ['c', '0', '5.0 ms', 'open'], ['d', '14', '—', 'closed'],
+    ['a', '0', '20.0 ms', 'closed'], ['b', '0', '40.0 ms', 'closed'], ['c', '0', '1000.0 ms', 'open · ejected'], ['d', '14', '—', 'closed'],
   ]);
   await until(page, 'the latency legend', () => document.querySelector('#latency-keys [data-series="a"] .figure')?.innerText === '20.0 ms now'
     && document.querySelector('#latency-keys [data-series="b"] .figure')?.innerText === '40.0 ms now');

@@ -205,12 +205,19 @@ func (r *run) step(ctx context.Context, i int, s step) {
 		}
 	case s.Kill != "":
 		r.servers[s.Kill].Kill()
-		for n := 0; n < 10; n++ {
+		// Settled once as many calls in a row succeed as there are instances: such a run
+		// spans a pick of the killed one, which the channel can only have passed over.
+		want, succeeded := len(r.servers), 0
+		for n := 0; n < 10*want && succeeded < want; n++ {
 			if echo.Calls(ctx, r.conn, 1, "", 5*time.Second)[0].Err == nil {
-				return
+				succeeded++
+			} else {
+				succeeded = 0
 			}
 		}
-		t.Fatalf("step %d: 10 calls failed after %s was killed", i, s.Kill)
+		if succeeded < want {
+			t.Fatalf("step %d: %d calls in a row did not succeed after %s was killed", i, want, s.Kill)
+		}
 	case s.StopRota:
 		r.rota.stop()
 	case s.RestartRota:

@@ -127,12 +127,19 @@ func TestGrayChannelFollowsRotasPicks(t *testing.T) {
 	}
 
 	w.servers["b"].Kill()
-	var settled bool
-	for i := 0; i < 10 && !settled; i++ {
-		settled = echo.Calls(ctx, w.conn, 1, "", 5*time.Second)[0].Err == nil
+	// The channel has seen b's death once a whole pattern's worth of calls in a row
+	// succeeds: those calls span a pick of b, which they can only have passed over.
+	// Until then a call routed to b's closing connection may fail.
+	succeeded := 0
+	for i := 0; i < 10*len(grayPattern) && succeeded < len(grayPattern); i++ {
+		if echo.Calls(ctx, w.conn, 1, "", 5*time.Second)[0].Err == nil {
+			succeeded++
+		} else {
+			succeeded = 0
+		}
 	}
-	if !settled {
-		t.Fatal("10 calls failed after b was killed")
+	if succeeded < len(grayPattern) {
+		t.Fatalf("%d calls in a row did not succeed after b was killed", len(grayPattern))
 	}
 	before := w.log.Len()
 	for i, r := range echo.Calls(ctx, w.conn, 60, "", 5*time.Second) {

@@ -52,7 +52,8 @@ STEP_KEYS = {
 EXPECT_KEYS = {"failures", "error_contains", "leased", "rotation", "runs", "only", "never", "spread", "counts"}
 #: How long restart_rota waits for the registrations to be listed again.
 RESTART_PATIENCE = 20.0
-#: At most this many calls after a kill step until one succeeds.
+#: A kill step calls until as many calls in a row succeed as there are instances, in at
+#: most this many times that many calls.
 CALLS_AFTER_KILL = 10
 
 
@@ -230,13 +231,16 @@ class Runner:
             assert not late, f"{step['withdraw']} still reached after {step['within_ms']} ms: {late[:3]}"
         elif "kill" in step:
             self.fleet.kill(step["kill"])
-            # A call already on its way to the instance may fail; one of the next must not.
-            outcomes = []
-            for _ in range(CALLS_AFTER_KILL):
+            # A call already on its way to the instance may fail. As many calls in a row as
+            # there are instances span a pick of the killed one, which the channel can only
+            # have passed over: then it has seen the death.
+            want = len(self.scenario["instances"])
+            outcomes: list[Any] = []
+            in_a_row = 0
+            while in_a_row < want and len(outcomes) < CALLS_AFTER_KILL * want:
                 outcomes.append(self.call())
-                if outcomes[-1] is None:
-                    break
-            assert outcomes[-1] is None, f"{CALLS_AFTER_KILL} calls failed after the kill: {outcomes}"
+                in_a_row = in_a_row + 1 if outcomes[-1] is None else 0
+            assert in_a_row == want, f"{want} calls in a row did not succeed after the kill: {outcomes}"
         elif step.get("stop_rota"):
             self.server.kill()
         elif step.get("restart_rota"):

@@ -13,7 +13,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::RootCertStore;
@@ -29,10 +29,15 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::{error, info};
 
+use crate::config::files::{self, OffRuntime, READ_TIMEOUT, Stalled, modified};
 use crate::listener::{Guarded, Handshake};
 
 /// How often the certificate files are checked for a change.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// What the reloader compares: each file's modification time and length.
+type Seen =
+    (Option<(std::time::SystemTime, u64)>, Option<(std::time::SystemTime, u64)>, Option<(std::time::SystemTime, u64)>);
 
 /// Where the PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +69,7 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(key, path, format!("cannot read: {e}")))
+    files::read(path).map_err(|e| TlsError::new(key, path, format!("cannot read: {e}")))
 }
 
 fn certificates(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -170,25 +175,45 @@ impl ReloadingAcceptor {
     }
 
     /// Polls the certificate, key and client CA files and swaps in a new configuration when
-    /// any of them changes; connections already open keep theirs.
+    /// any of them changes; connections already open keep theirs. The files are looked at off
+    /// the runtime, within [`READ_TIMEOUT`]; a look that hangs is a refused reload.
     pub fn spawn_reloader(&self) -> JoinHandle<()> {
         let config = self.config.clone();
         let files = self.files.clone();
         let reloads = self.reloads.clone();
+        let off_runtime = OffRuntime::default();
         tokio::spawn(async move {
-            let seen = |files: &TlsFiles| {
+            fn seen(files: &TlsFiles) -> Seen {
                 (modified(&files.cert), modified(&files.key), files.client_ca.as_deref().and_then(modified))
-            };
+            }
             let mut last_seen = seen(&files);
             let mut ticker = tokio::time::interval(POLL_INTERVAL);
             loop {
                 ticker.tick().await;
-                let now_seen = seen(&files);
-                if now_seen == last_seen {
-                    continue;
-                }
-                last_seen = now_seen;
-                match build_config(&files) {
+                let look = {
+                    let files = files.clone();
+                    off_runtime
+                        .run(READ_TIMEOUT, move || {
+                            let now_seen = seen(&files);
+                            let changed = now_seen != last_seen;
+                            (now_seen, changed.then(|| build_config(&files)))
+                        })
+                        .await
+                };
+                let built = match look {
+                    Ok((now_seen, built)) => {
+                        last_seen = now_seen;
+                        match built {
+                            Some(built) => built,
+                            None => continue,
+                        }
+                    }
+                    Err(Stalled::Busy) => continue,
+                    Err(stalled @ Stalled::TimedOut(_)) => {
+                        Err(TlsError::new("server.tls_cert", &files.cert, stalled.to_string()))
+                    }
+                };
+                match built {
                     Ok(new) => {
                         config.store(new);
                         reloads.send_modify(|r| r.applied += 1);
@@ -228,9 +253,4 @@ impl Handshake for TlsHandshake {
     fn handshake_bytes(&self) -> u64 {
         1
     }
-}
-
-fn modified(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }

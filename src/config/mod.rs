@@ -471,7 +471,7 @@ fn resolve_tls(
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     let error =
         |key: &str, problem: String| ConfigError { source_name: path.display().to_string(), key: key.into(), problem };
-    let text = std::fs::read_to_string(path).map_err(|e| error("file", format!("cannot read: {e}")))?;
+    let text = files::read_to_string(path).map_err(|e| error("file", format!("cannot read: {e}")))?;
     toml::from_str(&text).map_err(|e| error("file", e.to_string().trim_end().to_owned()))
 }
 
@@ -486,7 +486,7 @@ fn resolve_auth(table: &AuthTable, source: &str) -> Result<Option<Arc<Authentica
             problem,
         };
         let secret = match (&entry.token_file, &entry.token_env) {
-            (Some(file), None) => std::fs::read_to_string(file)
+            (Some(file), None) => files::read_to_string(file)
                 .map_err(|e| error("token_file", format!("cannot read {}: {e}", file.display())))?,
             (None, Some(var)) => std::env::var(var).map_err(|_| error("token_env", format!("{var} is not set")))?,
             _ => return Err(error("token_file", "give exactly one of token_file and token_env".into())),
@@ -559,3 +559,5 @@ impl Settings {
 
 #[cfg(test)]
 mod tests;
+
+pub mod files;

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info};
 
 use super::{EjectionSpec, GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
+use crate::config::files::{self, OffRuntime, READ_TIMEOUT, Stalled, modified};
 
 /// How often the file's modification time is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -201,7 +202,7 @@ pub fn parse(text: &str) -> Result<PolicySet, String> {
 /// Reads and validates a policy file.
 pub fn load(path: &Path) -> Result<PolicySet, ConfigError> {
     let error = |message: String| ConfigError { path: path.display().to_string(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
+    let text = files::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
     parse(&text).map_err(error)
 }
 
@@ -217,10 +218,13 @@ pub struct PolicyReloads {
 }
 
 /// Re-reads `path` when it changes or on SIGHUP, replacing the file's layer of the policies
-/// only when the new file validates; each outcome is counted in `reloads`.
+/// only when the new file validates; each outcome is counted in `reloads`. The file is looked
+/// at off the runtime, within [`READ_TIMEOUT`]: a look that hangs (a file system that does not
+/// answer) is a refused reload, and later ones start once it returns.
 pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Sender<PolicyReloads>) -> JoinHandle<()> {
     // Taken now, not when the task first runs: a change made in between is still a change.
     let mut last_seen = modified(&path);
+    let off_runtime = OffRuntime::default();
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(POLL_INTERVAL);
         #[cfg(unix)]
@@ -239,12 +243,31 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Se
                 _ = ticker.tick() => false,
                 _ = hangup => true,
             };
-            let now_seen = modified(&path);
-            if !forced && now_seen == last_seen {
-                continue;
-            }
-            last_seen = now_seen;
-            let outcome = match load(&path) {
+            let look = {
+                let path = path.clone();
+                off_runtime
+                    .run(READ_TIMEOUT, move || {
+                        let now_seen = modified(&path);
+                        let changed = forced || now_seen != last_seen;
+                        (now_seen, changed.then(|| load(&path)))
+                    })
+                    .await
+            };
+            let loaded = match look {
+                Ok((now_seen, loaded)) => {
+                    last_seen = now_seen;
+                    match loaded {
+                        Some(loaded) => loaded,
+                        None => continue,
+                    }
+                }
+                // Already reported when that look timed out.
+                Err(Stalled::Busy) => continue,
+                Err(stalled @ Stalled::TimedOut(_)) => {
+                    Err(ConfigError { path: path.display().to_string(), message: stalled.to_string() })
+                }
+            };
+            let outcome = match loaded {
                 Ok(set) => policies.replace_file(set).map_err(|e| format!("{}: {e}", path.display())),
                 Err(e) => {
                     policies.file_refused();
@@ -337,11 +360,6 @@ pub fn toml_string(text: &str) -> String {
     }
     out.push('"');
     out
-}
-
-fn modified(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 #[cfg(test)]

@@ -132,3 +132,28 @@ async fn bad_policy_calls_get_precise_codes_and_change_nothing() {
     assert_eq!((now.rule.as_str(), now.source()), ("random", pb::PolicySource::Default));
     assert_eq!(rule_and_source(&mut admin, "orders").await, ("random".into(), pb::PolicySource::Default));
 }
+
+/// A policy file replaced by a FIFO (a file that would block a reader forever) is refused at
+/// once with a message saying what it is; the reloader goes on, picks go on, and the next
+/// regular file applies.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_fifo_in_place_of_the_policy_file_is_refused_and_later_files_apply() {
+    let path = policy_file("fifo", "[services.orders]\nrule = \"repeat(n=2)\"\n");
+    let server = TestServer::start_with(|config| config.policy_file = Some(path.clone())).await;
+    let mut reloads = server.server.policy_reloads().expect("a policy file is configured");
+    let _provider = server.register(vec![instance("orders", "a", 1), instance("orders", "b", 2)]).await;
+    let mut admin = server.client().await;
+
+    let fifo = path.with_extension("fifo");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    std::fs::rename(&fifo, &path).unwrap();
+    reloaded(&mut reloads, 0, 1).await;
+    assert_eq!(picked_rule(&mut admin, "orders").await, "repeat(n=2)", "the policies in force stay");
+
+    rewrite(&path, "[services.orders]\nrule = \"random\"\n");
+    reloaded(&mut reloads, 1, 1).await;
+    assert_eq!(picked_rule(&mut admin, "orders").await, "random");
+}

@@ -218,8 +218,9 @@ pub fn validate_metadata(field: &str, metadata: &BTreeMap<String, String>) -> Re
     Ok(())
 }
 
-/// Keeps error messages short when echoing an over-long key.
-fn truncate(s: &str) -> String {
+/// Keeps error messages short when echoing an over-long name or key: its first 32
+/// characters and an ellipsis.
+pub fn truncate(s: &str) -> String {
     let end = s.char_indices().nth(32).map_or(s.len(), |(i, _)| i);
     if end < s.len() { format!("{}…", &s[..end]) } else { s.to_owned() }
 }

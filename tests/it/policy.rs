@@ -120,6 +120,16 @@ async fn bad_policy_calls_get_precise_codes_and_change_nothing() {
     assert_eq!(error.code(), Some(Code::InvalidArgument));
     assert!(error.to_string().starts_with("INVALID_ARGUMENT: policy.service "), "{error}");
 
+    // A version name of 1 MiB is refused in a message of a few dozen bytes, not echoed whole.
+    let long = pb::GrayRelease { unversioned: 1, versions: [("v".repeat(1 << 20), 1)].into() };
+    let error = admin
+        .set_policy(pb::Policy { service: "orders".into(), gray: Some(long), ..pb::Policy::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Some(Code::InvalidArgument));
+    assert!(error.to_string().len() < 200 && error.to_string().contains("is 1048576 bytes long"), "{error}");
+    assert_eq!(admin.list_policies().await.unwrap(), before, "nothing changed");
+
     // A file whose defaults the override cannot live with is refused whole.
     rewrite(&path, "[defaults]\nrule = \"random\"\nbreaker = { blackout_base = \"25s\" }\n");
     reloaded(&mut reloads, 0, 1).await;

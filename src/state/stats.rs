@@ -12,7 +12,10 @@
 //!   and the timeout plus one bucket after it was made. The buckets are reserved once per
 //!   instance, so a warm pick never allocates;
 //! - a latency EWMA whose weight decays with time (time constant `latency_decay`), so it
-//!   follows the recent window rather than the lifetime mean Ribbon's `ServerStats` used;
+//!   follows the recent window rather than the lifetime mean Ribbon's `ServerStats` used. An
+//!   average with no sample for [`LATENCY_MEMORY`] time constants is forgotten: a slow spell
+//!   that made `response_time` starve the instance (so no new sample could come) ends in time,
+//!   and the instance counts as average again until its next report measures it;
 //! - success and failure counts over a sliding window;
 //! - successive failures and Ribbon's circuit breaker: tripped at `failure_threshold` successive
 //!   failures, blacked out for `blackout_base × 2^(failures − threshold)` capped at
@@ -138,6 +141,9 @@ const IN_FLIGHT_BUCKETS: usize = BUCKETS_PER_TIMEOUT as usize + 2;
 const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
 /// Buckets of the success/failure window.
 const COUNT_BUCKETS: u64 = 6;
+/// Time constants without a sample after which an instance's latency average is forgotten
+/// (the weight a fresh sample would have had by then is 1 − e⁻³ ≈ 95 %).
+pub const LATENCY_MEMORY: u32 = 3;
 /// The least latency a failed call is sampled at.
 pub const FAILED_CALL_LATENCY: Duration = Duration::from_secs(1);
 
@@ -334,18 +340,33 @@ impl Stats {
         }
     }
 
-    /// Stops counting picks nobody reported within the in-flight timeout, and tells the load
-    /// indexes. Linear in the instances with statistics; the server runs it off the runtime.
+    /// Stops counting picks nobody reported within the in-flight timeout, forgets latency
+    /// averages [`LATENCY_MEMORY`] time constants old, and tells the load indexes. Linear in
+    /// the instances with statistics; the server runs it off the runtime.
     pub fn expire(&self) {
         let now = Instant::now();
         let second = self.second(now);
         for service in self.services.iter() {
             for instance in service.value().iter() {
                 let mut inner = instance.value().lock();
-                if self.expire_in_flight(&mut inner, second) {
+                let expired = self.expire_in_flight(&mut inner, second);
+                if self.forget_stale_latency(&mut inner, now) || expired {
                     inner.publish(now);
                 }
             }
+        }
+    }
+
+    /// Forgets a latency average that had no sample for [`LATENCY_MEMORY`] time constants;
+    /// whether it did.
+    fn forget_stale_latency(&self, inner: &mut Inner, now: Instant) -> bool {
+        let memory = self.config.latency_decay * LATENCY_MEMORY;
+        match inner.last_sample {
+            Some(last) if inner.ewma_ms.is_some() && now.duration_since(last) >= memory => {
+                inner.ewma_ms = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -816,6 +837,52 @@ mod tests {
         }
         let latency = stats.load("svc", "a").latency_ms.unwrap();
         assert!((10.0..12.0).contains(&latency), "{latency}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_latency_without_new_samples_is_forgotten_after_three_time_constants() {
+        let stats = Stats::default();
+        let (service, id) = key("a");
+        let spec = crate::registry::InstanceSpec {
+            id: "a".into(),
+            service: "svc".into(),
+            host: "127.0.0.1".into(),
+            port: 1000,
+            ..Default::default()
+        };
+        let members = [Arc::new(spec.validate("test").unwrap())];
+        let index = Arc::new(LoadIndex::new(&members));
+        stats.attach(&index, &members);
+        let hour = Duration::from_secs(3600);
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            hour,
+            Outliers::breaker(BreakerConfig::default()),
+        );
+        assert_eq!(stats.load("svc", "a").latency_ms, Some(3_600_000.0));
+        // Just short of 30 s (3 × the 10 s time constant) it is still held.
+        tokio::time::advance(Duration::from_secs(29)).await;
+        stats.expire();
+        assert_eq!(stats.load("svc", "a").latency_ms, Some(3_600_000.0));
+        assert_eq!(index.load(0, Instant::now()).latency_ms, Some(3_600_000.0));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        stats.expire();
+        assert_eq!(stats.load("svc", "a").latency_ms, None, "forgotten");
+        assert_eq!(index.load(0, Instant::now()).latency_ms, None, "and the load index told");
+        // The next sample measures it afresh, not averaged with the forgotten hour.
+        let fast = Duration::from_millis(5);
+        stats.on_outcome(
+            &service,
+            &id,
+            Outcome::Success,
+            Origin::Pick,
+            fast,
+            Outliers::breaker(BreakerConfig::default()),
+        );
+        assert_eq!(stats.load("svc", "a").latency_ms, Some(5.0));
     }
 
     #[tokio::test(start_paused = true)]

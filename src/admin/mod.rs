@@ -15,6 +15,14 @@
 //! counters and statistics, the gRPC metrics); the admin listener never changes state. When the
 //! server stops, the shutdown signal ends the event streams first, so a browser left open
 //! cannot hold the process.
+//!
+//! Connections come through the same [front door](crate::listener) as gRPC's, with caps of
+//! their own ([`ADMIN_LIMITS`]: 512 in all, 64 per client address), so idle or half-open admin
+//! connections can neither use up rota's file descriptors nor lock out a probe from elsewhere.
+//! A connection must send its first byte within 10 s, and every request head (the first and
+//! each on a kept-alive connection) must arrive whole within [`HEADER_TIMEOUT`] of rota
+//! starting to wait for it, or the connection is closed; an event stream, where the client
+//! only reads, is not cut.
 
 pub mod api;
 pub mod events;
@@ -22,12 +30,13 @@ pub mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -35,7 +44,7 @@ use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::metrics::GrpcMetrics;
 use crate::grpc::streams::OpenStreams;
-use crate::listener::Admission;
+use crate::listener::{Admission, ConnectionLimits, Guarded, Handshake};
 use crate::policy::file::PolicyReloads;
 
 /// The dashboard page, served as is.
@@ -194,14 +203,72 @@ async fn require_admin(
 }
 
 /// Serves the admin routes on `listener` until the state's shutdown signal.
+/// The admin listener's connection caps. Its idle bound is the [`HEADER_TIMEOUT`] between
+/// requests, not the byte timer, which would cut event streams (their clients only read).
+pub const ADMIN_LIMITS: ConnectionLimits = ConnectionLimits {
+    max_connections: 512,
+    max_connections_per_peer: 64,
+    handshake_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(365 * 24 * 3600),
+};
+
+/// How long a request head may take to arrive, counted from when rota waits for it (on a new
+/// connection, and after each response on a kept-alive one).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/1 on an admitted connection: no handshake; its first byte must come in time.
+#[derive(Debug, Clone, Copy)]
+struct Http1;
+
+impl Handshake for Http1 {
+    type Conn = Guarded<TcpStream>;
+
+    async fn handshake(&self, io: Guarded<TcpStream>) -> std::io::Result<Self::Conn> {
+        Ok(io)
+    }
+
+    fn handshake_bytes(&self) -> u64 {
+        1
+    }
+}
+
+/// Serves the admin routes on `listener` until the server stops; connections still open then
+/// get a graceful close (at most the server's wait for this task).
 pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
+    spawn_with(listener, state, ADMIN_LIMITS)
+}
+
+fn spawn_with(listener: TcpListener, state: AdminState, limits: ConnectionLimits) -> JoinHandle<()> {
+    use futures_util::StreamExt;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
     let stopping = state.stopping.clone();
     let app = router(state);
+    let mut incoming = crate::listener::incoming(listener, Admission::new(limits), Http1);
     tokio::spawn(async move {
-        let serving = axum::serve(listener, app).with_graceful_shutdown(AdminState::stopped(stopping));
-        if let Err(error) = serving.await {
-            tracing::warn!(%error, "admin listener failed");
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let stopped = AdminState::stopped(stopping);
+        tokio::pin!(stopped);
+        loop {
+            let conn = tokio::select! {
+                conn = incoming.next() => match conn {
+                    Some(Ok(conn)) => conn,
+                    _ => break,
+                },
+                () = &mut stopped => break,
+            };
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            let serving = http.serve_connection(TokioIo::new(conn), TowerToHyperService::new(app.clone()));
+            let serving = graceful.watch(serving);
+            tokio::spawn(async move {
+                if let Err(error) = serving.await {
+                    tracing::debug!(%error, "admin connection ended");
+                }
+            });
         }
+        graceful.shutdown().await;
     })
 }
 

@@ -173,6 +173,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let grace = settings.shutdown_grace;
+    let wanted = settings.serve.limits.connections.max_connections + crate::admin::ADMIN_LIMITS.max_connections;
+    crate::listener::raise_open_files_limit(wanted);
     let server = Server::start(settings.serve).await?;
     // The first line of output is the bound address, for scripts and test harnesses; the second
     // the admin address. One write, so a reader that stops after the first line cannot make

@@ -197,6 +197,55 @@ impl Handshake for Plaintext {
     }
 }
 
+/// File descriptors rota needs beside its connections: Redis, files, the runtime's own.
+const SPARE_DESCRIPTORS: usize = 256;
+
+/// Raises this process's soft limit of open files to its hard limit (a process starts with a
+/// soft limit of 1,024 on most systems, fewer than the default connection caps), and warns
+/// when even the hard limit is below `connections` plus what rota needs beside them: past
+/// it, `accept` fails for every listener, not only the one that is full. Returns the limit
+/// now in force, when it could be read.
+pub fn raise_open_files_limit(connections: usize) -> Option<u64> {
+    let limit = open_files_limit()?;
+    let wanted = (connections + SPARE_DESCRIPTORS) as u64;
+    if limit < wanted {
+        warn!(
+            limit,
+            wanted,
+            "the open-files limit is below the connection caps; raise it (ulimit -n, LimitNOFILE) or lower the caps"
+        );
+    } else {
+        debug!(limit, "open-files limit");
+    }
+    Some(limit)
+}
+
+#[cfg(unix)]
+fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        } else {
+            warn!(error = %io::Error::last_os_error(), "cannot raise the open-files limit");
+        }
+    }
+    // `rlim_t` is u64 on Linux but not on every unix.
+    #[allow(clippy::unnecessary_cast)]
+    Some(limit.rlim_cur as u64)
+}
+
+#[cfg(not(unix))]
+fn open_files_limit() -> Option<u64> {
+    None
+}
+
 /// Accepts connections on `listener` under `admission`'s caps and yields those whose handshake
 /// succeeded. The accept task ends when the returned stream is dropped.
 pub fn incoming<H: Handshake>(listener: TcpListener, admission: Arc<Admission>, handshaker: H) -> Incoming<H::Conn> {

@@ -381,3 +381,58 @@ async fn channel_traffic_shows_per_instance_calls_errors_and_picks() {
     let view: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(view["instances"][0]["calls"].as_u64(), Some(3));
 }
+
+/// Connects to `to` from the loopback address `ip`.
+async fn connect_from(ip: std::net::Ipv4Addr, to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(ip.into(), 0)).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// Whether the server closes `stream` (end of stream or reset) within `within`.
+async fn closed_within(stream: &mut TcpStream, within: std::time::Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(tokio::time::timeout(within, stream.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+}
+
+/// Idle and half-sent admin connections hold no more than their cap and are closed in time;
+/// another address still gets `/healthz`, and gRPC is not touched.
+#[tokio::test]
+async fn idle_and_half_sent_admin_connections_are_capped_and_closed() {
+    use std::net::Ipv4Addr;
+    let server = TestServer::start().await;
+    let addr = admin(&server);
+    let _provider = server.register(vec![instance("adm", "a", 1)]).await;
+    let per_peer = rota::admin::ADMIN_LIMITS.max_connections_per_peer;
+
+    // Connections that never send a byte: the per-address cap holds, the next is closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..per_peer {
+        idle.push(connect_from(Ipv4Addr::new(127, 0, 0, 1), addr).await);
+    }
+    let mut over = connect_from(Ipv4Addr::new(127, 0, 0, 1), addr).await;
+    assert!(closed_within(&mut over, PATIENCE).await, "the connection over the per-address cap is closed");
+
+    // A request head that never ends.
+    let mut half = connect_from(Ipv4Addr::new(127, 0, 0, 3), addr).await;
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: rota\r\n").await.unwrap();
+
+    // Another address is served meanwhile, and so is gRPC.
+    let mut other = connect_from(Ipv4Addr::new(127, 0, 0, 2), addr).await;
+    other.write_all(b"GET /healthz HTTP/1.0\r\nHost: rota\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(PATIENCE, other.read_to_string(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.0 200") && answer.ends_with("ok"), "{answer}");
+    let picked = server.client().await.pick("adm", PickOptions::default()).await.unwrap().into_response();
+    assert_eq!(picked.instance.unwrap().id, "a");
+
+    // The header timeout closes the half-sent request, the handshake timeout the silent ones.
+    let within = rota::admin::HEADER_TIMEOUT + PATIENCE;
+    assert!(closed_within(&mut half, within).await, "a half-sent request head is closed");
+    for conn in &mut idle {
+        assert!(closed_within(conn, within).await, "a silent connection is closed");
+    }
+    // Their places are free again.
+    let (status, body) = get(addr, "/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+}

@@ -81,3 +81,44 @@ async fn requests_beyond_the_per_connection_limit_are_shed() {
     let error = slow.await.unwrap().unwrap_err();
     assert_eq!(error.code(), Some(tonic::Code::Unavailable), "the retry gave up within its budget");
 }
+
+/// `rota serve` started with a low soft limit of open files raises it to the hard limit.
+#[cfg(target_os = "linux")]
+#[test]
+fn rota_serve_raises_its_open_files_limit_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    let mut command = Command::new(crate::processes::BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ROTA_WARMUP", "0s")
+        .env("ROTA_ADMIN_LISTEN", "off")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe calls (getrlimit, setrlimit) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit.rlim_cur = (limit.rlim_max / 2).min(256);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().expect("rota serve starts");
+    let mut serving = crate::processes::Serving { child, endpoint: String::new() };
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(serving.child.stdout.take().unwrap()), &mut first)
+        .unwrap();
+    assert!(first.starts_with("listening on "), "{first:?}");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", serving.child.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("a Max open files line");
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers[0], numbers[1], "soft limit raised to the hard limit: {line}");
+}

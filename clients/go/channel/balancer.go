@@ -82,6 +82,8 @@ type subConn struct {
 	// settled: the first connection attempt ended (READY or TRANSIENT_FAILURE). Until every
 	// subchannel has settled, RPCs wait rather than skip instances still connecting.
 	settled bool
+	// hold holds the instance out after calls to it time out.
+	hold *holdout
 }
 
 func subConnKey(id, addr string) string { return id + "\x00" + addr }
@@ -153,7 +155,7 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 			}
 			continue
 		}
-		c := &subConn{key: key, info: info, addr: a.Addr, state: connectivity.Idle}
+		c := &subConn{key: key, info: info, addr: a.Addr, state: connectivity.Idle, hold: &holdout{}}
 		// The notice on NewSubConn announces that a SubConn will take one address only, which is
 		// what this policy gives it; a policy that keeps its own SubConns has no other call.
 		//lint:ignore SA1019 one address per SubConn, as the deprecation notice asks
@@ -243,13 +245,13 @@ func (b *rotaBalancer) wake() {
 
 // publishLocked publishes a picker over the current subchannel states.
 func (b *rotaBalancer) publishLocked() {
-	ready := make(map[string]balancer.SubConn, len(b.subConns))
+	ready := make(map[string]readyConn, len(b.subConns))
 	connecting, unsettled := false, false
 	for _, c := range b.subConns {
 		unsettled = unsettled || !c.settled
 		switch c.state {
 		case connectivity.Ready:
-			ready[c.key] = c.sc
+			ready[c.key] = readyConn{sc: c.sc, hold: c.hold}
 		case connectivity.Idle, connectivity.Connecting:
 			connecting = true
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -31,6 +32,8 @@ type scenario struct {
 		ID      string  `json:"id"`
 		Version string  `json:"version"`
 		Weight  *uint32 `json:"weight"`
+		// Unreachable: registered at a loopback port where nothing listens, with no server.
+		Unreachable bool `json:"unreachable"`
 	} `json:"instances"`
 	// Policy is a rota.v1.Policy in proto JSON, without service, set before the channel opens.
 	Policy json.RawMessage `json:"policy"`
@@ -46,6 +49,7 @@ type step struct {
 	Withdraw    string      `json:"withdraw"`
 	WithinMS    int         `json:"within_ms"`
 	Kill        string      `json:"kill"`
+	Hang        string      `json:"hang"`
 	StopRota    bool        `json:"stop_rota"`
 	RestartRota bool        `json:"restart_rota"`
 	AwaitLeases bool        `json:"await_leases"`
@@ -62,6 +66,8 @@ type expectInfo struct {
 	Spread        bool     `json:"spread"`
 	// Counts: exactly this many calls reached each id, and none reached another.
 	Counts map[string]int `json:"counts"`
+	// Balanced: every id in Only answered, and the counts differ by at most max(2, N/10).
+	Balanced bool `json:"balanced"`
 }
 
 const scenarioDir = "../../conformance/channel"
@@ -119,13 +125,19 @@ func runScenario(t *testing.T, sc scenario) {
 	r.client = dialRota(t, r.rota.addr)
 	ctx := testContext(t, 2*time.Minute)
 	for _, inst := range sc.Instances {
-		srv, err := echo.Start(inst.ID, r.log)
-		if err != nil {
-			t.Fatal(err)
+		var port int
+		if inst.Unreachable {
+			port = closedPort(t)
+		} else {
+			srv, err := echo.Start(inst.ID, r.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Kill)
+			r.servers[inst.ID] = srv
+			port = srv.Addr.Port
 		}
-		t.Cleanup(srv.Kill)
-		r.servers[inst.ID] = srv
-		instance := rota.Instance{ID: inst.ID, Service: "echo", Host: "127.0.0.1", Port: uint32(srv.Addr.Port), Version: inst.Version}
+		instance := rota.Instance{ID: inst.ID, Service: "echo", Host: "127.0.0.1", Port: uint32(port), Version: inst.Version}
 		if inst.Weight != nil {
 			instance.Weight, instance.ZeroWeight = *inst.Weight, *inst.Weight == 0
 		}
@@ -204,10 +216,14 @@ func (r *run) step(ctx context.Context, i int, s step) {
 			t.Fatalf("step %d: %s still received calls started %v after its withdrawal", i, s.Withdraw, late)
 		}
 	case s.Kill != "":
-		r.servers[s.Kill].Kill()
+		srv := r.servers[s.Kill]
+		if srv == nil {
+			t.Fatalf("step %d: no server for %q", i, s.Kill)
+		}
+		srv.Kill()
 		// Settled once as many calls in a row succeed as there are instances: such a run
 		// spans a pick of the killed one, which the channel can only have passed over.
-		want, succeeded := len(r.servers), 0
+		want, succeeded := len(r.sc.Instances), 0
 		for n := 0; n < 10*want && succeeded < want; n++ {
 			if echo.Calls(ctx, r.conn, 1, "", 5*time.Second)[0].Err == nil {
 				succeeded++
@@ -218,6 +234,12 @@ func (r *run) step(ctx context.Context, i int, s step) {
 		if succeeded < want {
 			t.Fatalf("step %d: %d calls in a row did not succeed after %s was killed", i, want, s.Kill)
 		}
+	case s.Hang != "":
+		srv := r.servers[s.Hang]
+		if srv == nil {
+			t.Fatalf("step %d: no server for %q", i, s.Hang)
+		}
+		srv.Hang()
 	case s.StopRota:
 		r.rota.stop()
 	case s.RestartRota:
@@ -287,6 +309,15 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 			weights[inst.ID] = uint64(*inst.Weight)
 		}
 	}
+	answered, failed := map[string]int{}, 0
+	for _, res := range results {
+		if res.Err != nil {
+			failed++
+		} else {
+			answered[res.Instance]++
+		}
+	}
+	t.Logf("step %d: %d calls, %d failed, answered %v", i, len(results), failed, answered)
 	if err := checkExpect(r.sc.Rule, s.Expect, weights, results, calls); err != nil {
 		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, max(s.Consumers, 1), err)
 	}
@@ -404,7 +435,49 @@ func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, resu
 			return fmt.Errorf("no complete run of %d tickets among %d calls", e.Runs, len(calls))
 		}
 	}
+	if e.Balanced {
+		if err := checkBalanced(e.Only, reached); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// checkBalanced: every id of only answered, and the most calls one answered exceed the fewest
+// by at most max(2, N/10), N the answered calls.
+func checkBalanced(only, reached []string) error {
+	if len(only) == 0 {
+		return fmt.Errorf("balanced needs only")
+	}
+	got := map[string]int{}
+	for _, id := range reached {
+		got[id]++
+	}
+	most, fewest := 0, len(reached)
+	for _, id := range only {
+		if got[id] == 0 {
+			return fmt.Errorf("%s answered no call: %v", id, got)
+		}
+		most, fewest = max(most, got[id]), min(fewest, got[id])
+	}
+	if bound := max(2, len(reached)/10); most-fewest > bound {
+		return fmt.Errorf("calls per instance %v differ by %d, more than %d", got, most-fewest, bound)
+	}
+	return nil
+}
+
+// closedPort is a loopback port where nothing listens: one bound, noted and closed again.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := lis.Addr().(*net.TCPAddr).Port
+	if err := lis.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // checkRotation: every call has a distinct ticket and reached the instance the rule maps it to.

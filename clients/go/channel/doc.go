@@ -15,12 +15,16 @@
 // Only the rules rota can lease are accepted: round_robin, repeat(n) and weighted. A call's
 // version comes from its `x-rota-version` metadata (or rota.WithVersion on its context), with
 // the same isolation and fallback as Pick; one lease stream is kept per version in use (at most
-// MaxVersions). An instance whose subchannel is not READY is skipped as Pick's `exclude` skips
-// it: the call takes the next ticket, mapped over the remaining instances. A lease without a
-// version of a service under gray release is answered with rota's own picks instead of a
-// ticket range (LeaseResponse.picks: per call an instance, of whichever version the split
-// chose, and its ticket); the channel uses them in order, and passes over a pick whose
-// instance is not READY (a gap in that version's rotation). rota's refusals fail calls with
+// MaxVersions). An instance is unusable while its subchannel is not READY, and for 10 s after
+// 3 calls in a row to it ended DEADLINE_EXCEEDED (a hung instance keeps its connections open;
+// each further 3 timeouts in a row double the hold, up to 60 s; any answer ends the count). A
+// ticket whose instance is unusable keeps its ticket and goes to a usable instance, spread so
+// that the usable ones keep the rule's shares among themselves (repeat's runs stay whole),
+// also in the local rotation. A lease without a version of a service under gray release is
+// answered with rota's own picks instead of a ticket range (LeaseResponse.picks: per call an
+// instance, of whichever version the split chose, and its ticket); the channel uses them in
+// order, and passes over a pick whose instance is unusable (a gap in that version's
+// rotation). rota's refusals fail calls with
 // UNAVAILABLE and rota's message, since grpc-go turns a picker's INVALID_ARGUMENT, NOT_FOUND,
 // FAILED_PRECONDITION, ... into INTERNAL. Outcomes (status and latency of every call) are
 // reported to rota in batches. When rota cannot be reached, the channel goes on over the last instances it knew with a local rotation, logs it once, and

@@ -282,11 +282,11 @@ type fakeSubConn struct {
 }
 
 func grayPicker(ls *leaser, ready ...string) *picker {
-	p := &picker{leases: ls, link: ls.link, ticket: true, ready: map[string]balancer.SubConn{}}
+	p := &picker{leases: ls, link: ls.link, ticket: true, ready: map[string]readyConn{}}
 	for _, i := range grayInstances {
 		for _, id := range ready {
 			if i.GetId() == id {
-				p.ready[subConnKey(id, instanceAddr(i))] = &fakeSubConn{id: id}
+				p.ready[subConnKey(id, instanceAddr(i))] = readyConn{sc: &fakeSubConn{id: id}}
 			}
 		}
 	}

@@ -3,8 +3,10 @@ package channel
 import (
 	"container/heap"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ruleKind is one of the rules rota leases.
@@ -53,6 +55,26 @@ type ticketMap struct {
 	rule  leasedRule
 	n     int
 	slots []uint32 // weighted only
+
+	// bySlot groups the weighted schedule's slots by instance, built on the first call that
+	// needs spread; calls whose instance is usable never do.
+	bySlotOnce sync.Once
+	bySlot     slotGroups
+}
+
+// slotGroups lists the slots of each instance in increasing order: instance p's are
+// slots[offsets[p]:offsets[p+1]].
+type slotGroups struct {
+	offsets []int
+	slots   []uint32
+}
+
+func (g *slotGroups) of(p int) []uint32 { return g.slots[g.offsets[p]:g.offsets[p+1]] }
+
+// below is the number of instance p's slots before slot s.
+func (g *slotGroups) below(p int, s uint64) uint64 {
+	group := g.of(p)
+	return uint64(sort.Search(len(group), func(i int) bool { return uint64(group[i]) >= s }))
 }
 
 func newTicketMap(rule leasedRule, weights []uint64) *ticketMap {
@@ -84,6 +106,114 @@ func (m *ticketMap) position(ticket uint64, excluded func(int) bool) (int, bool)
 	default:
 		return m.rotate(ticket, excluded)
 	}
+}
+
+// spread maps a ticket whose instance is unusable to a usable instance, so that the usable
+// instances keep the rule's shares among themselves; unusable lists the unusable positions in
+// increasing order. With the rule's cycle of slots S (round_robin and repeat: the positions,
+// unit u = t, or ⌊t / n⌋ for repeat, so a run stays on one instance; weighted: the slots of
+// the schedule, u = t), j = ⌊u / |S|⌋, D the unusable slots of S in order, i the rank of slot
+// u mod |S| among them and A the usable slots in order, the ticket goes to the instance of
+// slot A[(j·|D| + i) mod |A|]: over |A| cycles every usable slot takes exactly |D| of the
+// unusable slots' tickets. ok is false when no slot is usable. A ticket whose own slot is
+// usable keeps it. The cost is O(len(unusable)·log²|S|) for weighted, O(n) otherwise.
+func (m *ticketMap) spread(ticket uint64, unusable []int) (int, bool) {
+	if m.rule.kind == ruleWeighted {
+		return m.spreadWeighted(ticket, unusable)
+	}
+	if m.n == 0 {
+		return 0, false
+	}
+	u := ticket
+	if m.rule.kind == ruleRepeat {
+		u = ticket / m.rule.n
+	}
+	n := uint64(m.n)
+	s, j := int(u%n), u/n
+	rank := -1
+	for r, p := range unusable {
+		if p == s {
+			rank = r
+			break
+		}
+	}
+	if rank < 0 {
+		return s, true
+	}
+	d := uint64(len(unusable))
+	a := n - d
+	if a == 0 {
+		return 0, false
+	}
+	k := ((j%a)*(d%a) + uint64(rank)) % a
+	next := 0 // the next unusable position to pass
+	for p := 0; p < m.n; p++ {
+		if next < len(unusable) && unusable[next] == p {
+			next++
+			continue
+		}
+		if k == 0 {
+			return p, true
+		}
+		k--
+	}
+	return 0, false
+}
+
+func (m *ticketMap) spreadWeighted(ticket uint64, unusable []int) (int, bool) {
+	size := uint64(len(m.slots))
+	if size == 0 {
+		return 0, false
+	}
+	m.bySlotOnce.Do(func() { m.bySlot = groupSlots(m.slots, m.n) })
+	g := &m.bySlot
+	s, j := ticket%size, ticket/size
+	own := int(m.slots[s])
+	var d, rank uint64
+	inD := false
+	for _, p := range unusable {
+		d += uint64(len(g.of(p)))
+		rank += g.below(p, s)
+		inD = inD || p == own
+	}
+	if !inD {
+		return own, true
+	}
+	a := size - d
+	if a == 0 {
+		return 0, false
+	}
+	k := ((j%a)*(d%a) + rank) % a
+	// The k-th usable slot: the first slot x with k+1 usable slots in [0, x].
+	usableBelow := func(y uint64) uint64 {
+		below := y
+		for _, p := range unusable {
+			below -= g.below(p, y)
+		}
+		return below
+	}
+	x := sort.Search(int(size), func(x int) bool { return usableBelow(uint64(x)+1) > k })
+	if x >= int(size) {
+		return 0, false
+	}
+	return int(m.slots[x]), true
+}
+
+// groupSlots lists the slots of each of n instances, in increasing order.
+func groupSlots(slots []uint32, n int) slotGroups {
+	g := slotGroups{offsets: make([]int, n+1), slots: make([]uint32, len(slots))}
+	for _, p := range slots {
+		g.offsets[p+1]++
+	}
+	for p := 0; p < n; p++ {
+		g.offsets[p+1] += g.offsets[p]
+	}
+	fill := append([]int(nil), g.offsets[:n]...)
+	for s, p := range slots {
+		g.slots[fill[p]] = uint32(s)
+		fill[p]++
+	}
+	return g
 }
 
 // rotate returns the (turn mod accepted)-th accepted position.

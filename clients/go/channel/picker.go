@@ -31,9 +31,24 @@ type picker struct {
 	version    string
 	report     bool
 	ticket     bool
-	ready      map[string]balancer.SubConn
+	ready      map[string]readyConn
 	connecting bool
 	unsettled  bool
+	// clock is the time of holds (time.Now when nil).
+	clock func() time.Time
+}
+
+// readyConn is a READY subchannel with its instance's hold-out for timeouts.
+type readyConn struct {
+	sc   balancer.SubConn
+	hold *holdout
+}
+
+func (p *picker) now() time.Time {
+	if p.clock != nil {
+		return p.clock()
+	}
+	return time.Now()
 }
 
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
@@ -49,47 +64,51 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if !ok {
 		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 	}
-	var sc balancer.SubConn
+	var c readyConn
 	var pos int
-	for skipped := 0; ; skipped++ {
-		if d.picked {
-			// rota chose the instance; one that is not READY is passed over, a gap, and the
-			// call takes the next pick.
+	if d.picked {
+		// rota chose the instance; one that is unusable is passed over, a gap, and the call
+		// takes the next pick.
+		for skipped := 0; ; skipped++ {
 			pos = d.pos
-			if sc = p.at(d.view, pos, true); sc != nil {
+			if c, ok = p.usable(d.view, pos); ok {
 				break
 			}
-			if skipped >= maxPickSkips || !p.anyReady(d.view) {
+			if skipped >= maxPickSkips || !p.anyUsable(d.view) {
 				return balancer.PickResult{}, p.noneReady()
 			}
-		} else {
-			// A ticket: its instance not READY is skipped as `exclude` skips it, with the next
-			// ticket over the ready ones.
-			var found bool
-			if skipped == 0 {
-				pos, found = d.view.m.position(d.ticket, nil)
-			} else {
-				pos, found = d.view.m.position(d.ticket, func(i int) bool { return p.at(d.view, i, true) == nil })
-			}
-			if sc = p.at(d.view, pos, found); sc != nil {
-				break
-			}
-			if skipped > 0 {
-				return balancer.PickResult{}, p.noneReady()
+			if d, ok, err = s.take(); err != nil {
+				return balancer.PickResult{}, pickError(err)
+			} else if !ok {
+				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 			}
 		}
-		if d, ok, err = s.take(); err != nil {
-			return balancer.PickResult{}, pickError(err)
-		} else if !ok {
-			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	} else {
+		// A ticket: mapped by the rule; when its instance is unusable the same ticket goes to
+		// a usable one, spread so that the usable instances keep the rule's shares.
+		pos, ok = d.view.m.position(d.ticket, nil)
+		if ok {
+			c, ok = p.usable(d.view, pos)
+		}
+		if !ok {
+			// The position spread names was usable when p.unusable looked, whatever a hold
+			// beginning since then says.
+			if pos, ok = d.view.m.spread(d.ticket, p.unusable(d.view)); ok {
+				c, ok = p.ready[subConnKey(d.view.ids[pos], d.view.addrs[pos])]
+			}
+			if !ok {
+				return balancer.PickResult{}, p.noneReady()
+			}
 		}
 	}
 	id := d.view.ids[pos]
-	result := balancer.PickResult{SubConn: sc}
+	result := balancer.PickResult{SubConn: c.sc}
 	if p.ticket {
 		result.Metadata = metadata.Pairs(TicketHeader, ticketValue(d))
 	}
+	hold, epoch, clock := c.hold, c.hold.callEpoch(), p.now
 	if !p.report {
+		result.Done = func(done balancer.DoneInfo) { hold.record(done, epoch, clock()) }
 		return result, nil
 	}
 	start := time.Now()
@@ -98,6 +117,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		ticket, rule = 0, ""
 	}
 	result.Done = func(done balancer.DoneInfo) {
+		hold.record(done, epoch, clock())
 		result, report := outcomeOf(done)
 		if !report {
 			return
@@ -107,10 +127,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	return result, nil
 }
 
-// maxPickSkips bounds the picks one call passes over for instances that are not READY.
+// maxPickSkips bounds the picks one call passes over for instances that are unusable.
 const maxPickSkips = 256
 
-// noneReady is the answer to a call for which no READY instance was found: wait while some
+// noneReady is the answer to a call for which no usable instance was found: wait while some
 // instance is still connecting, else fail.
 func (p *picker) noneReady() error {
 	if p.connecting {
@@ -119,14 +139,35 @@ func (p *picker) noneReady() error {
 	return status.Errorf(codes.Unavailable, "rota: no instance of %q is reachable", p.link.service)
 }
 
-// anyReady reports whether some instance of view has a READY subchannel.
-func (p *picker) anyReady(view *leaseView) bool {
+// usable returns the subchannel of view position pos when it is READY and not held out for
+// timeouts.
+func (p *picker) usable(view *leaseView, pos int) (readyConn, bool) {
+	c, ok := p.ready[subConnKey(view.ids[pos], view.addrs[pos])]
+	if !ok || c.hold.held(p.now) {
+		return readyConn{}, false
+	}
+	return c, true
+}
+
+// anyUsable reports whether some instance of view is usable.
+func (p *picker) anyUsable(view *leaseView) bool {
 	for i := range view.ids {
-		if p.at(view, i, true) != nil {
+		if _, ok := p.usable(view, i); ok {
 			return true
 		}
 	}
 	return false
+}
+
+// unusable lists the positions of view whose instance is unusable, in increasing order.
+func (p *picker) unusable(view *leaseView) []int {
+	var out []int
+	for i := range view.ids {
+		if _, ok := p.usable(view, i); !ok {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // pickError is the status a picker may return for err. grpc-go turns the codes a picker must
@@ -145,13 +186,6 @@ func pickError(err error) error {
 		return status.Error(codes.Unavailable, st.Message())
 	}
 	return err
-}
-
-func (p *picker) at(view *leaseView, pos int, found bool) balancer.SubConn {
-	if !found {
-		return nil
-	}
-	return p.ready[subConnKey(view.ids[pos], view.addrs[pos])]
 }
 
 // ticketValue is a draw's x-rota-ticket: the leased ticket, or "L" and the local counter.

@@ -12,7 +12,9 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/rota-lb/rota/clients/go/channel/echopb"
 )
@@ -34,6 +36,12 @@ type Server struct {
 	log   *Log
 	mu    sync.Mutex
 	count int
+	// hung is closed by Hang: calls received from then on wait, unanswered, until the call
+	// ends on the caller's side or the server is killed (released closed).
+	hung     chan struct{}
+	hangOnce sync.Once
+	released chan struct{}
+	killOnce sync.Once
 }
 
 // Log records the calls answered by a set of instances, in the order they were answered.
@@ -69,7 +77,8 @@ func Start(id string, log *Log) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{ID: id, Addr: lis.Addr().(*net.TCPAddr), grpc: grpc.NewServer(), log: log}
+	s := &Server{ID: id, Addr: lis.Addr().(*net.TCPAddr), grpc: grpc.NewServer(), log: log,
+		hung: make(chan struct{}), released: make(chan struct{})}
 	echopb.RegisterEchoServer(s.grpc, s)
 	go func() { _ = s.grpc.Serve(lis) }()
 	return s, nil
@@ -82,8 +91,31 @@ func (s *Server) Count() int {
 	return s.count
 }
 
-// Kill closes the listener and every connection at once: new connections are refused.
-func (s *Server) Kill() { s.grpc.Stop() }
+// Kill closes the listener and every connection at once: new connections are refused. Calls
+// waiting on a hung server are released.
+func (s *Server) Kill() {
+	s.killOnce.Do(func() { close(s.released) })
+	s.grpc.Stop()
+}
+
+// Hang makes the server stop answering, as a stopped (SIGSTOP) process would, while its
+// listener and connections stay open: every call it receives from then on waits until the
+// server is killed, and is neither answered nor recorded. (Not even the call's own deadline
+// ends the wait: the handler would then answer DEADLINE_EXCEEDED, possibly before the caller's
+// own timer fires, and a stopped process answers nothing.)
+func (s *Server) Hang() { s.hangOnce.Do(func() { close(s.hung) }) }
+
+// hang waits, when the server is hung, until the server is killed, and reports whether it
+// did.
+func (s *Server) hang() bool {
+	select {
+	case <-s.hung:
+	default:
+		return false
+	}
+	<-s.released
+	return true
+}
 
 func (s *Server) record(ctx context.Context) {
 	s.mu.Lock()
@@ -104,11 +136,17 @@ func (s *Server) record(ctx context.Context) {
 }
 
 func (s *Server) Echo(ctx context.Context, req *echopb.EchoRequest) (*echopb.EchoReply, error) {
+	if s.hang() {
+		return nil, status.Error(codes.Unavailable, "echo: hung")
+	}
 	s.record(ctx)
 	return &echopb.EchoReply{InstanceId: s.ID, Message: req.GetMessage()}, nil
 }
 
 func (s *Server) EchoStream(stream echopb.Echo_EchoStreamServer) error {
+	if s.hang() {
+		return status.Error(codes.Unavailable, "echo: hung")
+	}
 	s.record(stream.Context())
 	for {
 		req, err := stream.Recv()

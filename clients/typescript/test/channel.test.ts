@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -14,6 +15,7 @@ import * as protoLoader from '@grpc/proto-loader';
 
 import { RotaClient, type Registration } from '../src/index.js';
 import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
+import { HOLD_AFTER_TIMEOUTS, HOLD_MS, HoldOut, MAX_HOLD_MS } from '../src/channel/holdout.js';
 import { viewOf } from '../src/channel/lease.js';
 import { rotaV1 } from '../src/proto.js';
 import { EchoServer, echoCalls, echoPackage, type EchoCall, type EchoResult } from './echo.js';
@@ -28,6 +30,26 @@ function letters(rule: string, weights: number[], tickets: number, excluded?: (p
     out += String.fromCharCode(65 + p!);
   }
   return out;
+}
+
+function usableLetters(rule: string, weights: number[], tickets: number, unusable: (p: number) => boolean): string {
+  const map = new TicketMap(parseLeasedRule(rule), weights);
+  let out = '';
+  for (let t = 0; t < tickets; t++) {
+    const p = map.usable(BigInt(t), unusable);
+    assert.ok(p !== undefined && !unusable(p), `${rule}: ticket ${t} maps to ${p}`);
+    out += String.fromCharCode(65 + p);
+  }
+  return out;
+}
+
+function tally(letters: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (let i = 0; i < letters.length; i++) {
+    const l = letters.charAt(i);
+    out[l] = (out[l] ?? 0) + 1;
+  }
+  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : 1)));
 }
 
 describe('ticket map', () => {
@@ -56,6 +78,90 @@ describe('ticket map', () => {
     assert.equal(new TicketMap(parseLeasedRule('round_robin'), [1, 1]).position(0n, () => true), undefined);
   });
 
+  it('gives the tickets of an unusable position to the usable ones, keeping the shares of the rule', () => {
+    const c = (p: number): boolean => p === 2;
+    // round_robin, C unusable: C's tickets alternate between A and B; over 6 cycles each gets 9.
+    const rr = usableLetters('round_robin', [1, 1, 1], 18, c);
+    assert.equal(rr, 'ABAABBABAABBABAABB');
+    assert.deepEqual(tally(rr), { A: 9, B: 9 });
+    // The usable positions keep their own tickets.
+    const plain = letters('round_robin', [1, 1, 1], 18);
+    for (let t = 0; t < 18; t++) {
+      if (plain[t] !== 'C') {
+        assert.equal(rr[t], plain[t], `ticket ${t}`);
+      }
+    }
+    // Two of four unusable (B, D): over |A| = 2 cycles each usable takes |D| = 2 of their tickets.
+    const bd = usableLetters('round_robin', [1, 1, 1, 1], 8, (p) => p === 1 || p === 3);
+    assert.equal(bd, 'AACCAACC');
+    assert.deepEqual(tally(bd), { A: 4, C: 4 });
+    // The first position unusable: the rank among D and the cycle number both count.
+    assert.equal(usableLetters('round_robin', [1, 1, 1], 12, (p) => p === 0), 'BBCCBCBBCCBC');
+  });
+
+  it('keeps repeat runs whole when a position is unusable', () => {
+    const got = usableLetters('repeat(n=3)', [1, 1, 1], 36, (p) => p === 2);
+    assert.equal(got, 'AAABBBAAAAAABBBBBBAAABBBAAAAAABBBBBB');
+    assert.deepEqual(tally(got), { A: 18, B: 18 });
+    for (let run = 0; run < 36; run += 3) {
+      assert.equal(new Set(got.slice(run, run + 3)).size, 1, `run at ${run}`);
+    }
+  });
+
+  it('keeps weighted proportions among the usable instances', () => {
+    // [3, 1, 1] with B unusable: over |A| = 4 cycles of 5 slots, A takes 15 and C 5 (3:1).
+    const got = usableLetters('weighted', [3, 1, 1], 20, (p) => p === 1);
+    assert.deepEqual(tally(got), { A: 15, C: 5 });
+    const plain = letters('weighted', [3, 1, 1], 20);
+    for (let t = 0; t < 20; t++) {
+      if (plain[t] !== 'B') {
+        assert.equal(got[t], plain[t], `ticket ${t}`);
+      }
+    }
+    // [5, 3, 2, 0] with A unusable: B and C keep 3:2 over |A| = 5 cycles.
+    assert.deepEqual(tally(usableLetters('weighted', [5, 3, 2, 0], 50, (p) => p === 0)), { B: 30, C: 20 });
+  });
+
+  it('maps over the usable positions as the formula of docs/channels.md says', () => {
+    // A direct, O(|S|) reading of the formula, against the map's own for random lists.
+    const reference = (rule: string, weights: number[], ticket: bigint, unusable: (p: number) => boolean): number | undefined => {
+      const parsed = parseLeasedRule(rule);
+      const cycle = parsed.kind === 'weighted' ? [...weightSchedule(weights)] : weights.map((_, p) => p);
+      const unit = parsed.kind === 'repeat' ? ticket / parsed.n : ticket;
+      const slot = Number(unit % BigInt(cycle.length));
+      if (!unusable(cycle[slot]!)) {
+        return cycle[slot];
+      }
+      const d = cycle.flatMap((p, s) => (unusable(p) ? [s] : []));
+      const a = cycle.flatMap((p, s) => (unusable(p) ? [] : [s]));
+      if (a.length === 0) {
+        return undefined;
+      }
+      const j = unit / BigInt(cycle.length);
+      return cycle[a[Number((j * BigInt(d.length) + BigInt(d.indexOf(slot))) % BigInt(a.length))]!];
+    };
+    let seed = 7;
+    const random = (n: number): number => {
+      seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0;
+      return (seed >>> 8) % n;
+    };
+    for (let round = 0; round < 300; round++) {
+      const rule = ['round_robin', 'repeat(n=3)', 'weighted'][round % 3]!;
+      const weights = Array.from({ length: 1 + random(7) }, () => random(6));
+      if (!weights.some((w) => w > 0)) {
+        weights[0] = 1;
+      }
+      const mask = random(1 << weights.length);
+      const unusable = (p: number): boolean => (mask & (1 << p)) !== 0;
+      const map = new TicketMap(parseLeasedRule(rule), weights);
+      for (const ticket of [0n, 1n, 2n, 5n, 17n, 123n, 2n ** 64n - 1n, 2n ** 63n + BigInt(random(1000))]) {
+        assert.equal(map.usable(ticket, unusable), reference(rule, weights, ticket, unusable), `${rule} ${JSON.stringify(weights)} mask ${mask} ticket ${ticket}`);
+      }
+    }
+    assert.equal(new TicketMap(parseLeasedRule('weighted'), [1, 1]).usable(3n, () => true), undefined);
+    assert.equal(new TicketMap(parseLeasedRule('repeat(n=2)'), [1, 1]).usable(3n, () => true), undefined);
+  });
+
   it('scales huge weights to the cycle bound, keeping proportions', () => {
     const slots = weightSchedule([3_000_000, 1_000_001]);
     assert.ok(slots.length <= 1 << 20);
@@ -68,6 +174,100 @@ describe('ticket map', () => {
     for (const rule of ['random', 'consistent_hash', 'repeat(n=0)', '']) {
       assert.throws(() => parseLeasedRule(rule), /cannot be leased/);
     }
+  });
+});
+
+describe('holding out an instance whose calls time out', () => {
+  const clock = (): { now: () => number; advance: (ms: number) => void } => {
+    let t = 1_000;
+    return { now: () => t, advance: (ms) => (t += ms) };
+  };
+  const timeout = (h: HoldOut): void => h.ended(h.generation, grpc.status.DEADLINE_EXCEEDED);
+
+  it('holds out after 3 timeouts in a row for 10 s, doubling up to 60 s', () => {
+    const c = clock();
+    const h = new HoldOut(c.now);
+    timeout(h);
+    timeout(h);
+    assert.ok(h.usable());
+    timeout(h);
+    assert.ok(!h.usable());
+    assert.equal(h.holdMs, HOLD_MS);
+    c.advance(HOLD_MS - 1);
+    assert.ok(!h.usable());
+    c.advance(1);
+    assert.ok(h.usable());
+    assert.equal(h.holdMs, 0);
+    // Tried again and timing out: each further 3 in a row double the hold, at most 60 s.
+    for (const want of [20_000, 40_000, MAX_HOLD_MS, MAX_HOLD_MS]) {
+      timeout(h);
+      timeout(h);
+      assert.ok(h.usable());
+      timeout(h);
+      assert.ok(!h.usable());
+      assert.equal(h.holdMs, want);
+      c.advance(want - 1);
+      assert.ok(!h.usable());
+      c.advance(1);
+      assert.ok(h.usable());
+    }
+    assert.equal(HOLD_AFTER_TIMEOUTS, 3);
+  });
+
+  it('counts only timeouts in a row: an answer resets the count and the doubling', () => {
+    const c = clock();
+    const h = new HoldOut(c.now);
+    for (const answer of [grpc.status.OK, grpc.status.INTERNAL, grpc.status.NOT_FOUND, grpc.status.RESOURCE_EXHAUSTED]) {
+      timeout(h);
+      timeout(h);
+      h.ended(h.generation, answer);
+      timeout(h);
+      timeout(h);
+      assert.ok(h.usable(), `after an answer ${answer}`);
+      h.ended(h.generation, grpc.status.OK);
+    }
+    for (let n = 0; n < 3; n++) {
+      timeout(h);
+    }
+    c.advance(HOLD_MS);
+    assert.ok(h.usable());
+    h.ended(h.generation, grpc.status.OK);
+    for (let n = 0; n < 3; n++) {
+      timeout(h);
+    }
+    assert.equal(h.holdMs, HOLD_MS, 'an answer after a hold starts the doubling over');
+  });
+
+  it('neither counts nor resets a cancelled call or a connect failure', () => {
+    for (const neutral of [grpc.status.CANCELLED, grpc.status.UNAVAILABLE]) {
+      const h = new HoldOut(clock().now);
+      timeout(h);
+      h.ended(h.generation, neutral);
+      timeout(h);
+      h.ended(h.generation, neutral);
+      h.ended(h.generation, neutral);
+      h.ended(h.generation, neutral);
+      assert.ok(h.usable(), `${neutral} counted as a timeout`);
+      timeout(h);
+      assert.ok(!h.usable(), `${neutral} reset the count`);
+    }
+  });
+
+  it('does not count the timeouts of calls sent before the hold began', () => {
+    const c = clock();
+    const h = new HoldOut(c.now);
+    const before = h.generation;
+    for (let n = 0; n < 3; n++) {
+      h.ended(before, grpc.status.DEADLINE_EXCEEDED);
+    }
+    assert.ok(!h.usable());
+    // Six more calls sent before the hold end after it began: the hold stays 10 s.
+    for (let n = 0; n < 6; n++) {
+      h.ended(before, grpc.status.DEADLINE_EXCEEDED);
+    }
+    assert.equal(h.holdMs, HOLD_MS);
+    c.advance(HOLD_MS);
+    assert.ok(h.usable());
   });
 });
 
@@ -125,6 +325,7 @@ interface Expect {
   never?: string[];
   spread?: boolean;
   counts?: Record<string, number>;
+  balanced?: boolean;
 }
 
 interface Step {
@@ -136,6 +337,7 @@ interface Step {
   withdraw?: string;
   within_ms?: number;
   kill?: string;
+  hang?: string;
   stop_rota?: boolean;
   restart_rota?: boolean;
   await_leases?: boolean;
@@ -145,7 +347,7 @@ interface Scenario {
   name: string;
   rule: string;
   service?: string;
-  instances: { id: string; version?: string; weight?: number }[];
+  instances: { id: string; version?: string; weight?: number; unreachable?: boolean }[];
   policy?: Record<string, unknown>;
   steps: Step[];
 }
@@ -154,13 +356,14 @@ const scenarioDir = join(repoRoot, 'clients', 'conformance', 'channel');
 
 // The keys clients/conformance/channel/README.md defines; any other key fails the scenario.
 const SCENARIO_KEYS = new Set(['name', 'rule', 'service', 'instances', 'policy', 'steps']);
-const INSTANCE_KEYS = new Set(['id', 'version', 'weight']);
-const EXPECT_KEYS = new Set(['failures', 'error_contains', 'leased', 'rotation', 'runs', 'only', 'never', 'spread', 'counts']);
+const INSTANCE_KEYS = new Set(['id', 'version', 'weight', 'unreachable']);
+const EXPECT_KEYS = new Set(['failures', 'error_contains', 'leased', 'rotation', 'runs', 'only', 'never', 'spread', 'counts', 'balanced']);
 /** Each step's action key and the keys that may go with it. */
 const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   calls: new Set(['calls', 'consumers', 'version', 'deadline_ms', 'expect']),
   withdraw: new Set(['withdraw', 'within_ms']),
   kill: new Set(['kill']),
+  hang: new Set(['hang']),
   stop_rota: new Set(['stop_rota']),
   restart_rota: new Set(['restart_rota']),
   await_leases: new Set(['await_leases', 'within_ms']),
@@ -342,6 +545,17 @@ function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<s
     const want = Object.fromEntries(Object.entries(e.counts).filter(([, n]) => n > 0));
     assert.deepEqual(sortedRecord(got), sortedRecord(want), 'calls per instance');
   }
+  if (e.balanced) {
+    const got = new Map<string, number>((e.only ?? [...new Set(reached)]).map((id) => [id, 0]));
+    for (const id of reached) {
+      got.set(id, (got.get(id) ?? 0) + 1);
+    }
+    const counts = [...got.values()];
+    const bound = Math.max(2, Math.floor(reached.length / 10));
+    const shares = [...got].map(([id, n]) => `${id} ${n}`).join(', ');
+    assert.ok(counts.every((n) => n > 0), `balanced: an instance answered no call (${shares})`);
+    assert.ok(Math.max(...counts) - Math.min(...counts) <= bound, `balanced: ${shares} differ by more than ${bound}`);
+  }
   if (e.leased !== undefined) {
     for (const c of calls) {
       assert.equal(c.ticket >= 0n, e.leased, `call to ${c.instance} with ticket ${c.ticket}`);
@@ -377,6 +591,19 @@ function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<s
   }
 }
 
+/** A loopback port nothing listens on (bound, noted and closed): connections to it are refused. */
+async function closedPort(): Promise<number> {
+  const listener = createServer();
+  await new Promise<void>((resolve, reject) => {
+    listener.once('error', reject);
+    listener.listen(0, '127.0.0.1', resolve);
+  });
+  const address = listener.address();
+  await new Promise<void>((resolve) => listener.close(() => resolve()));
+  assert.ok(address !== null && typeof address === 'object');
+  return address.port;
+}
+
 const consumer = secondConsumer();
 
 /** Runs one channel scenario against a rota of its own; rejects at the first unmet expectation. */
@@ -391,11 +618,17 @@ async function runScenario(sc: Scenario): Promise<void> {
   let client: grpc.Client | undefined;
   try {
     for (const inst of sc.instances) {
-      const echo = await EchoServer.start(inst.id, log);
-      echoes.set(inst.id, echo);
+      let port: number;
+      if (inst.unreachable === true) {
+        port = await closedPort();
+      } else {
+        const echo = await EchoServer.start(inst.id, log);
+        echoes.set(inst.id, echo);
+        port = echo.port;
+      }
       regs.set(
         inst.id,
-        await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port: echo.port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
+        await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
       );
     }
     if (sc.policy !== undefined) {
@@ -456,6 +689,10 @@ async function runScenario(sc: Scenario): Promise<void> {
           inARow = (await echoCalls(client, 1, '', 5_000))[0]!.error === undefined ? inARow + 1 : 0;
         }
         assert.equal(inARow, want, `step ${i}: ${want} calls in a row did not succeed after ${s.kill} was killed`);
+      } else if (s.hang !== undefined) {
+        const echo = echoes.get(s.hang);
+        assert.ok(echo !== undefined, `step ${i}: ${s.hang} has no echo server to hang`);
+        echo.hang();
       } else if (s.stop_rota) {
         await server.kill();
       } else if (s.restart_rota) {
@@ -529,5 +766,25 @@ describe('channel scenario runner self-checks', { timeout: 120_000 }, () => {
     await assert.rejects(runScenario(counted({ 'echo-a': 3, 'echo-b': 1 })), /step 0: calls per instance/);
     await assert.rejects(runScenario(counted({ 'echo-a': 2 })), /step 0: calls per instance/);
     await runScenario(counted({ 'echo-a': 2, 'echo-b': 2, 'echo-c': 0 }));
+  });
+
+  it('fails a balanced expectation the calls do not meet', async () => {
+    // weighted 3:1 over 8 calls: 6 and 2, more than max(2, 8/10) apart.
+    const skewed: Scenario = {
+      name: 'self-check',
+      rule: 'weighted',
+      instances: [
+        { id: 'echo-a', weight: 300 },
+        { id: 'echo-b', weight: 100 },
+      ],
+      steps: [{ calls: 8, expect: { failures: 0, only: ['echo-a', 'echo-b'], balanced: true } }],
+    };
+    await assert.rejects(runScenario(skewed), /step 0: balanced: echo-a 6, echo-b 2 differ by more than 2/);
+    await runScenario({ ...skewed, rule: 'round_robin' });
+    // An id of `only` that answered nothing is not balanced.
+    await assert.rejects(
+      runScenario({ ...skewed, rule: 'round_robin', steps: [{ calls: 8, expect: { only: ['echo-a', 'echo-b', 'echo-c'], balanced: true } }] }),
+      /balanced: an instance answered no call/,
+    );
   });
 });

@@ -32,23 +32,36 @@ export function echoPackage(): EchoPackage {
   return loaded;
 }
 
+/** Whether an echo server answers, and the calls it holds unanswered since it hung. */
+interface Hang {
+  hung: boolean;
+  held: (() => void)[];
+}
+
 export class EchoServer {
   readonly calls: EchoCall[];
   #server: grpc.Server;
+  readonly #hang: Hang;
 
   private constructor(
     readonly id: string,
     readonly port: number,
     server: grpc.Server,
     calls: EchoCall[],
+    hang: Hang,
   ) {
     this.#server = server;
     this.calls = calls;
+    this.#hang = hang;
   }
 
-  /** Serves instance `id` on a free 127.0.0.1 port; every call is appended to `log`. */
+  /**
+   * Serves instance `id` on a free 127.0.0.1 port; every call it answers is appended to `log`
+   * (the calls it holds unanswered, once hung, are not).
+   */
   static async start(id: string, log: EchoCall[]): Promise<EchoServer> {
     const server = new grpc.Server();
+    const hang: Hang = { hung: false, held: [] };
     const record = (metadata: grpc.Metadata): void => {
       const value = metadata.get('x-rota-ticket')[0];
       // A local pick's ticket ("L" and the local counter) is not one of the shared rotation.
@@ -56,10 +69,19 @@ export class EchoServer {
     };
     server.addService(echoPackage().Echo.service, {
       Echo: (call: grpc.ServerUnaryCall<{ message: string }, unknown>, callback: grpc.sendUnaryData<unknown>) => {
+        if (hang.hung) {
+          // Unanswered until the server is killed; the caller's deadline ends the call first.
+          hang.held.push(() => callback({ code: grpc.status.UNAVAILABLE, details: `${id} was stopped` }));
+          return;
+        }
         record(call.metadata);
         callback(null, { instanceId: id, message: call.request.message });
       },
       EchoStream: (call: grpc.ServerDuplexStream<{ message: string }, unknown>) => {
+        if (hang.hung) {
+          hang.held.push(() => call.destroy());
+          return;
+        }
         record(call.metadata);
         call.on('data', (req: { message: string }) => call.write({ instanceId: id, message: req.message }));
         call.on('end', () => call.end());
@@ -68,11 +90,22 @@ export class EchoServer {
     const port = await new Promise<number>((resolve, reject) =>
       server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
     );
-    return new EchoServer(id, port, server, log);
+    return new EchoServer(id, port, server, log, hang);
   }
 
-  /** Closes the listener and every connection at once: new connections are refused. */
+  /**
+   * From now on the server keeps its connections open but answers nothing, as a stopped
+   * (SIGSTOP) process would: every call waits until {@link kill}.
+   */
+  hang(): void {
+    this.#hang.hung = true;
+  }
+
+  /** Releases the calls held since the server hung, closes the listener and every connection at once: new connections are refused. */
   kill(): void {
+    for (const release of this.#hang.held.splice(0)) {
+      release();
+    }
     this.#server.forceShutdown();
   }
 }

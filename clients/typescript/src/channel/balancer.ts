@@ -16,7 +16,9 @@ import {
 import type { StatusOr } from '@grpc/grpc-js/build/src/call-interface.js';
 
 import { VERSION_HEADER } from '../version.js';
-import { Leaser, type Draw, type LeaseView } from './lease.js';
+import { HoldOut } from './holdout.js';
+import { Leaser, type Draw, type LeaseView, type Take } from './lease.js';
+import type { RotaLink } from './link.js';
 import { TicketMap, parseLeasedRule } from './mapping.js';
 import { LINK_ATTRIBUTE, type KnownInstance, type ResolvedService } from './resolver.js';
 
@@ -69,11 +71,19 @@ interface Sub {
   info: KnownInstance;
   subchannel: SubchannelInterface;
   state: connectivityState;
-  /** The first connection attempt ended; until all have, calls wait rather than skip. */
+  /** The first connection attempt ended; until all have, calls wait rather than go elsewhere. */
   settled: boolean;
+  /** Held out after calls in a row timed out; kept while the instance stays in the list. */
+  holdOut: HoldOut;
 }
 
-function subKey(id: string, addr: string): string {
+/** A READY instance as a picker sees it: its subchannel and its hold. */
+export interface Usable {
+  readonly subchannel: SubchannelInterface;
+  readonly holdOut: HoldOut;
+}
+
+export function subKey(id: string, addr: string): string {
   return `${id}\u0000${addr}`;
 }
 
@@ -126,7 +136,7 @@ export class RotaLoadBalancer implements LoadBalancer {
       }
       const [host, port] = splitAddr(info.addr);
       const subchannel = this.#helper.createSubchannel({ host, port }, options);
-      const sub: Sub = { key, info, subchannel, state: connectivityState.IDLE, settled: false };
+      const sub: Sub = { key, info, subchannel, state: connectivityState.IDLE, settled: false, holdOut: new HoldOut() };
       subchannel.ref();
       subchannel.addConnectivityStateListener((_s, _prev, next) => {
         if (this.#subs.get(key) !== sub || this.#destroyed) {
@@ -200,19 +210,27 @@ export class RotaLoadBalancer implements LoadBalancer {
     if (this.#destroyed || this.#leases === undefined || this.#resolved === undefined) {
       return;
     }
-    const ready = new Map<string, SubchannelInterface>();
+    const ready = new Map<string, Usable>();
     let connecting = false;
     let unsettled = false;
     for (const sub of this.#subs.values()) {
       unsettled ||= !sub.settled;
       if (sub.state === connectivityState.READY) {
-        ready.set(sub.key, sub.subchannel);
+        ready.set(sub.key, sub);
       } else if (sub.state === connectivityState.IDLE || sub.state === connectivityState.CONNECTING) {
         connecting = true;
       }
     }
     const state = ready.size > 0 ? connectivityState.READY : connecting ? connectivityState.CONNECTING : connectivityState.TRANSIENT_FAILURE;
-    const picker = new RotaPicker(this.#leases, this.#resolved.link.service, this.#config.version, this.#config.report, this.#config.ticketHeader, ready, connecting, unsettled);
+    const picker = new RotaPicker(this.#leases, {
+      service: this.#resolved.link.service,
+      version: this.#config.version,
+      report: this.#config.report,
+      ticketHeader: this.#config.ticketHeader,
+      ready,
+      connecting,
+      unsettled,
+    });
     this.#helper.updateState(state, picker, state === connectivityState.TRANSIENT_FAILURE ? 'no instance is reachable' : null);
   }
 
@@ -249,29 +267,48 @@ function splitAddr(addr: string): [string, number] {
 
 const QUEUE: PickResult = { pickResultType: PickResultType.QUEUE, subchannel: null, status: null, onCallStarted: null, onCallEnded: null };
 
-class RotaPicker implements Picker {
+/** What a picker needs of the channel's lease streams (a {@link Leaser}). */
+export interface PickerLeases {
+  stream(version: string): { take(): Take };
+  readonly link: Pick<RotaLink, 'report'>;
+}
+
+/** The picker's settings, fixed for its life. */
+export interface PickerOptions {
+  service: string;
+  version: string;
+  report: boolean;
+  ticketHeader: boolean;
+  /** READY instances by {@link subKey}. */
+  ready: ReadonlyMap<string, Usable>;
+  /** Some instance is connecting: with none usable, a call waits rather than fails. */
+  connecting: boolean;
+  /** Some instance has not finished its first connection attempt: every call waits. */
+  unsettled: boolean;
+}
+
+export class RotaPicker implements Picker {
+  readonly #o: PickerOptions;
+
   constructor(
-    readonly leases: Leaser,
-    readonly service: string,
-    readonly version: string,
-    readonly report: boolean,
-    readonly ticketHeader: boolean,
-    readonly ready: ReadonlyMap<string, SubchannelInterface>,
-    readonly connecting: boolean,
-    readonly unsettled: boolean,
-  ) {}
+    readonly leases: PickerLeases,
+    options: PickerOptions,
+  ) {
+    this.#o = options;
+  }
 
   pick(args: PickArgs): PickResult {
-    if (this.unsettled) {
+    const o = this.#o;
+    if (o.unsettled) {
       return QUEUE;
     }
     const asked = args.metadata.get(VERSION_HEADER)[0];
-    const version = typeof asked === 'string' ? asked : this.version;
+    const version = typeof asked === 'string' ? asked : o.version;
     const stream = this.leases.stream(version);
     let draw: Draw;
     let position: number | undefined;
-    let subchannel: SubchannelInterface | undefined;
-    for (let skipped = false; ; ) {
+    let target: Usable | undefined;
+    for (;;) {
       const taken = stream.take();
       if (taken.kind !== 'ticket') {
         return taken.kind === 'wait' ? QUEUE : this.#failure(taken.code, taken.details);
@@ -279,53 +316,65 @@ class RotaPicker implements Picker {
       draw = taken.draw;
       const view = draw.view;
       if (draw.position !== undefined) {
-        // A pick rota mapped itself: its instance, or (not READY) the next pick of the block,
-        // the skipped one left as a gap. When no instance the block names is READY, the call
+        // A pick rota mapped itself: its instance, or (unusable) the next pick of the block, the
+        // passed-over one left as a gap. When no instance the block names is usable, the call
         // waits (or fails) rather than spending the rest of the block.
         position = draw.position;
-        subchannel = this.#at(view, position);
-        if (subchannel !== undefined) {
+        target = this.#usable(view, position);
+        if (target !== undefined) {
           break;
         }
-        if (!(draw.named ?? []).some((p) => this.#at(view, p) !== undefined)) {
-          return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
+        if (!(draw.named ?? []).some((p) => this.#usable(view, p) !== undefined)) {
+          return this.#noneUsable();
         }
         continue;
       }
-      // A ticket: mapped as rota's rule maps it. Not READY: skipped as `exclude` skips it, with
-      // the next ticket over the ready ones.
-      position = skipped ? view.map.position(draw.ticket, (p) => this.#at(view, p) === undefined) : view.map.position(draw.ticket);
-      subchannel = this.#at(view, position);
-      if (subchannel !== undefined) {
-        break;
+      // A ticket: mapped as rota's rule maps it. When that instance is unusable (not READY, or
+      // held out for timeouts), the same ticket goes to a usable one, so that the usable ones
+      // keep the rule's shares among themselves.
+      position = view.map.position(draw.ticket);
+      target = this.#usable(view, position);
+      if (target === undefined) {
+        position = view.map.usable(draw.ticket, (p) => this.#usable(view, p) === undefined);
+        target = this.#usable(view, position);
+        if (target === undefined) {
+          return this.#noneUsable();
+        }
       }
-      if (skipped) {
-        return this.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.service}" is reachable`);
-      }
-      skipped = true;
+      break;
     }
-    if (this.ticketHeader) {
+    if (o.ticketHeader) {
       args.metadata.set(TICKET_HEADER, (draw.local ? 'L' : '') + draw.ticket.toString());
     }
-    if (!this.report) {
-      return { pickResultType: PickResultType.COMPLETE, subchannel, status: null, onCallStarted: null, onCallEnded: null };
+    const holdOut = target.holdOut;
+    const generation = holdOut.generation;
+    if (!o.report) {
+      return {
+        pickResultType: PickResultType.COMPLETE,
+        subchannel: target.subchannel,
+        status: null,
+        onCallStarted: null,
+        onCallEnded: (code: status) => holdOut.ended(generation, code),
+      };
     }
     const id = draw.view.ids[position!]!;
     const ticket = draw.local ? '0' : draw.ticket.toString();
     const rule = draw.local ? '' : draw.view.rule;
     const link = this.leases.link;
+    const service = o.service;
     const started = performance.now();
     return {
       pickResultType: PickResultType.COMPLETE,
-      subchannel,
+      subchannel: target.subchannel,
       status: null,
       onCallStarted: null,
       onCallEnded: (code: status) => {
+        holdOut.ended(generation, code);
         if (code === status.CANCELLED) {
           return;
         }
         link.report({
-          service: this.service,
+          service,
           instanceId: id,
           ticket,
           rule,
@@ -336,11 +385,17 @@ class RotaPicker implements Picker {
     };
   }
 
-  #at(view: LeaseView, position: number | undefined): SubchannelInterface | undefined {
+  /** The instance at `position` when the call may go to it: READY and not held out. */
+  #usable(view: LeaseView, position: number | undefined): Usable | undefined {
     if (position === undefined) {
       return undefined;
     }
-    return this.ready.get(subKey(view.ids[position]!, view.addrs[position]!));
+    const entry = this.#o.ready.get(subKey(view.ids[position]!, view.addrs[position]!));
+    return entry !== undefined && entry.holdOut.usable() ? entry : undefined;
+  }
+
+  #noneUsable(): PickResult {
+    return this.#o.connecting ? QUEUE : this.#failure(status.UNAVAILABLE, `rota: no instance of "${this.#o.service}" is reachable`);
   }
 
   #failure(code: status, details: string): PickResult {

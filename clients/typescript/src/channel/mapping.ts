@@ -33,16 +33,126 @@ export function parseLeasedRule(canonical: string): LeasedRule {
  * Ticket → position in a lease's instance list (ordered by id). Excluded positions are skipped
  * the way rota skips a Pick's `exclude`: round_robin and repeat rotate over the accepted
  * positions, weighted walks on to the next slot of an accepted instance.
+ *
+ * {@link TicketMap.usable} maps a ticket whose instance the channel cannot use to one it can,
+ * keeping the rule's shares among the usable ones (docs/channels.md, "Instances the channel
+ * cannot use").
  */
 export class TicketMap {
   readonly #rule: LeasedRule;
   readonly #size: number;
   readonly #slots: Uint32Array;
+  /** Weighted: each position's slots in schedule order, built on the first call that needs it. */
+  #bySlot: { starts: Uint32Array; slots: Uint32Array } | undefined;
 
   constructor(rule: LeasedRule, weights: readonly number[]) {
     this.#rule = rule;
     this.#size = weights.length;
     this.#slots = rule.kind === 'weighted' ? weightSchedule(weights) : new Uint32Array(0);
+  }
+
+  /**
+   * The position for `ticket` when the positions `unusable` names cannot take calls: the
+   * rule's own position when it is usable, else, with the rule's cycle of slots S (round_robin
+   * and repeat: the positions; weighted: the slots of its schedule), the unit u (the ticket;
+   * repeat(n=r): ⌊ticket / r⌋), j = ⌊u / |S|⌋, D the unusable slots of S in order, i the rank
+   * of slot u mod |S| among them and A the usable slots in order: the position of slot
+   * A[(j·|D| + i) mod |A|]. Over |A| cycles each usable slot takes |D| of the unusable slots'
+   * tickets. Undefined when no position is usable. O(n) in the positions (weighted:
+   * O(n·log²|S|)), and only when the rule's own position is unusable.
+   */
+  usable(ticket: bigint, unusable: (position: number) => boolean): number | undefined {
+    if (this.#rule.kind === 'weighted') {
+      return this.#usableSlot(ticket, unusable);
+    }
+    const n = this.#size;
+    if (n === 0) {
+      return undefined;
+    }
+    const unit = this.#rule.kind === 'repeat' ? ticket / this.#rule.n : ticket;
+    const slot = Number(unit % BigInt(n));
+    if (!unusable(slot)) {
+      return slot;
+    }
+    let d = 0;
+    let rank = 0;
+    const usable: number[] = [];
+    for (let p = 0; p < n; p++) {
+      if (unusable(p)) {
+        d++;
+        if (p < slot) {
+          rank++;
+        }
+      } else {
+        usable.push(p);
+      }
+    }
+    if (usable.length === 0) {
+      return undefined;
+    }
+    return usable[spreadIndex(unit / BigInt(n), d, rank, usable.length)];
+  }
+
+  #usableSlot(ticket: bigint, unusable: (position: number) => boolean): number | undefined {
+    const m = this.#slots.length;
+    if (m === 0) {
+      return undefined;
+    }
+    const slot = Number(ticket % BigInt(m));
+    if (!unusable(this.#slots[slot]!)) {
+      return this.#slots[slot];
+    }
+    const { starts, slots } = (this.#bySlot ??= slotsByPosition(this.#slots, this.#size));
+    // Slots of position p before slot s: a binary search in p's (ascending) slots.
+    const before = (p: number, s: number): number => {
+      let lo = starts[p]!;
+      let hi = starts[p + 1]!;
+      const first = lo;
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1;
+        if (slots[mid]! < s) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      return lo - first;
+    };
+    let d = 0;
+    let rank = 0;
+    const usable: number[] = [];
+    for (let p = 0; p < this.#size; p++) {
+      const count = starts[p + 1]! - starts[p]!;
+      if (count === 0) {
+        continue;
+      }
+      if (unusable(p)) {
+        d += count;
+        rank += before(p, slot);
+      } else {
+        usable.push(p);
+      }
+    }
+    if (usable.length === 0) {
+      return undefined;
+    }
+    const k = spreadIndex(ticket / BigInt(m), d, rank, m - d);
+    // The k-th usable slot: the first slot s with more than k usable slots up to and including it.
+    let lo = 0;
+    let hi = m - 1;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      let upTo = 0;
+      for (const p of usable) {
+        upTo += before(p, mid + 1);
+      }
+      if (upTo > k) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return this.#slots[lo];
   }
 
   /** The position for `ticket`, or undefined when every position is excluded. */
@@ -93,6 +203,29 @@ export class TicketMap {
     }
     return undefined;
   }
+}
+
+/** (j·|D| + i) mod |A|, j the cycle number (64-bit, so in bigint). */
+function spreadIndex(cycle: bigint, unusable: number, rank: number, usable: number): number {
+  return Number((cycle * BigInt(unusable) + BigInt(rank)) % BigInt(usable));
+}
+
+/** The slots of a schedule grouped by position, ascending within each: position p's are slots[starts[p] .. starts[p+1]). */
+function slotsByPosition(schedule: Uint32Array, size: number): { starts: Uint32Array; slots: Uint32Array } {
+  const starts = new Uint32Array(size + 1);
+  for (const p of schedule) {
+    starts[p + 1] = starts[p + 1]! + 1;
+  }
+  for (let p = 0; p < size; p++) {
+    starts[p + 1] = starts[p + 1]! + starts[p]!;
+  }
+  const next = starts.slice(0, size);
+  const slots = new Uint32Array(schedule.length);
+  schedule.forEach((p, s) => {
+    slots[next[p]!] = s;
+    next[p] = next[p]! + 1;
+  });
+  return { starts, slots };
 }
 
 function gcd(a: number, b: number): number {

@@ -54,6 +54,21 @@ final class Eligible {
         return excluded;
     }
 
+    /**
+     * The member ticket {@code t} goes to: the one it maps to when {@code usable} accepts it,
+     * else a usable one chosen by {@link TicketMapping#spread} (the usable members keep the rule's
+     * shares among themselves); null when none is usable. Only a ticket whose member is unusable
+     * costs a pass over the list.
+     */
+    Member route(long ticket, Predicate<String> usable) {
+        Member member = map(ticket, null);
+        if (member != null && usable.test(member.id())) {
+            return member;
+        }
+        int index = mapping.spread(ticket, excluded(usable));
+        return index < 0 ? null : members.get(index);
+    }
+
     /** The member ticket {@code t} maps to with these exclusions, or null. */
     Member map(long ticket, boolean[] excluded) {
         int index = mapping.map(ticket, excluded);

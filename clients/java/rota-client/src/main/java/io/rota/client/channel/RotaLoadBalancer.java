@@ -14,7 +14,8 @@ import io.grpc.Status;
 
 /**
  * One subchannel per instance the resolver hands over, and one {@link Rotation} per version
- * asked for; publishes a {@link RotaPicker} over the READY subchannels after every change.
+ * asked for; publishes a {@link RotaPicker} over the READY subchannels after every change. Each
+ * instance has a {@link HoldOut} counting its timeouts, for as long as its subchannel lives.
  * Runs in the channel's synchronization context, except for the rotations' lease callbacks,
  * which post back into it.
  */
@@ -26,6 +27,8 @@ final class RotaLoadBalancer extends LoadBalancer {
     private final Map<String, Subchannel> subchannels = new HashMap<>();
     private final Map<String, ConnectivityState> states = new HashMap<>();
     private final Map<String, Member> members = new HashMap<>();
+    private final Map<String, HoldOut> holds = new HashMap<>();
+    private final java.util.function.LongSupplier clock;
     /** Instances whose subchannel has been READY or TRANSIENT_FAILURE at least once (or waited long enough). */
     private final java.util.Set<String> settled = new java.util.HashSet<>();
     private final ConcurrentHashMap<String, Rotation> rotations = new ConcurrentHashMap<>();
@@ -37,7 +40,13 @@ final class RotaLoadBalancer extends LoadBalancer {
     private boolean shutdown;
 
     RotaLoadBalancer(Helper helper) {
+        this(helper, System::nanoTime);
+    }
+
+    /** @param clock the hold-outs' clock, in nanoseconds as {@link System#nanoTime} counts them */
+    RotaLoadBalancer(Helper helper, java.util.function.LongSupplier clock) {
         this.helper = helper;
+        this.clock = clock;
     }
 
     @Override
@@ -77,6 +86,7 @@ final class RotaLoadBalancer extends LoadBalancer {
             if (group == null || !group.getAddresses().equals(subchannels.get(id).getAddresses().getAddresses())) {
                 subchannels.remove(id).shutdown();
                 states.remove(id);
+                holds.remove(id);
                 settled.remove(id);
                 changed = true;
             }
@@ -90,6 +100,7 @@ final class RotaLoadBalancer extends LoadBalancer {
                     .setAddresses(entry.getValue()).build());
             subchannels.put(id, subchannel);
             states.put(id, ConnectivityState.IDLE);
+            holds.put(id, new HoldOut(clock));
             subchannel.start(state -> onState(id, subchannel, state));
             subchannel.requestConnection();
             helper.getScheduledExecutorService().schedule(() -> helper.getSynchronizationContext().execute(() -> {
@@ -150,11 +161,11 @@ final class RotaLoadBalancer extends LoadBalancer {
         if (shutdown) {
             return;
         }
-        Map<String, Subchannel> ready = new HashMap<>();
+        Map<String, RotaPicker.Ready> ready = new HashMap<>();
         boolean connecting = false;
         for (Map.Entry<String, ConnectivityState> entry : states.entrySet()) {
             if (entry.getValue() == ConnectivityState.READY) {
-                ready.put(entry.getKey(), subchannels.get(entry.getKey()));
+                ready.put(entry.getKey(), new RotaPicker.Ready(subchannels.get(entry.getKey()), holds.get(entry.getKey())));
             } else if (entry.getValue() == ConnectivityState.CONNECTING || entry.getValue() == ConnectivityState.IDLE) {
                 connecting = true;
             }
@@ -168,7 +179,7 @@ final class RotaLoadBalancer extends LoadBalancer {
         // a channel's first tickets (and those after an instance joins) map as rota maps them.
         boolean unsettled = !settled.containsAll(subchannels.keySet());
         helper.updateBalancingState(state, new RotaPicker(this, unsettled ? Map.of() : Map.copyOf(ready),
-                unsettled ? ConnectivityState.CONNECTING : state, failure, config));
+                unsettled ? ConnectivityState.CONNECTING : state, connecting || unsettled, failure, config));
     }
 
     /** Publishes a new picker so that RPCs waiting for a first lease are picked again. */

@@ -32,8 +32,9 @@ import io.rota.v1.LeasedPick;
  * <p>A lease can come back in either of rota's two shapes, and the rotation takes both without
  * knowing in advance which one a service uses: a ticket range mapped here over the eligible list,
  * or {@code picks} that rota mapped itself (a lease without a version of a service under gray
- * release, whose version rota chooses per pick). Picks are used in order; a pick whose instance
- * is not usable is skipped (a gap) for the next pick of the block. When the instance list
+ * release, whose version rota chooses per pick). A ticket whose instance is not usable goes to a
+ * usable one ({@link Eligible#route}). Picks are used in order; a pick whose instance is not
+ * usable is skipped (a gap) for the next pick of the block. When the instance list
  * changes, the unused picks are dropped and a new block is leased.
  */
 final class Rotation {
@@ -44,7 +45,10 @@ final class Rotation {
     record Draw(Member member, long ticket, String rule, boolean local) {
     }
 
-    /** Outcome of {@link #draw}: a member, a wait for the first lease, or rota's refusal. */
+    /**
+     * Outcome of {@link #draw}: a member, a wait for a lease in flight ({@link #WAIT}: the RPC is
+     * picked again when it is in), no usable instance ({@link #NONE_USABLE}), or rota's refusal.
+     */
     record Decision(Draw draw, Status failure) {
         static final Decision WAIT = new Decision(null, null);
         static final Decision NONE_USABLE = new Decision(null, Status.OK);
@@ -125,7 +129,10 @@ final class Rotation {
         this.leased = leased;
     }
 
-    /** The next ticket's instance among those {@code usable} accepts. */
+    /**
+     * The next ticket and its instance: the one the ticket maps to, or when {@code usable} rejects
+     * that one, the usable instance {@link Eligible#route} spreads the ticket to.
+     */
     synchronized Decision draw(Predicate<String> usable) {
         long now = System.nanoTime();
         boolean mayLease = !leasing && (!(outage || refusal != null) || now - retryAt >= 0);
@@ -153,23 +160,24 @@ final class Rotation {
         if (mayLease && remaining() * 2 <= blockSize) {
             lease(now, blockSize);
         }
-        Member member = eligible.map(ticket, null);
-        if (member != null && usable.test(member.id())) {
-            return new Decision(new Draw(member, ticket, eligible.rule, false), null);
-        }
-        // Skipped the way rota skips `exclude`: the next ticket, mapped over the usable instances.
-        boolean[] excluded = eligible.excluded(usable);
-        if (!blocks.isEmpty() && !blocks.peekFirst().isPicks()) {
-            ticket = nextTicket();
-            drawnSinceLease++;
-        }
-        member = eligible.map(ticket, excluded);
+        // A ticket whose instance is unusable goes to a usable one, the same ticket (not the next).
+        Member member = eligible.route(ticket, usable);
         if (member == null) {
-            // A lease in flight (a refresh after the instances changed) may list a usable one.
-            waiting |= leasing;
-            return Decision.NONE_USABLE;
+            return noneUsable();
         }
         return new Decision(new Draw(member, ticket, eligible.rule, false), null);
+    }
+
+    /**
+     * No listed instance is usable: a lease in flight (a refresh after the instances changed) may
+     * list a usable one, and then the pick waits for it; else the picker decides.
+     */
+    private Decision noneUsable() {
+        if (leasing) {
+            waiting = true;
+            return Decision.WAIT;
+        }
+        return Decision.NONE_USABLE;
     }
 
     /**
@@ -181,8 +189,7 @@ final class Rotation {
         Block block;
         while ((block = blocks.peekFirst()) != null && block.isPicks()) {
             if (block.members.stream().noneMatch(m -> usable.test(m.id()))) {
-                waiting |= leasing;
-                return Decision.NONE_USABLE;
+                return noneUsable();
             }
             while (block.next < block.end) {
                 int i = (int) block.next++;
@@ -266,7 +273,7 @@ final class Rotation {
         }
         Eligible list = eligible != null ? eligible : Eligible.isolate(resolved.get(), version, rule);
         long turn = localTurn++;
-        Member member = list.map(turn, list.excluded(usable));
+        Member member = list.route(turn, usable);
         return member == null ? Decision.NONE_USABLE : new Decision(new Draw(member, turn, list.rule, true), null);
     }
 

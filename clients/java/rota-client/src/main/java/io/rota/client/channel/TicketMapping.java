@@ -1,6 +1,7 @@
 package io.rota.client.channel;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.PriorityQueue;
 
@@ -18,6 +19,10 @@ import java.util.PriorityQueue;
  * <p>Excluded positions are skipped the way rota skips a pick's {@code exclude}: the rotating
  * rules rotate over the accepted positions, {@code weighted} walks its schedule from slot
  * {@code t mod Σw} to the first accepted instance. Tickets are unsigned 64-bit numbers.
+ *
+ * <p>A channel maps a ticket whose instance it cannot use with {@link #spread}: the same ticket
+ * goes to a usable instance, so that the usable ones keep the rule's shares among themselves
+ * (docs/channels.md, "Instances the channel cannot use").
  */
 final class TicketMapping {
     /** Longest weighted schedule; larger weight sums are scaled down (rota's bound). */
@@ -29,6 +34,12 @@ final class TicketMapping {
     private final long repeat;
     private final int[] weights;
     private int[] slots;
+    /** The slots of the last unusable set {@link #spread} saw; replaced when the set changes. */
+    private volatile Spread spread;
+
+    /** The cycle's slots split by an unusable set: {@code down} and {@code up}, each in slot order. */
+    private record Spread(boolean[] unusable, int[] down, int[] up) {
+    }
 
     private TicketMapping(Kind kind, long repeat, int[] weights) {
         this.kind = kind;
@@ -101,6 +112,69 @@ final class TicketMapping {
             case REPEAT -> nthAccepted(Long.remainderUnsigned(Long.divideUnsigned(ticket, repeat), accepted), excluded);
             case WEIGHTED -> weighted(ticket, excluded);
         };
+    }
+
+    /**
+     * The position ticket {@code t} goes to when some positions are {@code unusable} (null: none).
+     * With the rule's cycle of slots {@code S} (the positions for {@code round_robin} and
+     * {@code repeat(n=r)}, the weighted schedule's slots for {@code weighted}), the unit
+     * {@code u} ({@code t}, or {@code t / r} for {@code repeat}), the cycle {@code j = u / |S|},
+     * the unusable slots {@code D} and the usable slots {@code A} (each in slot order), and
+     * {@code i} the rank of slot {@code u mod |S|} among {@code D}: the instance of slot
+     * {@code A[(j·|D| + i) mod |A|]}. A ticket whose own slot is usable keeps it. Over {@code |A|}
+     * cycles each usable slot takes exactly {@code |D|} of the unusable slots' tickets, and the
+     * tickets of one {@code repeat} run stay together. -1 when no slot is usable.
+     *
+     * <p>The split of the slots is kept for the last unusable set, so that only a change of the
+     * set costs a pass over the cycle.
+     */
+    int spread(long ticket, boolean[] unusable) {
+        int[] schedule = kind == Kind.WEIGHTED ? schedule() : null;
+        int size = schedule != null ? schedule.length : weights.length;
+        if (size == 0) {
+            return -1;
+        }
+        long unit = kind == Kind.REPEAT ? Long.divideUnsigned(ticket, repeat) : ticket;
+        int slot = (int) Long.remainderUnsigned(unit, size);
+        if (unusable == null) {
+            return schedule != null ? schedule[slot] : slot;
+        }
+        Spread split = split(unusable, schedule, size);
+        int rank = Arrays.binarySearch(split.down, slot);
+        if (rank < 0) {
+            return schedule != null ? schedule[slot] : slot;
+        }
+        int[] up = split.up;
+        if (up.length == 0) {
+            return -1;
+        }
+        long cycle = Long.divideUnsigned(unit, size);
+        // (j·|D| + i) mod |A| without overflow: |A| and |D| are at most 2^20.
+        long index = (Long.remainderUnsigned(cycle, up.length) * split.down.length + rank) % up.length;
+        int chosen = up[(int) index];
+        return schedule != null ? schedule[chosen] : chosen;
+    }
+
+    private Spread split(boolean[] unusable, int[] schedule, int size) {
+        Spread split = spread;
+        if (split != null && Arrays.equals(split.unusable, unusable)) {
+            return split;
+        }
+        int[] down = new int[size];
+        int[] up = new int[size];
+        int downs = 0;
+        int ups = 0;
+        for (int s = 0; s < size; s++) {
+            int position = schedule != null ? schedule[s] : s;
+            if (position < unusable.length && unusable[position]) {
+                down[downs++] = s;
+            } else {
+                up[ups++] = s;
+            }
+        }
+        split = new Spread(unusable.clone(), Arrays.copyOf(down, downs), Arrays.copyOf(up, ups));
+        spread = split;
+        return split;
     }
 
     private static int nthAccepted(long nth, boolean[] excluded) {

@@ -67,16 +67,17 @@ class ChannelConformanceTest {
 
     /** The keys clients/conformance/channel/README.md defines; any other fails the scenario. */
     private static final Set<String> SCENARIO_KEYS = Set.of("name", "rule", "service", "instances", "policy", "steps");
-    private static final Set<String> INSTANCE_KEYS = Set.of("id", "version", "weight");
+    private static final Set<String> INSTANCE_KEYS = Set.of("id", "version", "weight", "unreachable");
     private static final Map<String, Set<String>> STEP_KEYS = Map.of(
             "calls", Set.of("calls", "consumers", "version", "deadline_ms", "expect"),
             "withdraw", Set.of("withdraw", "within_ms"),
             "kill", Set.of("kill"),
+            "hang", Set.of("hang"),
             "stop_rota", Set.of("stop_rota"),
             "restart_rota", Set.of("restart_rota"),
             "await_leases", Set.of("await_leases", "within_ms"));
     private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "leased", "rotation", "runs", "only",
-            "never", "spread", "counts");
+            "never", "spread", "counts", "balanced");
 
     /** Fails on a key of {@code node} outside {@code known}. */
     static void known(JsonNode node, Set<String> known, String where) {
@@ -99,14 +100,18 @@ class ChannelConformanceTest {
 
     @org.junit.jupiter.api.Test
     void aMisspeltKeyFailsTheScenario() throws IOException {
-        JsonNode good = JSON.readTree("{\"name\": \"n\", \"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\"}],"
-                + " \"policy\": {}, \"steps\": [{\"calls\": 1, \"expect\": {\"counts\": {\"a\": 1}}}]}");
+        JsonNode good = JSON.readTree("{\"name\": \"n\", \"rule\": \"round_robin\","
+                + " \"instances\": [{\"id\": \"a\"}, {\"id\": \"b\", \"unreachable\": true}], \"policy\": {},"
+                + " \"steps\": [{\"hang\": \"a\"}, {\"calls\": 1, \"expect\": {\"counts\": {\"a\": 1}, \"balanced\": true}}]}");
         checkKeys(good);
         for (String bad : List.of(
                 "{\"rule\": \"round_robin\", \"polcy\": {}, \"steps\": []}",
                 "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"zone\": \"z\"}], \"steps\": []}",
                 "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"count\": {}}}]}",
-                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"versions\": \"v\"}]}")) {
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"versions\": \"v\"}]}",
+                "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"unreachble\": true}], \"steps\": []}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"hang\": \"a\", \"within_ms\": 5}]}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"balance\": true}}]}")) {
             JsonNode scenario = JSON.readTree(bad);
             org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
         }
@@ -137,7 +142,9 @@ class ChannelConformanceTest {
                     .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(500))).build();
             for (JsonNode spec : scenario.get("instances")) {
                 String id = spec.get("id").asText();
-                Instance instance = Instance.of("echo", "127.0.0.1", fleet.start(id)).withId(id)
+                // An unreachable instance is registered at a loopback port where nothing listens.
+                int port = spec.path("unreachable").asBoolean() ? EchoFleet.unreachablePort() : fleet.start(id);
+                Instance instance = Instance.of("echo", "127.0.0.1", port).withId(id)
                         .withVersion(spec.path("version").asText(""));
                 if (spec.has("weight")) {
                     instance = instance.withWeight(spec.get("weight").asInt());
@@ -201,6 +208,8 @@ class ChannelConformanceTest {
                     inARow = call("", 5000) == null ? inARow + 1 : 0;
                 }
                 assertEquals(want, inARow, want + " calls in a row did not get through after the kill");
+            } else if (step.has("hang")) {
+                fleet.hang(step.get("hang").asText());
             } else if (step.path("stop_rota").asBoolean()) {
                 rota.kill();
             } else if (step.path("restart_rota").asBoolean()) {
@@ -265,6 +274,9 @@ class ChannelConformanceTest {
             }
             List<EchoFleet.Received> all = List.copyOf(fleet.received);
             List<EchoFleet.Received> received = all.subList(before, all.size());
+            Map<String, Integer> reached = new java.util.TreeMap<>();
+            received.forEach(r -> reached.merge(r.instance() + (r.hung() ? " (hung)" : ""), 1, Integer::sum));
+            System.out.println(scenario.path("name").asText() + ": " + n + " calls, " + failures.size() + " failed, reached " + reached);
             check(step.path("expect"), received, failures);
         }
 
@@ -320,6 +332,25 @@ class ChannelConformanceTest {
             }
             if (expect.path("spread").asBoolean()) {
                 assertEquals(new HashSet<>(strings(expect.get("only"))), reached);
+            }
+            if (expect.path("balanced").asBoolean()) {
+                // Over the answered calls (a hung server answers none) of the ids in `only`.
+                Map<String, Integer> answered = new java.util.TreeMap<>();
+                if (expect.has("only")) {
+                    strings(expect.get("only")).forEach(id -> answered.put(id, 0));
+                }
+                int total = 0;
+                for (EchoFleet.Received r : received) {
+                    if (!r.hung()) {
+                        answered.merge(r.instance(), 1, Integer::sum);
+                        total++;
+                    }
+                }
+                assertTrue(!answered.isEmpty(), "balanced: no instance answered");
+                int most = java.util.Collections.max(answered.values());
+                int fewest = java.util.Collections.min(answered.values());
+                assertTrue(fewest > 0, "not every instance answered: " + answered);
+                assertTrue(most - fewest <= Math.max(2, total / 10), "unbalanced over " + total + " answered calls: " + answered);
             }
             if (expect.has("counts")) {
                 Map<String, Integer> wanted = new java.util.TreeMap<>();

@@ -43,6 +43,7 @@ import io.rota.v1.LeaseResponse;
 class RotationTest {
     private static final Member A = new Member("echo-a", "127.0.0.1", 1, "", 100);
     private static final Member B = new Member("echo-b", "127.0.0.1", 2, "", 100);
+    private static final Member C = new Member("echo-c", "127.0.0.1", 3, "", 100);
 
     private final AtomicLong counter = new AtomicLong();
     private volatile List<Member> listed = List.of(A);
@@ -138,6 +139,55 @@ class RotationTest {
             Rotation.Decision after = rotation.draw(id -> id.equals(B.id()));
             assertNotNull(after.draw());
             assertEquals(B, after.draw().member());
+        }
+    }
+
+    /** Draws {@code n} tickets; "id@ticket" (local ones "id@Lticket") each. */
+    private static List<String> draws(Rotation rotation, int n, java.util.function.Predicate<String> usable) {
+        List<String> out = new java.util.ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            Rotation.Draw draw = rotation.draw(usable).draw();
+            assertNotNull(draw, "draw " + i);
+            out.add(draw.member().id() + "@" + (draw.local() ? "L" : "") + draw.ticket());
+        }
+        return out;
+    }
+
+    @Test
+    void aLeasedTicketWhoseInstanceIsUnusableGoesToAUsableOneItself() throws Exception {
+        listed = List.of(A, B, C);
+        Semaphore repicks = new Semaphore(0);
+        try (RotaLink link = new RotaLink(target(), "echo")) {
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, C), repicks::release);
+            firstDraw(rotation, repicks, "the pick waiting for the first lease was not picked again");
+            // Tickets 1.., echo-c unusable: its tickets alternate between echo-a and echo-b, and
+            // no ticket is passed over.
+            assertEquals(List.of("echo-b@1", "echo-a@2", "echo-a@3", "echo-b@4", "echo-b@5", "echo-a@6", "echo-b@7",
+                    "echo-a@8", "echo-a@9"), draws(rotation, 9, id -> !id.equals(C.id())));
+        }
+    }
+
+    @Test
+    void theLocalRotationSpreadsAnUnusableInstancesTurnsTheSameWay() throws Exception {
+        Semaphore repicks = new Semaphore(0);
+        // Nothing listens at rota's address: the first lease fails, and the rotation goes local.
+        try (RotaLink link = new RotaLink("127.0.0.1:" + EchoFleet.unreachablePort(), "echo")) {
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(C, A, B), repicks::release);
+            Rotation.Decision first = rotation.draw(id -> true);
+            if (first.draw() == null) {
+                assertSame(Rotation.Decision.WAIT, first);
+                assertTrue(repicks.tryAcquire(10, TimeUnit.SECONDS), "the failed lease did not ask for a pick again");
+            }
+            assertTrue(rotation.inOutage());
+            List<String> got = draws(rotation, 12, id -> !id.equals(C.id()));
+            long turn = Long.parseLong(got.get(0).substring(got.get(0).indexOf("@L") + 2));
+            List<String> expected = new java.util.ArrayList<>();
+            for (long t = turn; t < turn + 12; t++) {
+                // Over the isolated list in id order (a, b, c): c's turns alternate between a and b.
+                String id = t % 3 == 0 ? "echo-a" : t % 3 == 1 ? "echo-b" : (t / 3) % 2 == 0 ? "echo-a" : "echo-b";
+                expected.add(id + "@L" + t);
+            }
+            assertEquals(expected, got);
         }
     }
 

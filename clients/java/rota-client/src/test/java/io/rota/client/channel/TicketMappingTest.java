@@ -3,6 +3,7 @@ package io.rota.client.channel;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
@@ -58,6 +59,103 @@ class TicketMappingTest {
         assertArrayEquals(new int[] {}, TicketMapping.build(new int[] {0, 0}));
         int[] huge = TicketMapping.build(new int[] {3_000_000, 1_000_001});
         assertTrue(huge.length <= TicketMapping.MAX_CYCLE);
+    }
+
+    /** Positions {@code t .. t+count-1} go to with {@code unusable}, as letters; '-' for none. */
+    private static String spread(TicketMapping mapping, long from, int count, boolean[] unusable) {
+        StringBuilder out = new StringBuilder();
+        for (long t = from; t < from + count; t++) {
+            int position = mapping.spread(t, unusable);
+            out.append(position < 0 ? '-' : (char) ('A' + position));
+        }
+        return out.toString();
+    }
+
+    private static int[] counts(String letters, int n) {
+        int[] counts = new int[n];
+        letters.chars().forEach(c -> counts[c - 'A']++);
+        return counts;
+    }
+
+    @Test
+    void anUnusableInstancesTicketsAreSpreadEvenlyOverTheUsableOnes() {
+        TicketMapping rr = TicketMapping.of("round_robin", new int[3]);
+        boolean[] cDown = {false, false, true};
+        // The unusable slot's tickets alternate between the others, cycle by cycle.
+        assertEquals("ABAABB", spread(rr, 0, 6, cDown));
+        String sixCycles = spread(rr, 0, 18, cDown);
+        assertArrayEquals(new int[] {9, 9, 0}, counts(sixCycles, 3), sixCycles);
+        // A ticket whose own instance is usable keeps it.
+        for (long t = 0; t < 18; t++) {
+            if (t % 3 != 2) {
+                assertEquals(rr.map(t, null), rr.spread(t, cDown));
+            }
+        }
+        assertEquals("ABCABC", spread(rr, 0, 6, null));
+        assertEquals(-1, rr.spread(2, new boolean[] {true, true, true}));
+        assertEquals(1, rr.spread(0, new boolean[] {true, false, true}));
+
+        // Two of five unusable: over |A| = 3 cycles every usable slot takes |D| = 2 of their tickets.
+        TicketMapping five = TicketMapping.of("round_robin", new int[5]);
+        boolean[] twoDown = {false, true, false, true, false};
+        String threeCycles = spread(five, 0, 15, twoDown);
+        assertArrayEquals(new int[] {5, 0, 5, 0, 5}, counts(threeCycles, 5), threeCycles);
+        String longer = spread(five, 7, 300, twoDown);
+        assertArrayEquals(new int[] {100, 0, 100, 0, 100}, counts(longer, 5), longer);
+    }
+
+    @Test
+    void repeatRunsStayWholeOnOneUsableInstance() {
+        TicketMapping repeat = TicketMapping.of("repeat(n=3)", new int[3]);
+        boolean[] cDown = {false, false, true};
+        assertEquals("AAABBBAAA" + "AAABBBBBB", spread(repeat, 0, 18, cDown));
+        String many = spread(repeat, 0, 3 * 3 * 40, cDown);
+        for (int run = 0; run < many.length(); run += 3) {
+            assertEquals(1, many.substring(run, run + 3).chars().distinct().count(), "run at " + run + ": " + many);
+        }
+        assertArrayEquals(new int[] {180, 180, 0}, counts(many, 3));
+    }
+
+    @Test
+    void weightedKeepsTheUsableInstancesProportions() {
+        // Schedule of 2:1:1 is A B C A (slots 0..3); C's one slot goes to A, B, A in turn.
+        TicketMapping weighted = TicketMapping.of("weighted", new int[] {200, 100, 100});
+        assertArrayEquals(new int[] {0, 1, 2, 0}, weighted.schedule());
+        boolean[] cDown = {false, false, true};
+        String threeCycles = spread(weighted, 0, 12, cDown);
+        assertEquals("ABAA" + "ABBA" + "ABAA", threeCycles);
+        assertArrayEquals(new int[] {8, 4, 0}, counts(threeCycles, 3));
+        // 5:3:2 with the 3 unusable: A and B keep 5:2.
+        TicketMapping uneven = TicketMapping.of("weighted", new int[] {5, 3, 2});
+        boolean[] bDown = {false, true, false};
+        String cycles = spread(uneven, 0, 10 * 7, bDown);
+        assertArrayEquals(new int[] {50, 0, 20}, counts(cycles, 3), cycles);
+    }
+
+    @Test
+    void spreadTicketsAreUnsignedAndTheSplitFollowsTheUnusableSet() {
+        TicketMapping rr = TicketMapping.of("round_robin", new int[3]);
+        // The top of the unsigned range: cycle (2^64-1)/3, slot 0.
+        long top = -1L;
+        assertEquals(0, Long.remainderUnsigned(top, 3));
+        long cycle = Long.divideUnsigned(top, 3);
+        assertEquals((int) Long.remainderUnsigned(cycle, 2) == 0 ? 1 : 2, rr.spread(top, new boolean[] {true, false, false}));
+        // Another unusable set is another split, not the last one's.
+        assertEquals("ABAABB", spread(rr, 0, 6, new boolean[] {false, false, true}));
+        assertEquals("AACACC", spread(rr, 0, 6, new boolean[] {false, true, false}));
+        assertEquals("ABAABB", spread(rr, 0, 6, new boolean[] {false, false, true}));
+    }
+
+    @Test
+    void eligibleRoutesAUsableTicketToItsOwnInstanceAndSpreadsTheOthers() {
+        Eligible eligible = new Eligible(List.of(new Member("a", "h", 1, "", 100), new Member("b", "h", 2, "", 100),
+                new Member("c", "h", 3, "", 100)), "round_robin");
+        StringBuilder out = new StringBuilder();
+        for (long t = 0; t < 6; t++) {
+            out.append(eligible.route(t, id -> !id.equals("c")).id());
+        }
+        assertEquals("abaabb", out.toString());
+        assertNull(eligible.route(1, id -> false));
     }
 
     @Test

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -67,16 +68,57 @@ class _Recorder(grpc.ServerInterceptor):
         return continuation(details)
 
 
+class _Hang:
+    """Whether an echo server stopped answering (the ``hang`` step), and its unanswered calls.
+
+    A hung call waits until it ends on the client's side (its deadline, a cancel) or until the
+    fleet releases every hung call at teardown, whichever comes first: its worker thread is
+    never left waiting past the scenario."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self._lock = threading.Lock()
+        self._waiting: set[threading.Event] = set()
+        self._released = False
+
+    def wait(self, context: Any) -> None:
+        ended = threading.Event()
+        with self._lock:
+            if self._released:
+                return
+            self._waiting.add(ended)
+        try:
+            # False: the call has ended already.
+            if context.add_callback(ended.set):
+                ended.wait()
+        finally:
+            with self._lock:
+                self._waiting.discard(ended)
+
+    def release(self) -> None:
+        with self._lock:
+            self._released = True
+            for ended in self._waiting:
+                ended.set()
+
+
 # echo_pb2_grpc is generated at import time, so mypy only knows it as Any.
 class _Echo(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
-    def __init__(self, instance: str) -> None:
+    def __init__(self, instance: str, hang: _Hang) -> None:
         self.instance = instance
+        self.hang = hang
 
     def Echo(self, request: Any, context: Any) -> Any:  # noqa: N802
+        if self.hang.on:
+            self.hang.wait(context)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the echo server was stopped while hung")
         return echo_pb2.EchoReply(instance_id=self.instance, message=request.message)
 
     def EchoStream(self, requests: Any, context: Any) -> Any:  # noqa: N802
         for request in requests:
+            if self.hang.on:
+                self.hang.wait(context)
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the echo server was stopped while hung")
             yield echo_pb2.EchoReply(instance_id=self.instance, message=request.message)
 
 
@@ -85,6 +127,7 @@ class EchoFleet:
         self.received: list[Received] = []
         self._lock = threading.Lock()
         self.servers: dict[str, grpc.Server] = {}
+        self._hangs: dict[str, _Hang] = {}
 
     def record(self, received: Received) -> None:
         with self._lock:
@@ -96,7 +139,8 @@ class EchoFleet:
 
     def start(self, instance: str) -> int:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[_Recorder(self, instance)])
-        echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance), server)
+        hang = self._hangs[instance] = _Hang()
+        echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance, hang), server)
         me = instance.encode()
         server.add_generic_rpc_handlers(
             (
@@ -116,10 +160,24 @@ class EchoFleet:
         self.servers[instance] = server
         return int(port)
 
+    @staticmethod
+    def unreachable() -> int:
+        """A loopback port where nothing listens: bound, noted and closed again."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    def hang(self, instance: str) -> None:
+        """The instance's server keeps its connections but answers no call it receives from now on."""
+        self._hangs[instance].on = True
+
     def kill(self, instance: str) -> None:
+        self._hangs[instance].release()
         self.servers.pop(instance).stop(None).wait(10)
 
     def close(self) -> None:
+        for hang in self._hangs.values():
+            hang.release()
         for server in self.servers.values():
             server.stop(None).wait(10)
         self.servers.clear()

@@ -49,6 +49,55 @@ def test_weighted_schedule_interleaves_by_earliest_deadline() -> None:
         TicketMapping("random", [1])
 
 
+def around(mapping: TicketMapping, count: int, unusable: list[bool]) -> str:
+    return "".join(chr(ord("A") + mapping.around(t, unusable)) for t in range(count))
+
+
+def test_an_unusable_instances_tickets_are_shared_evenly_by_the_others() -> None:
+    rr = TicketMapping("round_robin", [1] * 3)
+    # echo-c's tickets (2, 5, 8, ...) alternate between A and B; the others keep their own.
+    assert around(rr, 18, [False, False, True]) == "ABAABB" * 3
+    assert Counter(around(rr, 18, [False, False, True])) == {"A": 9, "B": 9}, "half each over 6 cycles"
+    assert around(rr, 12, [True, False, False]) == "BBCCBC" * 2
+    # Two of four: each usable one takes one of them per cycle, in turn.
+    assert around(TicketMapping("round_robin", [1] * 4), 8, [False, True, False, True]) == "AACC" * 2
+    assert around(rr, 9, [False] * 3) == letters(rr, 9), "nothing unusable: the plain mapping"
+    assert rr.around(7, [True] * 3) == -1
+    assert TicketMapping("weighted", []).around(0, []) == -1
+
+
+def test_repeat_keeps_its_runs_whole_around_an_unusable_instance() -> None:
+    rep = TicketMapping("repeat(n=3)", [1] * 3)
+    mapped = around(rep, 54, [False, False, True])
+    assert mapped[:18] == "AAABBBAAA" + "AAABBBBBB"
+    assert all(len(set(mapped[k : k + 3])) == 1 for k in range(0, 54, 3)), mapped
+    assert Counter(mapped) == {"A": 27, "B": 27}
+
+
+def test_weighted_keeps_the_usable_instances_proportions() -> None:
+    weighted = TicketMapping("weighted", [2, 1, 1])  # schedule [0, 1, 2, 0]
+    mapped = around(weighted, 4 * 3 * 5, [False, True, False])
+    assert Counter(mapped) == {"A": 40, "C": 20}, "2 : 1, as the weights"
+    assert around(weighted, 8, [False, True, False]) == "AACA" + "ACCA"
+
+
+@pytest.mark.parametrize("rule", ["round_robin", "repeat(n=2)", "weighted"])
+def test_over_as_many_cycles_as_usable_slots_every_usable_slot_gets_a_whole_cycle(rule: str) -> None:
+    # The property the mapping is chosen for, over many unusable sets: in |A| cycles each usable
+    # slot takes its own |A| tickets and |D| of the unusable ones, |S| in all.
+    weights = [3, 1, 2, 1, 1]
+    mapping = TicketMapping(rule, weights)
+    slots = weighted_schedule(weights) if rule == "weighted" else list(range(len(weights)))
+    unit = 2 if rule == "repeat(n=2)" else 1
+    for mask in range(1, 2 ** len(weights) - 1):
+        unusable = [bool(mask >> i & 1) for i in range(len(weights))]
+        usable_slots = sum(1 for p in slots if not unusable[p])
+        tickets = usable_slots * len(slots) * unit
+        reached = Counter(mapping.around(t, unusable) for t in range(7 * tickets, 8 * tickets))
+        expected = Counter({p: slots.count(p) * len(slots) * unit for p in range(len(weights)) if not unusable[p]})
+        assert reached == expected, (rule, unusable)
+
+
 def test_local_mapping_matches_rotas_pick(rota_server: RotaServer, service_name: str) -> None:
     weights = [7, 3, 0, 5, 1]
     with rota.RotaClient(rota_server.address) as client, grpc.insecure_channel(rota_server.address) as ch:

@@ -40,16 +40,28 @@ UNSUPPORTED: dict[str, str] = {}
 #: The keys the format (the folder's README) defines; anything else is refused, so that a
 #: misspelt expectation fails instead of passing unchecked.
 SCENARIO_KEYS = {"name", "rule", "service", "instances", "policy", "steps"}
-INSTANCE_KEYS = {"id", "version", "weight"}
+INSTANCE_KEYS = {"id", "version", "weight", "unreachable"}
 STEP_KEYS = {
     "calls": {"calls", "consumers", "version", "deadline_ms", "expect"},
     "withdraw": {"withdraw", "within_ms"},
     "kill": {"kill"},
+    "hang": {"hang"},
     "stop_rota": {"stop_rota"},
     "restart_rota": {"restart_rota"},
     "await_leases": {"await_leases", "within_ms"},
 }
-EXPECT_KEYS = {"failures", "error_contains", "leased", "rotation", "runs", "only", "never", "spread", "counts"}
+EXPECT_KEYS = {
+    "failures",
+    "error_contains",
+    "leased",
+    "rotation",
+    "runs",
+    "only",
+    "never",
+    "spread",
+    "counts",
+    "balanced",
+}
 #: How long restart_rota waits for the registrations to be listed again.
 RESTART_PATIENCE = 20.0
 #: A kill step calls until as many calls in a row succeed as there are instances, in at
@@ -182,7 +194,7 @@ class Runner:
             instance = rota.Instance(
                 service="echo",
                 host="127.0.0.1",
-                port=self.fleet.start(spec["id"]),
+                port=self.fleet.unreachable() if spec.get("unreachable") else self.fleet.start(spec["id"]),
                 id=spec["id"],
                 version=spec.get("version", ""),
                 weight=spec.get("weight"),
@@ -241,6 +253,8 @@ class Runner:
                 outcomes.append(self.call())
                 in_a_row = in_a_row + 1 if outcomes[-1] is None else 0
             assert in_a_row == want, f"{want} calls in a row did not succeed after the kill: {outcomes}"
+        elif "hang" in step:
+            self.fleet.hang(step["hang"])
         elif step.get("stop_rota"):
             self.server.kill()
         elif step.get("restart_rota"):
@@ -289,9 +303,9 @@ class Runner:
                     process.kill()
                     process.wait()
         received = self.fleet.received[before:]
-        self.check(step.get("expect", {}), received, failures)
+        self.check(step.get("expect", {}), received, failures, n * step.get("consumers", 1))
 
-    def check(self, expect: dict[str, Any], received: list[Received], failures: list[str]) -> None:
+    def check(self, expect: dict[str, Any], received: list[Received], failures: list[str], made: int) -> None:
         if "failures" in expect:
             assert len(failures) == expect["failures"], failures
         if "error_contains" in expect:
@@ -325,6 +339,12 @@ class Runner:
         if "counts" in expect:
             reached = Counter(r.instance for r in received)
             assert reached == Counter(expect["counts"]), f"calls per instance {dict(reached)}, not {expect['counts']}"
+        if expect.get("balanced"):
+            reached = Counter(r.instance for r in received)
+            shares = [reached[i] for i in expect["only"]]
+            answered = made - len(failures)
+            assert min(shares) > 0, f"an instance answered nothing: {dict(reached)}"
+            assert max(shares) - min(shares) <= max(2, answered // 10), f"unbalanced: {dict(reached)}"
 
 
 def run(scenario: dict[str, Any], flavour: str, private_server: Callable[..., RotaServer]) -> None:
@@ -363,6 +383,9 @@ def test_every_scenario_is_run_or_listed() -> None:
         ({"steps": [{"calls": 1, "expect": {"count": {}}}]}, "count"),
         ({"steps": [{"calls": 1, "kill": "a"}]}, "not one"),
         ({"steps": [{"kill": "a", "within_ms": 1}]}, "within_ms"),
+        ({"steps": [{"hang": "a", "deadline_ms": 1}]}, "deadline_ms"),
+        ({"instances": [{"id": "a", "unreachabel": True}]}, "unreachabel"),
+        ({"steps": [{"calls": 1, "expect": {"balance": True}}]}, "balance"),
         ({"policy": {"gray": {"weights": 1}}}, "policy"),
         ({"policy": {"service": "echo"}}, "service"),
     ],

@@ -184,8 +184,22 @@ class _Callable:
             return factory(metadata=metadata, **kwargs)
         return factory(request, metadata=metadata, **kwargs)
 
-    def report(self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None) -> None:
-        self._channel.routing.finished(draw, started, code, details, False)
+    def report(self, attempt: _Attempt, code: grpc.StatusCode | None, details: str | None) -> None:
+        if not attempt.reported:
+            attempt.reported = True
+            self._channel.routing.finished(attempt.draw, attempt.started, code, details, False)
+
+
+class _Attempt:
+    """One call sent to an instance; its outcome is reported once, by whichever sees it first:
+    a unary call's own await (at once, so the next call is routed knowing it) or the done callback."""
+
+    __slots__ = ("draw", "reported", "started")
+
+    def __init__(self, draw: Draw, started: int) -> None:
+        self.draw = draw
+        self.started = started
+        self.reported = False
 
 
 class _Call:
@@ -198,41 +212,45 @@ class _Call:
         self._metadata = metadata
         self._kwargs = kwargs
         self._call: Any = None
-        self._draw: Draw | None = None
-        self._started = 0
+        self._attempt: _Attempt | None = None
         self._lock = asyncio.Lock()
 
     async def _ensure(self) -> Any:
         async with self._lock:
             if self._call is None:
                 draw, md = await self._callable._channel.route(self._metadata, self._kwargs["timeout"])
-                self._draw, self._started = draw, time.monotonic_ns()
+                attempt = self._attempt = _Attempt(draw, time.monotonic_ns())
                 self._call = self._callable.start(draw, self._request, md, self._kwargs)
-                started = self._started
-                self._call.add_done_callback(lambda c: _spawn(self._report(c, draw, started)))
+                self._call.add_done_callback(lambda c: _spawn(self._report(c, attempt)))
             return self._call
 
-    async def _report(self, call: Any, draw: Draw, started: int) -> None:
+    async def _report(self, call: Any, attempt: _Attempt) -> None:
+        if attempt.reported:
+            return
         try:
             code, details = await call.code(), await call.details()
         except asyncio.CancelledError:
             code, details = grpc.StatusCode.CANCELLED, "cancelled"
-        self._callable.report(draw, started, code, details)
+        self._callable.report(attempt, code, details)
 
     async def _unary(self) -> Any:
         kind = self._callable._kind
         while True:
             call = await self._ensure()
+            attempt = self._attempt
+            assert attempt is not None
             try:
-                return await call
+                response = await call
             except grpc.aio.AioRpcError as error:
-                retry = (
-                    kind == "unary_unary"
-                    and result_of(error.code(), error.details(), False) == pb.CALL_RESULT_CONNECT_FAILURE
-                )
+                code, details = error.code(), error.details()
+                self._callable.report(attempt, code, details)
+                retry = kind == "unary_unary" and result_of(code, details, False) == pb.CALL_RESULT_CONNECT_FAILURE
                 if not retry:
                     raise
                 self._call = None  # never reached the instance: the next ticket
+            else:
+                self._callable.report(attempt, grpc.StatusCode.OK, None)
+                return response
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._unary().__await__()

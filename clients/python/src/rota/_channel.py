@@ -8,9 +8,11 @@ rule maps it. Every multicallable kind is offered, so generated stubs and
 
 - Per call version: the ``x-rota-version`` metadata entry, else the version of the request
   being handled (:func:`rota.use_version`), else the channel's ``version``.
-- An instance whose connection failed (its channel in TRANSIENT_FAILURE, or a call that could
-  not connect) is skipped the way ``exclude`` skips it: the next ticket over the other instances.
-  A unary call that could not connect is sent again on the next ticket.
+- An instance the channel cannot use (its channel in TRANSIENT_FAILURE, a call to it that could
+  not connect in the last second, or held out after 3 timeouts in a row) does not take its
+  tickets; each of them goes, with the same ticket, to a usable instance, so that the usable
+  ones keep the rule's shares. A unary call that could not connect is sent again on the next
+  ticket.
 - Outcomes (status, latency) are reported to rota in batches, off the call's path.
 - rota unreachable: calls go on over the last known instances by a local rotation.
 

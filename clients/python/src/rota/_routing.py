@@ -9,6 +9,7 @@ outcome when it ends. The two channel modules only adapt this to their grpc flav
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,13 +19,13 @@ import grpc
 
 from ._pb import rota_pb2 as pb
 from ._router import TICKET_HEADER, VERSION_HEADER, NoInstance, Router, parse_target
-from ._tickets import Draw, Member, Refused
+from ._tickets import ANSWERED, NEUTRAL, TIMED_OUT, TIMEOUTS_TO_HOLD, Draw, Holds, Member, Refused
 from .version import current_version
+
+log = logging.getLogger("rota.channel")
 
 #: How long a call waits for the rotation's first lease or a usable instance when it has no timeout.
 DEFAULT_ROUTE_TIMEOUT = 10.0
-#: How long an instance that refused a connection is skipped before it is tried again.
-FAILED_HOLD = 1.0
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -64,6 +65,16 @@ def result_of(code: grpc.StatusCode | None, details: str | None, answered: bool)
     if is_connect_failure(code, details) and not answered:
         return pb.CALL_RESULT_CONNECT_FAILURE
     return pb.CALL_RESULT_ERROR
+
+
+def health_of(code: grpc.StatusCode | None, result: pb.CallResult) -> str:
+    """What a finished call says of its instance (:class:`~rota._tickets.Holds`): a timeout, an
+    answer (success or any error the server sent), or nothing (cancelled, never connected)."""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return TIMED_OUT
+    if code == grpc.StatusCode.CANCELLED or result == pb.CALL_RESULT_CONNECT_FAILURE:
+        return NEUTRAL
+    return ANSWERED
 
 
 def is_connect_failure(code: grpc.StatusCode | None, details: str | None) -> bool:
@@ -112,14 +123,19 @@ def routing_error(error: Exception) -> RoutingError:
 
 
 class Instances(Generic[C]):
-    """The per-instance channels of a rota channel and whether each is usable; ``factory`` makes one."""
+    """The per-instance channels of a rota channel and whether each is usable; ``factory`` makes one.
 
-    def __init__(self, factory: Callable[[Member], C], close: Callable[[C], None]) -> None:
+    An instance is unusable while its channel is in TRANSIENT_FAILURE (or shut down), and while
+    ``holds`` holds it out: for a second after a call to it could not connect, and after
+    timeouts in a row (:class:`~rota._tickets.Holds`).
+    """
+
+    def __init__(self, factory: Callable[[Member], C], close: Callable[[C], None], holds: Holds | None = None) -> None:
         self._factory = factory
         self._close = close
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[Member, C]] = {}
-        self._failed_until: dict[str, float] = {}
+        self.holds = holds or Holds()
         self._states: dict[str, grpc.ChannelConnectivity] = {}
         self._known: set[str] = set()
 
@@ -132,6 +148,7 @@ class Instances(Generic[C]):
                     del self._channels[id_]
                     self._states.pop(id_, None)
             self._known = set(members)
+        self.holds.forget(members.__contains__)
         for ch in gone:
             self._close(ch)
 
@@ -151,16 +168,13 @@ class Instances(Generic[C]):
     def set_state(self, member_id: str, state: grpc.ChannelConnectivity) -> None:
         self._states[member_id] = state
         if state == grpc.ChannelConnectivity.READY:
-            self._failed_until.pop(member_id, None)
+            self.holds.connected(member_id)
 
     def failed(self, member_id: str) -> None:
-        self._failed_until[member_id] = time.monotonic() + FAILED_HOLD
+        self.holds.refused(member_id)
 
     def usable(self, member_id: str) -> bool:
-        if member_id not in self._known:
-            return False
-        until = self._failed_until.get(member_id)
-        if until is not None and time.monotonic() < until:
+        if member_id not in self._known or not self.holds.usable(member_id):
             return False
         return self._states.get(member_id) not in (
             grpc.ChannelConnectivity.TRANSIENT_FAILURE,
@@ -225,10 +239,20 @@ class CallRouting(Generic[C]):
     def finished(
         self, draw: Draw, started_ns: int, code: grpc.StatusCode | None, details: str | None, answered: bool
     ) -> pb.CallResult:
-        """Reports a call's outcome (it never blocks); an instance it could not reach is skipped for a while."""
+        """Reports a call's outcome (it never blocks); an instance it could not reach, or that let
+        calls time out in a row, is held out for a while."""
         result = result_of(code, details, answered)
         if result == pb.CALL_RESULT_CONNECT_FAILURE:
             self.instances.failed(draw.member.id)
+        hold = self.instances.holds.finished(draw.member.id, health_of(code, result), started_ns / 1e9)
+        if hold is not None:
+            log.warning(
+                "%s: %d calls in a row to %s timed out; sending it nothing for %.0f s",
+                self.router.service,
+                TIMEOUTS_TO_HOLD,
+                draw.member.id,
+                hold,
+            )
         self.router.report(draw, time.monotonic_ns() - started_ns, result)
         return result
 

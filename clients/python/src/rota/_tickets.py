@@ -4,8 +4,12 @@
 ``weighted`` to slot ``t mod Σw`` of an earliest-deadline-first schedule of the weights reduced
 by their gcd. Excluded positions are skipped as rota skips a pick's ``exclude``: the rotating
 rules rotate over the accepted positions, ``weighted`` walks its schedule to the next accepted
-instance. A :class:`Rotation` holds the leased blocks of one (rule, version) and decides, per
-call, between a leased ticket, a wait for the first lease, a local rotation while rota is
+instance. A ticket whose instance the channel cannot use keeps its ticket and goes to a usable
+instance so that the usable ones keep the rule's shares among themselves
+(:meth:`TicketMapping.around`, docs/channels.md "Instances the channel cannot use"); which
+instances are held out, after a refused connection or timeouts in a row, is :class:`Holds`.
+A :class:`Rotation` holds the leased blocks of one (rule, version) and decides, per call,
+between a leased ticket, a wait for the first lease, a local rotation while rota is
 unreachable, and rota's refusal.
 
 A lease comes back in one of two shapes, and a rotation takes either without knowing which to
@@ -20,6 +24,7 @@ import heapq
 import math
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +37,13 @@ MAX_BLOCK = 8192
 TARGET_LEASE_INTERVAL = 0.075
 #: How often a rotation asks rota again after a failed lease.
 RETRY_INTERVAL = 1.0
+#: How long an instance that refused a connection is skipped before it is tried again.
+CONNECT_HOLD = 1.0
+#: Calls in a row ended DEADLINE_EXCEEDED after which an instance is held out, for the first
+#: hold; each further such run doubles the hold, up to the longest.
+TIMEOUTS_TO_HOLD = 3
+FIRST_HOLD = 10.0
+LONGEST_HOLD = 60.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,7 @@ class TicketMapping:
             raise ValueError(f"rule {rule!r} cannot be leased; leasable rules: round_robin, repeat, weighted")
         self.weights = list(weights)
         self._slots: list[int] | None = None
+        self._split_cache: tuple[tuple[bool, ...], list[int], list[int]] | None = None
 
     def map(self, ticket: int, excluded: Sequence[bool] | None = None) -> int:
         """The position ``ticket`` maps to, or -1 when no position is accepted."""
@@ -119,9 +132,7 @@ class TicketMapping:
         if accepted <= 0:
             return -1
         if self.kind == "weighted":
-            if self._slots is None:
-                self._slots = weighted_schedule(self.weights)
-            slots = self._slots
+            slots = self._schedule()
             if not slots:
                 return -1
             start = ticket % len(slots)
@@ -141,6 +152,50 @@ class TicketMapping:
                 if seen == nth:
                     return i
         return -1
+
+    def around(self, ticket: int, unusable: Sequence[bool]) -> int:
+        """The position ``ticket`` goes to when the positions flagged ``unusable`` cannot take a call.
+
+        Its own position when that one is usable. Otherwise, over the rule's cycle of slots ``S``
+        (the positions; ``weighted``: the slots of its schedule) and the ticket's unit ``u``
+        (``repeat(n=r)``: ``t // r``, so a run stays on one instance), the slot
+        ``A[(j·|D| + i) mod |A|]`` with ``j = u // |S|``, ``D`` the unusable slots in order,
+        ``i`` the rank of slot ``u mod |S|`` among them and ``A`` the usable slots: over ``|A|``
+        cycles each usable slot takes ``|D|`` of the unusable slots' tickets, so the usable
+        instances keep their shares. -1 when no slot is usable.
+        """
+        slots = self._schedule() if self.kind == "weighted" else None
+        size = len(slots) if slots is not None else len(self.weights)
+        if size == 0:
+            return -1
+        unit = ticket // self.repeat
+        slot = unit % size
+        position = slots[slot] if slots is not None else slot
+        if not unusable[position]:
+            return position
+        down, up = self._split(unusable, slots)
+        if not up:
+            return -1
+        chosen = up[((unit // size) * len(down) + bisect_left(down, slot)) % len(up)]
+        return slots[chosen] if slots is not None else chosen
+
+    def _schedule(self) -> list[int]:
+        if self._slots is None:
+            self._slots = weighted_schedule(self.weights)
+        return self._slots
+
+    def _split(self, unusable: Sequence[bool], slots: list[int] | None) -> tuple[list[int], list[int]]:
+        """The unusable and the usable slots of the cycle, in order; the last answer is kept, as
+        the same instances stay unusable over many calls."""
+        key = tuple(unusable)
+        cached = self._split_cache
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        names = slots if slots is not None else range(len(self.weights))
+        down = [s for s, p in enumerate(names) if unusable[p]]
+        up = [s for s, p in enumerate(names) if not unusable[p]]
+        self._split_cache = (key, down, up)
+        return down, up
 
 
 def leasable(rule: str) -> bool:
@@ -174,6 +229,19 @@ class Eligible:
     def map(self, ticket: int, excluded: Sequence[bool] | None = None) -> Member | None:
         index = self.mapping.map(ticket, excluded)
         return None if index < 0 else self.members[index]
+
+    def around(self, ticket: int, usable: Callable[[str], bool]) -> Member | None:
+        """The usable instance ``ticket`` goes to (:meth:`TicketMapping.around`), None if none is usable."""
+        index = self.mapping.around(ticket, [not usable(m.id) for m in self.members])
+        return None if index < 0 else self.members[index]
+
+    def usable_member(self, ticket: int, usable: Callable[[str], bool]) -> Member | None:
+        """The ticket's own instance when it is usable (the common case, no work over the list),
+        else :meth:`around`."""
+        member = self.map(ticket)
+        if member is not None and usable(member.id):
+            return member
+        return self.around(ticket, usable)
 
 
 @dataclass(frozen=True)
@@ -402,14 +470,9 @@ class Rotation:
         ticket = self._next_ticket()
         eligible = self._eligible
         assert eligible is not None  # every TicketBlock came with a list
-        member = eligible.map(ticket)
-        if member is not None and usable(member.id):
-            return Draw(member, ticket, eligible.rule, False)
-        # Skipped the way rota skips `exclude`: the next ticket, over the usable instances.
-        excluded = eligible.excluded(usable)
-        if self._blocks and isinstance(self._blocks[0], TicketBlock):
-            ticket = self._next_ticket()
-        member = eligible.map(ticket, excluded)
+        # An unusable instance's ticket goes, itself, to a usable instance (not the next ticket,
+        # which would hand the whole share to the instance after it).
+        member = eligible.usable_member(ticket, usable)
         if member is None:
             return NONE_USABLE
         return Draw(member, ticket, eligible.rule, False)
@@ -461,7 +524,7 @@ class Rotation:
         eligible = self._listed or Eligible.isolate(self._resolved(), self.version, self.rule)
         turn = self._local_turn
         self._local_turn += 1
-        member = eligible.map(turn, eligible.excluded(usable))
+        member = eligible.usable_member(turn, usable)
         return NONE_USABLE if member is None else Draw(member, turn, eligible.rule, True)
 
     def _local_pick(self, usable: Callable[[str], bool]) -> Draw | str:
@@ -498,3 +561,101 @@ class Rotation:
         self._drawn = 0
         self._leasing = True
         return self._block_size
+
+
+#: How a finished call counts toward holding its instance out (:meth:`Holds.finished`).
+ANSWERED = "answered"
+TIMED_OUT = "timed-out"
+#: A call that says nothing of the instance's health: cancelled by the caller, or never connected.
+NEUTRAL = "neutral"
+
+
+class _Streak:
+    __slots__ = ("holds", "since", "timeouts")
+
+    def __init__(self) -> None:
+        self.timeouts = 0
+        # Holds in a row so far (the next one lasts FIRST_HOLD * 2**holds).
+        self.holds = 0
+        # Calls started before this (the start of the last hold) were on their way before it:
+        # their timeouts do not count again.
+        self.since = -math.inf
+
+
+class Holds:
+    """Instances a channel sends nothing for a while, by instance id; thread-safe, no I/O.
+
+    An instance whose connection was refused is skipped for :data:`CONNECT_HOLD` (or until its
+    channel is READY again, :meth:`connected`). After :data:`TIMEOUTS_TO_HOLD` calls in a row to
+    an instance ended ``DEADLINE_EXCEEDED``, it is held out for :data:`FIRST_HOLD`; once that has
+    passed, the next call its ticket maps to tries it again, and each further run of timeouts
+    doubles the hold, up to :data:`LONGEST_HOLD`. Any answer from it ends the run and the
+    doubling; a cancelled call or one that never connected changes nothing. Calls started before
+    a hold began do not count toward the next one. ``clock`` gives seconds (``time.monotonic``).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._refused: dict[str, float] = {}
+        self._held: dict[str, float] = {}
+        self._streaks: dict[str, _Streak] = {}
+
+    def usable(self, instance_id: str) -> bool:
+        """Whether the instance may take a call now; two dictionary reads when it is not held."""
+        refused = self._refused.get(instance_id)
+        held = self._held.get(instance_id)
+        if refused is None and held is None:
+            return True
+        now = self.clock()
+        return (refused is None or now >= refused) and (held is None or now >= held)
+
+    def held_until(self, instance_id: str) -> float | None:
+        """When the instance's hold for timeouts ends (clock seconds), None if it has none."""
+        return self._held.get(instance_id)
+
+    def refused(self, instance_id: str) -> None:
+        """A call to the instance could not connect."""
+        self._refused[instance_id] = self.clock() + CONNECT_HOLD
+
+    def connected(self, instance_id: str) -> None:
+        """The instance's channel is READY: a refused connection no longer holds it out."""
+        self._refused.pop(instance_id, None)
+
+    def finished(self, instance_id: str, outcome: str, started: float) -> float | None:
+        """A call to the instance that started at ``started`` (clock seconds) ended so (ANSWERED,
+        TIMED_OUT or NEUTRAL); returns the length of the hold this starts, else None."""
+        if outcome == ANSWERED:
+            if instance_id in self._streaks:
+                with self._lock:
+                    self._streaks.pop(instance_id, None)
+                    until = self._held.get(instance_id)
+                    if until is not None and self.clock() >= until:
+                        del self._held[instance_id]
+            return None
+        if outcome != TIMED_OUT:
+            return None
+        with self._lock:
+            streak = self._streaks.get(instance_id)
+            if streak is None:
+                streak = self._streaks[instance_id] = _Streak()
+            if started < streak.since:
+                return None
+            streak.timeouts += 1
+            if streak.timeouts < TIMEOUTS_TO_HOLD:
+                return None
+            now = self.clock()
+            hold = min(FIRST_HOLD * (1 << min(streak.holds, 16)), LONGEST_HOLD)
+            streak.holds += 1
+            streak.timeouts = 0
+            streak.since = now
+            self._held[instance_id] = now + hold
+            return hold
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        """Drops what is known of the instances ``keep`` refuses (they left the list)."""
+        with self._lock:
+            for table in (self._refused, self._held, self._streaks):
+                for instance_id in list(table):
+                    if not keep(instance_id):
+                        table.pop(instance_id, None)

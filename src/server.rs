@@ -19,6 +19,7 @@ use crate::auth::Authenticator;
 use crate::balancer::Balancer;
 use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
+use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
@@ -88,6 +89,8 @@ pub struct ServeConfig {
 pub struct Limits {
     /// Open registration streams per client IP address.
     pub registrations_per_peer: usize,
+    /// Open `Watch` and `PickStream` streams per client IP address.
+    pub consumer_streams_per_peer: usize,
     /// Largest request message accepted, in bytes.
     pub max_message_bytes: usize,
     /// Requests in progress per connection; more are shed with `RESOURCE_EXHAUSTED`.
@@ -104,6 +107,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             registrations_per_peer: 64,
+            consumer_streams_per_peer: DEFAULT_CONSUMER_STREAMS_PER_PEER,
             max_message_bytes: 4 << 20,
             concurrent_requests_per_connection: 1024,
             streams_per_connection: 1024,
@@ -257,15 +261,16 @@ impl Server {
         let grpc_metrics = Arc::new(GrpcMetrics::default());
         let limits = config.limits;
         let streams = OpenStreams::new(limits.max_open_streams);
+        let consumers = PeerStreams::consumers(limits.consumer_streams_per_peer);
         let admission = Admission::new(limits.connections);
         // With tokens configured, each rota service sits behind its scope's interceptor;
         // without, requests skip the interceptor altogether.
         let balancer_service = pb::balancer_server::BalancerServer::new(
-            BalancerService::new(balancer.clone(), streams.clone()).with_warmup(warmup),
+            BalancerService::new(balancer.clone(), consumers.clone(), streams.clone()).with_warmup(warmup),
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let registry_service = pb::registry_server::RegistryServer::new(
-            RegistryService::new(registry, drain_rx, limits.registrations_per_peer, streams.clone())
+            RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers, streams.clone())
                 .with_warmup(warmup),
         )
         .max_decoding_message_size(limits.max_message_bytes);

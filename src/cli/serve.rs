@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// Open registration streams per client address [default: 64].
     #[arg(long, env = "ROTA_MAX_REGISTRATIONS_PER_PEER")]
     pub max_registrations_per_peer: Option<String>,
+    /// Open Watch and PickStream streams per client address [default: 2048].
+    #[arg(long, env = "ROTA_MAX_CONSUMER_STREAMS_PER_PEER")]
+    pub max_consumer_streams_per_peer: Option<String>,
     /// Largest request message, in bytes [default: 4194304].
     #[arg(long, env = "ROTA_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<String>,
@@ -139,6 +142,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         latency_decay: args.latency_decay,
         insecure: args.insecure.then_some(true),
         max_registrations_per_peer: args.max_registrations_per_peer,
+        max_consumer_streams_per_peer: args.max_consumer_streams_per_peer,
         max_message_bytes: args.max_message_bytes,
         max_concurrent_requests_per_connection: args.max_concurrent_requests_per_connection,
         max_streams_per_connection: args.max_streams_per_connection,

@@ -43,6 +43,7 @@ pub struct Overrides {
     /// `Some(true)` when `--insecure` / `ROTA_INSECURE` was given.
     pub insecure: Option<bool>,
     pub max_registrations_per_peer: Option<String>,
+    pub max_consumer_streams_per_peer: Option<String>,
     pub max_message_bytes: Option<String>,
     pub max_concurrent_requests_per_connection: Option<String>,
     pub max_streams_per_connection: Option<String>,
@@ -130,6 +131,7 @@ struct ServerTable {
     latency_decay: Option<String>,
     insecure: Option<bool>,
     max_registrations_per_peer: Option<u64>,
+    max_consumer_streams_per_peer: Option<u64>,
     max_message_bytes: Option<u64>,
     max_concurrent_requests_per_connection: Option<u64>,
     max_streams_per_connection: Option<u64>,
@@ -250,6 +252,13 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             table.max_registrations_per_peer,
             1..=100_000,
             defaults.registrations_per_peer as u64,
+        )? as usize,
+        consumer_streams_per_peer: integer(
+            "server.max_consumer_streams_per_peer",
+            &overrides.max_consumer_streams_per_peer,
+            table.max_consumer_streams_per_peer,
+            1..=1_000_000,
+            defaults.consumer_streams_per_peer as u64,
         )? as usize,
         max_message_bytes: integer(
             "server.max_message_bytes",
@@ -514,7 +523,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -525,6 +534,7 @@ impl Settings {
             d(self.serve.stats.latency_decay),
             self.insecure,
             self.serve.limits.registrations_per_peer,
+            self.serve.limits.consumer_streams_per_peer,
             self.serve.limits.max_message_bytes,
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,

@@ -9,7 +9,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
-use super::streams::{OpenStreams, StreamSlot};
+use super::peers::{PeerSlot, PeerStreams};
+use super::streams::{OpenStreams, StreamKind, StreamSlot};
 use super::warmup::Warmup;
 use crate::balancer::{Balancer, PickQuery};
 use crate::pb;
@@ -24,13 +25,16 @@ const PICK_STREAM_READ_AHEAD: usize = 1024;
 
 pub struct BalancerService {
     balancer: Arc<Balancer>,
+    consumers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
     warmup: Warmup,
 }
 
 impl BalancerService {
-    pub fn new(balancer: Arc<Balancer>, streams: Arc<OpenStreams>) -> Self {
-        Self { balancer, streams, warmup: Warmup::default() }
+    /// Pick streams take places among `consumers` (per client address, shared with watches)
+    /// and the server's `streams`.
+    pub fn new(balancer: Arc<Balancer>, consumers: Arc<PeerStreams>, streams: Arc<OpenStreams>) -> Self {
+        Self { balancer, consumers, streams, warmup: Warmup::default() }
     }
 
     /// Answers services not seen yet with `warming_up` until `warmup` ends.
@@ -106,7 +110,8 @@ impl pb::balancer_server::Balancer for BalancerService {
         &self,
         request: Request<Streaming<pb::PickRequest>>,
     ) -> Result<Response<Self::PickStreamStream>, Status> {
-        let slot = self.streams.acquire()?;
+        let peer_slot = request.remote_addr().map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
+        let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
         let balancer = self.balancer.clone();
         let warmup = self.warmup;
         let requests = read_ahead(request.into_inner(), slot);
@@ -138,7 +143,7 @@ impl pb::balancer_server::Balancer for BalancerService {
 /// ends with the stream or when the responses are dropped.
 fn read_ahead(
     mut inbound: Streaming<pb::PickRequest>,
-    slot: StreamSlot,
+    slot: (Option<PeerSlot>, StreamSlot),
 ) -> ReceiverStream<Result<pb::PickRequest, Status>> {
     let (tx, rx) = mpsc::channel(PICK_STREAM_READ_AHEAD);
     tokio::spawn(async move {

@@ -9,7 +9,7 @@ pub mod auth;
 mod balancer;
 pub mod convert;
 pub mod metrics;
-mod peers;
+pub mod peers;
 mod policies;
 mod register;
 mod registry;

@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peers::PeerStreams;
-use super::streams::OpenStreams;
+use super::streams::{OpenStreams, StreamKind};
 use super::warmup::Warmup;
 use super::{auth, convert, register, status};
 use crate::balancer::PickError;
@@ -20,21 +20,31 @@ pub struct RegistryService {
     registry: Registry,
     drain: watch::Receiver<bool>,
     peers: Arc<PeerStreams>,
+    consumers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
     warmup: Warmup,
 }
 
 impl RegistryService {
     /// `drain` turns true when the server begins a graceful shutdown; each client address may
-    /// hold at most `registrations_per_peer` registration streams, and registrations and
-    /// watches take their places among the server's `streams`.
+    /// hold at most `registrations_per_peer` registration streams and its share of
+    /// `consumers` (watches and pick streams, shared with the balancer service), and
+    /// registrations and watches take their places among the server's `streams`.
     pub fn new(
         registry: Registry,
         drain: watch::Receiver<bool>,
         registrations_per_peer: usize,
+        consumers: Arc<PeerStreams>,
         streams: Arc<OpenStreams>,
     ) -> Self {
-        Self { registry, drain, peers: PeerStreams::new(registrations_per_peer), streams, warmup: Warmup::default() }
+        Self {
+            registry,
+            drain,
+            peers: PeerStreams::registrations(registrations_per_peer),
+            consumers,
+            streams,
+            warmup: Warmup::default(),
+        }
     }
 
     /// Hides services not seen yet from listings and watches until `warmup` ends.
@@ -64,7 +74,7 @@ impl pb::registry_server::Registry for RegistryService {
             return Err(status::Draining.into());
         }
         let peer_slot = request.remote_addr().map(|addr| self.peers.acquire(addr.ip())).transpose()?;
-        let slots = (peer_slot, self.streams.acquire()?);
+        let slots = (peer_slot, self.streams.acquire(StreamKind::Register)?);
         Ok(Response::new(register::serve(&self.registry, request.into_inner(), self.drain.clone(), slots, principal)))
     }
 
@@ -112,12 +122,14 @@ impl pb::registry_server::Registry for RegistryService {
     /// warm-up ends.
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         auth::require_pick(&request)?;
+        let peer = request.remote_addr();
         let name = request.into_inner().service;
         checked_service(&name)?;
         if *self.drain.borrow() {
             return Err(status::Draining.into());
         }
-        let slot = self.streams.acquire()?;
+        let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
+        let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
         let warmup = self.warmup;

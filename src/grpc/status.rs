@@ -3,7 +3,7 @@
 
 use tonic::{Code, Status};
 
-use super::peers::TooManyRegistrations;
+use super::peers::TooManyPeerStreams;
 use super::streams::TooManyStreams;
 use super::warmup::{Refusal, WarmingUp};
 use crate::auth::AuthError;
@@ -90,8 +90,8 @@ impl From<TooManyStreams> for Status {
     }
 }
 
-impl From<TooManyRegistrations> for Status {
-    fn from(error: TooManyRegistrations) -> Self {
+impl From<TooManyPeerStreams> for Status {
+    fn from(error: TooManyPeerStreams) -> Self {
         Status::resource_exhausted(error.to_string())
     }
 }

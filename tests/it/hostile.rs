@@ -80,6 +80,57 @@ async fn a_register_stream_ended_by_a_bad_message_says_why() {
     assert_eq!(error.code(), Some(tonic::Code::NotFound));
 }
 
+/// Watches cannot take the places kept for registrations, nor more than one address's share.
+#[tokio::test]
+async fn a_flood_of_watches_leaves_registrations_their_places() {
+    let server = TestServer::start_with(|config| {
+        config.limits.max_open_streams = 10;
+        config.limits.consumer_streams_per_peer = 6;
+    })
+    .await;
+    let mut watches = Vec::new();
+    for i in 0..6 {
+        watches.push(server.client().await.watch(&format!("w{i}")).await.unwrap());
+    }
+    let refused = server.client().await.watch("w6").await.unwrap_err();
+    assert_eq!(refused.code(), Some(tonic::Code::ResourceExhausted));
+    assert!(
+        refused.to_string().contains(
+            "peer 127.0.0.1 already holds 6 Watch and PickStream streams; the limit is 6 (server.max_consumer_streams_per_peer)"
+        ),
+        "{refused}"
+    );
+    let mut client = server.client().await;
+    let refused =
+        client.balancer().pick_stream(tokio_stream::iter(Vec::<rota::pb::PickRequest>::new())).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "a pick stream is one of the address's consumer streams"
+    );
+    // Registrations still get in, up to the whole cap: four places are left for them.
+    let mut providers = Vec::new();
+    for i in 0..4 {
+        providers.push(server.register(vec![instance("flood", &format!("p{i}"), 1000 + i)]).await);
+    }
+    let refused = server.client().await.register(vec![instance("flood", "p9", 1999)]).await.err().expect("refused");
+    assert!(refused.to_string().contains("the limit is 10 (server.max_open_streams)"), "{refused}");
+}
+
+#[tokio::test]
+async fn consumers_take_at_most_four_fifths_of_the_open_streams() {
+    let server = TestServer::start_with(|config| config.limits.max_open_streams = 5).await;
+    let mut watches = Vec::new();
+    for i in 0..4 {
+        watches.push(server.client().await.watch(&format!("w{i}")).await.unwrap());
+    }
+    let refused = server.client().await.watch("w4").await.unwrap_err();
+    assert_eq!(refused.code(), Some(tonic::Code::ResourceExhausted));
+    assert!(refused.to_string().contains("Watch and PickStream may take 4 of the 5"), "{refused}");
+    let provider = server.register(vec![instance("kept", "a", 1)]).await;
+    provider.require_all_accepted().unwrap();
+}
+
 #[tokio::test]
 async fn open_streams_are_capped_across_connections() {
     let server = TestServer::start_with(|config| config.limits.max_open_streams = 2).await;

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::registry::{Claim, Claims, Instance};
-use crate::state::redis::{Link, keys};
+use crate::state::redis::{Link, LinkScript, keys};
 
 use redis::Value;
 
@@ -70,12 +70,12 @@ return answers
 pub struct IdClaims {
     link: Arc<Link>,
     liveness: Arc<Liveness>,
-    script: redis::Script,
+    script: LinkScript,
 }
 
 impl IdClaims {
     pub fn new(link: Arc<Link>, liveness: Arc<Liveness>) -> Self {
-        Self { link, liveness, script: redis::Script::new(CLAIM_SCRIPT) }
+        Self { link, liveness, script: LinkScript::new(CLAIM_SCRIPT) }
     }
 }
 
@@ -114,7 +114,10 @@ impl Claims for IdClaims {
                 return unchecked;
             }
             let Some(dead) = self.dead_holders(service).await else { return unchecked };
-            let mut invocation = self.script.prepare_invoke();
+            if !self.script.ensure_loaded(&self.link).await {
+                return unchecked;
+            }
+            let mut invocation = self.script.script().prepare_invoke();
             invocation.key(keys::holders(service)).key(keys::instances(service, &self.liveness.replica));
             invocation.arg(&*self.liveness.replica).arg(keys::instances(service, "")).arg(dead.len()).arg(&dead);
             for instance in instances {

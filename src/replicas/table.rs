@@ -368,17 +368,14 @@ impl TableSharing {
             entry.arg("ids").arg(ids.join(" "));
         }
         entry.ignore();
-        let liveness = self.liveness.clone();
-        let written = self
-            .link
-            .run(|mut c| async move {
-                let previous: Vec<Value> = renew.query_async(&mut c).await?;
-                liveness.renewed(previous.first().unwrap_or(&Value::Nil));
-                pipe.query_async::<()>(&mut c).await?;
-                announce.query_async::<()>(&mut c).await
-            })
-            .await;
-        if written.is_none() {
+        // One round trip per step, each within the command timeout of its own: a slow Redis
+        // costs time, not the link. A step that fails leaves the service to be written again.
+        let Some(previous) = self.link.run(|mut c| async move { renew.query_async::<Vec<Value>>(&mut c).await }).await
+        else {
+            return false;
+        };
+        self.liveness.renewed(previous.first().unwrap_or(&Value::Nil));
+        if !self.link.sequence(vec![pipe, announce]).await {
             return false;
         }
         self.rewrite.remove(service);

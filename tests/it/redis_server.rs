@@ -221,3 +221,61 @@ impl RedisCluster {
         (position(primary), position(replica))
     }
 }
+
+/// A TCP proxy on a free loopback port in front of `127.0.0.1:target`, holding every chunk of
+/// bytes for `delay` in each direction (so a round trip through it costs at least twice
+/// that), as a distant or overloaded Redis would. Its accept task ends when it is dropped.
+pub struct LatencyProxy {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LatencyProxy {
+    pub async fn start(target: u16, delay: Duration) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else { continue };
+                let _ = (inbound.set_nodelay(true), outbound.set_nodelay(true));
+                let (from_client, to_client) = inbound.into_split();
+                let (from_server, to_server) = outbound.into_split();
+                tokio::spawn(delayed_copy(from_client, to_server, delay));
+                tokio::spawn(delayed_copy(from_server, to_client, delay));
+            }
+        });
+        Self { port, task }
+    }
+}
+
+impl Drop for LatencyProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read, in order.
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, bytes)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 << 10];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || chunks.send((tokio::time::Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(chunks);
+    let _ = writer.await;
+}

@@ -1082,3 +1082,30 @@ async fn under_load_a_killed_replica_process_costs_the_survivor_no_pick_and_only
         assert_eq!(picked_id(&pick(&mut client, "killed", PickOptions::rule("round_robin")).await), "b");
     }
 }
+
+/// Redis 200 ms away, well inside the 500 ms command timeout: registrations are written and
+/// picks answered through it without the link ever going down (each timeout covers one round
+/// trip, never several in a row).
+#[tokio::test]
+async fn a_redis_slower_than_a_round_trip_but_inside_the_timeout_keeps_the_link_up() {
+    let redis = RedisServer::start().await;
+    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let state = StateConfig::parse(&url, 16, Duration::from_millis(500)).expect("a valid state address");
+    let slow = TestServer::start_with(|config| config.state = state).await;
+    wait_link(&slow, true).await;
+    let direct = replica(&redis.url(), 16).await;
+
+    let provider = slow.register(vec![instance("far", "a", 1), instance("far", "b", 2)]).await;
+    wait_instances(&direct, "far", &["a", "b"]).await;
+    let mut client = slow.client().await;
+    for _ in 0..20 {
+        client.pick("far", PickOptions::default()).await.unwrap();
+    }
+    provider.close().await.unwrap();
+    wait_instances(&direct, "far", &[]).await;
+
+    let link = slow.server.balancer().state().link().expect("a Redis-backed replica");
+    assert!(link.is_up(), "the link is up");
+    assert_eq!(link.recoveries(), 1, "the link never went down (it came up once)");
+}

@@ -167,16 +167,15 @@ impl Link {
 
     /// Runs `groups` one after the other (each sent once the previous one answered), ignoring
     /// their answers; false when the link is down or a group failed. The commands of one group
-    /// share one hash slot.
+    /// share one hash slot. Each group is one round trip with the command timeout to itself,
+    /// so a sequence of several never times out on a Redis that answers each within it.
     pub async fn sequence(&self, groups: Vec<Pipeline>) -> bool {
-        self.run(|mut conn| async move {
-            for group in &groups {
-                group.query_async::<()>(&mut conn).await?;
+        for group in &groups {
+            if self.run(|mut conn| async move { group.query_async::<()>(&mut conn).await }).await.is_none() {
+                return false;
             }
-            Ok(())
-        })
-        .await
-        .is_some()
+        }
+        true
     }
 
     /// Runs `groups` at once (the commands of one group share one hash slot) and returns the
@@ -298,5 +297,41 @@ async fn keep(link: Weak<Link>, failed: Arc<Notify>) {
             _ = tokio::time::sleep(CHECK_INTERVAL) => {}
             _ = failed.notified() => {}
         }
+    }
+}
+
+/// A Lua script run on a [`Link`], loaded with a round trip of its own once each time the link
+/// comes up. Without it, the first call after a (re)connection would find the script missing
+/// and load it inside the same command timeout (`EVALSHA`, `SCRIPT LOAD`, `EVALSHA`: three
+/// round trips), which on a Redis a third of the timeout away looks like an outage.
+#[derive(Debug)]
+pub struct LinkScript {
+    script: redis::Script,
+    /// [`Link::recoveries`] when it was last loaded (0: never).
+    loaded_at: AtomicU64,
+}
+
+impl LinkScript {
+    pub fn new(code: &str) -> Self {
+        Self { script: redis::Script::new(code), loaded_at: AtomicU64::new(0) }
+    }
+
+    pub fn script(&self) -> &redis::Script {
+        &self.script
+    }
+
+    /// Loads the script unless it was loaded since the link last came up; false when Redis
+    /// did not answer (the link is then down).
+    pub async fn ensure_loaded(&self, link: &Link) -> bool {
+        let epoch = link.recoveries();
+        if self.loaded_at.load(Ordering::Acquire) == epoch {
+            return true;
+        }
+        let script = &self.script;
+        let loaded = link.run(|mut conn| async move { script.load_async(&mut conn).await }).await.is_some();
+        if loaded {
+            self.loaded_at.store(epoch, Ordering::Release);
+        }
+        loaded
     }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::link::Link;
+use super::link::{Link, LinkScript};
 
 /// Most draw requests answered by one Redis call.
 pub const MAX_BATCH: usize = 1024;
@@ -112,7 +112,7 @@ struct Drawer {
 
 impl Drawer {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        let script = redis::Script::new(DRAW_SCRIPT);
+        let script = LinkScript::new(DRAW_SCRIPT);
         let mut batch = Vec::with_capacity(16);
         while let Some(first) = rx.recv().await {
             batch.push(first);
@@ -127,7 +127,7 @@ impl Drawer {
     }
 
     /// Answers every request of `batch` (and empties it).
-    async fn answer(&mut self, script: &redis::Script, batch: &mut Vec<Request>) {
+    async fn answer(&mut self, script: &LinkScript, batch: &mut Vec<Request>) {
         let mut needed = 0u64;
         let mut waiting = Vec::new();
         for request in batch.drain(..) {
@@ -147,14 +147,18 @@ impl Drawer {
         let total = needed + refill;
         let floor = self.local.load(Ordering::Relaxed);
         let ttl = COUNTER_TTL.as_millis() as u64;
-        let drawn = self
-            .link
-            .run(|mut conn| {
-                let mut invocation = script.key(&self.key);
-                invocation.arg(total).arg(floor).arg(ttl);
-                async move { invocation.invoke_async::<u64>(&mut conn).await }
-            })
-            .await;
+        let loaded = script.ensure_loaded(&self.link).await;
+        let drawn = if !loaded {
+            None
+        } else {
+            self.link
+                .run(|mut conn| {
+                    let mut invocation = script.script().key(&self.key);
+                    invocation.arg(total).arg(floor).arg(ttl);
+                    async move { invocation.invoke_async::<u64>(&mut conn).await }
+                })
+                .await
+        };
         match drawn {
             Some(end) => {
                 self.local.fetch_max(end, Ordering::Relaxed);

@@ -341,7 +341,7 @@ impl Stats {
     }
 
     /// Stops counting picks nobody reported within the in-flight timeout, forgets latency
-    /// averages [`LATENCY_MEMORY`] time constants old, and tells the load indexes. Linear in
+    /// averages `LATENCY_MEMORY` time constants old, and tells the load indexes. Linear in
     /// the instances with statistics; the server runs it off the runtime.
     pub fn expire(&self) {
         let now = Instant::now();
@@ -357,7 +357,7 @@ impl Stats {
         }
     }
 
-    /// Forgets a latency average that had no sample for [`LATENCY_MEMORY`] time constants;
+    /// Forgets a latency average that had no sample for `LATENCY_MEMORY` time constants;
     /// whether it did.
     fn forget_stale_latency(&self, inner: &mut Inner, now: Instant) -> bool {
         let memory = self.config.latency_decay * LATENCY_MEMORY;

@@ -150,6 +150,15 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     header(out, "rota_state_backend_up", "gauge", "1 while the state backend answers.");
     let backend = state.balancer.state();
     let _ = writeln!(out, "rota_state_backend_up{{backend=\"{}\"}} {}", backend.name(), u8::from(backend.is_up()));
+    if let Some(link) = backend.link() {
+        header(
+            out,
+            "rota_state_data_losses_total",
+            "counter",
+            "Times this replica found that Redis had lost rota's data (rotations then resume from a new floor).",
+        );
+        let _ = writeln!(out, "rota_state_data_losses_total {}", link.losses());
+    }
 
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
     let reports: Vec<Vec<_>> = services

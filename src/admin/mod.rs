@@ -19,10 +19,11 @@
 //! Connections come through the same [front door](crate::listener) as gRPC's, with caps of
 //! their own ([`ADMIN_LIMITS`]: 512 in all, 64 per client address), so idle or half-open admin
 //! connections can neither use up rota's file descriptors nor lock out a probe from elsewhere.
-//! A connection must send its first byte within 10 s, and every request head (the first and
-//! each on a kept-alive connection) must arrive whole within [`HEADER_TIMEOUT`] of rota
-//! starting to wait for it, or the connection is closed; an event stream, where the client
-//! only reads, is not cut.
+//! A connection must send its first byte within 10 s, and every HTTP/1 request head (the
+//! first and each on a kept-alive connection) must arrive whole within [`HEADER_TIMEOUT`] of
+//! rota starting to wait for it, or the connection is closed; an event stream, where the
+//! client only reads, is not cut. HTTP/2 is served too, so that a gRPC client sent to this
+//! port by mistake is told so.
 
 pub mod api;
 pub mod events;
@@ -240,7 +241,7 @@ pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
 
 fn spawn_with(listener: TcpListener, state: AdminState, limits: ConnectionLimits) -> JoinHandle<()> {
     use futures_util::StreamExt;
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
 
     let stopping = state.stopping.clone();
@@ -258,10 +259,12 @@ fn spawn_with(listener: TcpListener, state: AdminState, limits: ConnectionLimits
                 },
                 () = &mut stopped => break,
             };
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            // HTTP/1 for browsers, scrapers and probes; HTTP/2 too, so that a gRPC client sent
+            // here by mistake gets an answer that says so.
+            let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
             let serving = http.serve_connection(TokioIo::new(conn), TowerToHyperService::new(app.clone()));
-            let serving = graceful.watch(serving);
+            let serving = graceful.watch(serving.into_owned());
             tokio::spawn(async move {
                 if let Err(error) = serving.await {
                     tracing::debug!(%error, "admin connection ended");

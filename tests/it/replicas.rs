@@ -206,17 +206,22 @@ async fn picks_go_on_while_redis_is_away_and_no_ticket_repeats_after_it_returns(
     assert!(body.contains("degraded"), "{body}");
     let (_, metrics) = get(admin, "/metrics").await;
     assert!(metrics.contains("rota_state_backend_up{backend=\"redis\"} 0"), "{metrics}");
-    // Redis comes back empty (nothing persisted): the replica's local counter is the floor.
+    // Redis comes back empty (nothing persisted): the replica finds its data lost and every
+    // rotation resumes from a new generation's floor, above anything handed out before.
     redis.restart().await;
     wait_link(&server, true).await;
     for _ in 0..5 {
         tickets.push(pick(&mut client, "outage", PickOptions::rule("round_robin")).await.ticket);
     }
-    assert_eq!(tickets, (0..15).collect::<Vec<u64>>(), "one sequence through the outage");
+    assert_eq!(tickets[..10], (0..10).collect::<Vec<u64>>(), "one sequence into the outage");
+    let floor = server.server.balancer().state().link().unwrap().ticket_floor();
+    assert!(floor >= rota::state::redis::time_floor() - 60_000 * 1024, "a floor from the clock: {floor}");
+    assert_eq!(tickets[10..], (floor..floor + 5).collect::<Vec<u64>>(), "resumed from the floor");
     let stored: Option<u64> = redis.query(&["GET", "rota:{outage}:ticket:version=:round_robin"]).await.expect("GET");
-    assert_eq!(stored, Some(15), "Redis resumed past the tickets handed out locally");
+    assert_eq!(stored, Some(floor + 5), "Redis resumed past the floor");
     let (_, metrics) = get(admin, "/metrics").await;
     assert!(metrics.contains("rota_state_backend_up{backend=\"redis\"} 1"), "{metrics}");
+    assert!(metrics.contains("rota_state_data_losses_total 1"), "{metrics}");
 }
 
 #[tokio::test]
@@ -1108,4 +1113,41 @@ async fn a_redis_slower_than_a_round_trip_but_inside_the_timeout_keeps_the_link_
     let link = slow.server.balancer().state().link().expect("a Redis-backed replica");
     assert!(link.is_up(), "the link is up");
     assert_eq!(link.recoveries(), 1, "the link never went down (it came up once)");
+}
+
+/// Redis restarts empty with the fleet well into a rotation: a replica that never drew from it
+/// resumes above every ticket the other handed out, and so does the other; no ticket repeats.
+#[tokio::test]
+async fn after_redis_loses_its_data_no_replica_hands_out_a_ticket_given_out_before() {
+    let mut redis = RedisServer::start().await;
+    let (drew, never) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
+    let _held = register_spread(&[&drew, &never], "lost").await;
+    let mut drawing = drew.client().await;
+    let mut before = Vec::new();
+    for _ in 0..40 {
+        before.push(pick(&mut drawing, "lost", PickOptions::rule("round_robin")).await.ticket);
+    }
+    assert_eq!(before, (0..40).collect::<Vec<u64>>());
+    let links = [&drew, &never].map(|s| s.server.balancer().state().link().unwrap().clone());
+    let ups = links.each_ref().map(|l| l.recoveries());
+    redis.restart().await;
+    for (link, up) in links.iter().zip(ups) {
+        let mut watch = link.watch();
+        tokio::time::timeout(PATIENCE, watch.wait_for(|now| *now && link.recoveries() > up))
+            .await
+            .expect("the link came back")
+            .unwrap();
+    }
+    let mut other = never.client().await;
+    let mut after = Vec::new();
+    for _ in 0..10 {
+        after.push(pick(&mut other, "lost", PickOptions::rule("round_robin")).await.ticket);
+        after.push(pick(&mut drawing, "lost", PickOptions::rule("round_robin")).await.ticket);
+    }
+    assert!(after.iter().all(|t| *t >= 40), "a ticket handed out before came again: {after:?}");
+    let distinct: std::collections::BTreeSet<u64> = after.iter().copied().collect();
+    assert_eq!(distinct.len(), after.len(), "no ticket twice: {after:?}");
+    // One replica or both (when they looked at once) found the loss; both hold a floor above it.
+    assert!(links.iter().map(|l| l.losses()).sum::<u64>() >= 1, "the loss was found");
+    assert!(links.iter().all(|l| l.ticket_floor() >= 40), "both follow a generation above the old tickets");
 }

@@ -19,6 +19,10 @@ pub const REPLICAS: &str = "rota:{~fleet}:replicas";
 pub const ACTIVE_LOADS: &str = "rota:{~fleet}:loads:active";
 /// Runtime policy overrides, service → policy (TOML).
 pub const POLICIES: &str = "rota:{~fleet}:policies";
+/// The data set's generation, `ID:FLOOR`: created once (`FLOOR` 0) by the first replica of a
+/// fleet, replaced when a replica finds Redis has lost its data (see
+/// [`Link`](super::Link)'s generation check).
+pub const GENERATION: &str = "rota:{~fleet}:generation";
 /// Raised on every change of [`POLICIES`].
 pub const POLICIES_VERSION: &str = "rota:{~fleet}:policies:version";
 

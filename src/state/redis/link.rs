@@ -25,6 +25,7 @@ use redis::{
 };
 use tokio::sync::{Notify, watch};
 
+use super::keys;
 use super::target::Target;
 
 /// Time between checks of the link (and, under Sentinel, of which server is the primary).
@@ -39,6 +40,13 @@ const CLUSTER_RETRIES: u32 = 2;
 
 pub struct Link {
     target: Target,
+    /// The generation marker last seen ([`keys::GENERATION`]), `(id, floor)`.
+    generation: std::sync::Mutex<Option<(String, u64)>>,
+    /// Every ticket drawn through this link is at least this: the floor of the data set's
+    /// generation, raised above every ticket handed out before Redis lost its data.
+    ticket_floor: AtomicU64,
+    /// Times this replica found that Redis had lost its data.
+    losses: AtomicU64,
     /// Longest wait for one command's answer.
     timeout: Duration,
     conn: ArcSwapOption<Connected>,
@@ -107,6 +115,9 @@ impl Link {
     pub fn spawn(target: Target, timeout: Duration) -> Arc<Self> {
         let link = Arc::new(Self {
             target,
+            generation: std::sync::Mutex::new(None),
+            ticket_floor: AtomicU64::new(0),
+            losses: AtomicU64::new(0),
             timeout,
             conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
@@ -126,6 +137,17 @@ impl Link {
     /// Sees every change of [`Link::is_up`].
     pub fn watch(&self) -> watch::Receiver<bool> {
         self.changes.subscribe()
+    }
+
+    /// The least ticket a draw may hand out (see [`Link::check`]).
+    pub fn ticket_floor(&self) -> u64 {
+        self.ticket_floor.load(Ordering::Acquire)
+    }
+
+    /// How many times this replica found that Redis had lost its data (restarted empty,
+    /// flushed, or failed over to a replica that had none of it).
+    pub fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
     }
 
     /// How many times the link has come up (the first connection counts).
@@ -236,10 +258,58 @@ impl Link {
         };
         let mut conn = conn;
         match tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<String>(&mut conn)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) => Err(format!("PING to {addr} failed: {error}")),
-            Err(_) => Err(format!("PING to {addr} not answered within {:?}", self.timeout)),
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(format!("PING to {addr} failed: {error}")),
+            Err(_) => return Err(format!("PING to {addr} not answered within {:?}", self.timeout)),
         }
+        self.follow_generation(&mut conn).await.map_err(|e| format!("generation check on {addr}: {e}"))
+    }
+
+    /// Reads the data set's generation marker (creating it, floor 0, in a new data set) and
+    /// notices when Redis has lost its data: the marker this replica saw is gone and another
+    /// one, with a floor no higher than the one known here, stands in its place (created by a
+    /// replica that found Redis empty). This replica then replaces it with a new generation
+    /// whose floor, taken from the clock ([`time_floor`]), lies above every ticket handed out
+    /// before; a marker with a higher floor is another replica's such replacement, and is
+    /// followed. Every draw passes the floor, so after a loss every rotation resumes above
+    /// every ticket any replica gave out, whether or not this replica drew from it. Runs
+    /// before the link is declared up, so no draw on a recovered link goes below the floor.
+    async fn follow_generation(&self, conn: &mut Conn) -> Result<(), String> {
+        let fresh = format!("{:016x}:0", fastrand::u64(..));
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(keys::GENERATION).arg(&fresh).arg("NX").ignore();
+        pipe.cmd("GET").arg(keys::GENERATION);
+        let (value,): (Option<String>,) = match tokio::time::timeout(self.timeout, pipe.query_async(conn)).await {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => return Err(format!("not answered within {:?}", self.timeout)),
+        };
+        let current = value.as_deref().and_then(parse_generation).ok_or("the marker does not read as ID:FLOOR")?;
+        let known = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let adopted = match known {
+            Some(known) if known.0 != current.0 && current.1 <= known.1 => {
+                // Lost: start a generation above everything handed out before.
+                let floor = time_floor().max(known.1 + 1).max(self.ticket_floor());
+                let next = (format!("{:016x}", fastrand::u64(..)), floor);
+                let set = redis::cmd("SET").arg(keys::GENERATION).arg(format!("{}:{}", next.0, next.1)).clone();
+                match tokio::time::timeout(self.timeout, set.query_async::<()>(conn)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => return Err(error.to_string()),
+                    Err(_) => return Err(format!("not answered within {:?}", self.timeout)),
+                }
+                self.losses.fetch_add(1, Ordering::AcqRel);
+                tracing::warn!(
+                    target = %self.target,
+                    floor,
+                    "Redis has lost rota's data (its generation marker was replaced); every rotation resumes from the new floor"
+                );
+                next
+            }
+            _ => current,
+        };
+        self.ticket_floor.fetch_max(adopted.1, Ordering::AcqRel);
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = Some(adopted);
+        Ok(())
     }
 }
 
@@ -298,6 +368,20 @@ async fn keep(link: Weak<Link>, failed: Arc<Notify>) {
             _ = failed.notified() => {}
         }
     }
+}
+
+/// A ticket floor from the clock: 1,024 per millisecond since the Unix epoch (about 2^51 in
+/// 2026, far inside u64). It lies above every ticket of a rotation that drew fewer than 1,024
+/// tickets per millisecond on average since the last such floor — far more than any rotation
+/// draws.
+pub fn time_floor() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (now.as_millis() as u64).saturating_mul(1024)
+}
+
+fn parse_generation(value: &str) -> Option<(String, u64)> {
+    let (id, floor) = value.split_once(':')?;
+    Some((id.to_owned(), floor.parse().ok()?))
 }
 
 /// A Lua script run on a [`Link`], loaded with a round trip of its own once each time the link

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::hash::ConcurrentMap;
 
-pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link, LinkScript};
+pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link, LinkScript, time_floor};
 pub use target::Target;
 pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};
 

@@ -145,7 +145,7 @@ impl Drawer {
         }
         let refill = if self.block > 1 && self.spare.is_empty() { self.block } else { 0 };
         let total = needed + refill;
-        let floor = self.local.load(Ordering::Relaxed);
+        let floor = self.local.load(Ordering::Relaxed).max(self.link.ticket_floor());
         let ttl = COUNTER_TTL.as_millis() as u64;
         let loaded = script.ensure_loaded(&self.link).await;
         let drawn = if !loaded {

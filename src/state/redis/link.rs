@@ -139,7 +139,8 @@ impl Link {
         self.changes.subscribe()
     }
 
-    /// The least ticket a draw may hand out (see [`Link::check`]).
+    /// The least ticket a draw may hand out: the floor of the data set's generation, raised
+    /// above every earlier ticket when Redis is found to have lost its data.
     pub fn ticket_floor(&self) -> u64 {
         self.ticket_floor.load(Ordering::Acquire)
     }

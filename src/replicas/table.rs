@@ -16,9 +16,12 @@
 //! differs from its copy. So a registration on one replica is pickable on the others within about one
 //! poll, and every replica builds its pick views from the merged table.
 //!
-//! A replica that dies stops renewing its key: within [`REPLICA_LEASE`] plus one poll, the
-//! others drop its mirror leases, and with them its instances, and clear its entries in Redis;
-//! nothing else is touched. A replica that finds its own key had expired (it was too slow to
+//! A replica that dies stops renewing its key: once the key is gone and stays gone for another
+//! [`REPLICA_LEASE`] (so within twice that plus one poll), the others drop its mirror leases,
+//! and with them its instances, and clear its entries in Redis; nothing else is touched. A key
+//! or a holders entry missing once is no proof of death: when Redis loses its data (restarted
+//! empty, flushed) every key is missing at once while every replica is alive and writing
+//! itself back within a poll or two, and the others' copies must not blink out meanwhile. A replica that finds its own key had expired (it was too slow to
 //! renew it) writes everything it holds again. While Redis is unreachable each replica keeps
 //! what it has (its own streams' instances and its last copy of the others'); when the link
 //! returns it writes its instances again, whole, and resyncs.
@@ -175,6 +178,10 @@ pub struct TableSharing {
     dirty: HashSet<Arc<str>>,
     last_change: String,
     recoveries: u64,
+    /// Since when each holder of a mirror has been seen without its key or holders entry; a
+    /// holder is dropped only after [`REPLICA_LEASE`] of that. At most one entry per holder
+    /// of a mirror.
+    absent_since: HashMap<String, Instant>,
 }
 
 impl TableSharing {
@@ -190,6 +197,7 @@ impl TableSharing {
             dirty: HashSet::new(),
             last_change: "0-0".into(),
             recoveries: 0,
+            absent_since: HashMap::new(),
         };
         tokio::spawn(sharing.run())
     }
@@ -463,14 +471,32 @@ impl TableSharing {
         else {
             return false;
         };
-        let holders: Vec<String> = holders.into_iter().filter(|h| **h != *self.liveness.replica).collect();
-        let Some(alive) = self.alive(&holders).await else { return false };
+        let mut holders: Vec<String> = holders.into_iter().filter(|h| **h != *self.liveness.replica).collect();
         let service: Arc<str> = service.into();
+        // Holders this replica mirrors that the set no longer lists: gone for good if their key
+        // is alive (they hold nothing of the service now), or after the grace if not.
+        let listed = holders.len();
+        let unlisted: BTreeSet<String> = self
+            .mirrors
+            .keys()
+            .filter(|(h, s)| *s == service && !holders.contains(h))
+            .map(|(h, _)| h.clone())
+            .collect();
+        holders.extend(unlisted);
+        let Some(alive) = self.alive(&holders).await else { return false };
+        let now = Instant::now();
         let mut present = HashSet::new();
         let mut dead = Vec::new();
-        for (holder, alive) in holders.into_iter().zip(alive) {
-            if !alive {
+        for (n, (holder, alive)) in holders.into_iter().zip(alive).enumerate() {
+            if !self.presumed_alive(&holder, alive, now) {
                 dead.push(holder);
+                continue;
+            }
+            if !alive || n >= listed {
+                // Missing for now: kept as it was until it writes itself back or the grace ends.
+                if !alive {
+                    present.insert(holder);
+                }
                 continue;
             }
             let key = keys::instances(&service, &holder);
@@ -597,15 +623,30 @@ impl TableSharing {
         self.link.run(|mut c| async move { pipe.query_async::<Vec<bool>>(&mut c).await }).await
     }
 
-    /// Drops the copies of replicas whose key expired, and their entries in Redis.
+    /// Whether `holder` counts as alive: its key is, or it has been missing for less than
+    /// [`REPLICA_LEASE`].
+    fn presumed_alive(&mut self, holder: &str, alive: bool, now: Instant) -> bool {
+        if alive {
+            self.absent_since.remove(holder);
+            return true;
+        }
+        let since = *self.absent_since.entry(holder.to_owned()).or_insert(now);
+        now.duration_since(since) < REPLICA_LEASE
+    }
+
+    /// Drops the copies of replicas whose key has been gone for [`REPLICA_LEASE`], and their
+    /// entries in Redis.
     async fn drop_dead_replicas(&mut self) {
         let holders: Vec<String> =
             self.mirrors.keys().map(|(h, _)| h.clone()).collect::<BTreeSet<_>>().into_iter().collect();
         let Some(alive) = self.alive(&holders).await else { return };
+        let now = Instant::now();
+        self.absent_since.retain(|h, _| holders.contains(h));
         for (holder, alive) in holders.into_iter().zip(alive) {
-            if alive {
+            if self.presumed_alive(&holder, alive, now) {
                 continue;
             }
+            self.absent_since.remove(&holder);
             tracing::info!(replica = %holder, "replica gone: its instances are dropped");
             let services: Vec<Arc<str>> =
                 self.mirrors.keys().filter(|(h, _)| *h == holder).map(|(_, s)| s.clone()).collect();

@@ -1151,3 +1151,48 @@ async fn after_redis_loses_its_data_no_replica_hands_out_a_ticket_given_out_befo
     assert!(links.iter().map(|l| l.losses()).sum::<u64>() >= 1, "the loss was found");
     assert!(links.iter().all(|l| l.ticket_floor() >= 40), "both follow a generation above the old tickets");
 }
+
+/// Redis restarts empty: every replica key and holders entry is gone at once, yet no replica
+/// is dead. A replica's copy of another's instances stays while the other writes itself back,
+/// so picks never find the service empty.
+#[tokio::test]
+async fn instances_held_by_another_replica_stay_pickable_when_redis_loses_its_data() {
+    let mut redis = RedisServer::start().await;
+    // The holder is 200 ms of round trip away, so it is back in Redis well after the reader.
+    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
+    let far = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(2)).unwrap();
+    let holder = TestServer::start_with(|config| config.state = far).await;
+    wait_link(&holder, true).await;
+    let reader = replica(&redis.url(), 1).await;
+    let _provider = holder.register(vec![instance("kept", "a", 1), instance("kept", "b", 2)]).await;
+    wait_instances(&reader, "kept", &["a", "b"]).await;
+    let mut snapshots = reader.server.balancer().registry().subscribe("kept").await.expect("registry runs");
+    snapshots.borrow_and_update();
+    redis.restart().await;
+    // Until the holder has written itself back and 3 s have passed (several polls past the
+    // reader's return), every change the reader's registry publishes still lists both, and
+    // every pick answers.
+    let mut client = reader.client().await;
+    let started = tokio::time::Instant::now();
+    let written_back = || async {
+        let holders: Vec<String> = redis.query(&["SMEMBERS", "rota:{kept}:holders"]).await.unwrap_or_default();
+        match holders.first() {
+            Some(h) => redis.query::<u64>(&["HLEN", &format!("rota:{{kept}}:instances:{h}")]).await.unwrap_or(0) >= 2,
+            None => false,
+        }
+    };
+    let mut picks = 0;
+    while started.elapsed() < Duration::from_secs(3) || !written_back().await {
+        assert!(started.elapsed() < PATIENCE, "the holder did not write its instances back");
+        if snapshots.has_changed().unwrap_or(false) {
+            let ids: Vec<String> = snapshots.borrow_and_update().instances.iter().map(|i| i.id.to_string()).collect();
+            assert_eq!(ids, ["a", "b"], "the reader's copy changed while Redis was empty");
+        }
+        let picked = client.pick("kept", PickOptions::default()).await.expect("a pick answers");
+        assert!(matches!(picked.into_response().instance.unwrap().id.as_str(), "a" | "b"));
+        picks += 1;
+    }
+    assert!(picks > 10, "{picks} picks");
+    let link = reader.server.balancer().state().link().unwrap();
+    assert!(link.is_up() && link.recoveries() >= 2, "the reader's link came back");
+}

@@ -16,12 +16,13 @@
 //! differs from its copy. So a registration on one replica is pickable on the others within about one
 //! poll, and every replica builds its pick views from the merged table.
 //!
-//! A replica that dies stops renewing its key: once the key is gone and stays gone for another
-//! [`REPLICA_LEASE`] (so within twice that plus one poll), the others drop its mirror leases,
-//! and with them its instances, and clear its entries in Redis; nothing else is touched. A key
-//! or a holders entry missing once is no proof of death: when Redis loses its data (restarted
-//! empty, flushed) every key is missing at once while every replica is alive and writing
-//! itself back within a poll or two, and the others' copies must not blink out meanwhile. A replica that finds its own key had expired (it was too slow to
+//! A replica that dies stops renewing its key: within [`REPLICA_LEASE`] plus one poll, the
+//! others drop its mirror leases, and with them its instances, and clear its entries in Redis;
+//! nothing else is touched. Right after Redis may have lost its data (this replica's link came
+//! back, or the data set's generation changed), a missing key or holders entry is no proof of
+//! death: every key is missing at once while every replica is alive and writing itself back
+//! within a poll or two. For [`REPLICA_LEASE`] after such an event, a holder is dropped only once
+//! it has been missing for [`REPLICA_LEASE`], so the others' copies do not blink out meanwhile. A replica that finds its own key had expired (it was too slow to
 //! renew it) writes everything it holds again. While Redis is unreachable each replica keeps
 //! what it has (its own streams' instances and its last copy of the others'); when the link
 //! returns it writes its instances again, whole, and resyncs.
@@ -178,10 +179,14 @@ pub struct TableSharing {
     dirty: HashSet<Arc<str>>,
     last_change: String,
     recoveries: u64,
-    /// Since when each holder of a mirror has been seen without its key or holders entry; a
-    /// holder is dropped only after [`REPLICA_LEASE`] of that. At most one entry per holder
-    /// of a mirror.
+    /// Since when each holder of a mirror has been seen without its key or holders entry, while
+    /// that may be Redis's data loss rather than death. At most one entry per holder of a mirror.
     absent_since: HashMap<String, Instant>,
+    /// Until when a missing key may be Redis's data loss: [`REPLICA_LEASE`] after the link came
+    /// back or the generation changed.
+    unsure_until: Option<Instant>,
+    /// The link's generation changes last seen.
+    generations: u64,
 }
 
 impl TableSharing {
@@ -198,6 +203,8 @@ impl TableSharing {
             last_change: "0-0".into(),
             recoveries: 0,
             absent_since: HashMap::new(),
+            unsure_until: None,
+            generations: 0,
         };
         tokio::spawn(sharing.run())
     }
@@ -237,6 +244,12 @@ impl TableSharing {
                         // Redis may have lost everything, or kept what was there before.
                         self.recoveries = recoveries;
                         self.write_all_again();
+                        self.unsure_until = Some(Instant::now() + REPLICA_LEASE);
+                    }
+                    let generations = self.link.generation_changes();
+                    if generations != self.generations {
+                        self.generations = generations;
+                        self.unsure_until = Some(Instant::now() + REPLICA_LEASE);
                     }
                     if full {
                         next_resync = Instant::now() + RESYNC;
@@ -623,12 +636,16 @@ impl TableSharing {
         self.link.run(|mut c| async move { pipe.query_async::<Vec<bool>>(&mut c).await }).await
     }
 
-    /// Whether `holder` counts as alive: its key is, or it has been missing for less than
-    /// [`REPLICA_LEASE`].
+    /// Whether `holder` counts as alive: its key is; or, while a missing key may be Redis's
+    /// data loss, it has been missing for less than [`REPLICA_LEASE`].
     fn presumed_alive(&mut self, holder: &str, alive: bool, now: Instant) -> bool {
         if alive {
             self.absent_since.remove(holder);
             return true;
+        }
+        let unsure = self.unsure_until.is_some_and(|until| now < until);
+        if !unsure && !self.absent_since.contains_key(holder) {
+            return false;
         }
         let since = *self.absent_since.entry(holder.to_owned()).or_insert(now);
         now.duration_since(since) < REPLICA_LEASE

@@ -1196,3 +1196,48 @@ async fn instances_held_by_another_replica_stay_pickable_when_redis_loses_its_da
     let link = reader.server.balancer().state().link().unwrap();
     assert!(link.is_up() && link.recoveries() >= 2, "the reader's link came back");
 }
+
+/// A reset made on one replica while Redis is away is not undone when Redis comes back empty
+/// and another replica, later to reconnect, writes its older copy of the override again.
+#[tokio::test]
+async fn a_reset_made_during_an_outage_survives_an_older_override_written_after_it() {
+    let mut redis = RedisServer::start().await;
+    // Replica one is 200 ms of round trip away: it reconnects, and writes, after replica two.
+    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
+    let far = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(2)).unwrap();
+    let one = TestServer::start_with(|config| config.state = far).await;
+    wait_link(&one, true).await;
+    let two = replica(&redis.url(), 1).await;
+    let policy = pb::Policy { service: "undo".into(), rule: "random".into(), ..Default::default() };
+    one.client().await.set_policy(policy).await.expect("SetPolicy");
+    wait_policy(&two, "undo", "random").await;
+
+    redis.kill();
+    wait_link(&two, false).await;
+    wait_link(&one, false).await;
+    two.client().await.reset_policy("undo").await.expect("ResetPolicy while Redis is away");
+    let one_link = one.server.balancer().state().link().unwrap().clone();
+    let ups = one_link.recoveries();
+    redis.restart().await;
+    wait_link(&two, true).await;
+    let mut watch = one_link.watch();
+    tokio::time::timeout(PATIENCE, watch.wait_for(|up| *up && one_link.recoveries() > ups))
+        .await
+        .expect("replica one came back")
+        .unwrap();
+    // Replica one writes its override again within a poll and a few round trips of coming
+    // back, and reads what Redis holds: the reset reaches it, and then holds for 3 s on both
+    // replicas and in Redis.
+    wait_policy(&one, "undo", "round_robin").await;
+    let back = tokio::time::Instant::now();
+    let (mut first, mut second) = (one.client().await, two.client().await);
+    while back.elapsed() < Duration::from_secs(3) {
+        for client in [&mut first, &mut second] {
+            let policy = client.get_policy("undo").await.expect("GetPolicy");
+            assert_eq!(policy.rule, "round_robin", "the reset was undone: {policy:?}");
+        }
+        tokio::task::yield_now().await;
+    }
+    let stored: Option<String> = redis.query(&["HGET", "rota:{~fleet}:policies", "undo"]).await.unwrap();
+    assert!(stored.as_deref().is_some_and(|v| v.ends_with(":-")), "a tombstone in Redis: {stored:?}");
+}

@@ -47,6 +47,9 @@ pub struct Link {
     ticket_floor: AtomicU64,
     /// Times this replica found that Redis had lost its data.
     losses: AtomicU64,
+    /// Times the generation marker changed under this replica (a loss it found, or another
+    /// replica's replacement it followed).
+    generation_changes: AtomicU64,
     /// Longest wait for one command's answer.
     timeout: Duration,
     conn: ArcSwapOption<Connected>,
@@ -118,6 +121,7 @@ impl Link {
             generation: std::sync::Mutex::new(None),
             ticket_floor: AtomicU64::new(0),
             losses: AtomicU64::new(0),
+            generation_changes: AtomicU64::new(0),
             timeout,
             conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
@@ -149,6 +153,12 @@ impl Link {
     /// flushed, or failed over to a replica that had none of it).
     pub fn losses(&self) -> u64 {
         self.losses.load(Ordering::Acquire)
+    }
+
+    /// How many times the generation marker changed under this replica: Redis lost its data
+    /// (found here or by another replica) since it first looked.
+    pub fn generation_changes(&self) -> u64 {
+        self.generation_changes.load(Ordering::Acquire)
     }
 
     /// How many times the link has come up (the first connection counts).
@@ -309,7 +319,11 @@ impl Link {
             _ => current,
         };
         self.ticket_floor.fetch_max(adopted.1, Ordering::AcqRel);
-        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = Some(adopted);
+        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        if generation.as_ref().is_some_and(|seen| seen.0 != adopted.0) {
+            self.generation_changes.fetch_add(1, Ordering::AcqRel);
+        }
+        *generation = Some(adopted);
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ import { describe, it } from 'node:test';
 import { Metadata, status } from '@grpc/grpc-js';
 import { PickResultType, type PickResult, type SubchannelInterface } from '@grpc/grpc-js/build/src/experimental.js';
 
-import { RotaPicker, subKey, type PickerOptions, type Usable } from '../src/channel/balancer.js';
+import { RotaPicker, callStatus, subKey, type PickerOptions, type Usable } from '../src/channel/balancer.js';
 import { HOLD_MS, HoldOut } from '../src/channel/holdout.js';
 import type { LeaseView, Take } from '../src/channel/lease.js';
 import { TicketMap, parseLeasedRule } from '../src/channel/mapping.js';
@@ -76,6 +76,31 @@ function pickOnce(f: Fixture): { id: string; ticket: string | undefined; result:
   const ticket = metadata.get('x-rota-ticket')[0];
   return { id: f.idOf(result.subchannel), ticket: typeof ticket === 'string' ? ticket : undefined, result };
 }
+
+describe('rota picker failing calls', () => {
+  it("fails a call rota's lease refused as UNAVAILABLE with rota's message, not grpc-js's INTERNAL", () => {
+    const message = 'version: must be set: service "svc" uses gray release, which assigns versions per pick';
+    const refused = {
+      take: (): Take => ({ kind: 'error', code: status.INVALID_ARGUMENT, details: message }),
+    };
+    const picker = new RotaPicker(
+      { stream: () => refused, link: { report: () => {} } },
+      { service: 'svc', version: '', report: true, ticketHeader: true, ready: new Map(), connecting: false, unsettled: false },
+    );
+    const result = picker.pick({ metadata: new Metadata(), extraPickInfo: {} });
+    assert.equal(result.pickResultType, PickResultType.TRANSIENT_FAILURE);
+    assert.deepEqual([result.status?.code, result.status?.details], [status.UNAVAILABLE, message]);
+  });
+
+  it('keeps the codes a picker may use', () => {
+    for (const code of [status.UNAVAILABLE, status.RESOURCE_EXHAUSTED, status.PERMISSION_DENIED, status.UNAUTHENTICATED]) {
+      assert.equal(callStatus(code), code);
+    }
+    for (const code of [status.NOT_FOUND, status.FAILED_PRECONDITION, status.OUT_OF_RANGE]) {
+      assert.equal(callStatus(code), status.UNAVAILABLE);
+    }
+  });
+});
 
 describe('rota picker with unusable instances', () => {
   it('sends the ticket of an instance that is not READY to a usable one: the same ticket, shared evenly', () => {

@@ -273,6 +273,23 @@ export interface PickerLeases {
   readonly link: Pick<RotaLink, 'report'>;
 }
 
+
+/** Codes only a server may send (gRFC A54): grpc-js fails a call a picker fails with one of them as INTERNAL "Invalid status from control plane". */
+const SERVER_ONLY: ReadonlySet<status> = new Set([
+  status.INVALID_ARGUMENT,
+  status.NOT_FOUND,
+  status.ALREADY_EXISTS,
+  status.FAILED_PRECONDITION,
+  status.ABORTED,
+  status.OUT_OF_RANGE,
+  status.DATA_LOSS,
+]);
+
+/** The status a call fails with when rota refused its lease: rota's own code, or UNAVAILABLE (with rota's message) for a code only a server may send. */
+export function callStatus(code: status): status {
+  return SERVER_ONLY.has(code) ? status.UNAVAILABLE : code;
+}
+
 /** The picker's settings, fixed for its life. */
 export interface PickerOptions {
   service: string;
@@ -399,6 +416,12 @@ export class RotaPicker implements Picker {
   }
 
   #failure(code: status, details: string): PickResult {
-    return { pickResultType: PickResultType.TRANSIENT_FAILURE, subchannel: null, status: { code, details, metadata: new Metadata() }, onCallStarted: null, onCallEnded: null };
+    return {
+      pickResultType: PickResultType.TRANSIENT_FAILURE,
+      subchannel: null,
+      status: { code: callStatus(code), details, metadata: new Metadata() },
+      onCallStarted: null,
+      onCallEnded: null,
+    };
   }
 }

@@ -29,7 +29,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::{error, info};
 
-use crate::config::files::{self, OffRuntime, READ_TIMEOUT, Stalled, modified};
+use crate::config::files::{self, OffRuntime, modified};
 use crate::listener::{Guarded, Handshake};
 
 /// How often the certificate files are checked for a change.
@@ -176,7 +176,7 @@ impl ReloadingAcceptor {
 
     /// Polls the certificate, key and client CA files and swaps in a new configuration when
     /// any of them changes; connections already open keep theirs. The files are looked at off
-    /// the runtime, within [`READ_TIMEOUT`]; a look that hangs is a refused reload.
+    /// the runtime, within [`READ_TIMEOUT`](files::READ_TIMEOUT); a look that hangs is a refused reload.
     pub fn spawn_reloader(&self) -> JoinHandle<()> {
         let config = self.config.clone();
         let files = self.files.clone();
@@ -190,28 +190,12 @@ impl ReloadingAcceptor {
             let mut ticker = tokio::time::interval(POLL_INTERVAL);
             loop {
                 ticker.tick().await;
-                let look = {
-                    let files = files.clone();
-                    off_runtime
-                        .run(READ_TIMEOUT, move || {
-                            let now_seen = seen(&files);
-                            let changed = now_seen != last_seen;
-                            (now_seen, changed.then(|| build_config(&files)))
-                        })
-                        .await
-                };
-                let built = match look {
-                    Ok((now_seen, built)) => {
-                        last_seen = now_seen;
-                        match built {
-                            Some(built) => built,
-                            None => continue,
-                        }
-                    }
-                    Err(Stalled::Busy) => continue,
-                    Err(stalled @ Stalled::TimedOut(_)) => {
-                        Err(TlsError::new("server.tls_cert", &files.cert, stalled.to_string()))
-                    }
+                let (watched, read) = (files.clone(), files.clone());
+                let look = off_runtime.look(&mut last_seen, false, move || seen(&watched), move || build_config(&read));
+                let built = match look.await {
+                    None => continue,
+                    Some(Ok(built)) => built,
+                    Some(Err(stalled)) => Err(TlsError::new("server.tls_cert", &files.cert, stalled.to_string())),
                 };
                 match built {
                     Ok(new) => {

@@ -142,6 +142,42 @@ impl OffRuntime {
     }
 }
 
+impl OffRuntime {
+    /// One look of a reloader at its files, off the runtime within [`READ_TIMEOUT`]: `seen`
+    /// reads what tells a change (modification times), and when it differs from `last` (or
+    /// the look is `forced`) `load` reads the files. `last` follows what was seen. `None` when
+    /// nothing changed, or an earlier look is still running (its timeout was reported then);
+    /// `Some(Err)` when this look timed out.
+    pub async fn look<S, T>(
+        &self,
+        last: &mut S,
+        forced: bool,
+        seen: impl FnOnce() -> S + Send + 'static,
+        load: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<Result<T, Stalled>>
+    where
+        S: PartialEq + Clone + Send + 'static,
+        T: Send + 'static,
+    {
+        let before = last.clone();
+        let look = self
+            .run(READ_TIMEOUT, move || {
+                let now = seen();
+                let changed = forced || now != before;
+                (now, changed.then(load))
+            })
+            .await;
+        match look {
+            Ok((now, loaded)) => {
+                *last = now;
+                loaded.map(Ok)
+            }
+            Err(Stalled::Busy) => None,
+            Err(stalled @ Stalled::TimedOut(_)) => Some(Err(stalled)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

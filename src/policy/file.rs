@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info};
 
 use super::{EjectionSpec, GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
-use crate::config::files::{self, OffRuntime, READ_TIMEOUT, Stalled, modified};
+use crate::config::files::{self, OffRuntime, modified};
 
 /// How often the file's modification time is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -219,7 +219,7 @@ pub struct PolicyReloads {
 
 /// Re-reads `path` when it changes or on SIGHUP, replacing the file's layer of the policies
 /// only when the new file validates; each outcome is counted in `reloads`. The file is looked
-/// at off the runtime, within [`READ_TIMEOUT`]: a look that hangs (a file system that does not
+/// at off the runtime, within [`READ_TIMEOUT`](files::READ_TIMEOUT): a look that hangs (a file system that does not
 /// answer) is a refused reload, and later ones start once it returns.
 pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Sender<PolicyReloads>) -> JoinHandle<()> {
     // Taken now, not when the task first runs: a change made in between is still a change.
@@ -243,30 +243,15 @@ pub fn spawn_reloader(path: PathBuf, policies: Arc<Policies>, reloads: watch::Se
                 _ = ticker.tick() => false,
                 _ = hangup => true,
             };
-            let look = {
-                let path = path.clone();
-                off_runtime
-                    .run(READ_TIMEOUT, move || {
-                        let now_seen = modified(&path);
-                        let changed = forced || now_seen != last_seen;
-                        (now_seen, changed.then(|| load(&path)))
-                    })
-                    .await
-            };
-            let loaded = match look {
-                Ok((now_seen, loaded)) => {
-                    last_seen = now_seen;
-                    match loaded {
-                        Some(loaded) => loaded,
-                        None => continue,
+            let (seen, read) = (path.clone(), path.clone());
+            let loaded =
+                match off_runtime.look(&mut last_seen, forced, move || modified(&seen), move || load(&read)).await {
+                    None => continue,
+                    Some(Ok(loaded)) => loaded,
+                    Some(Err(stalled)) => {
+                        Err(ConfigError { path: path.display().to_string(), message: stalled.to_string() })
                     }
-                }
-                // Already reported when that look timed out.
-                Err(Stalled::Busy) => continue,
-                Err(stalled @ Stalled::TimedOut(_)) => {
-                    Err(ConfigError { path: path.display().to_string(), message: stalled.to_string() })
-                }
-            };
+                };
             let outcome = match loaded {
                 Ok(set) => policies.replace_file(set).map_err(|e| format!("{}: {e}", path.display())),
                 Err(e) => {

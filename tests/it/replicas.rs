@@ -33,6 +33,17 @@ async fn wait_link(server: &TestServer, up: bool) {
         .expect("the link is kept");
 }
 
+/// A replica whose link to `redis` passes a proxy adding 100 ms each way (200 ms of round
+/// trip), with the command timeout `timeout`, once its link is up; and the proxy.
+async fn far_replica(redis: &RedisServer, timeout: Duration) -> (TestServer, crate::redis_server::LatencyProxy) {
+    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let state = StateConfig::parse(&url, 1, timeout).expect("a valid state address");
+    let server = TestServer::start_with(|config| config.state = state).await;
+    wait_link(&server, true).await;
+    (server, proxy)
+}
+
 /// The three instances `a`, `b`, `c` of `service`, each registered on one replica in turn (a
 /// provider talks to one replica), once every replica holds all three.
 async fn register_spread(replicas: &[&TestServer], service: &str) -> Vec<rota::client::Registration> {
@@ -1094,12 +1105,8 @@ async fn under_load_a_killed_replica_process_costs_the_survivor_no_pick_and_only
 #[tokio::test]
 async fn a_redis_slower_than_a_round_trip_but_inside_the_timeout_keeps_the_link_up() {
     let redis = RedisServer::start().await;
-    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
-    let url = format!("redis://127.0.0.1:{}", proxy.port);
-    let state = StateConfig::parse(&url, 16, Duration::from_millis(500)).expect("a valid state address");
-    let slow = TestServer::start_with(|config| config.state = state).await;
-    wait_link(&slow, true).await;
-    let direct = replica(&redis.url(), 16).await;
+    let (slow, _proxy) = far_replica(&redis, Duration::from_millis(500)).await;
+    let direct = replica(&redis.url(), 1).await;
 
     let provider = slow.register(vec![instance("far", "a", 1), instance("far", "b", 2)]).await;
     wait_instances(&direct, "far", &["a", "b"]).await;
@@ -1159,10 +1166,7 @@ async fn after_redis_loses_its_data_no_replica_hands_out_a_ticket_given_out_befo
 async fn instances_held_by_another_replica_stay_pickable_when_redis_loses_its_data() {
     let mut redis = RedisServer::start().await;
     // The holder is 200 ms of round trip away, so it is back in Redis well after the reader.
-    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
-    let far = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(2)).unwrap();
-    let holder = TestServer::start_with(|config| config.state = far).await;
-    wait_link(&holder, true).await;
+    let (holder, _proxy) = far_replica(&redis, Duration::from_secs(2)).await;
     let reader = replica(&redis.url(), 1).await;
     let _provider = holder.register(vec![instance("kept", "a", 1), instance("kept", "b", 2)]).await;
     wait_instances(&reader, "kept", &["a", "b"]).await;
@@ -1203,10 +1207,7 @@ async fn instances_held_by_another_replica_stay_pickable_when_redis_loses_its_da
 async fn a_reset_made_during_an_outage_survives_an_older_override_written_after_it() {
     let mut redis = RedisServer::start().await;
     // Replica one is 200 ms of round trip away: it reconnects, and writes, after replica two.
-    let proxy = crate::redis_server::LatencyProxy::start(redis.port, Duration::from_millis(100)).await;
-    let far = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(2)).unwrap();
-    let one = TestServer::start_with(|config| config.state = far).await;
-    wait_link(&one, true).await;
+    let (one, _proxy) = far_replica(&redis, Duration::from_secs(2)).await;
     let two = replica(&redis.url(), 1).await;
     let policy = pb::Policy { service: "undo".into(), rule: "random".into(), ..Default::default() };
     one.client().await.set_policy(policy).await.expect("SetPolicy");

@@ -34,6 +34,7 @@ use futures_util::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use rota::balancer::Balancer;
+use rota::grpc::peers::PeerStreams;
 use rota::grpc::streams::OpenStreams;
 use rota::grpc::{BalancerService, PoliciesService, RegistryService, convert, status};
 use rota::pb::balancer_server::Balancer as _;
@@ -111,9 +112,10 @@ async fn server() -> Server {
     balancer.policies().set_service("gray", gray).expect("a valid gray policy");
     let (drain, drained) = tokio::sync::watch::channel(false);
     let streams = OpenStreams::new(16);
+    let consumers = PeerStreams::consumers(8);
     Server {
-        balancer_service: BalancerService::new(balancer.clone(), streams.clone()),
-        registry_service: RegistryService::new(registry.clone(), drained, 4, streams),
+        balancer_service: BalancerService::new(balancer.clone(), consumers.clone(), streams.clone()),
+        registry_service: RegistryService::new(registry.clone(), drained, 4, consumers, streams),
         policies_service: PoliciesService::new(balancer.policies().clone()),
         registry,
         balancer,

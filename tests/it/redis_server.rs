@@ -199,8 +199,21 @@ impl RedisCluster {
         format!("redis+cluster://{}", addrs.join(","))
     }
 
-    /// The positions in `nodes` of the primary serving `key`'s slot and of its replica.
+    /// The positions in `nodes` of the primary serving `key`'s slot and of its replica. Waits
+    /// (bounded) until the node asked knows the replica: `cluster_state:ok` comes before every
+    /// node has heard, by gossip, which primary each replica follows.
     pub async fn primary_and_replica_of(&self, key: &str) -> (usize, usize) {
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(found) = self.try_primary_and_replica_of(key).await {
+                return found;
+            }
+            assert!(started.elapsed() < PATIENCE, "no node knew a replica of {key}'s primary in time");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn try_primary_and_replica_of(&self, key: &str) -> Option<(usize, usize)> {
         let any = &self.nodes[0];
         let slot: u64 = any.query(&["CLUSTER", "KEYSLOT", key]).await.expect("CLUSTER KEYSLOT");
         let nodes: String = any.query(&["CLUSTER", "NODES"]).await.expect("CLUSTER NODES");
@@ -212,13 +225,13 @@ impl RedisCluster {
                 None => range.parse() == Ok(slot),
             })
         };
-        let primary = lines.iter().find(|f| f[2].contains("master") && serves(f)).expect("a primary serves the slot");
-        let replica = lines.iter().find(|f| f[3] == primary[0]).expect("the primary has a replica");
+        let primary = lines.iter().find(|f| f.len() > 3 && f[2].contains("master") && serves(f))?;
+        let replica = lines.iter().find(|f| f.len() > 3 && f[3] == primary[0])?;
         let position = |fields: &Vec<&str>| {
             let port: u16 = fields[1].split(['@', ':']).nth(1).and_then(|p| p.parse().ok()).expect("HOST:PORT@BUS");
             self.nodes.iter().position(|n| n.port == port).expect("a node of this cluster")
         };
-        (position(primary), position(replica))
+        Some((position(primary), position(replica)))
     }
 }
 

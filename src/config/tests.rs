@@ -158,3 +158,19 @@ fn the_state_backend_settings_are_checked_and_round_trip() {
     let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
     assert_eq!(again.serve.state, settings.serve.state, "state, block and timeout survive --print-config");
 }
+
+#[test]
+fn consumer_streams_per_peer_is_bounded_and_round_trips() {
+    let over = |n: &str| Overrides { max_consumer_streams_per_peer: Some(n.into()), ..Default::default() };
+    for bad in ["0", "1000001", "many"] {
+        let error = resolve(None, &over(bad)).unwrap_err();
+        assert_eq!(error.key, "server.max_consumer_streams_per_peer", "{bad}");
+    }
+    let error = resolve(None, &over("0")).unwrap_err();
+    assert_eq!(error.problem, "must be an integer from 1 to 1000000, got \"0\"");
+    let settings = resolve(None, &over("32")).expect("a valid cap");
+    assert_eq!(settings.serve.limits.consumer_streams_per_peer, 32);
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.limits.consumer_streams_per_peer, 32);
+}

@@ -236,17 +236,13 @@ impl Handshake for Http1 {
 /// Serves the admin routes on `listener` until the server stops; connections still open then
 /// get a graceful close (at most the server's wait for this task).
 pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
-    spawn_with(listener, state, ADMIN_LIMITS)
-}
-
-fn spawn_with(listener: TcpListener, state: AdminState, limits: ConnectionLimits) -> JoinHandle<()> {
     use futures_util::StreamExt;
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
 
     let stopping = state.stopping.clone();
     let app = router(state);
-    let mut incoming = crate::listener::incoming(listener, Admission::new(limits), Http1);
+    let mut incoming = crate::listener::incoming(listener, Admission::new(ADMIN_LIMITS), Http1);
     tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let stopped = AdminState::stopped(stopping);

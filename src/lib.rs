@@ -28,6 +28,8 @@
 //! - [`listener`] — the gRPC listener's front door: connection caps per peer and in total,
 //!   handshake and idle timeouts, `TCP_NODELAY` on every socket.
 //! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
+//! - [`xds`] — the xDS resources (listeners, routes, clusters, endpoints) of every service, for
+//!   the standard xDS clients of gRPC; served over ADS at the gRPC edge.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
 //! - [`loadgen`] — the load generator behind `rota bench`.
 //! - [`client`] — a Rust client for the same API, used by the CLI and the tests.
@@ -53,6 +55,7 @@ pub mod server;
 pub mod soak;
 pub mod state;
 pub mod tls;
+pub mod xds;
 
 /// Generated protobuf types and gRPC stubs for package `rota.v1`.
 pub mod pb {

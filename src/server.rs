@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::admin::{self, AdminError, AdminState};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::Authenticator;
@@ -21,7 +22,7 @@ use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
-use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup};
+use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup, XdsService};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::pb;
 use crate::policy::file::{ConfigError, PolicyReloads};
@@ -101,6 +102,8 @@ pub struct Limits {
     pub max_open_streams: usize,
     /// Connections in total and per peer, and how long one may stay silent.
     pub connections: ConnectionLimits,
+    /// What xDS clients may subscribe to.
+    pub xds: crate::xds::XdsLimits,
 }
 
 impl Default for Limits {
@@ -113,6 +116,7 @@ impl Default for Limits {
             streams_per_connection: 1024,
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS,
             connections: ConnectionLimits::default(),
+            xds: crate::xds::XdsLimits::default(),
         }
     }
 }
@@ -220,7 +224,8 @@ impl Server {
             None => None,
         };
 
-        let warmup = Warmup::starting_now(config.warmup.unwrap_or(config.registry.heartbeat_timeout));
+        let warmup_length = config.warmup.unwrap_or(config.registry.heartbeat_timeout);
+        let warmup = Warmup::starting_now(warmup_length);
         let registry = Registry::spawn(config.registry);
         let balancer = Arc::new(Balancer::new(
             registry.clone(),
@@ -270,12 +275,21 @@ impl Server {
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let registry_service = pb::registry_server::RegistryServer::new(
-            RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers, streams.clone())
+            RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
                 .with_warmup(warmup),
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
             .max_decoding_message_size(limits.max_message_bytes);
+        let xds_hub = crate::xds::Hub::new(balancer.clone(), limits.xds, warmup_length);
+        background.push(xds_hub.spawn());
+        let xds_service = AggregatedDiscoveryServiceServer::new(XdsService::new(
+            xds_hub.clone(),
+            consumers,
+            streams.clone(),
+            drain.subscribe(),
+        ))
+        .max_decoding_message_size(limits.max_message_bytes);
         let router = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -294,7 +308,9 @@ impl Server {
             .add_optional_service(guarded(&config.auth, Required::Authenticated, registry_service.clone()))
             .add_optional_service(config.auth.is_none().then_some(registry_service))
             .add_optional_service(guarded(&config.auth, Required::Admin, policies_service.clone()))
-            .add_optional_service(config.auth.is_none().then_some(policies_service));
+            .add_optional_service(config.auth.is_none().then_some(policies_service))
+            .add_optional_service(guarded(&config.auth, Required::Pick, xds_service.clone()))
+            .add_optional_service(config.auth.is_none().then_some(xds_service));
 
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async {

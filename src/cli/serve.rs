@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// Open Watch and PickStream streams per client address [default: 2048].
     #[arg(long, env = "ROTA_MAX_CONSUMER_STREAMS_PER_PEER")]
     pub max_consumer_streams_per_peer: Option<String>,
+    /// Resource names one xDS stream may subscribe to, per type [default: 1000].
+    #[arg(long, env = "ROTA_MAX_XDS_NAMES_PER_STREAM")]
+    pub max_xds_names_per_stream: Option<String>,
+    /// Services subscribed to over xDS, summed over every stream [default: 100000].
+    #[arg(long, env = "ROTA_MAX_XDS_SUBSCRIPTIONS")]
+    pub max_xds_subscriptions: Option<String>,
     /// Largest request message, in bytes [default: 4194304].
     #[arg(long, env = "ROTA_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<String>,
@@ -143,6 +149,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         insecure: args.insecure.then_some(true),
         max_registrations_per_peer: args.max_registrations_per_peer,
         max_consumer_streams_per_peer: args.max_consumer_streams_per_peer,
+        max_xds_names_per_stream: args.max_xds_names_per_stream,
+        max_xds_subscriptions: args.max_xds_subscriptions,
         max_message_bytes: args.max_message_bytes,
         max_concurrent_requests_per_connection: args.max_concurrent_requests_per_connection,
         max_streams_per_connection: args.max_streams_per_connection,

@@ -44,6 +44,8 @@ pub struct Overrides {
     pub insecure: Option<bool>,
     pub max_registrations_per_peer: Option<String>,
     pub max_consumer_streams_per_peer: Option<String>,
+    pub max_xds_names_per_stream: Option<String>,
+    pub max_xds_subscriptions: Option<String>,
     pub max_message_bytes: Option<String>,
     pub max_concurrent_requests_per_connection: Option<String>,
     pub max_streams_per_connection: Option<String>,
@@ -132,6 +134,8 @@ struct ServerTable {
     insecure: Option<bool>,
     max_registrations_per_peer: Option<u64>,
     max_consumer_streams_per_peer: Option<u64>,
+    max_xds_names_per_stream: Option<u64>,
+    max_xds_subscriptions: Option<u64>,
     max_message_bytes: Option<u64>,
     max_concurrent_requests_per_connection: Option<u64>,
     max_streams_per_connection: Option<u64>,
@@ -260,6 +264,22 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             1..=1_000_000,
             defaults.consumer_streams_per_peer as u64,
         )? as usize,
+        xds: crate::xds::XdsLimits {
+            max_names_per_stream: integer(
+                "server.max_xds_names_per_stream",
+                &overrides.max_xds_names_per_stream,
+                table.max_xds_names_per_stream,
+                1..=100_000,
+                defaults.xds.max_names_per_stream as u64,
+            )? as usize,
+            max_subscriptions: integer(
+                "server.max_xds_subscriptions",
+                &overrides.max_xds_subscriptions,
+                table.max_xds_subscriptions,
+                1..=10_000_000,
+                defaults.xds.max_subscriptions as u64,
+            )? as usize,
+        },
         max_message_bytes: integer(
             "server.max_message_bytes",
             &overrides.max_message_bytes,
@@ -523,7 +543,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -535,6 +555,8 @@ impl Settings {
             self.insecure,
             self.serve.limits.registrations_per_peer,
             self.serve.limits.consumer_streams_per_peer,
+            self.serve.limits.xds.max_names_per_stream,
+            self.serve.limits.xds.max_subscriptions,
             self.serve.limits.max_message_bytes,
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,

@@ -16,8 +16,10 @@ mod registry;
 pub mod status;
 pub mod streams;
 pub mod warmup;
+mod xds;
 
 pub use balancer::BalancerService;
 pub use policies::PoliciesService;
 pub use registry::RegistryService;
 pub use warmup::Warmup;
+pub use xds::XdsService;

@@ -147,3 +147,12 @@ impl From<MissingScope> for Status {
         Status::permission_denied(error.to_string())
     }
 }
+
+/// An xDS stream passed a bound: `RESOURCE_EXHAUSTED` for counts, `INVALID_ARGUMENT` for a
+/// name no resource can have.
+pub fn xds_refused(error: &crate::xds::StreamRefused) -> Status {
+    match error {
+        crate::xds::StreamRefused::NameTooLong { .. } => Status::invalid_argument(error.to_string()),
+        _ => Status::resource_exhausted(error.to_string()),
+    }
+}

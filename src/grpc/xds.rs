@@ -1,0 +1,103 @@
+//! `envoy.service.discovery.v3.AggregatedDiscoveryService` on rota's gRPC listener: each
+//! stream is a [`Session`] fed by the client's requests and woken by the [`Hub`].
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::peers::PeerStreams;
+use super::streams::{OpenStreams, StreamKind};
+use super::{auth, register, status};
+use crate::xds::{Hub, Session};
+
+pub struct XdsService {
+    hub: Arc<Hub>,
+    consumers: Arc<PeerStreams>,
+    streams: Arc<OpenStreams>,
+    drain: watch::Receiver<bool>,
+}
+
+impl XdsService {
+    /// Each stream takes a consumer's place per client address (`consumers`, shared with
+    /// `Watch` and `PickStream`) and among the server's `streams`.
+    pub fn new(
+        hub: Arc<Hub>,
+        consumers: Arc<PeerStreams>,
+        streams: Arc<OpenStreams>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        Self { hub, consumers, streams, drain }
+    }
+}
+
+/// Responses queued for a client that does not read: the session computes the next one only
+/// when there is room, so a slow client holds at most this many, however often things change.
+const QUEUED_RESPONSES: usize = 2;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsService {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        auth::require_pick(&request)?;
+        if *self.drain.borrow() {
+            return Err(status::Draining.into());
+        }
+        let peer = request.remote_addr();
+        let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
+        let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
+        let mut inbound = request.into_inner();
+        let mut session = Session::new(self.hub.clone(), peer.map(|p| p.to_string()).unwrap_or_default());
+        let mut generations = self.hub.generations();
+        let mut drain = self.drain.clone();
+        let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);
+        tokio::spawn(async move {
+            let _slot = slot;
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(request)) => {
+                            if let Err(refused) = session.on_request(request) {
+                                let _ = tx.send(Err(status::xds_refused(&refused))).await;
+                                return;
+                            }
+                        }
+                        Ok(None) | Err(_) => return,
+                    },
+                    changed = generations.changed() => if changed.is_err() { return },
+                    () = tx.closed() => return,
+                    () = register::draining(&mut drain) => {
+                        let _ = tx.send(Err(status::Draining.into())).await;
+                        return;
+                    }
+                }
+                for response in session.responses() {
+                    if tx.send(Ok(response)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "rota serves state-of-the-world ADS (StreamAggregatedResources) only, not incremental (delta) xDS",
+        ))
+    }
+}

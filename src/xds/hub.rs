@@ -1,0 +1,278 @@
+//! The resources every xDS stream reads, built once per change of a service, whatever the
+//! number of streams.
+//!
+//! The hub keeps, for each service some stream subscribed to, how many streams did (its
+//! *interest*) and the service's encoded resources with the fingerprint they were built from:
+//! the service's snapshot epoch, the policy in force, and the instances ejected now. One task
+//! rebuilds what changed — at once when the registry publishes, and every
+//! [`POLL`] for what changes without a publication (a policy set, a breaker tripped or an
+//! ejection ended) — and bumps a generation every stream waits on. A stream then takes the
+//! resources it subscribed to from the hub: a push costs one build per change, not one per
+//! stream.
+//!
+//! Interest is keyed by names clients send, so it is bounded: a subscription past
+//! [`XdsLimits::max_subscriptions`] across every stream is refused.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::resources::{self, ServiceResources};
+use crate::balancer::Balancer;
+use crate::policy::Policy;
+
+/// How often the hub looks for changes no publication announces.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Bounds of what xDS clients may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XdsLimits {
+    /// Resource names one stream may subscribe to, per resource type.
+    pub max_names_per_stream: usize,
+    /// Services subscribed to, summed over every stream.
+    pub max_subscriptions: usize,
+}
+
+pub const DEFAULT_MAX_NAMES_PER_STREAM: usize = 1_000;
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100_000;
+/// Longest resource name accepted.
+pub const MAX_NAME_BYTES: usize = 512;
+
+impl Default for XdsLimits {
+    fn default() -> Self {
+        Self { max_names_per_stream: DEFAULT_MAX_NAMES_PER_STREAM, max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS }
+    }
+}
+
+/// What the admin listener shows of xDS.
+#[derive(Debug, Default)]
+pub struct XdsCounters {
+    pub streams: AtomicUsize,
+    pub subscriptions: AtomicUsize,
+    pub responses: AtomicU64,
+    pub acks: AtomicU64,
+    pub nacks: AtomicU64,
+    /// Requests for a resource type rota does not serve.
+    pub unknown_types: AtomicU64,
+    /// Streams ended because a bound was reached.
+    pub refused: AtomicU64,
+    pub builds: AtomicU64,
+}
+
+/// What a service's resources were built from.
+#[derive(Debug, Clone, PartialEq)]
+struct Fingerprint {
+    epoch: u64,
+    policy: Arc<Policy>,
+    ejected: Vec<Arc<str>>,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    interest: usize,
+    built: Option<(Fingerprint, Arc<Built>)>,
+}
+
+/// One service's resources as streams send them.
+#[derive(Debug)]
+pub struct Built {
+    /// Unique to this build: a stream resends a resource when its build changed.
+    pub id: u64,
+    pub resources: ServiceResources,
+}
+
+pub struct Hub {
+    balancer: Arc<Balancer>,
+    limits: XdsLimits,
+    /// Until then, a service this server has not seen yet is withheld, not reported absent:
+    /// a restarted rota must not make clients drop resources their providers are bringing back.
+    warmup_ends: Instant,
+    entries: Mutex<HashMap<Arc<str>, Entry>>,
+    warmup_over: AtomicBool,
+    generation: watch::Sender<u64>,
+    pub counters: XdsCounters,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("limits", &self.limits).field("counters", &self.counters).finish_non_exhaustive()
+    }
+}
+
+/// The subscription was refused: past the bound across every stream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "rota already holds {limit} xDS subscriptions across every stream (server.max_xds_subscriptions); subscribe to fewer resources"
+)]
+pub struct TooManySubscriptions {
+    pub limit: usize,
+}
+
+/// A resource as a stream looks it up.
+#[derive(Debug)]
+pub enum Lookup {
+    Found(Arc<Built>),
+    /// The service does not exist (after the warm-up, or never could).
+    Absent,
+    /// Not known yet during the warm-up: answer nothing for it.
+    Pending,
+}
+
+impl Hub {
+    pub fn new(balancer: Arc<Balancer>, limits: XdsLimits, warmup: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            balancer,
+            limits,
+            warmup_ends: Instant::now() + warmup,
+            entries: Mutex::new(HashMap::new()),
+            warmup_over: AtomicBool::new(false),
+            generation: watch::Sender::new(0),
+            counters: XdsCounters::default(),
+        })
+    }
+
+    pub fn limits(&self) -> XdsLimits {
+        self.limits
+    }
+
+    /// Changes when any subscribed service's resources do.
+    pub fn generations(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds one stream's interest in each of `added` and drops it from each of `removed`;
+    /// refused, changing nothing, when the total would pass the bound.
+    pub fn interest(&self, added: &[Arc<str>], removed: &[Arc<str>]) -> Result<(), TooManySubscriptions> {
+        let mut entries = self.lock();
+        let total = self.counters.subscriptions.load(Ordering::Relaxed);
+        if total + added.len() > self.limits.max_subscriptions + removed.len() {
+            return Err(TooManySubscriptions { limit: self.limits.max_subscriptions });
+        }
+        for service in removed {
+            if let Some(entry) = entries.get_mut(service) {
+                entry.interest -= 1;
+                if entry.interest == 0 {
+                    entries.remove(service);
+                }
+            }
+        }
+        for service in added {
+            entries.entry(service.clone()).or_default().interest += 1;
+        }
+        let now = total + added.len() - removed.len();
+        self.counters.subscriptions.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The resources of `service`, built now if they were not yet.
+    pub fn lookup(&self, service: &str) -> Lookup {
+        if let Some(entry) = self.lock().get(service)
+            && let Some((_, built)) = &entry.built
+        {
+            return Lookup::Found(built.clone());
+        }
+        match self.fingerprint(service) {
+            Some((snapshot, fingerprint)) => {
+                let built = self.build(&snapshot, &fingerprint);
+                if let Some(entry) = self.lock().get_mut(service)
+                    && entry.built.is_none()
+                {
+                    entry.built = Some((fingerprint, built.clone()));
+                }
+                Lookup::Found(built)
+            }
+            None if Instant::now() < self.warmup_ends => Lookup::Pending,
+            None => Lookup::Absent,
+        }
+    }
+
+    /// What `service`'s resources would be built from now; `None` while it was never seen.
+    fn fingerprint(&self, service: &str) -> Option<(Arc<crate::registry::ServiceSnapshot>, Fingerprint)> {
+        let snapshot = self.balancer.registry().service(service).filter(|s| s.epoch > 0)?;
+        let policy = self.balancer.policies().load().for_service(service).clone();
+        let now = Instant::now();
+        let mut ejected = Vec::new();
+        if policy.ejection.enabled {
+            let ejections = self.balancer.stats().ejections(&snapshot.name);
+            if !ejections.is_empty() {
+                ejected =
+                    snapshot.instances.iter().filter(|i| ejections.contains(&i.id, now)).map(|i| i.id.clone()).collect();
+            }
+        }
+        Some((snapshot.clone(), Fingerprint { epoch: snapshot.epoch, policy, ejected }))
+    }
+
+    fn build(&self, snapshot: &crate::registry::ServiceSnapshot, fingerprint: &Fingerprint) -> Arc<Built> {
+        let id = self.counters.builds.fetch_add(1, Ordering::Relaxed) + 1;
+        let ejected = |instance: &crate::registry::Instance| fingerprint.ejected.contains(&instance.id);
+        let resources = resources::build(snapshot, &fingerprint.policy, &ejected);
+        Arc::new(Built { id, resources })
+    }
+
+    /// Rebuilds every subscribed service whose fingerprint moved; bumps the generation when one
+    /// did (or when a built service is gone).
+    pub fn refresh(&self) {
+        let services: Vec<(Arc<str>, Option<Fingerprint>)> = self
+            .lock()
+            .iter()
+            .map(|(name, entry)| (name.clone(), entry.built.as_ref().map(|(f, _)| f.clone())))
+            .collect();
+        let mut changed = false;
+        for (service, old) in services {
+            let now = self.fingerprint(&service);
+            match (now, old) {
+                (Some((_, new)), Some(old)) if new == old => {}
+                (Some((snapshot, new)), _) => {
+                    let built = self.build(&snapshot, &new);
+                    if let Some(entry) = self.lock().get_mut(&service) {
+                        entry.built = Some((new, built));
+                        changed = true;
+                    }
+                }
+                (None, Some(_)) => {
+                    if let Some(entry) = self.lock().get_mut(&service) {
+                        entry.built = None;
+                        changed = true;
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+        if changed || Instant::now() >= self.warmup_ends && self.pending_warmup_end() {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// True once, at the first refresh after the warm-up: withheld answers are due.
+    fn pending_warmup_end(&self) -> bool {
+        !self.warmup_over.swap(true, Ordering::Relaxed)
+    }
+
+    /// The task that keeps the hub current, for as long as the hub lives.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let hub = Arc::downgrade(self);
+        let mut changes = self.balancer.registry().changes();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = tick.tick() => {}
+                }
+                let Some(hub) = hub.upgrade() else { return };
+                if hub.counters.subscriptions.load(Ordering::Relaxed) > 0 || Instant::now() < hub.warmup_ends {
+                    hub.refresh();
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,213 @@
+//! One ADS stream, state of the world: what the client subscribed to, what it was sent, and
+//! what is due.
+//!
+//! Per resource type the session keeps the names subscribed and the resources last sent (each
+//! with the build it came from). A request changes the names (the client's whole wish, also
+//! when its nonce is stale), acknowledges or rejects the last response when its nonce is that
+//! response's, or asks for a type rota does not serve (ignored, as the protocol says). A
+//! response of a type is due when its names changed, or when a resource it covers was rebuilt,
+//! appeared or went away; it holds every subscribed resource that exists (an absent one is
+//! simply not in it, which is how xDS says "does not exist"). During the start-up warm-up, a
+//! type with a name of a service not seen yet is not answered, so that a client keeps what an
+//! earlier rota told it while providers re-register.
+//!
+//! A rejected response (NACK) is counted and logged once per stream; nothing is resent for it,
+//! so a client that rejects in a loop costs one counter increment per request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use tracing::warn;
+
+use super::hub::{Hub, Lookup, MAX_NAME_BYTES, TooManySubscriptions};
+use super::resources::{Kind, parse_name};
+use crate::registry::truncate;
+
+/// Why a stream is ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamRefused {
+    #[error(
+        "an xDS request names {count} {kind} resources; the limit is {limit} per stream (server.max_xds_names_per_stream)"
+    )]
+    TooManyNames { kind: &'static str, count: usize, limit: usize },
+    #[error("an xDS resource name is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
+    NameTooLong { len: usize },
+    #[error(transparent)]
+    TooManySubscriptions(#[from] TooManySubscriptions),
+}
+
+#[derive(Debug, Default)]
+struct TypeState {
+    requested: bool,
+    names: BTreeSet<String>,
+    /// The names changed since the last response.
+    dirty: bool,
+    /// Nonce of the last response, and each resource it held with its build.
+    sent: Option<(String, Vec<(String, u64)>)>,
+    /// Responses sent of this type: the next `version_info`.
+    versions: u64,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    hub: Arc<Hub>,
+    types: [TypeState; 4],
+    /// Services subscribed to through any type, with how many names name each.
+    services: BTreeMap<Arc<str>, usize>,
+    nonces: u64,
+    nack_logged: bool,
+    peer: String,
+}
+
+impl Session {
+    pub fn new(hub: Arc<Hub>, peer: String) -> Self {
+        hub.counters.streams.fetch_add(1, Ordering::Relaxed);
+        Self {
+            hub,
+            types: Default::default(),
+            services: BTreeMap::new(),
+            nonces: 0,
+            nack_logged: false,
+            peer,
+        }
+    }
+
+    /// Takes one request in; what it makes due is in the next [`Session::responses`].
+    /// Refused, changing nothing, when it passes a bound.
+    pub fn on_request(&mut self, request: DiscoveryRequest) -> Result<(), StreamRefused> {
+        let counters = &self.hub.counters;
+        let Some(kind) = Kind::from_type_url(&request.type_url) else {
+            counters.unknown_types.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let limit = self.hub.limits().max_names_per_stream;
+        if request.resource_names.len() > limit {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StreamRefused::TooManyNames { kind: kind.label(), count: request.resource_names.len(), limit });
+        }
+        if let Some(long) = request.resource_names.iter().find(|n| n.len() > MAX_NAME_BYTES) {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StreamRefused::NameTooLong { len: long.len() });
+        }
+        let state = &self.types[kind.index()];
+        if let Some((nonce, _)) = &state.sent
+            && !request.response_nonce.is_empty()
+            && *nonce == request.response_nonce
+        {
+            match &request.error_detail {
+                Some(error) => {
+                    counters.nacks.fetch_add(1, Ordering::Relaxed);
+                    if !self.nack_logged {
+                        self.nack_logged = true;
+                        warn!(peer = %self.peer, kind = kind.label(), error = %truncate(&error.message),
+                            "an xDS client rejected rota's resources (logged once per stream)");
+                    }
+                }
+                None => {
+                    counters.acks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let names: BTreeSet<String> = request.resource_names.into_iter().collect();
+        if state.requested && names == state.names {
+            return Ok(());
+        }
+        self.resubscribe(kind, names)?;
+        Ok(())
+    }
+
+    /// Replaces the names of `kind`, moving the hub's interest with them.
+    fn resubscribe(&mut self, kind: Kind, names: BTreeSet<String>) -> Result<(), StreamRefused> {
+        let services_of = |names: &BTreeSet<String>| -> BTreeMap<Arc<str>, usize> {
+            let mut services = BTreeMap::new();
+            for name in names {
+                if let Some((service, _)) = parse_name(kind, name) {
+                    *services.entry(Arc::from(service)).or_default() += 1;
+                }
+            }
+            services
+        };
+        let old = services_of(&self.types[kind.index()].names);
+        let new = services_of(&names);
+        let mut next = self.services.clone();
+        for (service, count) in &old {
+            let entry = next.get_mut(service).expect("a subscribed service is counted");
+            *entry -= count;
+            if *entry == 0 {
+                next.remove(service);
+            }
+        }
+        for (service, count) in &new {
+            *next.entry(service.clone()).or_default() += count;
+        }
+        let added: Vec<Arc<str>> = next.keys().filter(|s| !self.services.contains_key(*s)).cloned().collect();
+        let removed: Vec<Arc<str>> = self.services.keys().filter(|s| !next.contains_key(*s)).cloned().collect();
+        self.hub.interest(&added, &removed)?;
+        self.services = next;
+        let state = &mut self.types[kind.index()];
+        state.names = names;
+        state.requested = true;
+        state.dirty = true;
+        Ok(())
+    }
+
+    /// The responses due now, at most one per type.
+    pub fn responses(&mut self) -> Vec<DiscoveryResponse> {
+        let mut due = Vec::new();
+        for kind in Kind::ALL {
+            let state = &self.types[kind.index()];
+            if !state.requested {
+                continue;
+            }
+            let mut resources = Vec::new();
+            let mut pending = false;
+            for name in &state.names {
+                let Some((service, _)) = parse_name(kind, name) else { continue };
+                match self.hub.lookup(service) {
+                    Lookup::Found(built) => {
+                        if let Some(resource) = built.resources.get(kind, name) {
+                            resources.push((name.clone(), built.id, resource.clone()));
+                        }
+                    }
+                    Lookup::Absent => {}
+                    Lookup::Pending => pending = true,
+                }
+            }
+            if pending {
+                continue;
+            }
+            let content: Vec<(String, u64)> = resources.iter().map(|(name, id, _)| (name.clone(), *id)).collect();
+            if !state.dirty && state.sent.as_ref().is_some_and(|(_, sent)| *sent == content) {
+                continue;
+            }
+            self.nonces += 1;
+            let nonce = self.nonces.to_string();
+            let state = &mut self.types[kind.index()];
+            state.versions += 1;
+            state.dirty = false;
+            state.sent = Some((nonce.clone(), content));
+            self.hub.counters.responses.fetch_add(1, Ordering::Relaxed);
+            due.push(DiscoveryResponse {
+                version_info: state.versions.to_string(),
+                resources: resources.into_iter().map(|(_, _, resource)| resource).collect(),
+                type_url: kind.type_url().to_string(),
+                nonce,
+                ..Default::default()
+            });
+        }
+        due
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let removed: Vec<Arc<str>> = self.services.keys().cloned().collect();
+        let _ = self.hub.interest(&[], &removed);
+        self.hub.counters.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -135,6 +135,10 @@ impl Hub {
         })
     }
 
+    pub fn balancer(&self) -> &Arc<Balancer> {
+        &self.balancer
+    }
+
     pub fn limits(&self) -> XdsLimits {
         self.limits
     }
@@ -203,8 +207,12 @@ impl Hub {
         if policy.ejection.enabled {
             let ejections = self.balancer.stats().ejections(&snapshot.name);
             if !ejections.is_empty() {
-                ejected =
-                    snapshot.instances.iter().filter(|i| ejections.contains(&i.id, now)).map(|i| i.id.clone()).collect();
+                ejected = snapshot
+                    .instances
+                    .iter()
+                    .filter(|i| ejections.contains(&i.id, now))
+                    .map(|i| i.id.clone())
+                    .collect();
             }
         }
         Some((snapshot.clone(), Fingerprint { epoch: snapshot.epoch, policy, ejected }))

@@ -253,7 +253,8 @@ fn no_version_target(snapshot: &ServiceSnapshot, policy: &Policy) -> Subset {
 fn route_resource(snapshot: &ServiceSnapshot, policy: &Policy, lb: LbChoice) -> route::RouteConfiguration {
     let service = &*snapshot.name;
     let fallback = no_version_target(snapshot, policy);
-    let mut versions: Vec<&Arc<str>> = snapshot.versions.iter().filter(|(_, s)| !s.is_empty()).map(|(v, _)| v).collect();
+    let mut versions: Vec<&Arc<str>> =
+        snapshot.versions.iter().filter(|(_, s)| !s.is_empty()).map(|(v, _)| v).collect();
     versions.sort_unstable();
     let hash_policy = match lb {
         LbChoice::RingHash => vec![route::route_action::HashPolicy {
@@ -304,17 +305,19 @@ fn route_resource(snapshot: &ServiceSnapshot, policy: &Policy, lb: LbChoice) -> 
         ..Default::default()
     });
     let plain = match gray_targets(snapshot, policy, &fallback) {
-        Some(weights) if weights.len() > 1 => route::route_action::ClusterSpecifier::WeightedClusters(route::WeightedCluster {
-            clusters: weights
-                .into_iter()
-                .map(|(subset, weight)| route::weighted_cluster::ClusterWeight {
-                    name: cluster_name(service, &subset),
-                    weight: Some(UInt32Value { value: weight }),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }),
+        Some(weights) if weights.len() > 1 => {
+            route::route_action::ClusterSpecifier::WeightedClusters(route::WeightedCluster {
+                clusters: weights
+                    .into_iter()
+                    .map(|(subset, weight)| route::weighted_cluster::ClusterWeight {
+                        name: cluster_name(service, &subset),
+                        weight: Some(UInt32Value { value: weight }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+        }
         Some(weights) => to(&weights[0].0),
         None => to(&fallback),
     };
@@ -402,9 +405,10 @@ fn cluster_resource(name: &str, service: &str, service_policy: &Policy, lb: LbCh
     };
     let round_robin = policy("round_robin", encode(&lb::round_robin::v3::RoundRobin::default()));
     let (legacy, policies) = match lb {
-        LbChoice::RingHash => {
-            (cluster::cluster::LbPolicy::RingHash, vec![policy("ring_hash", encode(&lb::ring_hash::v3::RingHash::default()))])
-        }
+        LbChoice::RingHash => (
+            cluster::cluster::LbPolicy::RingHash,
+            vec![policy("ring_hash", encode(&lb::ring_hash::v3::RingHash::default()))],
+        ),
         LbChoice::LeastRequest | LbChoice::RoundRobin => {
             let mut picking = vec![policy("rota", encode(&rota))];
             if lb == LbChoice::LeastRequest {

@@ -64,14 +64,7 @@ pub struct Session {
 impl Session {
     pub fn new(hub: Arc<Hub>, peer: String) -> Self {
         hub.counters.streams.fetch_add(1, Ordering::Relaxed);
-        Self {
-            hub,
-            types: Default::default(),
-            services: BTreeMap::new(),
-            nonces: 0,
-            nack_logged: false,
-            peer,
-        }
+        Self { hub, types: Default::default(), services: BTreeMap::new(), nonces: 0, nack_logged: false, peer }
     }
 
     /// Takes one request in; what it makes due is in the next [`Session::responses`].

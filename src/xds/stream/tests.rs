@@ -1,1 +1,222 @@
+//! Sessions against a live registry and hub, on paused time.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::google::rpc;
+use prost::Message;
+
 use super::*;
+use crate::balancer::Balancer;
+use crate::registry::{InstanceRef, InstanceSpec, Lease, Registry, RegistryConfig};
+use crate::xds::XdsLimits;
+use crate::xds::resources::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+
+fn spec(id: &str, version: &str) -> InstanceSpec {
+    InstanceSpec {
+        id: id.into(),
+        service: "echo".into(),
+        host: "127.0.0.1".into(),
+        port: 80,
+        version: version.into(),
+        ..Default::default()
+    }
+}
+
+async fn hub_with(specs: Vec<InstanceSpec>, limits: XdsLimits, warmup: Duration) -> (Arc<Hub>, Lease) {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    if !specs.is_empty() {
+        let outcome = lease.announce(specs).await.unwrap();
+        assert!(outcome.refused.is_empty(), "{outcome:?}");
+    }
+    let hub = Hub::new(Arc::new(Balancer::with_defaults(registry)), limits, warmup);
+    (hub, lease)
+}
+
+fn ask(type_url: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: type_url.to_string(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.to_string(),
+        ..Default::default()
+    }
+}
+
+fn endpoint_ids(response: &DiscoveryResponse) -> Vec<String> {
+    let assignment = ClusterLoadAssignment::decode(&*response.resources[0].value).unwrap();
+    let mut ids: Vec<String> = assignment
+        .endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .map(|e| match &e.host_identifier {
+            Some(envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                ep.hostname.clone()
+            }
+            _ => String::new(),
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subscription_is_answered_once_and_again_only_when_its_resources_change() {
+    let (hub, lease) =
+        hub_with(vec![spec("echo-a", ""), spec("echo-b", "")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
+    let first = session.responses();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].type_url, ENDPOINT_TYPE);
+    assert_eq!(endpoint_ids(&first[0]), ["echo-a", "echo-b"]);
+    // The ACK changes nothing; nothing is due.
+    session.on_request(ask(ENDPOINT_TYPE, &["echo"], &first[0].nonce)).unwrap();
+    assert!(session.responses().is_empty());
+    assert_eq!(hub.counters.acks.load(Ordering::Relaxed), 1);
+
+    // A withdrawal: the hub rebuilds once, and the session sends the new assignment.
+    lease.withdraw(vec![InstanceRef { service: "echo".into(), id: "echo-b".into() }]).await.unwrap();
+    hub.refresh();
+    let next = session.responses();
+    assert_eq!(next.len(), 1);
+    assert_eq!(endpoint_ids(&next[0]), ["echo-a"]);
+    assert_ne!(next[0].version_info, first[0].version_info);
+    assert_ne!(next[0].nonce, first[0].nonce);
+    // A refresh with nothing changed builds nothing and sends nothing.
+    let builds = hub.counters.builds.load(Ordering::Relaxed);
+    hub.refresh();
+    assert_eq!(hub.counters.builds.load(Ordering::Relaxed), builds);
+    assert!(session.responses().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_sessions_share_one_build_per_change() {
+    let (hub, lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
+    let mut sessions: Vec<Session> = (0..50).map(|i| Session::new(hub.clone(), format!("s{i}"))).collect();
+    for session in &mut sessions {
+        session.on_request(ask(CLUSTER_TYPE, &["echo", "echo/none"], "")).unwrap();
+        assert_eq!(session.responses()[0].resources.len(), 2);
+    }
+    assert_eq!(hub.counters.builds.load(Ordering::Relaxed), 1);
+    lease.announce(vec![spec("echo-b", "")]).await.unwrap();
+    hub.refresh();
+    assert_eq!(hub.counters.builds.load(Ordering::Relaxed), 2);
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 50, "one service per session");
+    drop(sessions);
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 0);
+    assert_eq!(hub.counters.streams.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_names_and_services_are_answered_as_absent() {
+    let (hub, _lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(LISTENER_TYPE, &["echo", "nobody", "not a name!", "echo/any"], "")).unwrap();
+    let response = session.responses();
+    assert_eq!(response.len(), 1);
+    assert_eq!(response[0].resources.len(), 1, "only echo's listener exists");
+    // A type rota does not serve is ignored and counted.
+    session.on_request(ask("type.googleapis.com/nothing.Here", &["x"], "")).unwrap();
+    assert!(session.responses().is_empty());
+    assert_eq!(hub.counters.unknown_types.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nack_is_counted_and_nothing_is_resent_for_it() {
+    let (hub, _lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(CLUSTER_TYPE, &["echo"], "")).unwrap();
+    let sent = session.responses();
+    for _ in 0..100 {
+        let mut nack = ask(CLUSTER_TYPE, &["echo"], &sent[0].nonce);
+        nack.error_detail = Some(rpc::Status { code: 3, message: "no".into(), details: vec![] });
+        session.on_request(nack).unwrap();
+        assert!(session.responses().is_empty());
+    }
+    assert_eq!(hub.counters.nacks.load(Ordering::Relaxed), 100);
+    // A stale nonce is neither an ACK nor a NACK.
+    session.on_request(ask(CLUSTER_TYPE, &["echo"], "999")).unwrap();
+    assert_eq!(hub.counters.acks.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bounds_refuse_and_change_nothing() {
+    let limits = XdsLimits { max_names_per_stream: 3, max_subscriptions: 4 };
+    let (hub, _lease) = hub_with(vec![spec("echo-a", "")], limits, Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    let refused = session.on_request(ask(CLUSTER_TYPE, &["a", "b", "c", "d"], "")).unwrap_err();
+    assert_eq!(refused, StreamRefused::TooManyNames { kind: "cluster", count: 4, limit: 3 });
+    let long = "x".repeat(MAX_NAME_BYTES + 1);
+    assert_eq!(
+        session.on_request(ask(CLUSTER_TYPE, &[&long], "")).unwrap_err(),
+        StreamRefused::NameTooLong { len: MAX_NAME_BYTES + 1 }
+    );
+    session.on_request(ask(CLUSTER_TYPE, &["s1", "s2", "s3"], "")).unwrap();
+    let mut other = Session::new(hub.clone(), "other".into());
+    other.on_request(ask(LISTENER_TYPE, &["s4"], "")).unwrap();
+    // A fifth service across both streams passes the total.
+    let refused = other.on_request(ask(LISTENER_TYPE, &["s4", "s5"], "")).unwrap_err();
+    assert!(matches!(refused, StreamRefused::TooManySubscriptions(_)), "{refused:?}");
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 4, "the refused request changed nothing");
+    // Replacing names within the bound is fine: s4 → s5.
+    other.on_request(ask(LISTENER_TYPE, &["s5"], "")).unwrap();
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn during_the_warmup_a_service_not_seen_yet_is_withheld_not_absent() {
+    let (hub, lease) = hub_with(vec![], XdsLimits::default(), Duration::from_secs(10)).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(LISTENER_TYPE, &["echo"], "")).unwrap();
+    assert!(session.responses().is_empty(), "withheld: the client keeps what it had");
+    lease.announce(vec![spec("echo-a", "")]).await.unwrap();
+    hub.refresh();
+    let response = session.responses();
+    assert_eq!(response.len(), 1);
+    assert_eq!(response[0].resources.len(), 1);
+
+    // Another service, still unseen when the warm-up ends: answered absent then.
+    let mut late = Session::new(hub.clone(), "late".into());
+    late.on_request(ask(LISTENER_TYPE, &["other"], "")).unwrap();
+    assert!(late.responses().is_empty());
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let response = late.responses();
+    assert_eq!(response.len(), 1);
+    assert!(response[0].resources.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tripped_breaker_is_pushed_and_its_end_too() {
+    let (hub, _lease) = hub_with(
+        vec![spec("echo-a", ""), spec("echo-b", ""), spec("echo-c", "")],
+        XdsLimits::default(),
+        Duration::ZERO,
+    )
+    .await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
+    let healthy = |response: &DiscoveryResponse| -> Vec<String> {
+        let assignment = ClusterLoadAssignment::decode(&*response.resources[0].value).unwrap();
+        assignment
+            .endpoints
+            .iter()
+            .flat_map(|l| &l.lb_endpoints)
+            .filter(|e| e.health_status == envoy_types::pb::envoy::config::core::v3::HealthStatus::Healthy as i32)
+            .filter_map(|e| match &e.host_identifier {
+                Some(envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                    Some(ep.hostname.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(healthy(&session.responses()[0]).len(), 3);
+    let ejections = hub.balancer().stats().ejections(&Arc::from("echo"));
+    ejections.set(&Arc::from("echo-b"), Some(tokio::time::Instant::now() + Duration::from_secs(10)));
+    hub.refresh();
+    assert_eq!(healthy(&session.responses()[0]), ["echo-a", "echo-c"]);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    hub.refresh();
+    assert_eq!(healthy(&session.responses()[0]).len(), 3, "the ejection ended without a publication");
+}

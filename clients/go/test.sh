@@ -12,6 +12,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 go version
 go mod download
+# The xDS conformance runner is a module of its own (xds/, grpc-go's xDS client); gofmt below
+# covers it, go vet and staticcheck are run in it too.
+(cd xds && go mod download)
 
 unformatted="$(gofmt -l .)"
 if [[ -n "$unformatted" ]]; then
@@ -21,8 +24,10 @@ if [[ -n "$unformatted" ]]; then
 fi
 
 go vet ./...
+(cd xds && go vet ./...)
 # staticcheck, pinned, built from the Go module proxy (go.mod is not touched).
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+(cd xds && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
 
 # The tests read the server binary from ROTA_BIN; build it here when unset, so that a cold
 # cargo build does not count against go test's timeout.
@@ -36,6 +41,10 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 go test ./... -count=1 -race -v -timeout 8m 2>&1 | tee "$log" || status=$?
+# The xDS scenarios (../conformance/xds) with grpc-go's standard xDS client, rota as its
+# control plane; each scenario's consumer is a child process of the test binary. Without the
+# race detector: its build of the xDS client and the child processes would double the stage.
+(cd xds && go test ./... -count=1 -v -timeout 4m) 2>&1 | tee -a "$log" || status=$?
 passed="$(grep -c -- '--- PASS' "$log" || true)"
 failed="$(grep -c -- '--- FAIL' "$log" || true)"
 echo "go: $passed passed, $failed failed"

@@ -2,7 +2,9 @@
 # Builds the rota Java client (generating the gRPC stubs from proto/rota/v1/rota.proto), the
 # Spring Cloud module and the examples, runs every test against live rota servers and installs
 # the artifacts into the local Maven repository; then runs README.md's quick start in a fresh
-# Maven project that depends on the installed client (scripts/quickstart.sh).
+# Maven project that depends on the installed client (scripts/quickstart.sh). The xDS scenarios
+# (clients/conformance/xds/*.json, grpc-java's own xDS client against rota's ADS) run in the
+# module rota-xds-conformance, which installs nothing.
 #
 # The server binary is ROTA_BIN (an absolute path); without it, `cargo build --bin rota` runs in
 # the repository root and target/debug/rota is used.
@@ -31,7 +33,7 @@ mvn "${args[@]}" clean install || status=$?
 # tests must have run some: one module losing all its tests must not hide behind the other's.
 count() { sed -nE "s/.* $1=\"([0-9]+)\".*/\1/p" <<<"$suite"; }
 tests=0 failed=0 skipped=0 empty=()
-for module in rota-client rota-spring-cloud; do
+for module in rota-client rota-spring-cloud rota-xds-conformance; do
   ran=0
   for report in "$module"/target/surefire-reports/TEST-*.xml; do
     [[ -e "$report" ]] || continue

@@ -1,21 +1,17 @@
 package channel
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	rota "github.com/rota-lb/rota/clients/go"
+	"github.com/rota-lb/rota/clients/go/internal/rotaproc"
 )
 
 func TestMain(m *testing.M) {
@@ -27,61 +23,27 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// rotaServer is one `rota serve` process on a loopback port.
+// rotaServer is one `rota serve` process on a loopback port (internal/rotaproc, shared with
+// the xDS conformance runner).
 type rotaServer struct {
 	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *rotaproc.Server
 }
 
 // startRota runs `rota serve` on listen (127.0.0.1:0 for a free port), stopped when the test
 // ends.
 func startRota(t *testing.T, listen string) *rotaServer {
 	t.Helper()
-	bin := os.Getenv("ROTA_BIN")
-	if bin == "" {
-		root, _ := filepath.Abs(filepath.Join("..", "..", ".."))
-		bin = filepath.Join(root, "target", "debug", "rota")
-	}
-	cmd := exec.Command(bin, "serve", "--listen", listen)
-	// No start-up warm-up: the run registers its instances before anything follows them.
-	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off", "ROTA_WARMUP=0s")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
+	proc, err := rotaproc.Start(rotaproc.Binary(filepath.Join("..", "..", "..")), listen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s (set ROTA_BIN): %v", bin, err)
-	}
-	s := &rotaServer{cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	t.Cleanup(s.stop)
-	lines := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(stdout)
-		line, _ := r.ReadString('\n')
-		lines <- line
-		_, _ = io.Copy(io.Discard, r)
-	}()
-	select {
-	case line := <-lines:
-		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-		if !ok {
-			t.Fatalf("rota serve printed %q", line)
-		}
-		s.addr = addr
-	case <-time.After(30 * time.Second):
-		t.Fatal("rota serve printed no address within 30s")
-	}
-	return s
+	t.Cleanup(proc.Stop)
+	return &rotaServer{addr: proc.Addr, proc: proc}
 }
 
 // stop kills the server and waits for it to exit.
-func (s *rotaServer) stop() {
-	_ = s.cmd.Process.Kill()
-	<-s.done
-}
+func (s *rotaServer) stop() { s.proc.Stop() }
 
 // restartRota starts a new server on the address of a stopped one.
 func restartRota(t *testing.T, old *rotaServer) *rotaServer {

@@ -27,13 +27,14 @@ import rota.echo.v1.EchoOuterClass.EchoRequest;
 /**
  * Echo servers on loopback ports, each answering with its id, recording every RPC it receives;
  * a server can be made to hang (keep its connections, answer nothing) until the fleet closes.
+ * Public for the xDS conformance runner (rota-xds-conformance), which uses this test-jar.
  */
-final class EchoFleet implements AutoCloseable {
+public final class EchoFleet implements AutoCloseable {
     /** One RPC as an echo server saw it; {@code hung}: the server had hung, and left it unanswered. */
-    record Received(String instance, String ticket, long nanos, boolean hung) {
+    public record Received(String instance, String ticket, long nanos, boolean hung) {
     }
 
-    final ConcurrentLinkedQueue<Received> received = new ConcurrentLinkedQueue<>();
+    public final ConcurrentLinkedQueue<Received> received = new ConcurrentLinkedQueue<>();
     final Map<String, Server> servers = new ConcurrentHashMap<>();
     /** Ids of the servers that hang. */
     private final Set<String> hung = ConcurrentHashMap.newKeySet();
@@ -41,7 +42,7 @@ final class EchoFleet implements AutoCloseable {
     private final ConcurrentLinkedQueue<StreamObserver<?>> held = new ConcurrentLinkedQueue<>();
 
     /** Starts an echo server answering as {@code id}; returns its port. */
-    int start(String id) throws IOException {
+    public int start(String id) throws IOException {
         ServerInterceptor recorder = new ServerInterceptor() {
             @Override
             public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers, ServerCallHandler<Q, R> next) {
@@ -61,7 +62,7 @@ final class EchoFleet implements AutoCloseable {
      * A loopback port where nothing listens: bound, noted and closed (connections to it are
      * refused).
      */
-    static int unreachablePort() throws IOException {
+    public static int unreachablePort() throws IOException {
         try (ServerSocket socket = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
             return socket.getLocalPort();
         }
@@ -71,23 +72,23 @@ final class EchoFleet implements AutoCloseable {
      * Makes one server hang, as a stopped process would: its connections stay open and every
      * call it receives from now on waits, unanswered, until the fleet closes.
      */
-    void hang(String id) {
+    public void hang(String id) {
         hung.add(id);
     }
 
     /** A hung server answers the calls it receives from now on (those it holds stay unanswered). */
-    void resume(String id) {
+    public void resume(String id) {
         hung.remove(id);
     }
 
     /** Stops one server at once: its port refuses connections from now on. */
-    void kill(String id) throws InterruptedException {
+    public void kill(String id) throws InterruptedException {
         Server server = servers.remove(id);
         server.shutdownNow();
         server.awaitTermination(10, TimeUnit.SECONDS);
     }
 
-    List<Received> since(long nanos) {
+    public List<Received> since(long nanos) {
         List<Received> out = new ArrayList<>();
         for (Received r : received) {
             if (r.nanos() - nanos >= 0) {

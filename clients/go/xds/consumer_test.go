@@ -1,0 +1,217 @@
+package xds
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	// The standard xDS client: registers the xds:/// resolver and the xDS balancers.
+	_ "google.golang.org/grpc/xds"
+
+	"github.com/rota-lb/rota/clients/go/channel/echo"
+	"github.com/rota-lb/rota/clients/go/internal/rotaproc"
+)
+
+// consumerEnv, when set, makes the test binary a consumer process: its value is the target
+// (xds:///SERVICE), and GRPC_XDS_BOOTSTRAP names the bootstrap file.
+const consumerEnv = "ROTA_XDS_CONSUMER"
+
+// batch is one request to a consumer process: make Calls calls, one after another.
+type batch struct {
+	Calls      int    `json:"calls"`
+	Version    string `json:"version,omitempty"`
+	DeadlineMS int    `json:"deadline_ms"`
+}
+
+// callLine is one call's outcome as a consumer process prints it.
+type callLine struct {
+	// Start is when the call started, in Unix nanoseconds (the wall clock is the machine's, so
+	// the runner can compare it with its own).
+	Start    int64  `json:"start"`
+	Instance string `json:"instance,omitempty"`
+	Code     uint32 `json:"code,omitempty"`
+	Message  string `json:"message,omitempty"`
+}
+
+// result is one call of a consumer: the instance that answered, or the failure.
+type result struct {
+	start    time.Time
+	instance string
+	err      error
+}
+
+// consumerMain runs in a consumer process: one channel to the target through grpc-go's xDS
+// client, kept until standard input ends; each batch read from standard input is answered with
+// one line per call.
+func consumerMain() int {
+	conn, err := grpc.NewClient(os.Getenv(consumerEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		return 2
+	}
+	defer conn.Close()
+	in := bufio.NewScanner(os.Stdin)
+	out := bufio.NewWriter(os.Stdout)
+	enc := json.NewEncoder(out)
+	for in.Scan() {
+		var b batch
+		if err := json.Unmarshal(in.Bytes(), &b); err != nil {
+			fmt.Fprintln(os.Stderr, "consumer:", err)
+			return 2
+		}
+		for i := 0; i < b.Calls; i++ {
+			start := time.Now()
+			r := echo.Calls(context.Background(), conn, 1, b.Version, time.Duration(b.DeadlineMS)*time.Millisecond)[0]
+			line := callLine{Start: start.UnixNano(), Instance: r.Instance}
+			if r.Err != nil {
+				st := status.Convert(r.Err)
+				line = callLine{Start: start.UnixNano(), Code: uint32(st.Code()), Message: st.Message()}
+			}
+			if err := enc.Encode(line); err != nil {
+				fmt.Fprintln(os.Stderr, "consumer:", err)
+				return 2
+			}
+		}
+		if err := out.Flush(); err != nil {
+			fmt.Fprintln(os.Stderr, "consumer:", err)
+			return 2
+		}
+	}
+	if err := in.Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		return 2
+	}
+	return 0
+}
+
+// consumer is a consumer process: the test binary run with consumerEnv set.
+type consumer struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Scanner
+	stderr *rotaproc.Tail
+	// logFile, when not nil, gets the whole log; closed once the process has exited.
+	logFile *os.File
+	once    sync.Once
+	err     error
+}
+
+// startConsumer starts a consumer process of target with the bootstrap file; logFile, when
+// not empty, gets all the process writes to its standard error.
+func startConsumer(target, bootstrap, logFile string) (*consumer, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), consumerEnv+"="+target, "GRPC_XDS_BOOTSTRAP="+bootstrap)
+	rotaproc.SetParentDeathSignal(cmd)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	c := &consumer{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout), stderr: &rotaproc.Tail{Limit: 256 << 10}}
+	cmd.Stderr = c.stderr
+	if logFile != "" {
+		f, err := os.Create(logFile)
+		if err != nil {
+			return nil, err
+		}
+		c.logFile = f
+		cmd.Stderr = io.MultiWriter(c.stderr, f)
+	}
+	if err := cmd.Start(); err != nil {
+		if c.logFile != nil {
+			_ = c.logFile.Close()
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// calls has the process make n calls and returns their outcomes, in order; ctx bounds the wait.
+func (c *consumer) calls(ctx context.Context, n int, version string, deadline time.Duration) ([]result, error) {
+	line, err := json.Marshal(batch{Calls: n, Version: version, DeadlineMS: int(deadline / time.Millisecond)})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.stdin.Write(append(line, '\n')); err != nil {
+		return nil, fmt.Errorf("consumer process: %w", err)
+	}
+	type answer struct {
+		results []result
+		err     error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		var results []result
+		for len(results) < n && c.stdout.Scan() {
+			var l callLine
+			if err := json.Unmarshal(c.stdout.Bytes(), &l); err != nil {
+				done <- answer{nil, fmt.Errorf("consumer process printed %q: %w", c.stdout.Text(), err)}
+				return
+			}
+			r := result{start: time.Unix(0, l.Start), instance: l.Instance}
+			if l.Instance == "" {
+				r.err = status.Error(codes.Code(l.Code), l.Message)
+			}
+			results = append(results, r)
+		}
+		if len(results) < n {
+			done <- answer{nil, errors.New("consumer process ended its output early")}
+			return
+		}
+		done <- answer{results, nil}
+	}()
+	select {
+	case a := <-done:
+		return a.results, a.err
+	case <-ctx.Done():
+		// The reader goroutine ends when close kills the process.
+		return nil, fmt.Errorf("consumer process: %d calls not answered: %w", n, ctx.Err())
+	}
+}
+
+// close ends the process (its standard input first, then, after a while, a kill) and returns
+// an error if it did not exit cleanly; later calls return the same.
+func (c *consumer) close() error {
+	c.once.Do(func() {
+		c.err = c.end()
+		if c.logFile != nil {
+			_ = c.logFile.Close()
+		}
+	})
+	return c.err
+}
+
+func (c *consumer) end() error {
+	_ = c.stdin.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- c.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			return fmt.Errorf("consumer process: %w", err)
+		}
+		return nil
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-exited
+		return errors.New("consumer process did not exit within 5s of its input's end")
+	}
+}
+
+// log is the tail of what the process wrote to its standard error (grpc-go's logs).
+func (c *consumer) log() string { return strings.TrimSpace(c.stderr.String()) }

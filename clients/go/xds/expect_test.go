@@ -1,0 +1,132 @@
+package xds
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/grpc/status"
+
+	"github.com/rota-lb/rota/clients/go/channel/echo"
+)
+
+// expect is a calls step's expectations (../channel/README.md, plus codes).
+type expect struct {
+	Failures      *int     `json:"failures"`
+	ErrorContains string   `json:"error_contains"`
+	Codes         []string `json:"codes"`
+	Only          []string `json:"only"`
+	Never         []string `json:"never"`
+	Spread        bool     `json:"spread"`
+	// Counts: exactly this many calls reached each id, and none reached another.
+	Counts map[string]int `json:"counts"`
+	// Balanced: every id in Only answered, and the counts differ by at most max(2, N/10).
+	Balanced bool `json:"balanced"`
+}
+
+// codeName is a status code's canonical name, as the scenarios write it (UNAVAILABLE, …).
+func codeName(err error) string { return code.Code(status.Code(err)).String() }
+
+// checkExpect checks a calls step's expectations against what the consumers saw (results)
+// and what the instances answered (calls).
+func checkExpect(e *expect, results []result, calls []echo.Call) error {
+	if e == nil {
+		return nil
+	}
+	failures := 0
+	var reached []string
+	for _, r := range results {
+		if r.err == nil {
+			reached = append(reached, r.instance)
+			continue
+		}
+		failures++
+		if e.ErrorContains != "" && !strings.Contains(status.Convert(r.err).Message(), e.ErrorContains) {
+			return fmt.Errorf("a call failed with %v, which does not mention %q", r.err, e.ErrorContains)
+		}
+		if len(e.Codes) > 0 && !slices.Contains(e.Codes, codeName(r.err)) {
+			return fmt.Errorf("a call failed with %s, not one of %v: %v", codeName(r.err), e.Codes, r.err)
+		}
+	}
+	if e.Failures != nil && failures != *e.Failures {
+		// Each distinct error once, with how many calls it failed.
+		counts := map[string]int{}
+		var msgs []string
+		for _, r := range results {
+			if r.err != nil {
+				if counts[r.err.Error()]++; counts[r.err.Error()] == 1 {
+					msgs = append(msgs, r.err.Error())
+				}
+			}
+		}
+		for i, m := range msgs {
+			msgs[i] = fmt.Sprintf("%d× %s", counts[m], m)
+		}
+		return fmt.Errorf("%d calls failed, want %d: %s", failures, *e.Failures, strings.Join(msgs, "; "))
+	}
+	if len(calls) != len(reached) {
+		return fmt.Errorf("the instances answered %d calls, the consumers saw %d answers", len(calls), len(reached))
+	}
+	got := map[string]int{}
+	for _, id := range reached {
+		got[id]++
+		if len(e.Only) > 0 && !slices.Contains(e.Only, id) {
+			return fmt.Errorf("a call reached %s, outside %v: %v", id, e.Only, got)
+		}
+		if slices.Contains(e.Never, id) {
+			return fmt.Errorf("a call reached %s", id)
+		}
+	}
+	if e.Counts != nil {
+		for id, n := range got {
+			if _, listed := e.Counts[id]; !listed {
+				return fmt.Errorf("%d calls reached %s, which counts does not list: %v", n, id, got)
+			}
+		}
+		for id, want := range e.Counts {
+			if got[id] != want {
+				return fmt.Errorf("%d calls reached %s, want %d: %v", got[id], id, want, got)
+			}
+		}
+	}
+	if e.Spread || e.Balanced {
+		if len(e.Only) == 0 {
+			return fmt.Errorf("spread and balanced need only")
+		}
+		for _, id := range e.Only {
+			if got[id] == 0 {
+				return fmt.Errorf("%s answered no call: %v", id, got)
+			}
+		}
+	}
+	if e.Balanced {
+		most, fewest := 0, len(reached)
+		for _, id := range e.Only {
+			most, fewest = max(most, got[id]), min(fewest, got[id])
+		}
+		if bound := max(2, len(reached)/10); most-fewest > bound {
+			return fmt.Errorf("calls per instance %v differ by %d, more than %d", got, most-fewest, bound)
+		}
+	}
+	return nil
+}
+
+// closedPort is a loopback port where nothing listens: one bound, noted and closed again.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := lis.Addr().(*net.TCPAddr).Port
+	if err := lis.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,162 @@
+package io.rota.xds;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.logging.ConsoleHandler;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+import java.util.logging.SimpleFormatter;
+
+import io.grpc.ConnectivityState;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.StatusRuntimeException;
+import io.grpc.stub.MetadataUtils;
+import io.rota.client.channel.RotaChannels;
+import rota.echo.v1.EchoGrpc;
+import rota.echo.v1.EchoOuterClass.EchoReply;
+import rota.echo.v1.EchoOuterClass.EchoRequest;
+
+/**
+ * The consumer of an xDS scenario: a process of its own (grpc-java keeps one xDS client, and one
+ * bootstrap, per process), with a channel to {@code xds:///SERVICE} built by grpc-xds from the
+ * bootstrap named by {@code GRPC_XDS_BOOTSTRAP}. It reads commands from standard input, one a line,
+ * and answers on standard output:
+ *
+ * <ul>
+ *   <li>at start: {@code READY STATE} once the channel is READY, or {@code READY STATE} with the
+ *       state it is in after {@value #READY_SECONDS} s (then the calls will tell why);</li>
+ *   <li>{@code calls N DEADLINE_MS [VERSION]}: N unary {@code Echo} calls, one after another;</li>
+ *   <li>{@code until MS MIN DEADLINE_MS [VERSION]}: calls until MS ms have passed and at least MIN
+ *       calls were made;</li>
+ *   <li>{@code streak WANT MAX DEADLINE_MS [VERSION]}: calls until WANT calls in a row succeeded,
+ *       at most MAX calls;</li>
+ *   <li>{@code quit}: closes the channel and exits.</li>
+ * </ul>
+ *
+ * <p>Each call answers {@code OK INSTANCE} or {@code FAILED CODE DESCRIPTION}; each command ends
+ * with {@code DONE N}. {@code VERSION} is sent as {@code x-rota-version} metadata. grpc-xds logs
+ * (logger {@code io.grpc.xds}, at FINER: its xDS INFO and WARNING lines, NACKs among them; at
+ * FINEST with {@code -Drota.xds.debug=true}: every resource received) go to standard error.
+ */
+public final class XdsConsumer {
+    static final int READY_SECONDS = 20;
+
+    /** Held so that the configured loggers are not collected (and reset) while the process runs. */
+    private static final Logger XDS_LOG = Logger.getLogger("io.grpc.xds");
+    private static final Logger GRPC_LOG = Logger.getLogger("io.grpc");
+
+    private XdsConsumer() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        String target = args[0];
+        configureLogging(Boolean.getBoolean("rota.xds.debug") ? Level.FINEST : Level.FINER);
+        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        ManagedChannel channel = Grpc.newChannelBuilder(target, InsecureChannelCredentials.create()).build();
+        try {
+            out.println("READY " + awaitReady(channel));
+            BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+            String line;
+            while ((line = in.readLine()) != null) {
+                String[] words = line.trim().split(" ");
+                switch (words[0]) {
+                    case "calls" -> {
+                        int n = Integer.parseInt(words[1]);
+                        long deadlineMs = Long.parseLong(words[2]);
+                        String version = words.length > 3 ? words[3] : "";
+                        for (int i = 0; i < n; i++) {
+                            out.println(call(channel, version, deadlineMs));
+                        }
+                        out.println("DONE " + n);
+                    }
+                    case "until" -> {
+                        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Long.parseLong(words[1]));
+                        int min = Integer.parseInt(words[2]);
+                        long deadlineMs = Long.parseLong(words[3]);
+                        String version = words.length > 4 ? words[4] : "";
+                        int made = 0;
+                        while (System.nanoTime() - until < 0 || made < min) {
+                            out.println(call(channel, version, deadlineMs));
+                            made++;
+                        }
+                        out.println("DONE " + made);
+                    }
+                    case "streak" -> {
+                        int want = Integer.parseInt(words[1]);
+                        int max = Integer.parseInt(words[2]);
+                        long deadlineMs = Long.parseLong(words[3]);
+                        String version = words.length > 4 ? words[4] : "";
+                        int made = 0;
+                        for (int inARow = 0; made < max && inARow < want; made++) {
+                            String answer = call(channel, version, deadlineMs);
+                            out.println(answer);
+                            inARow = answer.startsWith("OK ") ? inARow + 1 : 0;
+                        }
+                        out.println("DONE " + made);
+                    }
+                    case "quit" -> {
+                        return;
+                    }
+                    default -> out.println("UNKNOWN " + line);
+                }
+            }
+        } finally {
+            channel.shutdownNow();
+            channel.awaitTermination(5, TimeUnit.SECONDS);
+        }
+    }
+
+    /** Waits (bounded) for the channel to be READY; returns the state it is in then. */
+    private static ConnectivityState awaitReady(ManagedChannel channel) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(READY_SECONDS);
+        ConnectivityState state = channel.getState(true);
+        while (state != ConnectivityState.READY) {
+            long left = deadline - System.nanoTime();
+            if (left <= 0) {
+                return state;
+            }
+            CountDownLatch changed = new CountDownLatch(1);
+            channel.notifyWhenStateChanged(state, changed::countDown);
+            if (!changed.await(left, TimeUnit.NANOSECONDS)) {
+                return channel.getState(false);
+            }
+            state = channel.getState(true);
+        }
+        return state;
+    }
+
+    private static String call(ManagedChannel channel, String version, long deadlineMs) {
+        EchoGrpc.EchoBlockingStub stub = EchoGrpc.newBlockingStub(channel);
+        if (!version.isEmpty()) {
+            Metadata headers = new Metadata();
+            headers.put(Metadata.Key.of(RotaChannels.VERSION_HEADER, Metadata.ASCII_STRING_MARSHALLER), version);
+            stub = stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
+        }
+        try {
+            EchoReply reply = stub.withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS)
+                    .echo(EchoRequest.newBuilder().setMessage("xds").build());
+            return "OK " + reply.getInstanceId();
+        } catch (StatusRuntimeException e) {
+            String description = String.valueOf(e.getStatus().getDescription()).replace('\n', ' ');
+            return "FAILED " + e.getStatus().getCode() + " " + description;
+        }
+    }
+
+    private static void configureLogging(Level xds) {
+        ConsoleHandler handler = new ConsoleHandler();
+        handler.setLevel(Level.ALL);
+        System.setProperty("java.util.logging.SimpleFormatter.format", "%1$tT.%1$tL %4$s %3$s: %5$s%6$s%n");
+        handler.setFormatter(new SimpleFormatter());
+        GRPC_LOG.setLevel(Level.INFO);
+        XDS_LOG.setLevel(xds);
+        XDS_LOG.addHandler(handler);
+        XDS_LOG.setUseParentHandlers(false);
+    }
+}

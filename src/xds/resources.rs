@@ -193,7 +193,7 @@ pub fn build(snapshot: &ServiceSnapshot, policy: &Policy, ejected: &dyn Fn(&Inst
     let mut endpoints = BTreeMap::new();
     for subset in &subsets {
         let name = cluster_name(service, subset);
-        clusters.insert(name.clone(), encode(&cluster_resource(&name, service, policy, lb)));
+        clusters.insert(name.clone(), encode(&cluster_resource(&name, service, subset, policy, lb)));
         endpoints.insert(name.clone(), encode(&assignment(&name, snapshot, subset, policy, ejected)));
     }
     ServiceResources {
@@ -388,21 +388,38 @@ fn string_value(s: &str) -> Value {
     Value { kind: Some(value::Kind::StringValue(s.to_string())) }
 }
 
-fn cluster_resource(name: &str, service: &str, service_policy: &Policy, lb: LbChoice) -> cluster::Cluster {
-    // rota's own policy first (a client that registered it gets rota's central rotation with
-    // the service's rule), then the standard policy closest to the rule.
-    let rota = TypedStruct {
+/// rota's own policy for a cluster whose instances one `Lease` covers (the unversioned ones, or
+/// one version's): `{"service", "version", "rule"}`, what a lease of them names.
+fn rota_policy(service: &str, subset: &Subset, service_policy: &Policy) -> Option<TypedStruct> {
+    let version = match subset {
+        Subset::Unversioned => "",
+        Subset::Version(version) => version,
+        Subset::Any | Subset::None => return None,
+    };
+    service_policy.rule.rule.leasable().then(|| TypedStruct {
         type_url: ROTA_POLICY_TYPE.to_string(),
         value: Some(Struct {
             fields: [
                 ("service".to_string(), string_value(service)),
-                ("cluster".to_string(), string_value(name)),
+                ("version".to_string(), string_value(version)),
                 ("rule".to_string(), string_value(&service_policy.rule.canonical)),
             ]
             .into_iter()
             .collect(),
         }),
-    };
+    })
+}
+
+fn cluster_resource(
+    name: &str,
+    service: &str,
+    subset: &Subset,
+    service_policy: &Policy,
+    lb: LbChoice,
+) -> cluster::Cluster {
+    // rota's own policy first (a client that registered it gets rota's central rotation with
+    // the service's rule), then the standard policy closest to the rule.
+    let rota = rota_policy(service, subset, service_policy);
     let round_robin = policy("round_robin", encode(&lb::round_robin::v3::RoundRobin::default()));
     let (legacy, policies) = match lb {
         LbChoice::RingHash => (
@@ -410,7 +427,7 @@ fn cluster_resource(name: &str, service: &str, service_policy: &Policy, lb: LbCh
             vec![policy("ring_hash", encode(&lb::ring_hash::v3::RingHash::default()))],
         ),
         LbChoice::LeastRequest | LbChoice::RoundRobin => {
-            let mut picking = vec![policy("rota", encode(&rota))];
+            let mut picking: Vec<_> = rota.iter().map(|rota| policy("rota", encode(rota))).collect();
             if lb == LbChoice::LeastRequest {
                 picking.push(policy("least_request", encode(&lb::least_request::v3::LeastRequest::default())));
             }

@@ -235,7 +235,23 @@ fn clusters_offer_rotas_policy_then_the_closest_standard_one() {
     assert_eq!(round_robin.1, ["wrr_locality", "  rota", "  round_robin"]);
     assert_eq!(round_robin.0, cluster::cluster::LbPolicy::RoundRobin as i32);
     let with = |rule: &str| Policy { rule: Arc::new(crate::rules::parse(rule).unwrap()), ..Policy::default() };
-    assert_eq!(names(&with("least_request")).1, ["wrr_locality", "  rota", "  least_request", "  round_robin"]);
+    // least_request cannot be leased: no rota policy to offer, the standard one first.
+    assert_eq!(names(&with("least_request")).1, ["wrr_locality", "  least_request", "  round_robin"]);
+    assert_eq!(names(&with("repeat(n=3)")).1, ["wrr_locality", "  rota", "  round_robin"]);
+    // The fallback clusters hold no one lease's instances: no rota policy either.
+    let resources = build(&fleet(), &Policy::default(), &nothing_ejected);
+    let any: cluster::Cluster = decode(&resources.clusters["echo/any"]);
+    let top = &any.load_balancing_policy.unwrap().policies[0];
+    let wrr: lb::wrr_locality::v3::WrrLocality =
+        decode(top.typed_extension_config.as_ref().unwrap().typed_config.as_ref().unwrap());
+    let inner: Vec<String> = wrr
+        .endpoint_picking_policy
+        .unwrap()
+        .policies
+        .into_iter()
+        .map(|p| p.typed_extension_config.unwrap().name)
+        .collect();
+    assert_eq!(inner, ["round_robin"]);
     let hashed = names(&with("consistent_hash"));
     assert_eq!(hashed.1, ["ring_hash"]);
     assert_eq!(hashed.0, cluster::cluster::LbPolicy::RingHash as i32);

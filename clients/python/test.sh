@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the Python client's whole test suite: the linters (ruff check, ruff format --check, mypy
 # --strict on the package and the tests), then unit tests, the conformance scenarios (sync and asyncio
-# clients) and the integration tests against live `rota serve` processes.
+# clients), the xDS scenarios (tests/test_xds_conformance.py: grpcio's own xDS client on
+# `xds:///echo`, rota as its control plane) and the integration tests against live `rota serve`
+# processes.
 #
 # Creates .venv here, installs the package in editable mode with its test and lint extras from
 # PyPI (pinned in pyproject.toml), runs the linters, then pytest (extra arguments are passed on). The protobuf/gRPC stubs in src/rota/_pb are
@@ -29,6 +31,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 # A full run (no arguments) must collect at least this many tests; pytest itself fails a run
 # that collects none (exit status 5), and `exec` passes its status on unchanged.
 if [[ $# -eq 0 ]]; then
-    export ROTA_PY_MIN_TESTS=185
+    export ROTA_PY_MIN_TESTS=203
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the dependencies, generates the gRPC types, lints (ESLint with typescript-eslint's
 # type-checked rules, eslint.config.mjs), builds and runs the whole test suite (unit tests, the
-# shared conformance scenarios, the integration tests against live servers and the install of the
-# packed package into a fresh project).
+# shared conformance scenarios, the channel scenarios, the xDS scenarios with @grpc/grpc-js-xds
+# (test/xds.test.ts, a consumer process per scenario), the integration tests against live servers
+# and the install of the packed package into a fresh project).
 set -euo pipefail
 
 # The suite runs several `rota serve` at once; their admin listeners would all want the default

@@ -73,15 +73,25 @@ class ScenarioError(ValueError):
     """A scenario file outside the format."""
 
 
-def validate(scenario: dict[str, Any]) -> None:
-    """Refuses keys the format does not define, anywhere in the scenario."""
+def validate(
+    scenario: dict[str, Any],
+    *,
+    scenario_keys: set[str] = SCENARIO_KEYS,
+    required: tuple[str, ...] = ("name", "rule", "instances", "steps"),
+    step_keys: dict[str, set[str]] = STEP_KEYS,
+    expect_keys: set[str] = EXPECT_KEYS,
+) -> None:
+    """Refuses keys the format does not define, anywhere in the scenario.
+
+    The keyword arguments are this format's keys; the xDS scenarios (test_xds_conformance.py)
+    pass theirs."""
 
     def refuse(where: str, keys: set[str]) -> None:
         if keys:
             raise ScenarioError(f"unknown keys in {where}: {sorted(keys)}")
 
-    refuse("the scenario", set(scenario) - SCENARIO_KEYS)
-    for key in ("name", "rule", "instances", "steps"):
+    refuse("the scenario", set(scenario) - scenario_keys)
+    for key in required:
         if key not in scenario:
             raise ScenarioError(f"the scenario has no {key!r}")
     for i, instance in enumerate(scenario["instances"]):
@@ -94,11 +104,11 @@ def validate(scenario: dict[str, Any]) -> None:
         except json_format.ParseError as error:
             raise ScenarioError(f"policy: {error}") from None
     for i, step in enumerate(scenario["steps"]):
-        actions = [k for k in STEP_KEYS if k in step]
+        actions = [k for k in step_keys if k in step]
         if len(actions) != 1:
             raise ScenarioError(f"steps[{i}] has {len(actions)} actions ({actions}), not one: {step}")
-        refuse(f"steps[{i}]", set(step) - STEP_KEYS[actions[0]])
-        refuse(f"steps[{i}].expect", set(step.get("expect", {})) - EXPECT_KEYS)
+        refuse(f"steps[{i}]", set(step) - step_keys[actions[0]])
+        refuse(f"steps[{i}].expect", set(step.get("expect", {})) - expect_keys)
 
 
 def leased(r: Received) -> int | None:
@@ -178,8 +188,11 @@ class AioConsumer:
 
 
 class Runner:
+    """Runs one scenario: rota, the echo fleet and the registrations here, consumer 1 from
+    :meth:`open_consumer`. The xDS runner (test_xds_conformance.py) is a subclass."""
+
     def __init__(self, scenario: dict[str, Any], flavour: str, private_server: Callable[..., RotaServer]) -> None:
-        validate(scenario)
+        self.validate(scenario)
         self.scenario = scenario
         self.flavour = flavour
         self.private_server = private_server
@@ -202,9 +215,15 @@ class Runner:
             self.registrations[spec["id"]] = self.client.register(instance)
         if "policy" in scenario:
             self.set_policy(scenario["policy"])
-        self.target = f"rota://{self.server.address}/{self.service}"
-        self.consumer = (SyncConsumer if flavour == "sync" else AioConsumer)(self.target, scenario["rule"])
         self.seen: set[int] = set()
+        self.target = f"rota://{self.server.address}/{self.service}"
+        self.consumer = self.open_consumer()
+
+    def validate(self, scenario: dict[str, Any]) -> None:
+        validate(scenario)
+
+    def open_consumer(self) -> Consumer:
+        return (SyncConsumer if self.flavour == "sync" else AioConsumer)(self.target, self.scenario["rule"])
 
     def set_policy(self, policy_json: dict[str, Any]) -> None:
         policy = json_format.ParseDict(policy_json, pb.Policy())

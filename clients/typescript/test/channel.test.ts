@@ -5,21 +5,20 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
 
 import { RotaClient, type Registration } from '../src/index.js';
 import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
 import { HOLD_AFTER_TIMEOUTS, HOLD_MS, HoldOut, MAX_HOLD_MS } from '../src/channel/holdout.js';
 import { viewOf } from '../src/channel/lease.js';
 import { rotaV1 } from '../src/proto.js';
-import { EchoServer, echoCalls, echoPackage, type EchoCall, type EchoResult } from './echo.js';
+import { echoCalls, echoPackage, type EchoResult } from './echo.js';
 import { RotaServer, packageDir, repoRoot, silentLogger, waitFor } from './harness.js';
+import { Fleet, checkExpect, checkKeys, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
 
 function letters(rule: string, weights: number[], tickets: number, excluded?: (p: number) => boolean): string {
   const map = new TicketMap(parseLeasedRule(rule), weights);
@@ -315,19 +314,6 @@ describe('ticket map against rota', { timeout: 60_000 }, () => {
 // Scenarios
 // ---------------------------------------------------------------------------------------------
 
-interface Expect {
-  failures?: number;
-  error_contains?: string;
-  leased?: boolean;
-  rotation?: string[];
-  runs?: number;
-  only?: string[];
-  never?: string[];
-  spread?: boolean;
-  counts?: Record<string, number>;
-  balanced?: boolean;
-}
-
 interface Step {
   calls?: number;
   consumers?: number;
@@ -347,7 +333,7 @@ interface Scenario {
   name: string;
   rule: string;
   service?: string;
-  instances: { id: string; version?: string; weight?: number; unreachable?: boolean }[];
+  instances: ScenarioInstance[];
   policy?: Record<string, unknown>;
   steps: Step[];
 }
@@ -369,16 +355,6 @@ const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   await_leases: new Set(['await_leases', 'within_ms']),
 };
 
-function checkKeys(what: string, value: unknown, allowed: ReadonlySet<string>): void {
-  if (value === undefined) {
-    return;
-  }
-  assert.ok(value !== null && typeof value === 'object' && !Array.isArray(value), `${what} is not an object`);
-  for (const key of Object.keys(value)) {
-    assert.ok(allowed.has(key), `unknown key ${JSON.stringify(key)} in ${what} (known: ${[...allowed].sort().join(', ')})`);
-  }
-}
-
 /** Fails on a key the channel scenario format does not define, anywhere in the scenario. */
 function checkScenario(sc: Scenario): void {
   checkKeys('scenario', sc, SCENARIO_KEYS);
@@ -393,69 +369,6 @@ function checkScenario(sc: Scenario): void {
     assert.equal(actions.length, 1, `step ${i} has ${actions.length} actions (${actions.join(', ')}), want one of ${Object.keys(STEP_KEYS).join(', ')}`);
     checkKeys(`step ${i}`, step, STEP_KEYS[actions[0]!]!);
     checkKeys(`step ${i} expect`, step.expect, EXPECT_KEYS);
-  }
-}
-
-type MessageType = { field: { name: string; type: string; typeName: string; label: string }[]; nestedType: { name: string; field: { name: string; type: string; typeName: string }[]; options: { mapEntry?: boolean } | null }[] };
-
-let rotaTypes: Record<string, { type?: MessageType }> | undefined;
-
-function messageType(name: string): MessageType {
-  rotaTypes ??= protoLoader.loadSync(join('rota', 'v1', 'rota.proto'), { includeDirs: [join(repoRoot, 'proto')], keepCase: false }) as unknown as Record<string, { type?: MessageType }>;
-  const type = rotaTypes[`rota.v1.${name}`]?.type;
-  assert.ok(type !== undefined, `no message rota.v1.${name}`);
-  return type;
-}
-
-/**
- * A message in proto JSON (lowerCamelCase or proto field names, enums by name) as the object
- * grpc-js sends: field names in camelCase, map keys as they are. An unknown field fails.
- */
-function fromProtoJson(typeName: string, json: unknown, path: string): Record<string, unknown> {
-  const type = messageType(typeName);
-  assert.ok(json !== null && typeof json === 'object' && !Array.isArray(json), `${path} is not an object`);
-  const out: Record<string, unknown> = {};
-  for (const [key, value] of Object.entries(json as Record<string, unknown>)) {
-    const name = key.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
-    const field = type.field.find((f) => f.name === name);
-    assert.ok(field !== undefined, `unknown key ${JSON.stringify(key)} in ${path} (rota.v1.${typeName} has ${type.field.map((f) => f.name).join(', ')})`);
-    if (field.type !== 'TYPE_MESSAGE') {
-      out[name] = value;
-      continue;
-    }
-    const entry = type.nestedType.find((n) => n.name === field.typeName && n.options?.mapEntry === true);
-    if (entry !== undefined) {
-      const valueType = entry.field.find((f) => f.name === 'value')!;
-      assert.ok(value !== null && typeof value === 'object' && !Array.isArray(value), `${path}.${key} is not an object`);
-      out[name] = Object.fromEntries(
-        Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, valueType.type === 'TYPE_MESSAGE' ? fromProtoJson(valueType.typeName, v, `${path}.${key}.${k}`) : v]),
-      );
-    } else if (field.label === 'LABEL_REPEATED') {
-      assert.ok(Array.isArray(value), `${path}.${key} is not a list`);
-      out[name] = value.map((v, i) => fromProtoJson(field.typeName, v, `${path}.${key}[${i}]`));
-    } else {
-      out[name] = fromProtoJson(field.typeName, value, `${path}.${key}`);
-    }
-  }
-  return out;
-}
-
-/** A scenario's `policy` as a SetPolicy request's Policy (the service is the scenario's). */
-function policyMessage(policy: Record<string, unknown>): Record<string, unknown> {
-  assert.ok(!('service' in policy), 'policy names its service: the scenario sets it for its own');
-  return fromProtoJson('Policy', policy, 'policy');
-}
-
-async function setPolicy(target: string, service: string, policy: Record<string, unknown>): Promise<void> {
-  const policies = new (rotaV1().Policies)(target, grpc.credentials.createInsecure());
-  try {
-    await new Promise<void>((resolve, reject) => {
-      policies.SetPolicy({ policy: { ...policyMessage(policy), service } }, { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null) =>
-        error !== null ? reject(new Error(`SetPolicy of ${service}: ${error.details}`)) : resolve(),
-      );
-    });
-  } finally {
-    policies.close();
   }
 }
 
@@ -503,139 +416,18 @@ function runProcess(command: string, args: string[]): Promise<EchoResult[]> {
   });
 }
 
-function sortedRecord(r: Record<string, number>): Record<string, number> {
-  return Object.fromEntries(Object.entries(r).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-}
-
-function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[]): void {
-  if (e === undefined) {
-    return;
-  }
-  const failed = results.filter((r) => r.error !== undefined);
-  const reached = results.flatMap((r) => (r.instance !== undefined ? [r.instance] : []));
-  if (e.failures !== undefined) {
-    const kinds = new Map<string, number>();
-    for (const r of failed) {
-      kinds.set(r.error!.details, (kinds.get(r.error!.details) ?? 0) + 1);
-    }
-    assert.equal(failed.length, e.failures, `failures: ${[...kinds].map(([details, n]) => `${n} × ${details}`).join('; ')}`);
-  }
-  if (e.error_contains !== undefined) {
-    for (const r of failed) {
-      assert.ok(r.error!.details.includes(e.error_contains), `${r.error!.details} does not mention ${e.error_contains}`);
-    }
-  }
-  assert.equal(calls.length, reached.length, 'calls answered by the instances vs answers seen');
-  for (const id of reached) {
-    if (e.only !== undefined) {
-      assert.ok(e.only.includes(id), `a call reached ${id}, outside ${e.only.join(',')}`);
-    }
-    assert.ok(!(e.never ?? []).includes(id), `a call reached ${id}`);
-  }
-  if (e.spread) {
-    for (const id of e.only ?? []) {
-      assert.ok(reached.includes(id), `${id} answered no call`);
-    }
-  }
-  if (e.counts !== undefined) {
-    const got: Record<string, number> = {};
-    for (const id of reached) {
-      got[id] = (got[id] ?? 0) + 1;
-    }
-    const want = Object.fromEntries(Object.entries(e.counts).filter(([, n]) => n > 0));
-    assert.deepEqual(sortedRecord(got), sortedRecord(want), 'calls per instance');
-  }
-  if (e.balanced) {
-    const got = new Map<string, number>((e.only ?? [...new Set(reached)]).map((id) => [id, 0]));
-    for (const id of reached) {
-      got.set(id, (got.get(id) ?? 0) + 1);
-    }
-    const counts = [...got.values()];
-    const bound = Math.max(2, Math.floor(reached.length / 10));
-    const shares = [...got].map(([id, n]) => `${id} ${n}`).join(', ');
-    assert.ok(counts.every((n) => n > 0), `balanced: an instance answered no call (${shares})`);
-    assert.ok(Math.max(...counts) - Math.min(...counts) <= bound, `balanced: ${shares} differ by more than ${bound}`);
-  }
-  if (e.leased !== undefined) {
-    for (const c of calls) {
-      assert.equal(c.ticket >= 0n, e.leased, `call to ${c.instance} with ticket ${c.ticket}`);
-    }
-  }
-  if (e.rotation !== undefined) {
-    const ids = [...e.rotation].sort();
-    const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map((id) => weights.get(id) ?? 100));
-    const seen = new Map<bigint, string>();
-    for (const c of calls) {
-      assert.ok(c.ticket >= 0n, `a call to ${c.instance} carried no ticket`);
-      assert.ok(!seen.has(c.ticket), `ticket ${c.ticket} was used twice (${seen.get(c.ticket)} and ${c.instance}): no shared rotation`);
-      seen.set(c.ticket, c.instance);
-      assert.equal(c.instance, ids[map.position(c.ticket)!], `ticket ${c.ticket}`);
-    }
-    assert.ok(seen.size > 0, 'no call to check');
-  }
-  if (e.runs !== undefined) {
-    const n = BigInt(e.runs);
-    const groups = new Map<bigint, string[]>();
-    for (const c of calls) {
-      const g = c.ticket / n;
-      groups.set(g, [...(groups.get(g) ?? []), c.instance]);
-    }
-    let complete = 0;
-    for (const [g, members] of groups) {
-      if (members.length === e.runs) {
-        complete++;
-        assert.equal(new Set(members).size, 1, `tickets ${g * n}..${g * n + n - 1n} reached ${members.join(',')}`);
-      }
-    }
-    assert.ok(complete > 0, `no complete run of ${e.runs}`);
-  }
-}
-
-/** A loopback port nothing listens on (bound, noted and closed): connections to it are refused. */
-async function closedPort(): Promise<number> {
-  const listener = createServer();
-  await new Promise<void>((resolve, reject) => {
-    listener.once('error', reject);
-    listener.listen(0, '127.0.0.1', resolve);
-  });
-  const address = listener.address();
-  await new Promise<void>((resolve) => listener.close(() => resolve()));
-  assert.ok(address !== null && typeof address === 'object');
-  return address.port;
-}
-
 const consumer = secondConsumer();
 
 /** Runs one channel scenario against a rota of its own; rejects at the first unmet expectation. */
 async function runScenario(sc: Scenario): Promise<void> {
   checkScenario(sc);
-  let server = await RotaServer.start();
-  const log: EchoCall[] = [];
-  const echoes = new Map<string, EchoServer>();
-  const regs = new Map<string, Registration>();
-  const provider = new RotaClient(server.target, { logger: silentLogger, backoff: { initialMs: 20, maxMs: 300 } });
   const service = sc.service ?? 'echo';
+  const fleet = await Fleet.start(sc.instances, { service, ...(sc.policy !== undefined ? { policy: sc.policy } : {}) });
+  const log = fleet.log;
   let client: grpc.Client | undefined;
   try {
-    for (const inst of sc.instances) {
-      let port: number;
-      if (inst.unreachable === true) {
-        port = await closedPort();
-      } else {
-        const echo = await EchoServer.start(inst.id, log);
-        echoes.set(inst.id, echo);
-        port = echo.port;
-      }
-      regs.set(
-        inst.id,
-        await provider.register({ id: inst.id, service: 'echo', host: '127.0.0.1', port, ...(inst.version !== undefined ? { version: inst.version } : {}), ...(inst.weight !== undefined ? { weight: inst.weight } : {}) }),
-      );
-    }
-    if (sc.policy !== undefined) {
-      await setPolicy(server.target, service, sc.policy);
-    }
     client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
-      [OPTION_SERVER]: server.target,
+      [OPTION_SERVER]: fleet.server.target,
       [OPTION_RULE]: sc.rule,
       [OPTION_TICKET_HEADER]: true,
       [OPTION_LOGGER]: silentLogger,
@@ -646,7 +438,7 @@ async function runScenario(sc: Scenario): Promise<void> {
         const deadline = s.deadline_ms ?? 5_000;
         const before = log.length;
         const others = Array.from({ length: Math.max(s.consumers ?? 1, 1) - 1 }, () =>
-          runProcess(consumer.command, consumer.args(`rota://${server.target}/${service}`, sc.rule, s.calls!, s.version ?? '', deadline)),
+          runProcess(consumer.command, consumer.args(`rota://${fleet.server.target}/${service}`, sc.rule, s.calls!, s.version ?? '', deadline)),
         );
         const mine = await echoCalls(client, s.calls, s.version ?? '', deadline);
         const theirs = await Promise.all(others);
@@ -660,8 +452,7 @@ async function runScenario(sc: Scenario): Promise<void> {
           throw new Error(`step ${i}: ${(e as Error).message}`, { cause: e });
         }
       } else if (s.withdraw !== undefined) {
-        await regs.get(s.withdraw)!.close();
-        regs.delete(s.withdraw);
+        await fleet.withdraw(s.withdraw);
         const withdrawn = performance.now();
         const bound = s.within_ms ?? 1_000;
         const late: number[] = [];
@@ -679,7 +470,7 @@ async function runScenario(sc: Scenario): Promise<void> {
         }
         assert.deepEqual(late, [], `step ${i}: ${s.withdraw} still received calls started ms after its withdrawal`);
       } else if (s.kill !== undefined) {
-        echoes.get(s.kill)!.kill();
+        fleet.echoes.get(s.kill)!.kill();
         // A call already on its way to the instance may fail. As many calls in a row as there
         // are instances span a pick of the killed one, which the channel can only have passed
         // over: then it has seen the death.
@@ -690,18 +481,13 @@ async function runScenario(sc: Scenario): Promise<void> {
         }
         assert.equal(inARow, want, `step ${i}: ${want} calls in a row did not succeed after ${s.kill} was killed`);
       } else if (s.hang !== undefined) {
-        const echo = echoes.get(s.hang);
+        const echo = fleet.echoes.get(s.hang);
         assert.ok(echo !== undefined, `step ${i}: ${s.hang} has no echo server to hang`);
         echo.hang();
       } else if (s.stop_rota) {
-        await server.kill();
+        await fleet.stopRota();
       } else if (s.restart_rota) {
-        server = await RotaServer.start({ listen: server.target });
-        const restarted = server;
-        await waitFor(
-          async () => (await provider.listInstances('echo').catch(() => ({ instances: [] }))).instances.length === regs.size,
-          { timeoutMs: 20_000, what: `every registration back in the restarted rota (${restarted.target})` },
-        );
+        await fleet.restartRota();
       } else if (s.await_leases) {
         const before = log.length;
         await waitFor(
@@ -717,14 +503,7 @@ async function runScenario(sc: Scenario): Promise<void> {
     }
   } finally {
     client?.close();
-    for (const r of regs.values()) {
-      await r.close().catch(() => {});
-    }
-    await provider.close();
-    for (const e of echoes.values()) {
-      e.kill();
-    }
-    await server.kill();
+    await fleet.close();
   }
 }
 

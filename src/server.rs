@@ -335,6 +335,7 @@ impl Server {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
                     .with_auth(config.auth.clone())
                     .with_limits(admission, streams)
+                    .with_xds(xds_hub)
                     .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))

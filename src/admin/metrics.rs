@@ -8,6 +8,7 @@
 //! when its value drops to nothing.
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering;
 
 use axum::extract::State;
 use axum::http::header;
@@ -40,7 +41,39 @@ pub fn render(state: &AdminState) -> String {
     render_grpc(state, &mut out);
     render_limits(state, &mut out);
     render_policies(state, &mut out);
+    render_xds(state, &mut out);
     out
+}
+
+fn render_xds(state: &AdminState, out: &mut String) {
+    let Some(hub) = &state.xds else { return };
+    let counters = &hub.counters;
+    let limits = hub.limits();
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+    header(out, "rota_xds_streams", "gauge", "Open xDS (ADS) streams.");
+    let _ = writeln!(out, "rota_xds_streams {}", counters.streams.load(Ordering::Relaxed));
+    header(out, "rota_xds_subscriptions", "gauge", "Services subscribed to over xDS, summed over every stream.");
+    let _ = writeln!(out, "rota_xds_subscriptions {}", counters.subscriptions.load(Ordering::Relaxed));
+    header(
+        out,
+        "rota_xds_limit",
+        "gauge",
+        "xDS bounds (server.max_xds_subscriptions, server.max_xds_names_per_stream).",
+    );
+    let _ = writeln!(out, "rota_xds_limit{{scope=\"subscriptions\"}} {}", limits.max_subscriptions);
+    let _ = writeln!(out, "rota_xds_limit{{scope=\"names_per_stream\"}} {}", limits.max_names_per_stream);
+    header(out, "rota_xds_responses_total", "counter", "xDS responses sent.");
+    let _ = writeln!(out, "rota_xds_responses_total {}", load(&counters.responses));
+    header(out, "rota_xds_acks_total", "counter", "xDS responses a client acknowledged.");
+    let _ = writeln!(out, "rota_xds_acks_total {}", load(&counters.acks));
+    header(out, "rota_xds_nacks_total", "counter", "xDS responses a client rejected (NACK).");
+    let _ = writeln!(out, "rota_xds_nacks_total {}", load(&counters.nacks));
+    header(out, "rota_xds_unknown_types_total", "counter", "xDS requests for a resource type rota does not serve.");
+    let _ = writeln!(out, "rota_xds_unknown_types_total {}", load(&counters.unknown_types));
+    header(out, "rota_xds_refused_total", "counter", "xDS streams ended because a request passed a bound.");
+    let _ = writeln!(out, "rota_xds_refused_total {}", load(&counters.refused));
+    header(out, "rota_xds_builds_total", "counter", "Builds of a service's xDS resources (once per change).");
+    let _ = writeln!(out, "rota_xds_builds_total {}", load(&counters.builds));
 }
 
 fn render_policies(state: &AdminState, out: &mut String) {

@@ -72,6 +72,8 @@ pub struct AdminState {
     limits: Option<(Arc<Admission>, Arc<OpenStreams>)>,
     /// What the policy file's reloader made of its changes, when there is a file.
     policy_reloads: Option<watch::Receiver<PolicyReloads>>,
+    /// The xDS server's subscriptions, when serving.
+    xds: Option<Arc<crate::xds::Hub>>,
 }
 
 impl AdminState {
@@ -83,12 +85,18 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None }
+        Self { balancer, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None, xds: None }
     }
 
     /// Reports the connection caps and open streams in `/metrics`.
     pub fn with_limits(mut self, connections: Arc<Admission>, streams: Arc<OpenStreams>) -> Self {
         self.limits = Some((connections, streams));
+        self
+    }
+
+    /// Reports the xDS server's streams and subscriptions in `/metrics`.
+    pub fn with_xds(mut self, hub: Arc<crate::xds::Hub>) -> Self {
+        self.xds = Some(hub);
         self
     }
 

@@ -80,7 +80,7 @@ struct Entry {
 /// One service's resources as streams send them.
 #[derive(Debug)]
 pub struct Built {
-    /// Unique to this build: a stream resends a resource when its build changed.
+    /// Unique to this build.
     pub id: u64,
     pub resources: ServiceResources,
 }

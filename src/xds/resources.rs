@@ -36,7 +36,7 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3 as hcm;
 use envoy_types::pb::envoy::extensions::load_balancing_policies as lb;
 use envoy_types::pb::envoy::r#type::matcher::v3 as matcher;
-use envoy_types::pb::google::protobuf::{Any, Struct, UInt32Value, Value, value};
+use envoy_types::pb::google::protobuf::{Any, UInt32Value, Value, value};
 use prost::{Message, Name};
 
 use crate::policy::{IsolationFallback, Policy};
@@ -63,7 +63,16 @@ pub struct TypedStruct {
     #[prost(string, tag = "1")]
     pub type_url: String,
     #[prost(message, optional, tag = "2")]
-    pub value: Option<Struct>,
+    pub value: Option<SortedStruct>,
+}
+
+/// `google.protobuf.Struct` on the wire, with its fields in a sorted map: the generated type
+/// keeps them in a `HashMap`, whose encoding order changes from build to build, and a resource
+/// must encode the same whenever its content is the same (its digest decides what is resent).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SortedStruct {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: BTreeMap<String, Value>,
 }
 
 impl Name for TypedStruct {
@@ -156,20 +165,36 @@ pub fn cluster_name(service: &str, subset: &Subset) -> String {
     }
 }
 
+/// One encoded resource and a digest of its bytes: a stream resends a resource only when the
+/// digest moved, so a change of endpoints does not resend the service's listener.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    pub any: Any,
+    pub digest: u64,
+}
+
+impl std::ops::Deref for Resource {
+    type Target = Any;
+
+    fn deref(&self) -> &Any {
+        &self.any
+    }
+}
+
 /// Every resource of one service, encoded.
 #[derive(Debug)]
 pub struct ServiceResources {
-    pub listener: Any,
-    pub route: Any,
+    pub listener: Resource,
+    pub route: Resource,
     /// By cluster name.
-    pub clusters: BTreeMap<String, Any>,
+    pub clusters: BTreeMap<String, Resource>,
     /// By cluster name.
-    pub endpoints: BTreeMap<String, Any>,
+    pub endpoints: BTreeMap<String, Resource>,
 }
 
 impl ServiceResources {
     /// The resource `name` of `kind`, when this service has it.
-    pub fn get(&self, kind: Kind, name: &str) -> Option<&Any> {
+    pub fn get(&self, kind: Kind, name: &str) -> Option<&Resource> {
         match kind {
             Kind::Listener => Some(&self.listener),
             Kind::Route => Some(&self.route),
@@ -193,12 +218,12 @@ pub fn build(snapshot: &ServiceSnapshot, policy: &Policy, ejected: &dyn Fn(&Inst
     let mut endpoints = BTreeMap::new();
     for subset in &subsets {
         let name = cluster_name(service, subset);
-        clusters.insert(name.clone(), encode(&cluster_resource(&name, service, subset, policy, lb)));
-        endpoints.insert(name.clone(), encode(&assignment(&name, snapshot, subset, policy, ejected)));
+        clusters.insert(name.clone(), resource(&cluster_resource(&name, service, subset, policy, lb)));
+        endpoints.insert(name.clone(), resource(&assignment(&name, snapshot, subset, policy, ejected)));
     }
     ServiceResources {
-        listener: encode(&listener_resource(service)),
-        route: encode(&route_resource(snapshot, policy, lb)),
+        listener: resource(&listener_resource(service)),
+        route: resource(&route_resource(snapshot, policy, lb)),
         clusters,
         endpoints,
     }
@@ -206,6 +231,16 @@ pub fn build(snapshot: &ServiceSnapshot, policy: &Policy, ejected: &dyn Fn(&Inst
 
 fn encode<M: Message + Name>(message: &M) -> Any {
     Any { type_url: M::type_url(), value: message.encode_to_vec() }
+}
+
+/// `message` encoded, with the digest of its bytes (a fixed-seed hash: digests compare across
+/// builds, never across processes).
+fn resource<M: Message + Name>(message: &M) -> Resource {
+    use std::hash::{BuildHasher, Hasher};
+    let any = encode(message);
+    let mut hasher = foldhash::quality::FixedState::with_seed(0x7274_6f61).build_hasher();
+    hasher.write(&any.value);
+    Resource { digest: hasher.finish(), any }
 }
 
 fn ads() -> core::ConfigSource {
@@ -398,7 +433,7 @@ fn rota_policy(service: &str, subset: &Subset, service_policy: &Policy) -> Optio
     };
     service_policy.rule.rule.leasable().then(|| TypedStruct {
         type_url: ROTA_POLICY_TYPE.to_string(),
-        value: Some(Struct {
+        value: Some(SortedStruct {
             fields: [
                 ("service".to_string(), string_value(service)),
                 ("version".to_string(), string_value(version)),

@@ -44,7 +44,7 @@ struct TypeState {
     names: BTreeSet<String>,
     /// The names changed since the last response.
     dirty: bool,
-    /// Nonce of the last response, and each resource it held with its build.
+    /// Nonce of the last response, and each resource it held with its digest.
     sent: Option<(String, Vec<(String, u64)>)>,
     /// Responses sent of this type: the next `version_info`.
     versions: u64,
@@ -161,7 +161,7 @@ impl Session {
                 match self.hub.lookup(service) {
                     Lookup::Found(built) => {
                         if let Some(resource) = built.resources.get(kind, name) {
-                            resources.push((name.clone(), built.id, resource.clone()));
+                            resources.push((name.clone(), resource.digest, resource.any.clone()));
                         }
                     }
                     Lookup::Absent => {}

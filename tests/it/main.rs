@@ -19,3 +19,4 @@ mod rules;
 mod shutdown;
 mod tls;
 mod warmup;
+mod xds;

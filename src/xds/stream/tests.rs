@@ -220,3 +220,18 @@ async fn a_tripped_breaker_is_pushed_and_its_end_too() {
     hub.refresh();
     assert_eq!(healthy(&session.responses()[0]).len(), 3, "the ejection ended without a publication");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_change_resends_only_the_types_whose_resources_moved() {
+    let (hub, lease) =
+        hub_with(vec![spec("echo-a", ""), spec("echo-b", "")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(LISTENER_TYPE, &["echo"], "")).unwrap();
+    session.on_request(ask(CLUSTER_TYPE, &["echo"], "")).unwrap();
+    session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
+    assert_eq!(session.responses().len(), 3);
+    lease.withdraw(vec![InstanceRef { service: "echo".into(), id: "echo-b".into() }]).await.unwrap();
+    hub.refresh();
+    let resent: Vec<String> = session.responses().into_iter().map(|r| r.type_url).collect();
+    assert_eq!(resent, [ENDPOINT_TYPE], "the listener and the cluster did not change");
+}

@@ -91,6 +91,9 @@ func subConnKey(id, addr string) string { return id + "\x00" + addr }
 // rotaBalancer keeps one subchannel per instance and publishes pickers over the READY ones.
 type rotaBalancer struct {
 	cc balancer.ClientConn
+	// xds is set for the policy xDS names (RegisterXDSPolicy): the balancer owns its link to
+	// rota, its endpoints are addresses, and calls take the cluster's version.
+	xds *xdsBuilder
 
 	mu          sync.Mutex
 	closed      bool
@@ -118,14 +121,23 @@ type knownInstance struct {
 func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l, _ := s.ResolverState.Attributes.Value(linkKey{}).(*link)
-	if l == nil {
-		b.cc.UpdateState(balancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{status.Error(codes.FailedPrecondition, "rota: the rota policy needs a rota:///SERVICE target")}})
-		return balancer.ErrBadResolverState
-	}
+	var l *link
 	config := Config{}
-	if c, ok := s.BalancerConfig.(*Config); ok && c != nil {
-		config = *c
+	if b.xds != nil {
+		var err error
+		if l, config, err = b.xdsLinkLocked(s.BalancerConfig); err != nil {
+			b.cc.UpdateState(balancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{status.Error(codes.Unavailable, err.Error())}})
+			return balancer.ErrBadResolverState
+		}
+	} else {
+		l, _ = s.ResolverState.Attributes.Value(linkKey{}).(*link)
+		if l == nil {
+			b.cc.UpdateState(balancer.State{ConnectivityState: connectivity.TransientFailure, Picker: errPicker{status.Error(codes.FailedPrecondition, "rota: the rota policy needs a rota:///SERVICE target")}})
+			return balancer.ErrBadResolverState
+		}
+		if c, ok := s.BalancerConfig.(*Config); ok && c != nil {
+			config = *c
+		}
 	}
 	if b.link != l || b.config.Rule != config.Rule {
 		if b.leases != nil {
@@ -146,6 +158,11 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 		}
 		a := e.Addresses[0]
 		info := infoOf(e)
+		if b.xds != nil {
+			// xDS gives addresses, not rota's instances: the subchannel is the address's, and
+			// a lease's instance finds it by its host:port (picker.byAddr).
+			info = instanceInfo{version: config.Version, weight: 100}
+		}
 		key := subConnKey(info.id, a.Addr)
 		seen[key] = true
 		if c, ok := b.subConns[key]; ok {
@@ -181,7 +198,10 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 	for _, c := range b.subConns {
 		known.instances = append(known.instances, knownInstance{info: c.info, addr: c.addr})
 	}
-	sort.Slice(known.instances, func(i, j int) bool { return known.instances[i].info.id < known.instances[j].info.id })
+	sort.Slice(known.instances, func(i, j int) bool {
+		a, c := known.instances[i], known.instances[j]
+		return a.info.id < c.info.id || a.info.id == c.info.id && a.addr < c.addr
+	})
 	b.known.Store(known)
 	watch, _ := s.ResolverState.Attributes.Value(watchKey{}).(uint64)
 	if changed || watch != b.watch {
@@ -230,9 +250,40 @@ func (b *rotaBalancer) Close() {
 		c.sc.Shutdown()
 	}
 	b.subConns = map[string]*subConn{}
+	if b.xds != nil && b.link != nil {
+		b.link.close()
+		b.link = nil
+	}
 }
 
 func (b *rotaBalancer) ExitIdle() {}
+
+// xdsLinkLocked is the link and config of the policy xDS names (RegisterXDSPolicy): the
+// cluster's service, version and rule, over the policy's own link to rota, opened anew when
+// the service changes.
+func (b *rotaBalancer) xdsLinkLocked(lbConfig serviceconfig.LoadBalancingConfig) (*link, Config, error) {
+	c, ok := lbConfig.(*XDSConfig)
+	if !ok || c == nil {
+		return nil, Config{}, fmt.Errorf("rota: the %s policy got no config naming a service", XDSPolicyName)
+	}
+	report := !b.xds.opts.noReports
+	config := Config{Rule: c.Rule, Version: c.Version, Report: &report, TicketHeader: b.xds.opts.ticket}
+	if b.link != nil && b.link.service == c.Service {
+		return b.link, config, nil
+	}
+	l, err := b.xds.dial(c.Service)
+	if err != nil {
+		return nil, Config{}, err
+	}
+	if b.link != nil {
+		if b.leases != nil {
+			b.leases.close()
+			b.leases = nil
+		}
+		b.link.close()
+	}
+	return l, config, nil
+}
 
 // wake republishes the picker so that RPCs queued for a lease are picked again.
 func (b *rotaBalancer) wake() {
@@ -269,6 +320,7 @@ func (b *rotaBalancer) publishLocked() {
 		version:    b.config.Version,
 		report:     b.config.Report == nil || *b.config.Report,
 		ticket:     b.config.TicketHeader,
+		byAddr:     b.xds != nil,
 		ready:      ready,
 		connecting: connecting,
 		unsettled:  unsettled,

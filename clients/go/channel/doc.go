@@ -33,4 +33,9 @@
 //
 // rota's address is the target's (rota://HOST:PORT/SERVICE), else WithServer's, else
 // $ROTA_SERVER, else 127.0.0.1:50051.
+//
+// RegisterXDSPolicy registers the same policy under XDSPolicyName (rota.v1.CentralRotation),
+// the custom policy (gRFC A52) rota's xDS clusters name first: an xds:///SERVICE channel of
+// grpc-go's xDS client then leases tickets of the cluster's service, version and rule from the
+// rota it names, and routes each call to the endpoint whose address is its instance's.
 package channel

@@ -26,11 +26,14 @@ const TicketHeader = "x-rota-ticket"
 
 // picker maps each RPC to an instance by the next leased ticket of its version.
 type picker struct {
-	leases     *leaser
-	link       *link
-	version    string
-	report     bool
-	ticket     bool
+	leases  *leaser
+	link    *link
+	version string
+	report  bool
+	ticket  bool
+	// byAddr: the subchannels are the addresses xDS gave (RegisterXDSPolicy), found by an
+	// instance's host:port alone, and every call takes version (the cluster's).
+	byAddr     bool
 	ready      map[string]readyConn
 	connecting bool
 	unsettled  bool
@@ -55,7 +58,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if p.unsettled {
 		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 	}
-	version := callVersion(info.Ctx, p.version)
+	version := p.version
+	if !p.byAddr {
+		version = callVersion(info.Ctx, p.version)
+	}
 	s := p.leases.stream(version)
 	d, ok, err := s.take()
 	if err != nil {
@@ -94,7 +100,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			// The position spread names was usable when p.unusable looked, whatever a hold
 			// beginning since then says.
 			if pos, ok = d.view.m.spread(d.ticket, p.unusable(d.view)); ok {
-				c, ok = p.ready[subConnKey(d.view.ids[pos], d.view.addrs[pos])]
+				c, ok = p.ready[p.key(d.view, pos)]
 			}
 			if !ok {
 				return balancer.PickResult{}, p.noneReady()
@@ -115,6 +121,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	ticket, rule, reports := d.ticket, d.view.rule, p.link.reports
 	if d.local {
 		ticket, rule = 0, ""
+	}
+	if id == "" {
+		// A local rotation over xDS's addresses, before any lease: no instance id to report.
+		result.Done = func(done balancer.DoneInfo) { hold.record(done, epoch, clock()) }
+		return result, nil
 	}
 	result.Done = func(done balancer.DoneInfo) {
 		hold.record(done, epoch, clock())
@@ -142,11 +153,20 @@ func (p *picker) noneReady() error {
 // usable returns the subchannel of view position pos when it is READY and not held out for
 // timeouts.
 func (p *picker) usable(view *leaseView, pos int) (readyConn, bool) {
-	c, ok := p.ready[subConnKey(view.ids[pos], view.addrs[pos])]
+	c, ok := p.ready[p.key(view, pos)]
 	if !ok || c.hold.held(p.now) {
 		return readyConn{}, false
 	}
 	return c, true
+}
+
+// key is the subchannel key of view position pos: its instance's id and address, or (byAddr)
+// its address alone.
+func (p *picker) key(view *leaseView, pos int) string {
+	if p.byAddr {
+		return subConnKey("", view.addrs[pos])
+	}
+	return subConnKey(view.ids[pos], view.addrs[pos])
 }
 
 // anyUsable reports whether some instance of view is usable.

@@ -20,6 +20,8 @@ import (
 	// The standard xDS client: registers the xds:/// resolver and the xDS balancers.
 	_ "google.golang.org/grpc/xds"
 
+	rota "github.com/rota-lb/rota/clients/go"
+	"github.com/rota-lb/rota/clients/go/channel"
 	"github.com/rota-lb/rota/clients/go/channel/echo"
 	"github.com/rota-lb/rota/clients/go/internal/rotaproc"
 )
@@ -27,6 +29,10 @@ import (
 // consumerEnv, when set, makes the test binary a consumer process: its value is the target
 // (xds:///SERVICE), and GRPC_XDS_BOOTSTRAP names the bootstrap file.
 const consumerEnv = "ROTA_XDS_CONSUMER"
+
+// policyEnv, when set in a consumer process, is the rota server its rota policy leases from:
+// the process registers channel.RegisterXDSPolicy with it (x-rota-ticket on) before it dials.
+const policyEnv = "ROTA_XDS_POLICY_SERVER"
 
 // batch is one request to a consumer process: make Calls calls, one after another.
 type batch struct {
@@ -56,6 +62,10 @@ type result struct {
 // client, kept until standard input ends; each batch read from standard input is answered with
 // one line per call.
 func consumerMain() int {
+	if server := os.Getenv(policyEnv); server != "" {
+		channel.RegisterXDSPolicy(server, channel.WithTicketHeader(true),
+			channel.WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond, Factor: 2}))
+	}
 	conn, err := grpc.NewClient(os.Getenv(consumerEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
@@ -108,11 +118,12 @@ type consumer struct {
 	err     error
 }
 
-// startConsumer starts a consumer process of target with the bootstrap file; logFile, when
+// startConsumer starts a consumer process of target with the bootstrap file; policyServer,
+// when not empty, is the rota its rota policy leases from (RegisterXDSPolicy); logFile, when
 // not empty, gets all the process writes to its standard error.
-func startConsumer(target, bootstrap, logFile string) (*consumer, error) {
+func startConsumer(target, bootstrap, policyServer, logFile string) (*consumer, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), consumerEnv+"="+target, "GRPC_XDS_BOOTSTRAP="+bootstrap)
+	cmd.Env = append(os.Environ(), consumerEnv+"="+target, "GRPC_XDS_BOOTSTRAP="+bootstrap, policyEnv+"="+policyServer)
 	rotaproc.SetParentDeathSignal(cmd)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

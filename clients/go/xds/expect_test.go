@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -26,6 +27,10 @@ type expect struct {
 	Counts map[string]int `json:"counts"`
 	// Balanced: every id in Only answered, and the counts differ by at most max(2, N/10).
 	Balanced bool `json:"balanced"`
+	// Rotation (rota_policy scenarios only): every call carried a ticket, no ticket came twice
+	// (across all the step's consumers), and each reached the instance of these ids (in id
+	// order) that the service's rule maps its ticket to.
+	Rotation []string `json:"rotation"`
 }
 
 // codeName is a status code's canonical name, as the scenarios write it (UNAVAILABLE, …).
@@ -33,7 +38,7 @@ func codeName(err error) string { return code.Code(status.Code(err)).String() }
 
 // checkExpect checks a calls step's expectations against what the consumers saw (results)
 // and what the instances answered (calls).
-func checkExpect(e *expect, results []result, calls []echo.Call) error {
+func checkExpect(e *expect, rule string, results []result, calls []echo.Call) error {
 	if e == nil {
 		return nil
 	}
@@ -103,6 +108,11 @@ func checkExpect(e *expect, results []result, calls []echo.Call) error {
 			}
 		}
 	}
+	if len(e.Rotation) > 0 {
+		if err := checkRotation(rule, e.Rotation, calls); err != nil {
+			return err
+		}
+	}
 	if e.Balanced {
 		most, fewest := 0, len(reached)
 		for _, id := range e.Only {
@@ -111,6 +121,44 @@ func checkExpect(e *expect, results []result, calls []echo.Call) error {
 		if bound := max(2, len(reached)/10); most-fewest > bound {
 			return fmt.Errorf("calls per instance %v differ by %d, more than %d", got, most-fewest, bound)
 		}
+	}
+	return nil
+}
+
+// checkRotation: every call has a distinct ticket and reached the instance rule maps it to
+// among ids in id order, as rota maps a lease's tickets (round_robin: ticket mod n;
+// repeat(n=N): ticket / N mod n). Only those rules are checked here.
+func checkRotation(rule string, ids []string, calls []echo.Call) error {
+	sorted := slices.Sorted(slices.Values(ids))
+	run := uint64(1)
+	switch {
+	case rule == "round_robin":
+	case rule == "repeat":
+		run = 3
+	case strings.HasPrefix(rule, "repeat(n=") && strings.HasSuffix(rule, ")"):
+		n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(rule, "repeat(n="), ")"), 10, 32)
+		if err != nil || n == 0 {
+			return fmt.Errorf("rotation: rule %q", rule)
+		}
+		run = n
+	default:
+		return fmt.Errorf("rotation: this runner checks round_robin and repeat, not %q", rule)
+	}
+	seen := map[int64]string{}
+	for _, c := range calls {
+		if c.Ticket < 0 {
+			return fmt.Errorf("a call to %s carried no ticket", c.Instance)
+		}
+		if other, dup := seen[c.Ticket]; dup {
+			return fmt.Errorf("ticket %d was used twice (%s and %s): the consumers do not share one rotation", c.Ticket, other, c.Instance)
+		}
+		seen[c.Ticket] = c.Instance
+		if want := sorted[(uint64(c.Ticket)/run)%uint64(len(sorted))]; want != c.Instance {
+			return fmt.Errorf("ticket %d reached %s; %s over %v maps it to %s", c.Ticket, c.Instance, rule, sorted, want)
+		}
+	}
+	if len(seen) == 0 {
+		return fmt.Errorf("no call to check")
 	}
 	return nil
 }

@@ -37,6 +37,8 @@ func TestScenarioKeys(t *testing.T) {
 		`{"name": "x", "instances": [], "steps": [{"calls": 1, "expect": {"code": ["UNAVAILABLE"]}}]}`,
 		`{"name": "x", "instances": [], "steps": [{"drain": "a", "trip": "a", "within_ms": 1}]}`,
 		`{"name": "x", "instances": [], "steps": [{"within_ms": 1}]}`,
+		`{"name": "x", "instances": [], "steps": [{"calls": 1, "expect": {"rotation": ["a"]}}]}`,
+		`{"name": "x", "rota_policy": true, "instances": [], "steps": [{"calls": 1, "expect": {"runs": 3}}]}`,
 	} {
 		if _, err := decodeScenario([]byte(raw)); err == nil {
 			t.Errorf("accepted %s", raw)
@@ -47,6 +49,38 @@ func TestScenarioKeys(t *testing.T) {
 		{"calls": 1, "deadline_ms": 300, "expect": {"failures": 1, "codes": ["UNAVAILABLE"]}}]}`))
 	if err != nil || sc.Steps[0].Drain != "a" || sc.Steps[1].Trip != "a" || sc.Steps[2].Expect.Codes[0] != "UNAVAILABLE" {
 		t.Fatalf("a valid scenario: %+v, %v", sc, err)
+	}
+}
+
+// rotation holds when each call's ticket is distinct and reached the instance the rule maps
+// it to among the ids in id order.
+func TestRotationExpectation(t *testing.T) {
+	sc, err := decodeScenario([]byte(`{"name": "x", "rota_policy": true, "instances": [{"id": "a"}],
+		"steps": [{"calls": 1, "consumers": 2, "expect": {"failures": 0, "rotation": ["a"]}}]}`))
+	if err != nil || !sc.RotaPolicy || sc.Steps[0].Expect.Rotation[0] != "a" {
+		t.Fatalf("a valid rota_policy scenario: %+v, %v", sc, err)
+	}
+	call := func(id string, ticket int64) echo.Call { return echo.Call{Instance: id, Ticket: ticket} }
+	for _, c := range []struct {
+		rule  string
+		calls []echo.Call
+		fails string
+	}{
+		{"round_robin", []echo.Call{call("a", 0), call("b", 1), call("c", 5), call("a", 9)}, ""},
+		{"repeat(n=2)", []echo.Call{call("a", 0), call("a", 1), call("b", 2), call("a", 6)}, ""},
+		{"round_robin", []echo.Call{call("b", 0)}, "ticket 0 reached b"},
+		{"round_robin", []echo.Call{call("a", 3), call("a", 3)}, "used twice"},
+		{"round_robin", []echo.Call{call("a", -1)}, "carried no ticket"},
+		{"round_robin", nil, "no call"},
+		{"weighted", []echo.Call{call("a", 0)}, "not \"weighted\""},
+	} {
+		err := checkRotation(c.rule, []string{"c", "a", "b"}, c.calls)
+		switch {
+		case c.fails == "" && err != nil:
+			t.Errorf("%s %v: %v", c.rule, c.calls, err)
+		case c.fails != "" && (err == nil || !strings.Contains(err.Error(), c.fails)):
+			t.Errorf("%s %v: %v, want an error with %q", c.rule, c.calls, err, c.fails)
+		}
 	}
 }
 
@@ -65,7 +99,7 @@ func TestCodesExpectation(t *testing.T) {
 		{[]string{"UNAVAILABLE"}, []result{failed(codes.DeadlineExceeded), ok}, "failed with DEADLINE_EXCEEDED"},
 		{[]string{"CANCELLED"}, []result{failed(codes.Canceled), ok}, ""},
 	} {
-		err := checkExpect(&expect{Codes: c.codes}, c.results, calls)
+		err := checkExpect(&expect{Codes: c.codes}, "round_robin", c.results, calls)
 		switch {
 		case c.fails == "" && err != nil:
 			t.Errorf("codes %v: %v", c.codes, err)

@@ -26,12 +26,15 @@ const scenarioDir = "../../conformance/xds"
 var skip = map[string]string{}
 
 // scenario is one file of clients/conformance/xds (format in its README.md and in
-// ../channel/README.md). Keys the xDS scenarios do not use (rule, leased, rotation, runs, kill,
-// hang, await_leases) are refused as unknown.
+// ../channel/README.md). Keys the xDS scenarios do not use (rule, leased, runs, kill, hang,
+// await_leases) are refused as unknown, and rotation outside a rota_policy scenario.
 type scenario struct {
-	Name      string `json:"name"`
-	Service   string `json:"service"`
-	Instances []struct {
+	Name    string `json:"name"`
+	Service string `json:"service"`
+	// RotaPolicy: each consumer process registers rota's own policy (channel.RegisterXDSPolicy,
+	// gRFC A52) with this scenario's rota and the x-rota-ticket header on.
+	RotaPolicy bool `json:"rota_policy"`
+	Instances  []struct {
 		ID      string  `json:"id"`
 		Version string  `json:"version"`
 		Weight  *uint32 `json:"weight"`
@@ -80,6 +83,9 @@ func decodeScenario(raw []byte) (scenario, error) {
 		if actions != 1 {
 			return sc, fmt.Errorf("step %d has %d actions, want one", i, actions)
 		}
+		if s.Expect != nil && len(s.Expect.Rotation) > 0 && !sc.RotaPolicy {
+			return sc, fmt.Errorf("step %d expects a rotation, which only a rota_policy scenario's calls carry tickets of", i)
+		}
 	}
 	return sc, nil
 }
@@ -121,20 +127,27 @@ type run struct {
 	log       *echo.Log
 	bootstrap string
 	consumer  *consumer
+	// rule is the service's rule (its policy's, else round_robin), which rotation checks
+	// tickets with.
+	rule string
 }
 
 // scenarioTimeout bounds one scenario, its rota restarts and waits included.
 const scenarioTimeout = 90 * time.Second
 
+// restartWarmup is the warm-up of a restarted rota (clients/conformance/xds/README.md: at
+// least 10 s).
+const restartWarmup = 10 * time.Second
+
 func runScenario(t *testing.T, sc scenario) {
 	r := &run{t: t, sc: sc, service: sc.Service, servers: map[string]*echo.Server{}, regs: map[string]*rota.Registration{},
-		refs: map[string]rota.InstanceRef{}, log: &echo.Log{}}
+		refs: map[string]rota.InstanceRef{}, log: &echo.Log{}, rule: "round_robin"}
 	if r.service == "" {
 		r.service = "echo"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	t.Cleanup(cancel)
-	r.startRota("127.0.0.1:0")
+	r.startRota("127.0.0.1:0", 0)
 	client, err := rota.Dial(ctx, r.rota.Addr, rota.WithLogger(quietLogger()),
 		rota.WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond, Factor: 2}))
 	if err != nil {
@@ -175,6 +188,9 @@ func runScenario(t *testing.T, sc scenario) {
 			t.Fatalf("policy names service %q; a scenario's policy is for its own service", policy.GetService())
 		}
 		policy.Service = r.service
+		if policy.GetRule() != "" {
+			r.rule = policy.GetRule()
+		}
 		if _, err := rotapb.NewPoliciesClient(r.client.Conn()).SetPolicy(ctx, &rotapb.SetPolicyRequest{Policy: &policy}); err != nil {
 			t.Fatalf("setting the policy of %s: %v", r.service, err)
 		}
@@ -189,11 +205,12 @@ func runScenario(t *testing.T, sc scenario) {
 	}
 }
 
-// startRota starts rota on listen, stopped when the test ends; a failed test logs its tail.
-func (r *run) startRota(listen string) {
+// startRota starts rota on listen with its warm-up (0 for none), stopped when the test ends;
+// a failed test logs its tail.
+func (r *run) startRota(listen string, warmup time.Duration) {
 	t := r.t
 	t.Helper()
-	srv, err := rotaproc.Start(rotaproc.Binary(filepath.Join("..", "..", "..")), listen)
+	srv, err := rotaproc.StartWithWarmup(rotaproc.Binary(filepath.Join("..", "..", "..")), listen, warmup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +228,11 @@ func (r *run) startRota(listen string) {
 func (r *run) startConsumer() *consumer {
 	t := r.t
 	t.Helper()
-	c, err := startConsumer("xds:///"+r.service, r.bootstrap, logFile(t))
+	policyServer := ""
+	if r.sc.RotaPolicy {
+		policyServer = r.rota.Addr
+	}
+	c, err := startConsumer("xds:///"+r.service, r.bootstrap, policyServer, logFile(t))
 	if err != nil {
 		t.Fatalf("starting a consumer process: %v", err)
 	}
@@ -289,7 +310,9 @@ func (r *run) step(ctx context.Context, i int, s step) {
 	case s.StopRota:
 		r.rota.Stop()
 	case s.RestartRota:
-		r.startRota(r.rota.Addr)
+		// With its warm-up on, as the README asks: the restarted rota withholds the service
+		// until the providers are back, rather than telling the clients it has no listener.
+		r.startRota(r.rota.Addr, restartWarmup)
 		open := len(r.regs)
 		err := waitFor(ctx, 20*time.Second, func() bool {
 			list, err := r.client.Instances(ctx, "echo")
@@ -411,7 +434,7 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 		}
 	}
 	t.Logf("step %d: %d calls, %d failed, answered %v", i, len(results), failed, answered)
-	if err := checkExpect(s.Expect, results, r.log.Calls()[before:]); err != nil {
+	if err := checkExpect(s.Expect, r.rule, results, r.log.Calls()[before:]); err != nil {
 		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, len(consumers), err)
 	}
 }

@@ -41,8 +41,15 @@ type Server struct {
 // them), and reads the bound address from the first line of its output. The process gets
 // SIGKILL when the thread that started it exits (Linux), so it dies with its test binary.
 func Start(bin, listen string) (*Server, error) {
+	return StartWithWarmup(bin, listen, 0)
+}
+
+// StartWithWarmup is Start with rota's start-up warm-up set to warmup (ROTA_WARMUP): for a
+// restarted rota, which then withholds a service it has not seen yet rather than reporting it
+// absent, while the providers register again.
+func StartWithWarmup(bin, listen string, warmup time.Duration) (*Server, error) {
 	cmd := exec.Command(bin, "serve", "--listen", listen)
-	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off", "ROTA_WARMUP=0s")
+	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off", fmt.Sprintf("ROTA_WARMUP=%dms", warmup.Milliseconds()))
 	SetParentDeathSignal(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

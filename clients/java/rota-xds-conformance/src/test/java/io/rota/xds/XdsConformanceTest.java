@@ -69,6 +69,9 @@ class XdsConformanceTest {
      */
     static final Map<String, String> SKIP = Map.of();
 
+    /** rota's warm-up after {@code restart_rota}: at least 10 s (the README); rota's default, its heartbeat timeout. */
+    static final String RESTART_WARMUP = "15s";
+
     /** The longest a scenario may take, every step included. */
     private static final Duration SCENARIO_BOUND = Duration.ofSeconds(120);
 
@@ -102,7 +105,7 @@ class XdsConformanceTest {
     // --- the format -------------------------------------------------------------------------------
 
     /** The keys the channel format and clients/conformance/xds/README.md define; any other fails the scenario. */
-    private static final Set<String> SCENARIO_KEYS = Set.of("name", "service", "instances", "policy", "steps");
+    private static final Set<String> SCENARIO_KEYS = Set.of("name", "service", "instances", "policy", "rota_policy", "steps");
     private static final Set<String> INSTANCE_KEYS = Set.of("id", "version", "weight", "unreachable");
     private static final Map<String, Set<String>> STEP_KEYS = Map.of(
             "calls", Set.of("calls", "consumers", "version", "deadline_ms", "expect"),
@@ -113,9 +116,26 @@ class XdsConformanceTest {
             "hang", Set.of("hang"),
             "stop_rota", Set.of("stop_rota"),
             "restart_rota", Set.of("restart_rota"));
-    /** {@code leased}, {@code rotation} and {@code runs} need tickets, which xDS calls do not carry. */
+    /**
+     * {@code leased}, {@code rotation} and {@code runs} need tickets, which xDS calls do not carry;
+     * with {@code "rota_policy": true} they carry rota's, and {@code rotation} checks them.
+     */
     private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "codes", "only", "never", "spread",
             "counts", "balanced");
+    private static final Set<String> ROTA_POLICY_EXPECT_KEYS = union(EXPECT_KEYS, Set.of("rotation"));
+
+    private static Set<String> union(Set<String> a, Set<String> b) {
+        Set<String> out = new java.util.HashSet<>(a);
+        out.addAll(b);
+        return Set.copyOf(out);
+    }
+
+    /** Whether the scenario's consumers register rota's own policy (gRFC A52), {@code "rota_policy": true}. */
+    static boolean rotaPolicy(JsonNode scenario) {
+        JsonNode flag = scenario.path("rota_policy");
+        assertTrue(flag.isMissingNode() || flag.isBoolean(), "rota_policy must be true or false: " + flag);
+        return flag.asBoolean(false);
+    }
 
     private static void known(JsonNode node, Set<String> known, String where) {
         node.fieldNames().forEachRemaining(key -> assertTrue(known.contains(key), "unknown key \"" + key + "\" in " + where));
@@ -124,19 +144,21 @@ class XdsConformanceTest {
     /** Every key of a scenario, its instances, steps and expectations is one the format defines. */
     static void checkKeys(JsonNode scenario) {
         known(scenario, SCENARIO_KEYS, "the scenario");
+        Set<String> expectKeys = rotaPolicy(scenario) ? ROTA_POLICY_EXPECT_KEYS : EXPECT_KEYS;
         scenario.path("instances").forEach(i -> known(i, INSTANCE_KEYS, "an instance"));
         for (JsonNode step : scenario.path("steps")) {
             String action = STEP_KEYS.keySet().stream().filter(step::has).findFirst()
                     .orElseThrow(() -> new AssertionError("a step with no action: " + step));
             known(step, STEP_KEYS.get(action), "a " + action + " step");
             if (step.has("expect")) {
-                known(step.get("expect"), EXPECT_KEYS, "an expectation");
+                known(step.get("expect"), expectKeys, "an expectation");
             }
         }
     }
 
     @Test
     void aMisspeltKeyFailsTheScenario() throws IOException {
+        checkKeys(JSON.readTree("{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"rotation\": [\"a\"]}}]}"));
         checkKeys(JSON.readTree("{\"name\": \"n\", \"instances\": [{\"id\": \"a\"}], \"policy\": {}, \"steps\": ["
                 + "{\"drain\": \"a\", \"within_ms\": 5, \"version\": \"v\"}, {\"trip\": \"a\", \"within_ms\": 5},"
                 + "{\"calls\": 1, \"expect\": {\"codes\": [\"UNAVAILABLE\"], \"only\": [\"a\"]}}]}"));
@@ -146,10 +168,36 @@ class XdsConformanceTest {
                 "{\"steps\": [{\"calls\": 1, \"expect\": {\"code\": []}}]}",
                 "{\"steps\": [{\"calls\": 1, \"expect\": {\"rotation\": [\"a\"]}}]}",
                 "{\"steps\": [{\"drain\": \"a\", \"within\": 5}]}",
-                "{\"steps\": [{\"await_leases\": true, \"within_ms\": 5}]}")) {
+                "{\"steps\": [{\"await_leases\": true, \"within_ms\": 5}]}",
+                "{\"rota_policy\": false, \"steps\": [{\"calls\": 1, \"expect\": {\"rotation\": [\"a\"]}}]}",
+                "{\"rota_policy\": \"yes\", \"steps\": []}",
+                "{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"runs\": 3}}]}",
+                "{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"leased\": true}}]}",
+                "{\"rota_policy\": true, \"rule\": \"round_robin\", \"steps\": []}")) {
             JsonNode scenario = JSON.readTree(bad);
             assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
         }
+    }
+
+    @Test
+    void rotationFailsWhenTheTicketsDoNotFollowIt() {
+        JsonNode three = JSON.createArrayNode().add("c").add("a").add("b");
+        List<EchoFleet.Received> good = List.of(new EchoFleet.Received("a", "3", 0, false),
+                new EchoFleet.Received("c", "5", 0, false), new EchoFleet.Received("b", "4", 0, false));
+        checkRotation(three, "round_robin", good, new java.util.HashSet<>());
+        checkRotation(three, "repeat(n=2)", List.of(new EchoFleet.Received("b", "3", 0, false)), new java.util.HashSet<>());
+        for (List<EchoFleet.Received> bad : List.of(
+                List.of(new EchoFleet.Received("b", "3", 0, false)),
+                List.of(new EchoFleet.Received("a", null, 0, false)),
+                List.of(new EchoFleet.Received("a", "L3", 0, false)),
+                List.of(new EchoFleet.Received("a", "3", 0, false), new EchoFleet.Received("a", "3", 0, false)))) {
+            assertThrows(AssertionError.class, () -> checkRotation(three, "round_robin", bad, new java.util.HashSet<>()), bad::toString);
+        }
+        assertThrows(AssertionError.class, () -> checkRotation(three, "round_robin", List.of(), new java.util.HashSet<>()));
+        assertThrows(AssertionError.class, () -> checkRotation(three, "weighted", good, new java.util.HashSet<>()));
+        // Across steps: a ticket seen before is a ticket used twice.
+        Set<Long> seen = new java.util.HashSet<>(Set.of(3L));
+        assertThrows(AssertionError.class, () -> checkRotation(three, "round_robin", good, seen));
     }
 
     @Test
@@ -234,6 +282,29 @@ class XdsConformanceTest {
         }
     }
 
+    /**
+     * {@code rotation}: every call carried a leased ticket ({@code x-rota-ticket}, a number; a
+     * local pick's {@code L<n>} is none), no ticket came twice ({@code seen}: the scenario's, across
+     * every consumer), and each call reached the instance {@code rule} maps its ticket to over
+     * {@code ids} in id order. Only {@code round_robin} and {@code repeat(n=N)}: a {@code weighted}
+     * rotation's schedule is the client's own (package-private) mapping, and no xDS scenario has one.
+     */
+    static void checkRotation(JsonNode expected, String rule, List<EchoFleet.Received> received, Set<Long> seen) {
+        List<String> ids = new ArrayList<>(new TreeSet<>(strings(expected)));
+        java.util.regex.Matcher repeat = java.util.regex.Pattern.compile("repeat(?:\\(n=(\\d+)\\))?").matcher(rule);
+        long run = rule.equals("round_robin") ? 1 : repeat.matches() ? (repeat.group(1) == null ? 3 : Long.parseLong(repeat.group(1))) : 0;
+        assertTrue(run > 0, "rotation: the runner maps round_robin and repeat(n=N) only, not " + rule);
+        assertTrue(!received.isEmpty(), "rotation: no call was answered");
+        for (EchoFleet.Received r : received) {
+            assertTrue(r.ticket() != null && !r.ticket().startsWith("L"), "call to " + r.instance()
+                    + " without a leased ticket (x-rota-ticket " + r.ticket() + ")");
+            long ticket = Long.parseUnsignedLong(r.ticket());
+            assertTrue(seen.add(ticket), "ticket " + r.ticket() + " used twice");
+            String wanted = ids.get((int) Long.remainderUnsigned(Long.divideUnsigned(ticket, run), ids.size()));
+            assertEquals(wanted, r.instance(), "ticket " + r.ticket() + " (" + rule + " over " + ids + ")");
+        }
+    }
+
     private static List<String> strings(JsonNode array) {
         List<String> out = new ArrayList<>();
         array.forEach(n -> out.add(n.asText()));
@@ -255,6 +326,12 @@ class XdsConformanceTest {
         final Map<String, Registration> registrations = new HashMap<>();
         final Path logs = Paths.get(System.getProperty("user.dir"), "target", "xds-logs");
         final List<Consumer> consumers = new ArrayList<>();
+        /** Whether consumers register rota's own policy, pointing at this scenario's rota. */
+        final boolean rotaPolicy;
+        /** The rule rota's policy names (the scenario's policy's, else rota's default), for {@code rotation}. */
+        final String rule;
+        /** Every leased ticket a call carried so far, over all consumers and steps. */
+        final Set<Long> seen = new java.util.HashSet<>();
         RotaServer rota;
         RotaClient provider;
         Path bootstrap;
@@ -264,6 +341,8 @@ class XdsConformanceTest {
             this.scenario = scenario;
             this.stem = stem;
             this.service = scenario.path("service").asText("echo");
+            this.rotaPolicy = rotaPolicy(scenario);
+            this.rule = scenario.path("policy").path("rule").asText("round_robin");
             rota = RotaServer.start();
             provider = RotaClient.builder().target(rota.target())
                     .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(500))).build();
@@ -306,7 +385,8 @@ class XdsConformanceTest {
         }
 
         private Consumer startConsumer(String logName) throws IOException, InterruptedException {
-            Consumer started = new Consumer(bootstrap, "xds:///" + service, logs.resolve(logName + ".log"), deadline);
+            Consumer started = new Consumer(bootstrap, "xds:///" + service, rotaPolicy ? rota.target() : null,
+                    logs.resolve(logName + ".log"), deadline);
             consumers.add(started);
             started.awaitReady();
             return started;
@@ -345,7 +425,10 @@ class XdsConformanceTest {
             } else if (step.path("stop_rota").asBoolean()) {
                 rota.kill();
             } else if (step.path("restart_rota").asBoolean()) {
-                rota = RotaServer.startOn(rota.target());
+                // With its warm-up on (rota's default, the heartbeat timeout: 15 s), which the runner's
+                // harness turns off: a restarted rota withholds the service until its providers are
+                // back rather than telling the xDS clients it has none (clients/conformance/xds/README.md).
+                rota = RotaServer.startOn(rota.target(), "--warmup", RESTART_WARMUP);
                 // Over when rota lists again every instance whose registration is open.
                 Set<String> open = new TreeSet<>(registrations.keySet());
                 Await.until("rota to list " + open + " after its restart", Duration.ofSeconds(20), () -> {
@@ -426,6 +509,9 @@ class XdsConformanceTest {
                     + failures.size() + " failed" + (failures.isEmpty() ? "" : " (first: " + failures.get(0) + ")")
                     + ", reached " + reached);
             check(step.path("expect"), received, failures);
+            if (step.path("expect").has("rotation")) {
+                checkRotation(step.path("expect").get("rotation"), rule, received, seen);
+            }
         }
 
         /** The consumers' complaints (NACKs, errors), the last 40 of each log, for the message of a failed scenario. */
@@ -472,7 +558,8 @@ class XdsConformanceTest {
         private final BlockingQueue<String> lines = new LinkedBlockingQueue<>();
         private final long scenarioDeadline;
 
-        Consumer(Path bootstrap, String target, Path log, long scenarioDeadline) throws IOException {
+        /** @param rotaPolicy rota's address for rota's own policy (registered with the ticket header), or null */
+        Consumer(Path bootstrap, String target, String rotaPolicy, Path log, long scenarioDeadline) throws IOException {
             this.log = log;
             this.scenarioDeadline = scenarioDeadline;
             String java = ProcessHandle.current().info().command().orElse("java");
@@ -480,6 +567,9 @@ class XdsConformanceTest {
                     System.getProperty("java.class.path")));
             if (Boolean.getBoolean("rota.xds.debug")) {
                 command.add("-Drota.xds.debug=true");
+            }
+            if (rotaPolicy != null) {
+                command.add("-D" + XdsConsumer.ROTA_POLICY_PROPERTY + "=" + rotaPolicy);
             }
             command.addAll(List.of(XdsConsumer.class.getName(), target));
             ProcessBuilder builder = new ProcessBuilder(command).redirectError(log.toFile());

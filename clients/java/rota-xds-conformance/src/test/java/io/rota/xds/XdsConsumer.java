@@ -19,6 +19,7 @@ import io.grpc.Metadata;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.MetadataUtils;
 import io.rota.client.channel.RotaChannels;
+import io.rota.client.channel.XdsPolicyOptions;
 import rota.echo.v1.EchoGrpc;
 import rota.echo.v1.EchoOuterClass.EchoReply;
 import rota.echo.v1.EchoOuterClass.EchoRequest;
@@ -44,9 +45,15 @@ import rota.echo.v1.EchoOuterClass.EchoRequest;
  * with {@code DONE N}. {@code VERSION} is sent as {@code x-rota-version} metadata. grpc-xds logs
  * (logger {@code io.grpc.xds}, at FINER: its xDS INFO and WARNING lines, NACKs among them; at
  * FINEST with {@code -Drota.xds.debug=true}: every resource received) go to standard error.
+ *
+ * <p>With {@code -D}{@value #ROTA_POLICY_PROPERTY}{@code =HOST:PORT} it first registers rota's own
+ * load-balancing policy ({@code RotaChannels.registerXdsPolicy}, gRFC A52) leasing from that rota,
+ * with the {@code x-rota-ticket} header on, so that rota's clusters route by its central rotation.
  */
 public final class XdsConsumer {
     static final int READY_SECONDS = 20;
+    /** The system property naming rota's address for rota's own xDS policy. */
+    static final String ROTA_POLICY_PROPERTY = "rota.xds.policy";
 
     /** Held so that the configured loggers are not collected (and reset) while the process runs. */
     private static final Logger XDS_LOG = Logger.getLogger("io.grpc.xds");
@@ -59,6 +66,11 @@ public final class XdsConsumer {
         String target = args[0];
         configureLogging(Boolean.getBoolean("rota.xds.debug") ? Level.FINEST : Level.FINER);
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        String rota = System.getProperty(ROTA_POLICY_PROPERTY);
+        if (rota != null) {
+            // Before the channel: grpc-xds looks the policy up when it parses the clusters.
+            RotaChannels.registerXdsPolicy(rota, XdsPolicyOptions.defaults().withTicketHeader(true));
+        }
         ManagedChannel channel = Grpc.newChannelBuilder(target, InsecureChannelCredentials.create()).build();
         try {
             out.println("READY " + awaitReady(channel));

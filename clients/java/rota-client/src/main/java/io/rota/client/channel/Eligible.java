@@ -41,10 +41,10 @@ final class Eligible {
     }
 
     /** Positions whose instance {@code usable} rejects, or null when every one is usable. */
-    boolean[] excluded(Predicate<String> usable) {
+    boolean[] excluded(Predicate<Member> usable) {
         boolean[] excluded = null;
         for (int i = 0; i < members.size(); i++) {
-            if (!usable.test(members.get(i).id())) {
+            if (!usable.test(members.get(i))) {
                 if (excluded == null) {
                     excluded = new boolean[members.size()];
                 }
@@ -60,9 +60,9 @@ final class Eligible {
      * shares among themselves); null when none is usable. Only a ticket whose member is unusable
      * costs a pass over the list.
      */
-    Member route(long ticket, Predicate<String> usable) {
+    Member route(long ticket, Predicate<Member> usable) {
         Member member = map(ticket, null);
-        if (member != null && usable.test(member.id())) {
+        if (member != null && usable.test(member)) {
             return member;
         }
         int index = mapping.spread(ticket, excluded(usable));

@@ -1,5 +1,6 @@
 package io.rota.client.channel;
 
+import io.grpc.LoadBalancerRegistry;
 import io.grpc.Metadata;
 import io.grpc.NameResolver;
 
@@ -21,6 +22,11 @@ import io.grpc.NameResolver;
  * "version": ...}}]}} with {@link #RULE} and {@link #VERSION}; a channel that sets its own
  * service config ({@code defaultServiceConfig(...)} with {@code disableServiceConfigLookUp()})
  * configures the policy there instead.
+ *
+ * <p>Under xDS ({@code xds:///orders} with {@code io.grpc:grpc-xds}, rota as the control plane),
+ * {@link #registerXdsPolicy} makes rota's clusters use the same leased rotation: rota names its
+ * policy {@value #XDS_POLICY} first in each cluster it can lease (gRFC A52), and a client with it
+ * registered routes by rota's tickets over the endpoints xDS gives it.
  */
 public final class RotaChannels {
     /** The target scheme: {@code rota:///SERVICE}. */
@@ -56,6 +62,54 @@ public final class RotaChannels {
     /** The interval between leases the block size aims at, at a steady RPC rate. */
     public static final long TARGET_LEASE_INTERVAL_MS = 75;
 
+    /**
+     * The name of rota's xDS policy: the last part of the type URL of the {@code TypedStruct} rota's
+     * clusters carry ({@code type.googleapis.com/rota.v1.CentralRotation}).
+     */
+    public static final String XDS_POLICY = "rota.v1.CentralRotation";
+
+    /** The policy registered by {@link #registerXdsPolicy}, to replace on the next call. */
+    private static RotaXdsLoadBalancerProvider xdsPolicy;
+
     private RotaChannels() {
+    }
+
+    /** {@link #registerXdsPolicy(String, XdsPolicyOptions)} with the defaults (no ticket header). */
+    public static void registerXdsPolicy(String rotaTarget) {
+        registerXdsPolicy(rotaTarget, XdsPolicyOptions.defaults());
+    }
+
+    /**
+     * Registers rota's xDS policy ({@value #XDS_POLICY}) in grpc's default load-balancer registry,
+     * leasing from the rota server at {@code rotaTarget} ({@code host:port}, or a target with a
+     * scheme). Call it before the first {@code xds:///} channel gets its clusters: grpc-xds looks
+     * the name up when it parses a Cluster, and a client without it takes the cluster's next policy
+     * (grpc's own). Each cluster's balancer then leases tickets of {@code Balancer.Lease(service,
+     * rule, version)} from the cluster's config, maps each ticket to an instance of the lease's list
+     * as a {@code rota:///} channel does, and sends the RPC to the endpoint with that instance's
+     * {@code host:port}; an instance xDS did not give (not pushed yet, another locality, not
+     * healthy) is unusable, its tickets spread over the others. While rota cannot be reached, RPCs
+     * follow a local rotation over the last list. A second call replaces the first registration;
+     * channels already balancing keep theirs.
+     *
+     * @throws IllegalArgumentException when {@code rotaTarget} is blank
+     */
+    public static synchronized void registerXdsPolicy(String rotaTarget, XdsPolicyOptions options) {
+        if (rotaTarget == null || rotaTarget.isBlank()) {
+            throw new IllegalArgumentException("registerXdsPolicy needs rota's address (host:port)");
+        }
+        RotaXdsLoadBalancerProvider provider = new RotaXdsLoadBalancerProvider(
+                new RotaLoadBalancer.XdsSettings(rotaTarget.trim(), options.ticketHeader()));
+        deregisterXdsPolicy();
+        LoadBalancerRegistry.getDefaultRegistry().register(provider);
+        xdsPolicy = provider;
+    }
+
+    /** Removes the policy {@link #registerXdsPolicy} registered, if any: new clusters take their next policy. */
+    public static synchronized void deregisterXdsPolicy() {
+        if (xdsPolicy != null) {
+            LoadBalancerRegistry.getDefaultRegistry().deregister(xdsPolicy);
+            xdsPolicy = null;
+        }
     }
 }

@@ -16,6 +16,7 @@ import com.google.common.util.concurrent.MoreExecutors;
 
 import io.grpc.Attributes;
 import io.grpc.ClientInterceptor;
+import io.grpc.ConnectivityState;
 import io.grpc.Context;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
@@ -73,8 +74,9 @@ final class RotaLink implements AutoCloseable {
         this.server = server;
         this.service = service;
         // An explicit scheme: rota's own address never goes through a rota resolver.
+        // Never idle: a connection to rota that stops being READY means rota went away (watchConnection).
         this.channel = Grpc.newChannelBuilder(server.contains("://") ? server : "dns:///" + server,
-                InsecureChannelCredentials.create()).build();
+                InsecureChannelCredentials.create()).idleTimeout(30, TimeUnit.DAYS).build();
         this.balancer = BalancerGrpc.newFutureStub(channel).withInterceptors(interceptors);
         this.registry = RegistryGrpc.newStub(channel);
         this.scheduler = new ScheduledThreadPoolExecutor(1, task -> {
@@ -117,6 +119,28 @@ final class RotaLink implements AutoCloseable {
 
     void watchLost() {
         onWatchLost.run();
+    }
+
+    /**
+     * Runs {@code lost} each time the connection to rota, once READY, stops being READY (rota
+     * stopped or restarted: its tickets held here may be of a counter rota no longer has). For a
+     * balancer with no watch of its own to tell it (rota's xDS policy).
+     */
+    void watchConnection(Runnable lost) {
+        follow(channel.getState(true), lost);
+    }
+
+    private void follow(ConnectivityState seen, Runnable lost) {
+        channel.notifyWhenStateChanged(seen, () -> {
+            ConnectivityState now = channel.getState(false);
+            if (now == ConnectivityState.SHUTDOWN) {
+                return;
+            }
+            if (seen == ConnectivityState.READY && now != ConnectivityState.READY) {
+                lost.run();
+            }
+            follow(now, lost);
+        });
     }
 
     /** Reconnects to rota now rather than after the channel's backoff (rota may be back). */

@@ -6,6 +6,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 
+import com.google.common.net.InetAddresses;
+
 import io.grpc.ConnectivityState;
 import io.grpc.ConnectivityStateInfo;
 import io.grpc.EquivalentAddressGroup;
@@ -18,12 +20,26 @@ import io.grpc.Status;
  * instance has a {@link HoldOut} counting its timeouts, for as long as its subchannel lives.
  * Runs in the channel's synchronization context, except for the rotations' lease callbacks,
  * which post back into it.
+ *
+ * <p>The same balancer is rota's xDS policy ({@link RotaXdsLoadBalancerProvider}) when built with
+ * an {@link XdsSettings}: its instances are then the endpoints xDS gave it (of one cluster and
+ * locality, no rota ids), keyed by {@code host:port}, its link to rota is its own (to the
+ * registered address, for the config's service), the config is the cluster's
+ * ({@link RotaXdsLoadBalancerProvider.XdsConfig}), and a leased instance is routed to the
+ * subchannel of its address; an instance of the lease that xDS did not give is unusable.
  */
 final class RotaLoadBalancer extends LoadBalancer {
     /** Longest wait for a new subchannel's first connection before RPCs skip it. */
     static final long SETTLE_TIMEOUT_MS = 2000;
 
+    /** What rota's xDS policy was registered with: rota's address and the ticket header. */
+    record XdsSettings(String server, boolean ticketHeader) {
+    }
+
     private final Helper helper;
+    /** Null for the {@code rota} policy behind the rota resolver. */
+    private final XdsSettings xds;
+    /** Subchannels, states, members and holds are keyed by instance id, or by {@code host:port} under xDS. */
     private final Map<String, Subchannel> subchannels = new HashMap<>();
     private final Map<String, ConnectivityState> states = new HashMap<>();
     private final Map<String, Member> members = new HashMap<>();
@@ -45,12 +61,25 @@ final class RotaLoadBalancer extends LoadBalancer {
 
     /** @param clock the hold-outs' clock, in nanoseconds as {@link System#nanoTime} counts them */
     RotaLoadBalancer(Helper helper, java.util.function.LongSupplier clock) {
+        this(helper, clock, null);
+    }
+
+    /** rota's xDS policy, leasing from {@code xds.server()}. */
+    RotaLoadBalancer(Helper helper, XdsSettings xds) {
+        this(helper, System::nanoTime, xds);
+    }
+
+    private RotaLoadBalancer(Helper helper, java.util.function.LongSupplier clock, XdsSettings xds) {
         this.helper = helper;
         this.clock = clock;
+        this.xds = xds;
     }
 
     @Override
     public Status acceptResolvedAddresses(ResolvedAddresses resolvedAddresses) {
+        if (xds != null) {
+            return acceptXds(resolvedAddresses);
+        }
         RotaLink newLink = resolvedAddresses.getAttributes().get(RotaLink.KEY);
         if (newLink == null) {
             Status status = Status.FAILED_PRECONDITION.withDescription(
@@ -80,6 +109,65 @@ final class RotaLoadBalancer extends LoadBalancer {
                     group.getAttributes().get(RotaNameResolver.VERSION), group.getAttributes().get(RotaNameResolver.WEIGHT));
             all.add(member);
         }
+        update(wanted, all);
+        return Status.OK;
+    }
+
+    /**
+     * rota's xDS policy: the endpoints of one locality of the cluster, each keyed by its
+     * {@code host:port}, standing for the instances of the config's lease; the link is this
+     * balancer's own, replaced when the config names another service.
+     */
+    private Status acceptXds(ResolvedAddresses resolvedAddresses) {
+        if (!(resolvedAddresses.getLoadBalancingPolicyConfig() instanceof RotaXdsLoadBalancerProvider.XdsConfig cluster)) {
+            Status status = Status.INTERNAL.withDescription("rota's xDS policy got no config of its own: "
+                    + resolvedAddresses.getLoadBalancingPolicyConfig());
+            handleNameResolutionError(status);
+            return status;
+        }
+        RotaLoadBalancerProvider.PolicyConfig newConfig = new RotaLoadBalancerProvider.PolicyConfig(cluster.rule(),
+                cluster.version(), xds.ticketHeader());
+        if (link == null || !link.service.equals(cluster.service())) {
+            if (link != null) {
+                link.close();
+            }
+            link = new RotaLink(xds.server(), cluster.service());
+            RotaLink watched = link;
+            // No watch tells this balancer that rota went away: its connection to rota does.
+            watched.watchConnection(() -> helper.getSynchronizationContext().execute(() -> {
+                if (watched == link && !shutdown) {
+                    rotations.values().forEach(Rotation::lost);
+                }
+            }));
+            rotations.clear();
+        } else if (!newConfig.equals(config)) {
+            rotations.clear();
+        }
+        config = newConfig;
+
+        Map<String, EquivalentAddressGroup> wanted = new HashMap<>();
+        List<Member> all = new ArrayList<>();
+        for (EquivalentAddressGroup group : resolvedAddresses.getAddresses()) {
+            if (group.getAddresses().isEmpty() || !(group.getAddresses().get(0) instanceof java.net.InetSocketAddress address)) {
+                continue;
+            }
+            String host = address.getAddress() != null ? InetAddresses.toAddrString(address.getAddress())
+                    : Member.canonicalHost(address.getHostString());
+            // Until a lease lists the instances, the local rotation maps over these, by address.
+            Member member = new Member(host + ":" + address.getPort(), host, address.getPort(), cluster.version(), 100);
+            if (wanted.putIfAbsent(member.address(), group) == null) {
+                all.add(member);
+            }
+        }
+        update(wanted, all);
+        if (wanted.isEmpty()) {
+            return Status.UNAVAILABLE.withDescription("xDS gave rota's policy no endpoint of " + cluster.service());
+        }
+        return Status.OK;
+    }
+
+    /** Brings the subchannels to {@code wanted} (by key), the members to {@code all}, and publishes. */
+    private void update(Map<String, EquivalentAddressGroup> wanted, List<Member> all) {
         boolean changed = !members.keySet().equals(wanted.keySet());
         for (String id : new ArrayList<>(subchannels.keySet())) {
             EquivalentAddressGroup group = wanted.get(id);
@@ -110,13 +198,22 @@ final class RotaLoadBalancer extends LoadBalancer {
             }), SETTLE_TIMEOUT_MS, java.util.concurrent.TimeUnit.MILLISECONDS);
         }
         members.clear();
-        all.forEach(m -> members.put(m.id(), m));
+        all.forEach(m -> members.put(xds != null ? m.address() : m.id(), m));
         resolved = List.copyOf(all);
         if (changed) {
             rotations.values().forEach(Rotation::refresh);
         }
         publish();
-        return Status.OK;
+    }
+
+    /** The key of a member's subchannel: its id, or under xDS its {@code host:port}. */
+    String key(Member member) {
+        return xds != null ? member.address() : member.id();
+    }
+
+    /** Whether RPCs choose their version with {@value RotaChannels#VERSION_HEADER}: not under xDS, whose routes did (per cluster). */
+    boolean versionFromHeader() {
+        return xds == null;
     }
 
     @Override
@@ -133,6 +230,10 @@ final class RotaLoadBalancer extends LoadBalancer {
         subchannels.values().forEach(Subchannel::shutdown);
         subchannels.clear();
         rotations.clear();
+        if (xds != null && link != null) {
+            // The xDS policy's link is its own (the rota resolver's belongs to the resolver).
+            link.close();
+        }
     }
 
     @Override

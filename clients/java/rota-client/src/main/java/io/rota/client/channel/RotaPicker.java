@@ -31,7 +31,7 @@ final class RotaPicker extends SubchannelPicker {
     private final boolean connecting;
     private final Status failure;
     private final RotaLoadBalancerProvider.PolicyConfig config;
-    private final Predicate<String> usable;
+    private final Predicate<Member> usable;
 
     /**
      * @param connecting whether some subchannel is connecting: an RPC none of whose instances is
@@ -45,8 +45,8 @@ final class RotaPicker extends SubchannelPicker {
         this.connecting = connecting;
         this.failure = failure;
         this.config = config;
-        this.usable = id -> {
-            Ready r = ready.get(id);
+        this.usable = member -> {
+            Ready r = ready.get(balancer.key(member));
             return r != null && !r.hold().heldOut();
         };
     }
@@ -57,7 +57,7 @@ final class RotaPicker extends SubchannelPicker {
             return state == ConnectivityState.TRANSIENT_FAILURE ? PickResult.withError(failure) : PickResult.withNoResult();
         }
         Metadata headers = args.getHeaders();
-        String version = headers.get(RotaChannels.VERSION_KEY);
+        String version = balancer.versionFromHeader() ? headers.get(RotaChannels.VERSION_KEY) : null;
         if (version == null) {
             version = config.version();
         }
@@ -75,7 +75,7 @@ final class RotaPicker extends SubchannelPicker {
             }
             return PickResult.withError(decision.failure());
         }
-        Ready target = ready.get(draw.member().id());
+        Ready target = ready.get(balancer.key(draw.member()));
         if (config.ticketHeader()) {
             headers.discardAll(RotaChannels.TICKET_KEY);
             headers.put(RotaChannels.TICKET_KEY, (draw.local() ? "L" : "") + Long.toUnsignedString(draw.ticket()));

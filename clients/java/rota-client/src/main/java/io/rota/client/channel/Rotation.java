@@ -133,7 +133,7 @@ final class Rotation {
      * The next ticket and its instance: the one the ticket maps to, or when {@code usable} rejects
      * that one, the usable instance {@link Eligible#route} spreads the ticket to.
      */
-    synchronized Decision draw(Predicate<String> usable) {
+    synchronized Decision draw(Predicate<Member> usable) {
         long now = System.nanoTime();
         boolean mayLease = !leasing && (!(outage || refusal != null) || now - retryAt >= 0);
         if (mayLease && blocks.isEmpty()) {
@@ -185,17 +185,17 @@ final class Rotation {
      * picks skipped on the way are gaps. A block none of whose instances is usable is left as it
      * is (the RPC waits for a subchannel, or for the new block an instance change brings).
      */
-    private Decision drawPick(Predicate<String> usable, long now, boolean mayLease) {
+    private Decision drawPick(Predicate<Member> usable, long now, boolean mayLease) {
         Block block;
         while ((block = blocks.peekFirst()) != null && block.isPicks()) {
-            if (block.members.stream().noneMatch(m -> usable.test(m.id()))) {
+            if (block.members.stream().noneMatch(usable)) {
                 return noneUsable();
             }
             while (block.next < block.end) {
                 int i = (int) block.next++;
                 drawnSinceLease++;
                 Member member = block.member(i);
-                if (member != null && usable.test(member.id())) {
+                if (member != null && usable.test(member)) {
                     if (block.next == block.end) {
                         blocks.pollFirst();
                     }
@@ -267,7 +267,7 @@ final class Rotation {
         return new long[] {leases, leasedTickets};
     }
 
-    private Decision local(Predicate<String> usable) {
+    private Decision local(Predicate<Member> usable) {
         if (picksMode && lastPicks != null) {
             return localPick(usable);
         }
@@ -281,12 +281,12 @@ final class Rotation {
      * The local rotation of a rotation rota last answered with picks: the last block's picks over
      * again, in order, so that the split between versions stays what rota last chose.
      */
-    private Decision localPick(Predicate<String> usable) {
+    private Decision localPick(Predicate<Member> usable) {
         int n = lastPicks.picks.size();
         for (int tried = 0; tried < n; tried++) {
             long turn = localTurn++;
             Member member = lastPicks.member((int) Long.remainderUnsigned(turn, n));
-            if (member != null && usable.test(member.id())) {
+            if (member != null && usable.test(member)) {
                 return new Decision(new Draw(member, turn, lastPicks.rule, true), null);
             }
         }
@@ -400,7 +400,7 @@ final class Rotation {
     }
 
     private static Member member(Instance instance) {
-        return new Member(instance.getId(), instance.getHost(), instance.getPort(), instance.getVersion(),
+        return new Member(instance.getId(), Member.canonicalHost(instance.getHost()), instance.getPort(), instance.getVersion(),
                 instance.hasWeight() ? instance.getWeight() : 100);
     }
 }

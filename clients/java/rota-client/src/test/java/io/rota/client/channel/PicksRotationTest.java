@@ -120,7 +120,7 @@ class PicksRotationTest {
      * asked before a refresh is dropped, and the refresh's own lease is then in flight), so a
      * few rounds are allowed, each bounded.
      */
-    private static Rotation.Draw draw(Rotation rotation, Semaphore repicks, Predicate<String> usable) throws InterruptedException {
+    private static Rotation.Draw draw(Rotation rotation, Semaphore repicks, Predicate<Member> usable) throws InterruptedException {
         Rotation.Decision decision = rotation.draw(usable);
         for (int round = 0; decision.draw() == null && round < 4; round++) {
             assertSame(Rotation.Decision.WAIT, decision);
@@ -140,7 +140,7 @@ class PicksRotationTest {
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
             for (int i = 0; i < 60; i++) {
-                Rotation.Draw d = draw(rotation, repicks, id -> true);
+                Rotation.Draw d = draw(rotation, repicks, m -> true);
                 ids.add(d.member().id());
                 tickets.add(d.ticket());
                 assertEquals("round_robin", d.rule());
@@ -160,7 +160,7 @@ class PicksRotationTest {
         Semaphore repicks = new Semaphore(0);
         try (RotaLink link = new RotaLink(target(), "echo")) {
             Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release);
-            Predicate<String> noV = id -> !id.equals("echo-v");
+            Predicate<Member> noV = m -> !m.id().equals("echo-v");
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
             for (int i = 0; i < 4; i++) {
@@ -171,7 +171,7 @@ class PicksRotationTest {
             // echo-v's pick (v2 ticket 0) was skipped; the unversioned rotation is whole.
             assertEquals(List.of("echo-a", "echo-b", "echo-a", "echo-b"), ids);
             assertEquals(List.of(0L, 1L, 2L, 3L), tickets);
-            Rotation.Draw after = draw(rotation, repicks, id -> true);
+            Rotation.Draw after = draw(rotation, repicks, m -> true);
             assertEquals("echo-v", after.member().id(), after + " after " + ids + " " + tickets + " asked " + asked);
             assertEquals(1, after.ticket(), "the skipped v2 pick is a gap, not reused");
         }
@@ -182,7 +182,7 @@ class PicksRotationTest {
         Semaphore repicks = new Semaphore(0);
         try (RotaLink link = new RotaLink(target(), "echo")) {
             Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release);
-            assertEquals("echo-a", draw(rotation, repicks, id -> true).member().id());
+            assertEquals("echo-a", draw(rotation, repicks, m -> true).member().id());
             long drawnUnversioned = unversioned.get();
             assertTrue(drawnUnversioned > 1, "the first block holds more picks than the one drawn");
 
@@ -194,7 +194,7 @@ class PicksRotationTest {
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
             for (int i = 0; i < 3; i++) {
-                Rotation.Draw d = draw(rotation, repicks, id -> !id.equals("echo-b"));
+                Rotation.Draw d = draw(rotation, repicks, m -> !m.id().equals("echo-b"));
                 ids.add(d.member().id());
                 tickets.add(d.ticket());
             }
@@ -212,10 +212,10 @@ class PicksRotationTest {
         listed = List.of(A, B);
         try (RotaLink link = new RotaLink(target(), "echo")) {
             Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B), repicks::release);
-            Rotation.Draw first = draw(rotation, repicks, id -> true);
+            Rotation.Draw first = draw(rotation, repicks, m -> true);
             assertEquals(1000, first.ticket());
             assertEquals("echo-a", first.member().id());
-            assertEquals("echo-b", draw(rotation, repicks, id -> true).member().id());
+            assertEquals("echo-b", draw(rotation, repicks, m -> true).member().id());
 
             // An operator sets a gray split: the next leases come back as picks.
             gray = true;
@@ -225,7 +225,7 @@ class PicksRotationTest {
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
             for (int i = 0; i < 200; i++) {
-                Rotation.Draw d = draw(rotation, repicks, id -> true);
+                Rotation.Draw d = draw(rotation, repicks, m -> true);
                 ids.add(d.member().id());
                 tickets.add(d.ticket());
             }

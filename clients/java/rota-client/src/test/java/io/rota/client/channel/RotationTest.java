@@ -130,20 +130,20 @@ class RotationTest {
             refreshes.drainPermits();
             rotation.refresh();
             repicks.drainPermits();
-            Rotation.Decision stale = rotation.draw(id -> id.equals(B.id()));
+            Rotation.Decision stale = rotation.draw(m -> m.id().equals(B.id()));
             assertNull(stale.draw(), "echo-b is not on the list leased so far");
             assertTrue(stale.failure() == null || stale.failure().isOk(), String.valueOf(stale.failure()));
             refreshes.release();
             assertTrue(repicks.tryAcquire(10, TimeUnit.SECONDS),
                     "the pick that echo-b can take was not picked again after the refreshed list came in");
-            Rotation.Decision after = rotation.draw(id -> id.equals(B.id()));
+            Rotation.Decision after = rotation.draw(m -> m.id().equals(B.id()));
             assertNotNull(after.draw());
             assertEquals(B, after.draw().member());
         }
     }
 
     /** Draws {@code n} tickets; "id@ticket" (local ones "id@Lticket") each. */
-    private static List<String> draws(Rotation rotation, int n, java.util.function.Predicate<String> usable) {
+    private static List<String> draws(Rotation rotation, int n, java.util.function.Predicate<Member> usable) {
         List<String> out = new java.util.ArrayList<>();
         for (int i = 0; i < n; i++) {
             Rotation.Draw draw = rotation.draw(usable).draw();
@@ -163,7 +163,7 @@ class RotationTest {
             // Tickets 1.., echo-c unusable: its tickets alternate between echo-a and echo-b, and
             // no ticket is passed over.
             assertEquals(List.of("echo-b@1", "echo-a@2", "echo-a@3", "echo-b@4", "echo-b@5", "echo-a@6", "echo-b@7",
-                    "echo-a@8", "echo-a@9"), draws(rotation, 9, id -> !id.equals(C.id())));
+                    "echo-a@8", "echo-a@9"), draws(rotation, 9, m -> !m.id().equals(C.id())));
         }
     }
 
@@ -173,13 +173,13 @@ class RotationTest {
         // Nothing listens at rota's address: the first lease fails, and the rotation goes local.
         try (RotaLink link = new RotaLink("127.0.0.1:" + EchoFleet.unreachablePort(), "echo")) {
             Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(C, A, B), repicks::release);
-            Rotation.Decision first = rotation.draw(id -> true);
+            Rotation.Decision first = rotation.draw(m -> true);
             if (first.draw() == null) {
                 assertSame(Rotation.Decision.WAIT, first);
                 assertTrue(repicks.tryAcquire(10, TimeUnit.SECONDS), "the failed lease did not ask for a pick again");
             }
             assertTrue(rotation.inOutage());
-            List<String> got = draws(rotation, 12, id -> !id.equals(C.id()));
+            List<String> got = draws(rotation, 12, m -> !m.id().equals(C.id()));
             long turn = Long.parseLong(got.get(0).substring(got.get(0).indexOf("@L") + 2));
             List<String> expected = new java.util.ArrayList<>();
             for (long t = turn; t < turn + 12; t++) {
@@ -193,11 +193,11 @@ class RotationTest {
 
     /** The first draw: at once, or after the rotation asks for a pick again. */
     private static Rotation.Decision firstDraw(Rotation rotation, Semaphore repicks, String stuck) throws InterruptedException {
-        Rotation.Decision first = rotation.draw(id -> true);
+        Rotation.Decision first = rotation.draw(m -> true);
         if (first.draw() == null) {
             assertSame(Rotation.Decision.WAIT, first);
             assertTrue(repicks.tryAcquire(10, TimeUnit.SECONDS), stuck);
-            first = rotation.draw(id -> true);
+            first = rotation.draw(m -> true);
         }
         assertNotNull(first.draw());
         return first;

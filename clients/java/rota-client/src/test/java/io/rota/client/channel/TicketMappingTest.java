@@ -152,10 +152,10 @@ class TicketMappingTest {
                 new Member("c", "h", 3, "", 100)), "round_robin");
         StringBuilder out = new StringBuilder();
         for (long t = 0; t < 6; t++) {
-            out.append(eligible.route(t, id -> !id.equals("c")).id());
+            out.append(eligible.route(t, m -> !m.id().equals("c")).id());
         }
         assertEquals("abaabb", out.toString());
-        assertNull(eligible.route(1, id -> false));
+        assertNull(eligible.route(1, m -> false));
     }
 
     @Test
@@ -193,7 +193,7 @@ class TicketMappingTest {
                         request.addExclude(exclude);
                     }
                     PickResponse pick = balancer.pick(request.build());
-                    boolean[] excluded = exclude == null ? null : eligible.excluded(id -> !id.equals(exclude));
+                    boolean[] excluded = exclude == null ? null : eligible.excluded(m -> !m.id().equals(exclude));
                     Member local = eligible.map(pick.getTicket(), excluded);
                     assertEquals(pick.getInstance().getId(), local.id(), rule + " ticket " + pick.getTicket()
                             + " exclude " + exclude + " over " + members.stream().map(Member::id).collect(Collectors.joining(",")));

@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// published and its pick views in place) in services of 10,000 and 100,000 instances.
     #[arg(long)]
     pub publication: bool,
+    /// xDS run instead: the time from a registration change to its assignment on every open
+    /// ADS stream, with 1, 100 and 1,000 streams, and the server's memory per stream.
+    #[arg(long)]
+    pub xds: bool,
     /// Redis for --backends (`redis://HOST:PORT`, databases 1 to 5 are used); by default a
     /// `redis-server` is started on a free loopback port.
     #[arg(long, requires = "backends")]
@@ -78,7 +82,7 @@ pub struct BenchArgs {
 pub(super) struct Spawned(pub(super) Child);
 
 /// Resident memory of a process, in bytes (Linux).
-fn resident_bytes(pid: u32) -> Option<u64> {
+pub(super) fn resident_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -122,6 +122,11 @@ impl ServiceEjections {
         positions
     }
 
+    /// When the first ejection still running at `now` ends.
+    pub fn next_end(&self, now: Instant) -> Option<Instant> {
+        self.list.load().iter().map(|(_, end)| *end).filter(|end| *end > now).min()
+    }
+
     /// Whether `id` is ejected at `now`.
     pub fn contains(&self, id: &str, now: Instant) -> bool {
         self.list.load().iter().any(|(known, end)| &**known == id && *end > now)

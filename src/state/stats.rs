@@ -270,6 +270,10 @@ pub struct Stats {
     services: ConcurrentMap<Arc<str>, ServiceStats>,
     /// Each service's ejected instances, as picks read them.
     ejections: ConcurrentMap<Arc<str>, Arc<ServiceEjections>>,
+    /// Bumped whenever an ejection starts, moves or ends early (one that runs out needs no
+    /// bump: its end is in the list), so a reader of every service's ejections looks again
+    /// only when something moved.
+    ejection_changes: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Stats {
@@ -286,6 +290,7 @@ impl Stats {
             config,
             services: ConcurrentMap::default(),
             ejections: ConcurrentMap::default(),
+            ejection_changes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -317,7 +322,13 @@ impl Stats {
         if until != inner.announced {
             inner.announced = until;
             self.ejections(service).set(id, until);
+            self.ejection_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// How many times an ejection started, moved or ended early, so far.
+    pub fn ejection_changes(&self) -> u64 {
+        self.ejection_changes.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The handle of one instance's statistics (an entry is made if there is none).

@@ -4,9 +4,10 @@
 //! The hub keeps, for each service some stream subscribed to, how many streams did (its
 //! *interest*) and the service's encoded resources with the fingerprint they were built from:
 //! the service's snapshot epoch, the policy in force, and the instances ejected now. One task
-//! rebuilds what changed — at once when the registry publishes, and every
-//! [`POLL`] for what changes without a publication (a policy set, a breaker tripped or an
-//! ejection ended) — and bumps a generation every stream waits on. A stream then takes the
+//! rebuilds what changed — the services a publication names, at once; and every [`POLL`], all
+//! of them if something changed without a publication (a new policy set, an ejection started,
+//! moved or ended), which costs a few loads to tell when nothing did — and bumps a generation
+//! every stream waits on. A stream then takes the
 //! resources it subscribed to from the hub: a push costs one build per change, not one per
 //! stream.
 //!
@@ -69,6 +70,17 @@ struct Fingerprint {
     epoch: u64,
     policy: Arc<Policy>,
     ejected: Vec<Arc<str>>,
+    /// When the first of those ejections ends.
+    ejection_ends: Option<Instant>,
+}
+
+/// What the last full look saw of the changes no publication announces.
+#[derive(Debug, Default)]
+struct Watched {
+    policies: Option<Arc<crate::policy::PolicySet>>,
+    ejection_changes: u64,
+    /// The earliest end of an ejection some build read.
+    next_end: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +105,7 @@ pub struct Hub {
     warmup_ends: Instant,
     entries: Mutex<HashMap<Arc<str>, Entry>>,
     warmup_over: AtomicBool,
+    watched: Mutex<Watched>,
     generation: watch::Sender<u64>,
     pub counters: XdsCounters,
 }
@@ -130,6 +143,7 @@ impl Hub {
             warmup_ends: Instant::now() + warmup,
             entries: Mutex::new(HashMap::new()),
             warmup_over: AtomicBool::new(false),
+            watched: Mutex::new(Watched::default()),
             generation: watch::Sender::new(0),
             counters: XdsCounters::default(),
         })
@@ -204,9 +218,11 @@ impl Hub {
         let policy = self.balancer.policies().load().for_service(service).clone();
         let now = Instant::now();
         let mut ejected = Vec::new();
+        let mut ejection_ends = None;
         if policy.ejection.enabled {
             let ejections = self.balancer.stats().ejections(&snapshot.name);
             if !ejections.is_empty() {
+                ejection_ends = ejections.next_end(now);
                 ejected = snapshot
                     .instances
                     .iter()
@@ -215,11 +231,12 @@ impl Hub {
                     .collect();
             }
         }
-        Some((snapshot.clone(), Fingerprint { epoch: snapshot.epoch, policy, ejected }))
+        Some((snapshot.clone(), Fingerprint { epoch: snapshot.epoch, policy, ejected, ejection_ends }))
     }
 
     fn build(&self, snapshot: &crate::registry::ServiceSnapshot, fingerprint: &Fingerprint) -> Arc<Built> {
         let id = self.counters.builds.fetch_add(1, Ordering::Relaxed) + 1;
+        self.note_end(fingerprint.ejection_ends);
         let ejected = |instance: &crate::registry::Instance| fingerprint.ejected.contains(&instance.id);
         let resources = resources::build(snapshot, &fingerprint.policy, &ejected);
         Arc::new(Built { id, resources })
@@ -228,25 +245,37 @@ impl Hub {
     /// Rebuilds every subscribed service whose fingerprint moved; bumps the generation when one
     /// did (or when a built service is gone).
     pub fn refresh(&self) {
-        let services: Vec<(Arc<str>, Option<Fingerprint>)> = self
-            .lock()
-            .iter()
-            .map(|(name, entry)| (name.clone(), entry.built.as_ref().map(|(f, _)| f.clone())))
-            .collect();
+        let services: Vec<Arc<str>> = self.lock().keys().cloned().collect();
+        let mut watched = self.lock_watched();
+        watched.policies = Some(self.balancer.policies().load_full());
+        watched.ejection_changes = self.balancer.stats().ejection_changes();
+        watched.next_end = None;
+        drop(watched);
+        let changed = self.refresh_services(&services);
+        if !changed && Instant::now() >= self.warmup_ends && self.pending_warmup_end() {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Rebuilds those of `services` that are subscribed and whose fingerprint moved; bumps the
+    /// generation when one did. Whether anything changed.
+    pub fn refresh_services(&self, services: &[Arc<str>]) -> bool {
         let mut changed = false;
-        for (service, old) in services {
-            let now = self.fingerprint(&service);
-            match (now, old) {
+        for service in services {
+            let Some(old) = self.lock().get(service).map(|entry| entry.built.as_ref().map(|(f, _)| f.clone())) else {
+                continue;
+            };
+            match (self.fingerprint(service), old) {
                 (Some((_, new)), Some(old)) if new == old => {}
                 (Some((snapshot, new)), _) => {
                     let built = self.build(&snapshot, &new);
-                    if let Some(entry) = self.lock().get_mut(&service) {
+                    if let Some(entry) = self.lock().get_mut(service) {
                         entry.built = Some((new, built));
                         changed = true;
                     }
                 }
                 (None, Some(_)) => {
-                    if let Some(entry) = self.lock().get_mut(&service) {
+                    if let Some(entry) = self.lock().get_mut(service) {
                         entry.built = None;
                         changed = true;
                     }
@@ -254,8 +283,39 @@ impl Hub {
                 (None, None) => {}
             }
         }
-        if changed || Instant::now() >= self.warmup_ends && self.pending_warmup_end() {
+        if changed {
             self.generation.send_modify(|g| *g += 1);
+        }
+        changed
+    }
+
+    /// Looks for what changes without a publication: a new policy set, an ejection that
+    /// started, moved or ended (early, or at its end). Costs a few loads when nothing did;
+    /// only then does every subscribed service get looked at.
+    pub fn tick(&self) {
+        let now = Instant::now();
+        let due = {
+            let watched = self.lock_watched();
+            let policies = self.balancer.policies().load();
+            !watched.policies.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policies))
+                || watched.ejection_changes != self.balancer.stats().ejection_changes()
+                || watched.next_end.is_some_and(|end| end <= now)
+                || now >= self.warmup_ends && !self.warmup_over.load(Ordering::Relaxed)
+        };
+        if due {
+            self.refresh();
+        }
+    }
+
+    fn lock_watched(&self) -> std::sync::MutexGuard<'_, Watched> {
+        self.watched.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Notes when an ejection a build read ends, so the tick after it rebuilds.
+    fn note_end(&self, end: Option<Instant>) {
+        if let Some(end) = end {
+            let mut watched = self.lock_watched();
+            watched.next_end = Some(watched.next_end.map_or(end, |known| known.min(end)));
         }
     }
 
@@ -264,21 +324,31 @@ impl Hub {
         !self.warmup_over.swap(true, Ordering::Relaxed)
     }
 
-    /// The task that keeps the hub current, for as long as the hub lives.
+    /// The task that keeps the hub current, for as long as the hub lives: the services each
+    /// publication changed at once, the rest at every [`POLL`].
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let hub = Arc::downgrade(self);
-        let mut changes = self.balancer.registry().changes();
+        let mut published = self.balancer.registry().published();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(POLL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tokio::select! {
-                    changed = changes.changed() => if changed.is_err() { return },
-                    _ = tick.tick() => {}
-                }
+                let changed = tokio::select! {
+                    changed = published.recv() => match changed {
+                        Ok(services) => Some(Some(services)),
+                        // Publications were missed: look at everything.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(None),
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = tick.tick() => None,
+                };
                 let Some(hub) = hub.upgrade() else { return };
-                if hub.counters.subscriptions.load(Ordering::Relaxed) > 0 || Instant::now() < hub.warmup_ends {
-                    hub.refresh();
+                match changed {
+                    Some(Some(services)) => {
+                        hub.refresh_services(&services);
+                    }
+                    Some(None) => hub.refresh(),
+                    None => hub.tick(),
                 }
             }
         })

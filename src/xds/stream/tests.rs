@@ -212,13 +212,56 @@ async fn a_tripped_breaker_is_pushed_and_its_end_too() {
             .collect()
     };
     assert_eq!(healthy(&session.responses()[0]).len(), 3);
-    let ejections = hub.balancer().stats().ejections(&Arc::from("echo"));
-    ejections.set(&Arc::from("echo-b"), Some(tokio::time::Instant::now() + Duration::from_secs(10)));
-    hub.refresh();
+    // Nothing moved: a tick looks at no service.
+    let builds = hub.counters.builds.load(Ordering::Relaxed);
+    hub.tick();
+    assert_eq!(hub.counters.builds.load(Ordering::Relaxed), builds);
+    // Three failed calls reported by other consumers trip echo-b's breaker (10 s).
+    let failed = crate::balancer::CallOutcome {
+        service: "echo".into(),
+        instance_id: "echo-b".into(),
+        ticket: 0,
+        latency: Duration::from_millis(1),
+        result: Some(crate::balancer::CallResult::Error),
+        leased: true,
+        rule: String::new(),
+    };
+    hub.balancer().report(&[failed.clone(), failed.clone(), failed]).unwrap();
+    hub.tick();
     assert_eq!(healthy(&session.responses()[0]), ["echo-a", "echo-c"]);
-    tokio::time::advance(Duration::from_secs(11)).await;
-    hub.refresh();
-    assert_eq!(healthy(&session.responses()[0]).len(), 3, "the ejection ended without a publication");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    hub.tick();
+    assert!(session.responses().is_empty(), "still ejected");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    hub.tick();
+    assert_eq!(healthy(&session.responses()[0]).len(), 3, "the ejection ended without a publication or a report");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_policy_is_pushed_at_the_next_tick() {
+    let (hub, _lease) = hub_with(vec![spec("echo-zlt", "zlt")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(crate::xds::resources::ROUTE_TYPE, &["echo"], "")).unwrap();
+    let plain_cluster = |response: &DiscoveryResponse| {
+        use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+        let config = RouteConfiguration::decode(&*response.resources[0].value).unwrap();
+        let last = config.virtual_hosts[0].routes.last().unwrap().clone();
+        match last.action {
+            Some(route::Action::Route(action)) => match action.cluster_specifier {
+                Some(route_action::ClusterSpecifier::Cluster(name)) => name,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(plain_cluster(&session.responses()[0]), "echo/none");
+    let spec = crate::policy::PolicySpec {
+        isolation_fallback: Some(crate::policy::IsolationFallback::Any),
+        ..Default::default()
+    };
+    hub.balancer().policies().set_service("echo", spec).unwrap();
+    hub.tick();
+    assert_eq!(plain_cluster(&session.responses()[0]), "echo/any");
 }
 
 #[tokio::test(start_paused = true)]

@@ -42,6 +42,9 @@ pub const DEFAULT_MAX_NAMES_PER_STREAM: usize = 1_000;
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100_000;
 /// Longest resource name accepted.
 pub const MAX_NAME_BYTES: usize = 512;
+/// The bytes of every name one stream subscribes to, over all types: what a stream may make
+/// rota hold for it, whatever its names.
+pub const MAX_NAME_BYTES_PER_STREAM: usize = 256 << 10;
 
 impl Default for XdsLimits {
     fn default() -> Self {

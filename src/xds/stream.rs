@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use tracing::warn;
 
-use super::hub::{Hub, Lookup, MAX_NAME_BYTES, TooManySubscriptions};
+use super::hub::{Hub, Lookup, MAX_NAME_BYTES, MAX_NAME_BYTES_PER_STREAM, TooManySubscriptions};
 use super::resources::{Kind, parse_name};
 use crate::registry::truncate;
 
@@ -34,6 +34,10 @@ pub enum StreamRefused {
     TooManyNames { kind: &'static str, count: usize, limit: usize },
     #[error("an xDS resource name is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
     NameTooLong { len: usize },
+    #[error(
+        "an xDS stream's resource names would take {bytes} bytes; the limit is {MAX_NAME_BYTES_PER_STREAM} per stream"
+    )]
+    NamesTooLarge { bytes: usize },
     #[error(transparent)]
     TooManySubscriptions(#[from] TooManySubscriptions),
 }
@@ -106,6 +110,13 @@ impl Session {
         let names: BTreeSet<String> = request.resource_names.into_iter().collect();
         if state.requested && names == state.names {
             return Ok(());
+        }
+        let bytes = |names: &BTreeSet<String>| names.iter().map(String::len).sum::<usize>();
+        let held: usize = self.types.iter().map(|t| bytes(&t.names)).sum();
+        let after = held - bytes(&state.names) + bytes(&names);
+        if after > MAX_NAME_BYTES_PER_STREAM {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StreamRefused::NamesTooLarge { bytes: after });
         }
         self.resubscribe(kind, names)?;
         Ok(())

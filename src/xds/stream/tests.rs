@@ -152,6 +152,20 @@ async fn bounds_refuse_and_change_nothing() {
         session.on_request(ask(CLUSTER_TYPE, &[&long], "")).unwrap_err(),
         StreamRefused::NameTooLong { len: MAX_NAME_BYTES + 1 }
     );
+    // Names that together pass the bytes a stream may hold (each within bounds, in two types).
+    let big = XdsLimits { max_names_per_stream: 1000, max_subscriptions: 100_000 };
+    let (roomy, _lease2) = hub_with(vec![], big, Duration::ZERO).await;
+    let mut hoarder = Session::new(roomy.clone(), "hoarder".into());
+    let names: Vec<String> = (0..600).map(|i| format!("{i:0>500}")).collect();
+    let half: Vec<&str> = names[..300].iter().map(String::as_str).collect();
+    hoarder.on_request(ask(CLUSTER_TYPE, &half, "")).unwrap();
+    let held = roomy.counters.subscriptions.load(Ordering::Relaxed);
+    let rest: Vec<&str> = names[300..].iter().map(String::as_str).collect();
+    let refused = hoarder.on_request(ask(LISTENER_TYPE, &rest, "")).unwrap_err();
+    assert!(matches!(refused, StreamRefused::NamesTooLarge { .. }), "{refused:?}");
+    assert_eq!(roomy.counters.subscriptions.load(Ordering::Relaxed), held, "the refused request changed nothing");
+    assert!(hoarder.responses().iter().all(|r| r.type_url == CLUSTER_TYPE), "no listener subscription was taken");
+
     session.on_request(ask(CLUSTER_TYPE, &["s1", "s2", "s3"], "")).unwrap();
     let mut other = Session::new(hub.clone(), "other".into());
     other.on_request(ask(LISTENER_TYPE, &["s4"], "")).unwrap();

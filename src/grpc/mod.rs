@@ -1,9 +1,10 @@
 //! The gRPC edge: the only module that knows tonic.
 //!
 //! [`convert`] turns protobuf messages into domain values and back, [`status`] maps every domain
-//! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer` and
-//! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and [`crate::registry`]. [`metrics`] is the tower layer that
-//! counts every call for the admin listener.
+//! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer`,
+//! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and
+//! [`crate::registry`], and xDS ADS on top of [`crate::xds`]. [`metrics`] is the tower layer
+//! that counts every call for the admin listener.
 
 pub mod auth;
 mod balancer;

@@ -45,7 +45,7 @@ SKIP: dict[str, str] = {}
 
 #: The channel format's keys, less what xDS clients do not use (no rule, no tickets), plus the
 #: xDS steps and expectation (the folder's README).
-XDS_SCENARIO_KEYS = SCENARIO_KEYS - {"rule"}
+XDS_SCENARIO_KEYS = (SCENARIO_KEYS - {"rule"}) | {"rota_policy"}
 XDS_STEP_KEYS = {
     **{k: v for k, v in STEP_KEYS.items() if k != "await_leases"},
     "withdraw": STEP_KEYS["withdraw"] | {"version"},
@@ -53,6 +53,13 @@ XDS_STEP_KEYS = {
     "trip": {"trip", "within_ms", "version"},
 }
 XDS_EXPECT_KEYS = (EXPECT_KEYS - {"leased", "rotation", "runs"}) | {"codes"}
+#: Scenarios with "rota_policy": true need rota's own load-balancing policy registered in the
+#: client; it exists for Go and Java only, so grpcio (which takes the standard policy after it in
+#: rota's clusters) skips them.
+NO_ROTA_POLICY = (
+    "needs rota's own policy (rota.v1.CentralRotation), which exists for Go and Java only; "
+    "grpcio takes the standard policy after it"
+)
 #: drain, trip and withdraw call on until within_ms has passed and at least this many calls were made.
 CALLS_AFTER_CHANGE = 20
 #: rota's breaker threshold when the scenario's policy sets none.
@@ -64,12 +71,16 @@ ANSWER_MARGIN = 15.0
 
 def validate_xds(scenario: dict[str, Any]) -> None:
     """Refuses keys the xDS format does not define, and status codes grpc does not know."""
+    rota_policy = scenario.get("rota_policy", False)
+    if not isinstance(rota_policy, bool):
+        raise ScenarioError(f"rota_policy must be true or false, got {rota_policy!r}")
     validate(
         scenario,
         scenario_keys=XDS_SCENARIO_KEYS,
         required=("name", "instances", "steps"),
         step_keys=XDS_STEP_KEYS,
-        expect_keys=XDS_EXPECT_KEYS,
+        # rotation (tickets checked) only where rota's own policy hands tickets out.
+        expect_keys=XDS_EXPECT_KEYS | ({"rotation"} if rota_policy else set()),
     )
     known = {code.name for code in grpc.StatusCode}
     for i, step in enumerate(scenario["steps"]):
@@ -294,7 +305,10 @@ def run(scenario: dict[str, Any], private_server: Callable[..., RotaServer], fol
 
 
 def _param(path: Path) -> Any:
-    marks = [pytest.mark.skip(reason=SKIP[path.stem])] if path.stem in SKIP else []
+    reason = SKIP.get(path.stem)
+    if reason is None and json.loads(path.read_text()).get("rota_policy") is True:
+        reason = NO_ROTA_POLICY
+    marks = [pytest.mark.skip(reason=reason)] if reason else []
     return pytest.param(path, id=path.stem, marks=marks)
 
 
@@ -323,6 +337,8 @@ def test_every_xds_scenario_is_run_or_listed() -> None:
         ({"steps": [{"drain": "a", "within": 1}]}, "within"),
         ({"steps": [{"trip": "a", "deadline_ms": 1}]}, "deadline_ms"),
         ({"steps": [{"kill": "a", "version": "v"}]}, "version"),
+        ({"steps": [{"calls": 1, "expect": {"rotation": ["a"]}}]}, "rotation"),
+        ({"rota_policy": "yes"}, "rota_policy"),
     ],
 )
 def test_unknown_xds_keys_are_refused(change: dict[str, Any], message: str) -> None:

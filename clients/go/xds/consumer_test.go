@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 	// The standard xDS client: registers the xds:/// resolver and the xDS balancers.
 	_ "google.golang.org/grpc/xds"
@@ -23,6 +25,7 @@ import (
 	rota "github.com/rota-lb/rota/clients/go"
 	"github.com/rota-lb/rota/clients/go/channel"
 	"github.com/rota-lb/rota/clients/go/channel/echo"
+	"github.com/rota-lb/rota/clients/go/channel/echopb"
 	"github.com/rota-lb/rota/clients/go/internal/rotaproc"
 )
 
@@ -34,11 +37,31 @@ const consumerEnv = "ROTA_XDS_CONSUMER"
 // the process registers channel.RegisterXDSPolicy with it (x-rota-ticket on) before it dials.
 const policyEnv = "ROTA_XDS_POLICY_SERVER"
 
-// batch is one request to a consumer process: make Calls calls, one after another.
+// staticScheme is the scheme of a consumer target without xDS: static:///HOST:PORT,HOST:PORT,…
+// is a channel over exactly those addresses (grpc-go's manual resolver, one endpoint each)
+// under grpc-go's round_robin, for the throughput comparison (bench_test.go).
+const staticScheme = "static"
+
+// batch is one request to a consumer process: make Calls calls, one after another; or, with
+// DurationMS set, call with Workers concurrent callers for that long and answer with one
+// throughputLine.
 type batch struct {
 	Calls      int    `json:"calls"`
 	Version    string `json:"version,omitempty"`
 	DeadlineMS int    `json:"deadline_ms"`
+	DurationMS int    `json:"duration_ms,omitempty"`
+	Workers    int    `json:"workers,omitempty"`
+}
+
+// throughputLine is the answer to a timed batch: the calls made by its callers, from the first
+// call's start to the last one's end (ElapsedNS).
+type throughputLine struct {
+	Calls     int64            `json:"calls"`
+	Failed    int64            `json:"failed"`
+	ElapsedNS int64            `json:"elapsed_ns"`
+	Instances map[string]int64 `json:"instances"`
+	// FirstError is one failed call's error, when some failed.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // callLine is one call's outcome as a consumer process prints it.
@@ -66,7 +89,18 @@ func consumerMain() int {
 		channel.RegisterXDSPolicy(server, channel.WithTicketHeader(true),
 			channel.WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond, Factor: 2}))
 	}
-	conn, err := grpc.NewClient(os.Getenv(consumerEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	target := os.Getenv(consumerEnv)
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if addrs, ok := strings.CutPrefix(target, staticScheme+":///"); ok {
+		static := manual.NewBuilderWithScheme(staticScheme)
+		var state resolver.State
+		for _, addr := range strings.Split(addrs, ",") {
+			state.Endpoints = append(state.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: addr}}})
+		}
+		static.InitialState(state)
+		opts = append(opts, grpc.WithResolvers(static), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	}
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		return 2
@@ -80,6 +114,13 @@ func consumerMain() int {
 		if err := json.Unmarshal(in.Bytes(), &b); err != nil {
 			fmt.Fprintln(os.Stderr, "consumer:", err)
 			return 2
+		}
+		if b.DurationMS > 0 {
+			line := timedCalls(conn, max(b.Workers, 1), time.Duration(b.DurationMS)*time.Millisecond, time.Duration(b.DeadlineMS)*time.Millisecond)
+			if err := enc.Encode(line); err != nil {
+				fmt.Fprintln(os.Stderr, "consumer:", err)
+				return 2
+			}
 		}
 		for i := 0; i < b.Calls; i++ {
 			start := time.Now()
@@ -104,6 +145,56 @@ func consumerMain() int {
 		return 2
 	}
 	return 0
+}
+
+// timedCalls has workers callers make unary Echo calls on conn, each with deadline, one after
+// another, until d has passed since the first started.
+func timedCalls(conn *grpc.ClientConn, workers int, d, deadline time.Duration) throughputLine {
+	client := echopb.NewEchoClient(conn)
+	type tally struct {
+		calls, failed int64
+		instances     map[string]int64
+		firstError    string
+	}
+	tallies := make([]tally, workers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(d)
+	for w := range tallies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tl := &tallies[w]
+			tl.instances = map[string]int64{}
+			req := &echopb.EchoRequest{Message: "x"}
+			for time.Now().Before(end) {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				reply, err := client.Echo(ctx, req)
+				cancel()
+				tl.calls++
+				if err != nil {
+					if tl.failed++; tl.firstError == "" {
+						tl.firstError = err.Error()
+					}
+					continue
+				}
+				tl.instances[reply.GetInstanceId()]++
+			}
+		}()
+	}
+	wg.Wait()
+	line := throughputLine{ElapsedNS: time.Since(start).Nanoseconds(), Instances: map[string]int64{}}
+	for _, tl := range tallies {
+		line.Calls += tl.calls
+		line.Failed += tl.failed
+		for id, n := range tl.instances {
+			line.Instances[id] += n
+		}
+		if line.FirstError == "" {
+			line.FirstError = tl.firstError
+		}
+	}
+	return line
 }
 
 // consumer is a consumer process: the test binary run with consumerEnv set.
@@ -192,6 +283,42 @@ func (c *consumer) calls(ctx context.Context, n int, version string, deadline ti
 	case <-ctx.Done():
 		// The reader goroutine ends when close kills the process.
 		return nil, fmt.Errorf("consumer process: %d calls not answered: %w", n, ctx.Err())
+	}
+}
+
+// timed has the process call with workers concurrent callers for d (each call with deadline)
+// and returns its tally; ctx bounds the wait.
+func (c *consumer) timed(ctx context.Context, workers int, d, deadline time.Duration) (throughputLine, error) {
+	line, err := json.Marshal(batch{DurationMS: int(d / time.Millisecond), Workers: workers, DeadlineMS: int(deadline / time.Millisecond)})
+	if err != nil {
+		return throughputLine{}, err
+	}
+	if _, err := c.stdin.Write(append(line, '\n')); err != nil {
+		return throughputLine{}, fmt.Errorf("consumer process: %w", err)
+	}
+	type answer struct {
+		line throughputLine
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		if !c.stdout.Scan() {
+			done <- answer{err: errors.New("consumer process ended its output early")}
+			return
+		}
+		var l throughputLine
+		if err := json.Unmarshal(c.stdout.Bytes(), &l); err != nil {
+			done <- answer{err: fmt.Errorf("consumer process printed %q: %w", c.stdout.Text(), err)}
+			return
+		}
+		done <- answer{line: l}
+	}()
+	select {
+	case a := <-done:
+		return a.line, a.err
+	case <-ctx.Done():
+		// The reader goroutine ends when close kills the process.
+		return throughputLine{}, fmt.Errorf("consumer process: a timed batch of %v not answered: %w", d, ctx.Err())
 	}
 }
 

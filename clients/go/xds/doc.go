@@ -10,4 +10,8 @@
 // its consumers as child processes of the test binary (consumer 1 lives as long as the
 // scenario): grpc-go keeps one xDS client per process, read from one bootstrap, and each
 // scenario's rota listens on a port of its own.
+//
+// TestXDSThroughput (bench_test.go), run only with ROTA_XDS_BENCH=1, compares the calls per
+// second of an xds:///echo consumer with those of a consumer over the same echo servers' static
+// addresses under round_robin, in alternating rounds (docs/benchmarks.md).
 package xds

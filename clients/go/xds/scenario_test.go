@@ -140,13 +140,28 @@ const scenarioTimeout = 90 * time.Second
 const restartWarmup = 10 * time.Second
 
 func runScenario(t *testing.T, sc scenario) {
+	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
+	t.Cleanup(cancel)
+	r := startWorld(ctx, t, sc)
+	r.consumer = r.startConsumer()
+	for i, s := range sc.Steps {
+		r.step(ctx, i, s)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// startWorld starts a scenario's world but its consumers: rota, a client of it, the echo
+// instances and their registrations, the policy, and the bootstrap naming that rota. All of it
+// ends with the test.
+func startWorld(ctx context.Context, t *testing.T, sc scenario) *run {
+	t.Helper()
 	r := &run{t: t, sc: sc, service: sc.Service, servers: map[string]*echo.Server{}, regs: map[string]*rota.Registration{},
 		refs: map[string]rota.InstanceRef{}, log: &echo.Log{}, rule: "round_robin"}
 	if r.service == "" {
 		r.service = "echo"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
-	t.Cleanup(cancel)
 	r.startRota("127.0.0.1:0", 0)
 	client, err := rota.Dial(ctx, r.rota.Addr, rota.WithLogger(quietLogger()),
 		rota.WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond, Factor: 2}))
@@ -196,13 +211,7 @@ func runScenario(t *testing.T, sc scenario) {
 		}
 	}
 	r.bootstrap = writeBootstrap(t, r.rota.Addr)
-	r.consumer = r.startConsumer()
-	for i, s := range sc.Steps {
-		r.step(ctx, i, s)
-		if t.Failed() {
-			return
-		}
-	}
+	return r
 }
 
 // startRota starts rota on listen with its warm-up (0 for none), stopped when the test ends;
@@ -226,13 +235,21 @@ func (r *run) startRota(listen string, warmup time.Duration) {
 // startConsumer starts a consumer process of xds:///SERVICE, closed when the test ends; a
 // failed test logs what grpc-go wrote in it.
 func (r *run) startConsumer() *consumer {
+	r.t.Helper()
+	return r.startConsumerOf("xds:///" + r.service)
+}
+
+// startConsumerOf starts a consumer process of target (xds:///SERVICE, or static:///ADDRS for
+// a channel without xDS), closed when the test ends; a failed test logs what grpc-go wrote in
+// it.
+func (r *run) startConsumerOf(target string) *consumer {
 	t := r.t
 	t.Helper()
 	policyServer := ""
 	if r.sc.RotaPolicy {
 		policyServer = r.rota.Addr
 	}
-	c, err := startConsumer("xds:///"+r.service, r.bootstrap, policyServer, logFile(t))
+	c, err := startConsumer(target, r.bootstrap, policyServer, logFile(t))
 	if err != nil {
 		t.Fatalf("starting a consumer process: %v", err)
 	}

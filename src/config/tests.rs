@@ -174,3 +174,20 @@ fn consumer_streams_per_peer_is_bounded_and_round_trips() {
     let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
     assert_eq!(again.serve.limits.consumer_streams_per_peer, 32);
 }
+
+#[test]
+fn xds_bounds_are_bounded_and_round_trip() {
+    let names = |n: &str| Overrides { max_xds_names_per_stream: Some(n.into()), ..Default::default() };
+    let total = |n: &str| Overrides { max_xds_subscriptions: Some(n.into()), ..Default::default() };
+    for bad in ["0", "100001", "many"] {
+        assert_eq!(resolve(None, &names(bad)).unwrap_err().key, "server.max_xds_names_per_stream", "{bad}");
+    }
+    for bad in ["0", "10000001", "-1"] {
+        assert_eq!(resolve(None, &total(bad)).unwrap_err().key, "server.max_xds_subscriptions", "{bad}");
+    }
+    let settings = resolve(None, &Overrides { max_xds_subscriptions: Some("500".into()), ..names("7") }).unwrap();
+    assert_eq!(settings.serve.limits.xds, crate::xds::XdsLimits { max_names_per_stream: 7, max_subscriptions: 500 });
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.limits.xds, settings.serve.limits.xds);
+}

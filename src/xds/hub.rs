@@ -95,8 +95,6 @@ struct Entry {
 /// One service's resources as streams send them.
 #[derive(Debug)]
 pub struct Built {
-    /// Unique to this build.
-    pub id: u64,
     pub resources: ServiceResources,
 }
 
@@ -238,11 +236,11 @@ impl Hub {
     }
 
     fn build(&self, snapshot: &crate::registry::ServiceSnapshot, fingerprint: &Fingerprint) -> Arc<Built> {
-        let id = self.counters.builds.fetch_add(1, Ordering::Relaxed) + 1;
+        self.counters.builds.fetch_add(1, Ordering::Relaxed);
         self.note_end(fingerprint.ejection_ends);
         let ejected = |instance: &crate::registry::Instance| fingerprint.ejected.contains(&instance.id);
         let resources = resources::build(snapshot, &fingerprint.policy, &ejected);
-        Arc::new(Built { id, resources })
+        Arc::new(Built { resources })
     }
 
     /// Rebuilds every subscribed service whose fingerprint moved; bumps the generation when one

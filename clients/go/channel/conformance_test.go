@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,6 +22,7 @@ import (
 
 	rota "github.com/rota-lb/rota/clients/go"
 	"github.com/rota-lb/rota/clients/go/channel/echo"
+	"github.com/rota-lb/rota/clients/go/internal/rotaproc"
 	"github.com/rota-lb/rota/clients/go/rotapb"
 )
 
@@ -68,6 +71,9 @@ type expectInfo struct {
 	Counts map[string]int `json:"counts"`
 	// Balanced: every id in Only answered, and the counts differ by at most max(2, N/10).
 	Balanced bool `json:"balanced"`
+	// Reported: rota's admin API shows, for every instance, as many calls as its echo server
+	// answered since the scenario started, and no error (checked after the other keys).
+	Reported bool `json:"reported"`
 }
 
 const scenarioDir = "../../conformance/channel"
@@ -121,7 +127,7 @@ type run struct {
 
 func runScenario(t *testing.T, sc scenario) {
 	r := &run{t: t, sc: sc, servers: map[string]*echo.Server{}, regs: map[string]*rota.Registration{}, log: &echo.Log{}}
-	r.rota = startRota(t, "127.0.0.1:0")
+	r.rota = startAdminRota(t)
 	r.client = dialRota(t, r.rota.addr)
 	ctx := testContext(t, 2*time.Minute)
 	for _, inst := range sc.Instances {
@@ -320,6 +326,129 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 	t.Logf("step %d: %d calls, %d failed, answered %v", i, len(results), failed, answered)
 	if err := checkExpect(r.sc.Rule, s.Expect, weights, results, calls); err != nil {
 		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, max(s.Consumers, 1), err)
+	}
+	if s.Expect != nil && s.Expect.Reported {
+		reported, err := r.checkReported(ctx)
+		if err != nil {
+			t.Fatalf("step %d (%d calls by %d consumers): reported: %v", i, s.Calls, max(s.Consumers, 1), err)
+		}
+		t.Logf("step %d: rota reports calls %v, no error", i, reported)
+	}
+}
+
+// startAdminRota runs the scenario's `rota serve` on a free loopback port with its admin
+// listener on a free loopback port too (for reported), stopped when the test ends.
+func startAdminRota(t *testing.T) *rotaServer {
+	t.Helper()
+	proc, err := rotaproc.StartWith(rotaproc.Binary(filepath.Join("..", "..", "..")), "127.0.0.1:0", rotaproc.Options{Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proc.Stop)
+	return &rotaServer{addr: proc.Addr, proc: proc}
+}
+
+// Bounds of reported's poll of rota's admin API.
+const (
+	reportedWithin = 10 * time.Second
+	reportedEvery  = 75 * time.Millisecond
+)
+
+// reportedCounts is one instance in rota's admin view of a service.
+type reportedCounts struct {
+	ID     string `json:"id"`
+	Calls  uint64 `json:"calls"`
+	Errors uint64 `json:"errors"`
+}
+
+// checkReported polls rota's admin API (GET /api/services/echo) until every instance of the
+// scenario shows as many calls as its echo server answered since the scenario started, and no
+// error, and returns those counts; after reportedWithin it fails with both numbers per id.
+func (r *run) checkReported(ctx context.Context) (map[string]uint64, error) {
+	admin := r.rota.proc.Admin
+	if admin == "" {
+		return nil, fmt.Errorf("rota's admin listener is off")
+	}
+	want := map[string]uint64{}
+	for _, inst := range r.sc.Instances {
+		want[inst.ID] = 0
+	}
+	for _, c := range r.log.Calls() {
+		want[c.Instance]++
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	url := "http://" + admin + "/api/services/echo"
+	fetch := func() (map[string]reportedCounts, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+		}
+		var view struct {
+			Instances []reportedCounts `json:"instances"`
+		}
+		if err := json.Unmarshal(body, &view); err != nil {
+			return nil, fmt.Errorf("GET %s: %w", url, err)
+		}
+		got := map[string]reportedCounts{}
+		for _, inst := range view.Instances {
+			got[inst.ID] = inst
+		}
+		return got, nil
+	}
+	matches := func(got map[string]reportedCounts) bool {
+		for id, calls := range want {
+			inst, ok := got[id]
+			if !ok || inst.Calls != calls || inst.Errors != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(reportedWithin)
+	tick := time.NewTicker(reportedEvery)
+	defer tick.Stop()
+	for {
+		got, err := fetch()
+		if err == nil && matches(got) {
+			return want, nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return nil, fmt.Errorf("after %s: %w", reportedWithin, err)
+			}
+			ids := make([]string, 0, len(want))
+			for id := range want {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			var lines []string
+			for _, id := range ids {
+				inst, ok := got[id]
+				if !ok {
+					lines = append(lines, fmt.Sprintf("%s: not in rota's view, its echo server answered %d calls", id, want[id]))
+					continue
+				}
+				lines = append(lines, fmt.Sprintf("%s: rota counts %d calls and %d errors, its echo server answered %d calls (errors want 0)", id, inst.Calls, inst.Errors, want[id]))
+			}
+			return nil, fmt.Errorf("rota's admin API did not match within %s: %s", reportedWithin, strings.Join(lines, "; "))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
 	}
 }
 

@@ -30,10 +30,21 @@ func Binary(root string) string {
 type Server struct {
 	// Addr is the address rota printed it listens on (host:port).
 	Addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *Tail
-	once sync.Once
+	// Admin is the address of its admin listener (HTTP, host:port); empty when it is off.
+	Admin string
+	cmd   *exec.Cmd
+	done  chan struct{}
+	log   *Tail
+	once  sync.Once
+}
+
+// Options are the settings of a `rota serve` beyond its listen address.
+type Options struct {
+	// Warmup is rota's start-up warm-up (ROTA_WARMUP); zero for none.
+	Warmup time.Duration
+	// Admin turns the admin listener on, on a free loopback port (ROTA_ADMIN_LISTEN=127.0.0.1:0);
+	// its address is then Server.Admin. Off by default.
+	Admin bool
 }
 
 // Start runs `bin serve --listen listen` (127.0.0.1:0 for a free port) with its admin listener
@@ -41,15 +52,25 @@ type Server struct {
 // them), and reads the bound address from the first line of its output. The process gets
 // SIGKILL when the thread that started it exits (Linux), so it dies with its test binary.
 func Start(bin, listen string) (*Server, error) {
-	return StartWithWarmup(bin, listen, 0)
+	return StartWith(bin, listen, Options{})
 }
 
 // StartWithWarmup is Start with rota's start-up warm-up set to warmup (ROTA_WARMUP): for a
 // restarted rota, which then withholds a service it has not seen yet rather than reporting it
 // absent, while the providers register again.
 func StartWithWarmup(bin, listen string, warmup time.Duration) (*Server, error) {
+	return StartWith(bin, listen, Options{Warmup: warmup})
+}
+
+// StartWith is Start with the settings of opts. With the admin listener on, rota prints its
+// address on the second line (`admin on ADDR`, written with the first).
+func StartWith(bin, listen string, opts Options) (*Server, error) {
+	admin := "off"
+	if opts.Admin {
+		admin = "127.0.0.1:0"
+	}
 	cmd := exec.Command(bin, "serve", "--listen", listen)
-	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN=off", fmt.Sprintf("ROTA_WARMUP=%dms", warmup.Milliseconds()))
+	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN="+admin, fmt.Sprintf("ROTA_WARMUP=%dms", opts.Warmup.Milliseconds()))
 	SetParentDeathSignal(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -61,21 +82,44 @@ func StartWithWarmup(bin, listen string, warmup time.Duration) (*Server, error) 
 		return nil, fmt.Errorf("starting %s (set ROTA_BIN): %w", bin, err)
 	}
 	go func() { _ = cmd.Wait(); close(s.done) }()
-	lines := make(chan string, 1)
+	want := 1
+	if opts.Admin {
+		want = 2
+	}
+	lines := make(chan []string, 1)
 	go func() {
 		r := bufio.NewReader(stdout)
-		line, _ := r.ReadString('\n')
-		lines <- line
+		var read []string
+		for len(read) < want {
+			line, err := r.ReadString('\n')
+			read = append(read, line)
+			if err != nil {
+				break
+			}
+		}
+		lines <- read
 		_, _ = io.Copy(io.Discard, r) // keep the pipe drained
 	}()
 	select {
-	case line := <-lines:
-		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	case read := <-lines:
+		addr, ok := strings.CutPrefix(strings.TrimSpace(read[0]), "listening on ")
 		if !ok {
 			s.Stop()
-			return nil, fmt.Errorf("rota serve printed %q; log:\n%s", line, s.Log())
+			return nil, fmt.Errorf("rota serve printed %q; log:\n%s", read[0], s.Log())
 		}
 		s.Addr = addr
+		if opts.Admin {
+			second := ""
+			if len(read) > 1 {
+				second = read[1]
+			}
+			admin, ok := strings.CutPrefix(strings.TrimSpace(second), "admin on ")
+			if !ok {
+				s.Stop()
+				return nil, fmt.Errorf("rota serve printed %q after its address, not its admin address; log:\n%s", second, s.Log())
+			}
+			s.Admin = admin
+		}
 		return s, nil
 	case <-time.After(30 * time.Second):
 		s.Stop()

@@ -5,6 +5,10 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -77,7 +81,7 @@ class ChannelConformanceTest {
             "restart_rota", Set.of("restart_rota"),
             "await_leases", Set.of("await_leases", "within_ms"));
     private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "leased", "rotation", "runs", "only",
-            "never", "spread", "counts", "balanced");
+            "never", "spread", "counts", "balanced", "reported");
 
     /** Fails on a key of {@code node} outside {@code known}. */
     static void known(JsonNode node, Set<String> known, String where) {
@@ -102,7 +106,7 @@ class ChannelConformanceTest {
     void aMisspeltKeyFailsTheScenario() throws IOException {
         JsonNode good = JSON.readTree("{\"name\": \"n\", \"rule\": \"round_robin\","
                 + " \"instances\": [{\"id\": \"a\"}, {\"id\": \"b\", \"unreachable\": true}], \"policy\": {},"
-                + " \"steps\": [{\"hang\": \"a\"}, {\"calls\": 1, \"expect\": {\"counts\": {\"a\": 1}, \"balanced\": true}}]}");
+                + " \"steps\": [{\"hang\": \"a\"}, {\"calls\": 1, \"expect\": {\"counts\": {\"a\": 1}, \"balanced\": true, \"reported\": true}}]}");
         checkKeys(good);
         for (String bad : List.of(
                 "{\"rule\": \"round_robin\", \"polcy\": {}, \"steps\": []}",
@@ -111,7 +115,8 @@ class ChannelConformanceTest {
                 "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"versions\": \"v\"}]}",
                 "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"unreachble\": true}], \"steps\": []}",
                 "{\"rule\": \"round_robin\", \"steps\": [{\"hang\": \"a\", \"within_ms\": 5}]}",
-                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"balance\": true}}]}")) {
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"balance\": true}}]}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"report\": true}}]}")) {
             JsonNode scenario = JSON.readTree(bad);
             org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
         }
@@ -124,7 +129,7 @@ class ChannelConformanceTest {
     private static final class Runner implements AutoCloseable {
         final JsonNode scenario;
         final String rule;
-        RotaServer rota;
+        AdminRota rota;
         final EchoFleet fleet = new EchoFleet();
         final RotaClient provider;
         final Map<String, Registration> registrations = new HashMap<>();
@@ -137,7 +142,7 @@ class ChannelConformanceTest {
         Runner(JsonNode scenario) throws Exception {
             this.scenario = scenario;
             this.rule = scenario.get("rule").asText();
-            rota = RotaServer.start();
+            rota = AdminRota.start();
             provider = RotaClient.builder().target(rota.target())
                     .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(500))).build();
             for (JsonNode spec : scenario.get("instances")) {
@@ -213,7 +218,7 @@ class ChannelConformanceTest {
             } else if (step.path("stop_rota").asBoolean()) {
                 rota.kill();
             } else if (step.path("restart_rota").asBoolean()) {
-                rota = RotaServer.startOn(rota.target());
+                rota = AdminRota.startOn(rota.target());
                 // Over when rota lists again every instance whose registration is open.
                 Set<String> open = new TreeSet<>(registrations.keySet());
                 long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
@@ -278,6 +283,69 @@ class ChannelConformanceTest {
             received.forEach(r -> reached.merge(r.instance() + (r.hung() ? " (hung)" : ""), 1, Integer::sum));
             System.out.println(scenario.path("name").asText() + ": " + n + " calls, " + failures.size() + " failed, reached " + reached);
             check(step.path("expect"), received, failures);
+            if (step.path("expect").path("reported").asBoolean()) {
+                System.out.println(scenario.path("name").asText() + ": rota reports calls " + reported() + ", no error");
+            }
+        }
+
+        /** Bounds of reported's poll of rota's admin API. */
+        private static final long REPORTED_WITHIN_MS = 10_000;
+        private static final long REPORTED_EVERY_MS = 75;
+        private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(2)).build();
+
+        /**
+         * Polls rota's admin API (GET /api/services/echo) until every instance of the scenario
+         * shows as many calls as its echo server answered since the scenario started, and no
+         * error; returns those counts, or fails with both numbers per id after
+         * {@link #REPORTED_WITHIN_MS}.
+         */
+        Map<String, Long> reported() throws Exception {
+            Map<String, Long> want = new java.util.TreeMap<>();
+            scenario.get("instances").forEach(i -> want.put(i.get("id").asText(), 0L));
+            for (EchoFleet.Received r : List.copyOf(fleet.received)) {
+                if (!r.hung()) {
+                    want.merge(r.instance(), 1L, Long::sum);
+                }
+            }
+            HttpRequest request = HttpRequest.newBuilder(URI.create("http://" + rota.admin() + "/api/services/echo"))
+                    .timeout(Duration.ofSeconds(2)).GET().build();
+            long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(REPORTED_WITHIN_MS);
+            while (true) {
+                long next = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(REPORTED_EVERY_MS);
+                Map<String, long[]> got = new java.util.TreeMap<>();
+                String problem = null;
+                try {
+                    HttpResponse<String> response = http.send(request, HttpResponse.BodyHandlers.ofString());
+                    if (response.statusCode() != 200) {
+                        problem = "GET " + request.uri() + ": " + response.statusCode() + " " + response.body();
+                    } else {
+                        for (JsonNode inst : JSON.readTree(response.body()).path("instances")) {
+                            got.put(inst.path("id").asText(), new long[] {inst.path("calls").asLong(), inst.path("errors").asLong()});
+                        }
+                    }
+                } catch (IOException e) {
+                    problem = "GET " + request.uri() + ": " + e;
+                }
+                boolean matches = problem == null && want.entrySet().stream().allMatch(w -> got.containsKey(w.getKey())
+                        && got.get(w.getKey())[0] == w.getValue() && got.get(w.getKey())[1] == 0);
+                if (matches) {
+                    return want;
+                }
+                if (System.nanoTime() - deadline > 0) {
+                    if (problem != null) {
+                        throw new AssertionError("reported: after " + REPORTED_WITHIN_MS + " ms, " + problem);
+                    }
+                    List<String> lines = new ArrayList<>();
+                    want.forEach((id, calls) -> lines.add(got.containsKey(id)
+                            ? id + ": rota counts " + got.get(id)[0] + " calls and " + got.get(id)[1] + " errors, its echo server answered "
+                                    + calls + " calls (errors want 0)"
+                            : id + ": not in rota's view, its echo server answered " + calls + " calls"));
+                    throw new AssertionError("reported: rota's admin API did not match within " + REPORTED_WITHIN_MS + " ms: "
+                            + String.join("; ", lines));
+                }
+                // The next poll 75 ms after this one started, bounded by the deadline above.
+                TimeUnit.NANOSECONDS.sleep(Math.max(0, next - System.nanoTime()));
+            }
         }
 
         void check(JsonNode expect, List<EchoFleet.Received> received, List<String> failures) {

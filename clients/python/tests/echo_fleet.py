@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,14 +105,16 @@ class _Hang:
 
 # echo_pb2_grpc is generated at import time, so mypy only knows it as Any.
 class _Echo(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
-    def __init__(self, instance: str, hang: _Hang) -> None:
+    def __init__(self, instance: str, hang: _Hang, fleet: EchoFleet) -> None:
         self.instance = instance
         self.hang = hang
+        self.fleet = fleet
 
     def Echo(self, request: Any, context: Any) -> Any:  # noqa: N802
         if self.hang.on:
             self.hang.wait(context)
             context.abort(grpc.StatusCode.UNAVAILABLE, "the echo server was stopped while hung")
+        self.fleet.answer(self.instance)
         return echo_pb2.EchoReply(instance_id=self.instance, message=request.message)
 
     def EchoStream(self, requests: Any, context: Any) -> Any:  # noqa: N802
@@ -125,6 +128,8 @@ class _Echo(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
 class EchoFleet:
     def __init__(self) -> None:
         self.received: list[Received] = []
+        #: Unary Echo calls each instance answered (a hung server's calls are not).
+        self.answered: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.servers: dict[str, grpc.Server] = {}
         self._hangs: dict[str, _Hang] = {}
@@ -133,6 +138,15 @@ class EchoFleet:
         with self._lock:
             self.received.append(received)
 
+    def answer(self, instance: str) -> None:
+        with self._lock:
+            self.answered[instance] += 1
+
+    def answers(self) -> Counter[str]:
+        """How many unary Echo calls each instance has answered so far."""
+        with self._lock:
+            return Counter(self.answered)
+
     def since(self, at: float) -> list[Received]:
         with self._lock:
             return [r for r in self.received if r.at >= at]
@@ -140,7 +154,7 @@ class EchoFleet:
     def start(self, instance: str) -> int:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[_Recorder(self, instance)])
         hang = self._hangs[instance] = _Hang()
-        echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance, hang), server)
+        echo_pb2_grpc.add_EchoServicer_to_server(_Echo(instance, hang, self), server)
         me = instance.encode()
         server.add_generic_rpc_handlers(
             (

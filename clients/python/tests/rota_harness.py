@@ -22,6 +22,7 @@ START_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 
 _LISTENING = re.compile(r"^listening on (127\.0\.0\.1:(\d+))$")
+_ADMIN = re.compile(r"^admin on (127\.0\.0\.1:\d+)$")
 
 # Fixtures stop their servers, also when tests fail; this catches any exit that skips them.
 _running: list[RotaServer] = []
@@ -57,7 +58,9 @@ class RotaServer:
     """One ``rota serve --listen LISTEN`` process; the port comes from its first stdout line.
 
     ``listen`` is ``127.0.0.1:0`` (a free port) unless a test restarts a server on the
-    address of an earlier one.
+    address of an earlier one. With ``--admin-listen ADDR`` (not ``off``) among the extra
+    arguments, the admin listener's address comes from the second line (``admin on ADDR``, written
+    with the first) as :attr:`admin_address`.
     """
 
     def __init__(self, binary: Path, log_path: Path, *extra_args: str, listen: str = "127.0.0.1:0") -> None:
@@ -68,6 +71,8 @@ class RotaServer:
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.port = 0
+        #: The admin listener's host:port; empty while it is off.
+        self.admin_address = ""
 
     def start(self, timeout: float = START_TIMEOUT) -> RotaServer:
         log = self.log_path.open("w")
@@ -95,9 +100,25 @@ class RotaServer:
             raise
         self.address = match.group(1)
         self.port = int(match.group(2))
+        if self._admin_on():
+            line = self.process.stdout.readline() if self.process.stdout is not None else ""
+            admin = _ADMIN.match(line.strip())
+            if admin is None:
+                self.stop()
+                raise RuntimeError(f"rota's second line was {line!r}, not 'admin on 127.0.0.1:PORT'")
+            self.admin_address = admin.group(1)
         assert self.process.stdout is not None
         threading.Thread(target=self.process.stdout.read, name="rota-stdout", daemon=True).start()
         return self
+
+    def _admin_on(self) -> bool:
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            if arg == "--admin-listen" and i + 1 < len(args):
+                return args[i + 1] != "off"
+            if arg.startswith("--admin-listen="):
+                return arg.removeprefix("--admin-listen=") != "off"
+        return False
 
     def _first_line(self, timeout: float) -> str:
         assert self.process is not None and self.process.stdout is not None

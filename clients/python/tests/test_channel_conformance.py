@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -61,7 +62,13 @@ EXPECT_KEYS = {
     "spread",
     "counts",
     "balanced",
+    "reported",
 }
+#: rota runs with its admin listener on a free loopback port, for ``reported``.
+ADMIN_ARGS = ("--admin-listen", "127.0.0.1:0")
+#: ``reported`` polls rota's admin API every REPORTED_EVERY seconds for at most REPORTED_WITHIN.
+REPORTED_WITHIN = 10.0
+REPORTED_EVERY = 0.075
 #: How long restart_rota waits for the registrations to be listed again.
 RESTART_PATIENCE = 20.0
 #: A kill step calls until as many calls in a row succeed as there are instances, in at
@@ -196,7 +203,7 @@ class Runner:
         self.scenario = scenario
         self.flavour = flavour
         self.private_server = private_server
-        self.server = private_server()
+        self.server = private_server(*ADMIN_ARGS)
         self.fleet = EchoFleet()
         self.client = rota.RotaClient(self.server.address)
         self.consumer: Consumer | None = None
@@ -277,7 +284,7 @@ class Runner:
         elif step.get("stop_rota"):
             self.server.kill()
         elif step.get("restart_rota"):
-            self.server = self.private_server(listen=self.server.address)
+            self.server = self.private_server(*ADMIN_ARGS, listen=self.server.address)
             expected = sorted(self.registrations)
             assert wait_until(lambda: self.listed() == expected, RESTART_PATIENCE), (
                 f"rota lists {self.listed()} after the restart, not {expected}"
@@ -323,6 +330,44 @@ class Runner:
                     process.wait()
         received = self.fleet.received[before:]
         self.check(step.get("expect", {}), received, failures, n * step.get("consumers", 1))
+        if step.get("expect", {}).get("reported"):
+            self.check_reported()
+
+    def check_reported(self) -> None:
+        """Polls rota's admin API (GET /api/services/echo) until every instance of the scenario
+        shows as many calls as its echo server answered since the scenario started, and no error;
+        fails with both numbers per id after REPORTED_WITHIN seconds."""
+        assert self.server.admin_address, "rota's admin listener is off"
+        answered = self.fleet.answers()
+        want = {i["id"]: answered[i["id"]] for i in self.scenario["instances"]}
+        url = f"http://{self.server.admin_address}/api/services/echo"
+        deadline = time.monotonic() + REPORTED_WITHIN
+        while True:
+            polled = time.monotonic()
+            got: dict[str, tuple[int, int]] = {}
+            problem = ""
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    view = json.loads(response.read())
+                got = {i["id"]: (int(i["calls"]), int(i["errors"])) for i in view["instances"]}
+            except (OSError, ValueError, KeyError) as error:
+                problem = f"GET {url}: {error}"
+            if not problem and all(got.get(id_) == (calls, 0) for id_, calls in want.items()):
+                return
+            if time.monotonic() >= deadline:
+                assert not problem, f"reported: after {REPORTED_WITHIN}s, {problem}"
+                lines = [
+                    f"{id_}: rota counts {got[id_][0]} calls and {got[id_][1]} errors, its echo server answered "
+                    f"{calls} calls (errors want 0)"
+                    if id_ in got
+                    else f"{id_}: not in rota's view, its echo server answered {calls} calls"
+                    for id_, calls in want.items()
+                ]
+                raise AssertionError(
+                    f"reported: rota's admin API did not match within {REPORTED_WITHIN}s: " + "; ".join(lines)
+                )
+            # The next poll REPORTED_EVERY after this one started, within the deadline above.
+            time.sleep(max(0.0, polled + REPORTED_EVERY - time.monotonic()))
 
     def check(self, expect: dict[str, Any], received: list[Received], failures: list[str], made: int) -> None:
         if "failures" in expect:
@@ -405,6 +450,7 @@ def test_every_scenario_is_run_or_listed() -> None:
         ({"steps": [{"hang": "a", "deadline_ms": 1}]}, "deadline_ms"),
         ({"instances": [{"id": "a", "unreachabel": True}]}, "unreachabel"),
         ({"steps": [{"calls": 1, "expect": {"balance": True}}]}, "balance"),
+        ({"steps": [{"calls": 1, "expect": {"report": True}}]}, "report"),
         ({"policy": {"gray": {"weights": 1}}}, "policy"),
         ({"policy": {"service": "echo"}}, "service"),
     ],

@@ -18,7 +18,7 @@ import { viewOf } from '../src/channel/lease.js';
 import { rotaV1 } from '../src/proto.js';
 import { echoCalls, echoPackage, type EchoResult } from './echo.js';
 import { RotaServer, packageDir, repoRoot, silentLogger, waitFor } from './harness.js';
-import { Fleet, checkExpect, checkKeys, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
+import { Fleet, checkExpect, checkKeys, checkReported, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
 
 function letters(rule: string, weights: number[], tickets: number, excluded?: (p: number) => boolean): string {
   const map = new TicketMap(parseLeasedRule(rule), weights);
@@ -343,7 +343,7 @@ const scenarioDir = join(repoRoot, 'clients', 'conformance', 'channel');
 // The keys clients/conformance/channel/README.md defines; any other key fails the scenario.
 const SCENARIO_KEYS = new Set(['name', 'rule', 'service', 'instances', 'policy', 'steps']);
 const INSTANCE_KEYS = new Set(['id', 'version', 'weight', 'unreachable']);
-const EXPECT_KEYS = new Set(['failures', 'error_contains', 'leased', 'rotation', 'runs', 'only', 'never', 'spread', 'counts', 'balanced']);
+const EXPECT_KEYS = new Set(['failures', 'error_contains', 'leased', 'rotation', 'runs', 'only', 'never', 'spread', 'counts', 'balanced', 'reported']);
 /** Each step's action key and the keys that may go with it. */
 const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   calls: new Set(['calls', 'consumers', 'version', 'deadline_ms', 'expect']),
@@ -448,6 +448,9 @@ async function runScenario(sc: Scenario): Promise<void> {
         const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
         try {
           checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
+          if (s.expect?.reported === true) {
+            await checkReported(fleet.server.admin, sc.instances, log);
+          }
         } catch (e) {
           throw new Error(`step ${i}: ${(e as Error).message}`, { cause: e });
         }
@@ -526,6 +529,7 @@ describe('channel scenario runner self-checks', { timeout: 120_000 }, () => {
     await assert.rejects(runScenario(misspelt({ instances: [{ id: 'echo-a', verison: 'v2' }] })), /unknown key "verison" in instance/);
     await assert.rejects(runScenario(misspelt({ steps: [{ calls: 2, expect: { count: { 'echo-a': 1 } } }] })), /unknown key "count" in step 0 expect/);
     await assert.rejects(runScenario(misspelt({ steps: [{ calls: 2, deadline: 100 }] })), /unknown key "deadline" in step 0/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ calls: 2, expect: { report: true } }] })), /unknown key "report" in step 0 expect/);
     await assert.rejects(runScenario(misspelt({ steps: [{ cals: 2 }] })), /step 0 has 0 actions/);
     await assert.rejects(runScenario(misspelt({ policy: { gray: { unversioned: 1, version: { v2: 1 } } } })), /unknown key "version" in policy\.gray/);
     await assert.rejects(runScenario(misspelt({ policy: { service: 'echo' } })), /policy names its service/);

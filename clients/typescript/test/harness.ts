@@ -51,14 +51,17 @@ process.on('exit', () => {
 export class RotaServer {
   readonly port: number;
   readonly target: string;
+  /** The admin listener's host:port (HTTP), when it was started with `admin: true`. */
+  readonly admin: string | undefined;
   readonly #child: ChildProcess;
   readonly #exited: Promise<void>;
   readonly #log: { text: string };
 
-  private constructor(child: ChildProcess, port: number, exited: Promise<void>, log: { text: string }) {
+  private constructor(child: ChildProcess, port: number, admin: string | undefined, exited: Promise<void>, log: { text: string }) {
     this.#child = child;
     this.port = port;
     this.target = `127.0.0.1:${port}`;
+    this.admin = admin;
     this.#exited = exited;
     this.#log = log;
   }
@@ -66,14 +69,17 @@ export class RotaServer {
   /**
    * Starts `rota serve --listen <listen> ...args` with `ROTA_WARMUP=0s` in its environment (a
    * `--warmup` in `args` wins) and reads the bound port from the first line
-   * of its output (`listening on 127.0.0.1:PORT`).
+   * of its output (`listening on 127.0.0.1:PORT`). With `admin: true`, its admin listener is on
+   * (`ROTA_ADMIN_LISTEN=127.0.0.1:0`, else off as the environment says) and its address is read
+   * from the second line (`admin on 127.0.0.1:PORT`, written with the first).
    */
-  static async start(options: { listen?: string; args?: readonly string[] } = {}): Promise<RotaServer> {
+  static async start(options: { listen?: string; args?: readonly string[]; admin?: boolean } = {}): Promise<RotaServer> {
+    const admin = options.admin === true;
     const listen = options.listen ?? '127.0.0.1:0';
     // No start-up warm-up unless a test asks for one (--warmup wins over the variable): a fresh
     // test server has seen no service, and tests expect NOT_FOUND for one never registered.
     const child = spawn(rotaBinary(), ['serve', '--listen', listen, ...(options.args ?? [])], {
-      env: { ...process.env, ROTA_WARMUP: '0s' },
+      env: { ...process.env, ROTA_WARMUP: '0s', ...(admin ? { ROTA_ADMIN_LISTEN: '127.0.0.1:0' } : {}) },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     running.add(child);
@@ -90,11 +96,20 @@ export class RotaServer {
     });
     const lines = createInterface({ input: child.stdout });
     try {
-      const first = await new Promise<string>((resolve, reject) => {
+      // One listener for the address lines: readline emits the lines of one chunk at once.
+      const read: string[] = [];
+      const want = admin ? 2 : 1;
+      const [first, second] = await new Promise<string[]>((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`rota serve printed nothing within ${STARTUP_TIMEOUT_MS} ms`)), STARTUP_TIMEOUT_MS);
-        lines.once('line', (line) => {
-          clearTimeout(timer);
-          resolve(line);
+        lines.on('line', (line) => {
+          if (read.length === want) {
+            return;
+          }
+          read.push(line);
+          if (read.length === want) {
+            clearTimeout(timer);
+            resolve(read);
+          }
         });
         child.once('exit', (code, signal) => {
           clearTimeout(timer);
@@ -105,13 +120,17 @@ export class RotaServer {
           reject(error);
         });
       });
-      const match = /^listening on 127\.0\.0\.1:(\d+)$/.exec(first.trim());
+      const match = /^listening on 127\.0\.0\.1:(\d+)$/.exec(first!.trim());
       if (match === null) {
         throw new Error(`unexpected first line from rota serve: ${JSON.stringify(first)}`);
       }
-      const server = new RotaServer(child, Number(match[1]), exited, log);
-      // Keep draining stdout so the process never blocks on a full pipe.
-      lines.on('line', () => {});
+      const adminMatch = admin ? /^admin on (127\.0\.0\.1:\d+)$/.exec(second!.trim()) : null;
+      if (admin && adminMatch === null) {
+        throw new Error(`unexpected second line from rota serve (want its admin address): ${JSON.stringify(second)}`);
+      }
+      // The line listener above stays attached, which keeps stdout drained so the process never
+      // blocks on a full pipe.
+      const server = new RotaServer(child, Number(match[1]), adminMatch?.[1], exited, log);
       return server;
     } catch (error) {
       child.kill('SIGKILL');

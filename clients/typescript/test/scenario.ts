@@ -27,6 +27,7 @@ export interface Expect {
   spread?: boolean;
   counts?: Record<string, number>;
   balanced?: boolean;
+  reported?: boolean;
 }
 
 export function checkKeys(what: string, value: unknown, allowed: ReadonlySet<string>): void {
@@ -190,6 +191,60 @@ export function checkExpect(rule: string, e: Expect | undefined, weights: Readon
   }
 }
 
+/** Bounds of `reported`'s poll of rota's admin API. */
+const REPORTED_WITHIN_MS = 10_000;
+const REPORTED_EVERY_MS = 75;
+
+/**
+ * The `reported` expectation: polls rota's admin API (`GET /api/services/echo`) until every
+ * instance of the scenario shows as many calls as its echo server answered since the scenario
+ * started (`answered`, every call of the fleet's log) and no error; resolves with those counts,
+ * or fails with both numbers per id after 10 s.
+ */
+export async function checkReported(admin: string | undefined, instances: readonly ScenarioInstance[], answered: readonly EchoCall[]): Promise<Record<string, number>> {
+  assert.ok(admin !== undefined, "reported: rota's admin listener is off");
+  const want: Record<string, number> = Object.fromEntries(instances.map((inst) => [inst.id, 0]));
+  for (const c of answered) {
+    want[c.instance] = (want[c.instance] ?? 0) + 1;
+  }
+  const url = `http://${admin}/api/services/echo`;
+  const deadline = Date.now() + REPORTED_WITHIN_MS;
+  for (;;) {
+    const polled = Date.now();
+    const got = new Map<string, { calls: number; errors: number }>();
+    let problem: string | undefined;
+    try {
+      const response = await fetch(url, { signal: AbortSignal.timeout(2_000) });
+      const body = await response.text();
+      if (!response.ok) {
+        problem = `GET ${url}: ${response.status} ${body}`;
+      } else {
+        const view = JSON.parse(body) as { instances: { id: string; calls: number; errors: number }[] };
+        for (const inst of view.instances) {
+          got.set(inst.id, { calls: inst.calls, errors: inst.errors });
+        }
+      }
+    } catch (error) {
+      problem = `GET ${url}: ${(error as Error).message}`;
+    }
+    if (problem === undefined && Object.entries(want).every(([id, calls]) => got.get(id)?.calls === calls && got.get(id)?.errors === 0)) {
+      return want;
+    }
+    if (Date.now() >= deadline) {
+      assert.equal(problem, undefined, `reported: after ${REPORTED_WITHIN_MS} ms`);
+      const lines = Object.entries(want).map(([id, calls]) => {
+        const inst = got.get(id);
+        return inst !== undefined
+          ? `${id}: rota counts ${inst.calls} calls and ${inst.errors} errors, its echo server answered ${calls} calls (errors want 0)`
+          : `${id}: not in rota's view, its echo server answered ${calls} calls`;
+      });
+      assert.fail(`reported: rota's admin API did not match within ${REPORTED_WITHIN_MS} ms: ${lines.join('; ')}`);
+    }
+    // The next poll 75 ms after this one started, within the deadline above.
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, polled + REPORTED_EVERY_MS - Date.now())));
+  }
+}
+
 /** A loopback port nothing listens on (bound, noted and closed): connections to it are refused. */
 export async function closedPort(): Promise<number> {
   const listener = createServer();
@@ -212,7 +267,8 @@ export interface ScenarioInstance {
 }
 
 /**
- * What a scenario runs against: a `rota serve` on a free loopback port, one echo server per
+ * What a scenario runs against: a `rota serve` on a free loopback port (its admin listener on
+ * another, for {@link checkReported}), one echo server per
  * reachable instance and one registration per instance under `echo` (so that one can be
  * withdrawn), made by one provider client that reconnects quickly after a restart of rota.
  */
@@ -240,7 +296,7 @@ export class Fleet {
    * `service`) for `service`, when given.
    */
   static async start(instances: readonly ScenarioInstance[], options: { service?: string; policy?: Record<string, unknown> } = {}): Promise<Fleet> {
-    const fleet = new Fleet(await RotaServer.start());
+    const fleet = new Fleet(await RotaServer.start({ admin: true }));
     try {
       for (const inst of instances) {
         let port: number;
@@ -290,7 +346,7 @@ export class Fleet {
    * themselves), bounded by 20 s.
    */
   async restartRota(args: readonly string[] = []): Promise<void> {
-    const restarted = await RotaServer.start({ listen: this.#server.target, args });
+    const restarted = await RotaServer.start({ listen: this.#server.target, args, admin: true });
     this.#server = restarted;
     await waitFor(
       async () => (await this.provider.listInstances('echo').catch(() => ({ instances: [] }))).instances.length === this.registrations.size,

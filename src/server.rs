@@ -82,6 +82,9 @@ pub struct ServeConfig {
     /// How long after start a service not seen yet answers `warming_up` instead of `NOT_FOUND`
     /// (see [`crate::grpc::warmup`]); `None` is the registry's heartbeat timeout.
     pub warmup: Option<Duration>,
+    /// How long a seen service's arrivals must pause before the warm-up serves it; `None` is
+    /// [`default_settle`](crate::grpc::warmup::default_settle), zero serves a seen service at once.
+    pub warmup_settle: Option<Duration>,
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -136,6 +139,7 @@ impl Default for ServeConfig {
             tls: None,
             auth: None,
             warmup: None,
+            warmup_settle: None,
         }
     }
 }
@@ -225,7 +229,10 @@ impl Server {
         };
 
         let warmup_length = config.warmup.unwrap_or(config.registry.heartbeat_timeout);
-        let warmup = Warmup::starting_now(warmup_length);
+        let mut warmup = Warmup::starting_now(warmup_length);
+        if let Some(settle) = config.warmup_settle {
+            warmup = warmup.with_settle(settle);
+        }
         let registry = Registry::spawn(config.registry);
         let balancer = Arc::new(Balancer::new(
             registry.clone(),
@@ -281,7 +288,7 @@ impl Server {
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
             .max_decoding_message_size(limits.max_message_bytes);
-        let xds_hub = crate::xds::Hub::new(balancer.clone(), limits.xds, warmup_length);
+        let xds_hub = crate::xds::Hub::new(balancer.clone(), limits.xds, warmup_length, warmup.settle());
         background.push(xds_hub.spawn());
         let xds_service = AggregatedDiscoveryServiceServer::new(XdsService::new(
             xds_hub.clone(),

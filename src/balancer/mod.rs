@@ -166,6 +166,19 @@ impl Balancer {
     }
 
     /// The request's rule, or the service's policy rule when the request names none.
+    /// The errors a pick (or, with `lease`, a lease of that many tickets) of `query` would be
+    /// refused with for its input alone, before anything is drawn: for callers that may refuse
+    /// it for another reason but must not hide bad input behind that reason.
+    pub fn check(&self, query: &PickQuery<'_>, lease: Option<u32>) -> Result<(), PickError> {
+        check_request_limits(query)?;
+        if let Some(count) = lease
+            && count > MAX_LEASE
+        {
+            return Err(InvalidField::new("count", format!("is {count}; the limit is {MAX_LEASE}")).into());
+        }
+        self.resolve_rule(query, self.policies.load().for_service(query.service)).map(drop)
+    }
+
     fn resolve_rule(&self, query: &PickQuery<'_>, policy: &Policy) -> Result<Arc<ParsedRule>, PickError> {
         if query.rule.is_empty() { Ok(policy.rule.clone()) } else { Ok(self.rules.get(query.rule)?) }
     }

@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// instead of NOT_FOUND for this long; 0s for none [default: the heartbeat timeout].
     #[arg(long, env = "ROTA_WARMUP")]
     pub warmup: Option<String>,
+    /// During the warm-up, hold a seen service back until none of its instances has come UP
+    /// for this long, so the first provider back does not take every pick; 0s serves it at
+    /// once [default: a fifth of the warm-up, at most 3s].
+    #[arg(long, env = "ROTA_WARMUP_SETTLE")]
+    pub warmup_settle: Option<String>,
     /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit
     /// [default: 10s].
     #[arg(long, env = "ROTA_SHUTDOWN_GRACE")]
@@ -142,6 +147,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         admin_listen: args.admin_listen,
         heartbeat_timeout: args.heartbeat_timeout,
         warmup: args.warmup,
+        warmup_settle: args.warmup_settle,
         max_instances_per_stream: args.max_instances_per_stream,
         shutdown_grace: args.shutdown_grace,
         in_flight_timeout: args.in_flight_timeout,

@@ -36,6 +36,7 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     pub heartbeat_timeout: Option<String>,
     pub warmup: Option<String>,
+    pub warmup_settle: Option<String>,
     pub max_instances_per_stream: Option<String>,
     pub shutdown_grace: Option<String>,
     pub in_flight_timeout: Option<String>,
@@ -127,6 +128,7 @@ struct ServerTable {
     admin_listen: Option<String>,
     heartbeat_timeout: Option<String>,
     warmup: Option<String>,
+    warmup_settle: Option<String>,
     max_instances_per_stream: Option<u64>,
     shutdown_grace: Option<String>,
     in_flight_timeout: Option<String>,
@@ -218,6 +220,15 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             source_name: source,
             key: "server.warmup".into(),
             problem: format!("{value:?} is not a duration ({e}); try 15s, 500ms or 0s"),
+        })?,
+    };
+    // Zero is allowed: a seen service is served at once.
+    let warmup_settle = match pick(&overrides.warmup_settle, table.warmup_settle.clone()) {
+        None => crate::grpc::warmup::default_settle(warmup),
+        Some((value, source)) => humantime::parse_duration(&value).map_err(|e| ConfigError {
+            source_name: source,
+            key: "server.warmup_settle".into(),
+            problem: format!("{value:?} is not a duration ({e}); try 3s, 500ms or 0s"),
         })?,
     };
     let shutdown_grace =
@@ -447,6 +458,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             tls,
             auth,
             warmup: Some(warmup),
+            warmup_settle: Some(warmup_settle),
         },
         shutdown_grace,
     })
@@ -543,11 +555,12 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
             d(self.serve.warmup.unwrap_or(self.serve.registry.heartbeat_timeout)),
+            d(self.serve.warmup_settle.unwrap_or_default()),
             self.serve.registry.max_instances_per_stream,
             d(self.shutdown_grace),
             d(self.serve.stats.in_flight_timeout),

@@ -136,6 +136,33 @@ fn the_warmup_defaults_to_the_heartbeat_timeout_and_may_be_zero() {
 }
 
 #[test]
+fn the_warmup_settle_defaults_to_a_fifth_of_the_warmup_at_most_3s_and_round_trips() {
+    let settle = |toml: &str, overrides: &Overrides| {
+        let f = file(toml);
+        resolve(Some(&f.0), overrides).map(|s| s.serve.warmup_settle)
+    };
+    let none = Overrides::default();
+    assert_eq!(settle("[server]\nwarmup = \"10s\"\n", &none).unwrap(), Some(Duration::from_secs(2)));
+    assert_eq!(settle("[server]\n", &none).unwrap(), Some(Duration::from_secs(3)), "15 s warm-up");
+    assert_eq!(settle("[server]\nwarmup = \"1h\"\n", &none).unwrap(), Some(Duration::from_secs(3)));
+    assert_eq!(settle("[server]\nwarmup = \"0s\"\n", &none).unwrap(), Some(Duration::ZERO));
+    let file_set = "[server]\nwarmup_settle = \"750ms\"\n";
+    assert_eq!(settle(file_set, &none).unwrap(), Some(Duration::from_millis(750)));
+    let zero = Overrides { warmup_settle: Some("0s".into()), ..Default::default() };
+    assert_eq!(settle(file_set, &zero).unwrap(), Some(Duration::ZERO), "the flag wins");
+    let bad = Overrides { warmup_settle: Some("later".into()), ..Default::default() };
+    let error = resolve(None, &bad).unwrap_err();
+    assert_eq!((error.source_name.as_str(), error.key.as_str()), (FLAGS, "server.warmup_settle"));
+    assert!(error.problem.starts_with("\"later\" is not a duration"), "{}", error.problem);
+
+    let f = file(file_set);
+    let printed = resolve(Some(&f.0), &none).unwrap().to_toml();
+    assert!(printed.contains("warmup_settle = \"750ms\""), "{printed}");
+    let again = file(&printed);
+    assert_eq!(resolve(Some(&again.0), &none).unwrap().serve.warmup_settle, Some(Duration::from_millis(750)));
+}
+
+#[test]
 fn the_state_backend_settings_are_checked_and_round_trip() {
     let over = |state: &str, block: &str, timeout: &str| Overrides {
         state: Some(state.into()),

@@ -48,7 +48,21 @@ fn refused(balancer: &Balancer, warmup: &Warmup, service: &str, error: crate::ba
     warmup.refine(balancer.registry(), service, error).into()
 }
 
-async fn pick(balancer: &Balancer, request: &pb::PickRequest) -> Result<pb::PickResponse, crate::balancer::PickError> {
+/// Refuses a pick or lease of a seen service whose instances are still arriving during the
+/// warm-up, with what its input is refused for if anything, else `warming_up`.
+fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, lease: Option<u32>) -> Result<(), Status> {
+    match warmup.settling(balancer.registry(), query.service) {
+        None => Ok(()),
+        Some(warming_up) => {
+            balancer.check(query, lease)?;
+            Err(warming_up.into())
+        }
+    }
+}
+
+/// One pick as the API answers it: refused while the warm-up holds the service back, and with
+/// the balancer's errors refined by the warm-up.
+async fn pick(balancer: &Balancer, warmup: &Warmup, request: &pb::PickRequest) -> Result<pb::PickResponse, Status> {
     let query = PickQuery {
         service: &request.service,
         rule: &request.rule,
@@ -57,7 +71,11 @@ async fn pick(balancer: &Balancer, request: &pb::PickRequest) -> Result<pb::Pick
         zone: &request.zone,
         exclude: &request.exclude,
     };
-    balancer.pick(query).await.map(convert::picked)
+    held(balancer, warmup, &query, None)?;
+    match balancer.pick(query).await {
+        Ok(picked) => Ok(convert::picked(picked)),
+        Err(error) => Err(refused(balancer, warmup, &request.service, error)),
+    }
 }
 
 type PickStream = Pin<Box<dyn Stream<Item = Result<pb::PickResponse, Status>> + Send + 'static>>;
@@ -65,11 +83,7 @@ type PickStream = Pin<Box<dyn Stream<Item = Result<pb::PickResponse, Status>> + 
 #[tonic::async_trait]
 impl pb::balancer_server::Balancer for BalancerService {
     async fn pick(&self, request: Request<pb::PickRequest>) -> Result<Response<pb::PickResponse>, Status> {
-        let request = request.get_ref();
-        let response = pick(&self.balancer, request)
-            .await
-            .map_err(|e| refused(&self.balancer, &self.warmup, &request.service, e))?;
-        Ok(Response::new(response))
+        Ok(Response::new(pick(&self.balancer, &self.warmup, request.get_ref()).await?))
     }
 
     async fn report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
@@ -86,6 +100,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             version: &request.version,
             ..Default::default()
         };
+        held(&self.balancer, &self.warmup, &query, Some(request.count))?;
         let leased = self
             .balancer
             .lease(query, request.count)
@@ -119,18 +134,12 @@ impl pb::balancer_server::Balancer for BalancerService {
             let balancer = balancer.clone();
             async move {
                 let request = request?;
-                Ok(match pick(&balancer, &request).await {
+                Ok(match pick(&balancer, &warmup, &request).await {
                     Ok(response) => response,
-                    Err(error) => {
-                        let status = refused(&balancer, &warmup, &request.service, error);
-                        pb::PickResponse {
-                            error: Some(pb::PickError {
-                                code: status.code() as i32,
-                                message: status.message().to_owned(),
-                            }),
-                            ..Default::default()
-                        }
-                    }
+                    Err(status) => pb::PickResponse {
+                        error: Some(pb::PickError { code: status.code() as i32, message: status.message().to_owned() }),
+                        ..Default::default()
+                    },
                 })
             }
         });

@@ -104,12 +104,11 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = &request.get_ref().service;
         checked_service(name)?;
-        let unknown =
-            || Status::from(self.warmup.refine(&self.registry, name, PickError::UnknownService(name.clone())));
-        if self.warmup.hides(&self.registry, name) {
-            return Err(unknown());
+        if let Some(warming_up) = self.warmup.holding(&self.registry, name) {
+            return Err(warming_up.into());
         }
-        let snapshot = self.registry.service(name).ok_or_else(unknown)?;
+        let snapshot =
+            self.registry.service(name).ok_or_else(|| Status::from(PickError::UnknownService(name.clone())))?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
         Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
     }

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 
 use crate::hash::Map;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use super::instance::Instance;
 
@@ -101,6 +102,9 @@ pub struct ServiceSnapshot {
     pub versions: Map<Arc<str>, Subset>,
     /// Every UP instance, whatever its version (for the "any instance" isolation fallback).
     pub up: Subset,
+    /// [`ServiceSnapshot::arrivals_settled`], worked out on first demand (only the start-up
+    /// warm-up asks), with the quiet period it was worked out for.
+    settled: OnceLock<(Duration, Option<tokio::time::Instant>)>,
 }
 
 impl ServiceSnapshot {
@@ -131,7 +135,28 @@ impl ServiceSnapshot {
             unversioned: Subset::new(UNVERSIONED_LABEL, unversioned),
             versions,
             up: Subset::new(ANY_LABEL, up),
+            settled: OnceLock::new(),
         }
+    }
+
+    /// When the instances that opened this service first paused coming up: the earliest moment
+    /// at which `quiet` had passed since one instance became UP with no other becoming UP in
+    /// between, counted over the instances UP now. `None` when none is UP. The start-up warm-up
+    /// holds a service back until then, so that the first provider back after a restart does not
+    /// take every pick while the others are still reconnecting.
+    pub fn arrivals_settled(&self, quiet: Duration) -> Option<tokio::time::Instant> {
+        let (for_quiet, settled) = *self.settled.get_or_init(|| (quiet, first_pause(&self.up.members, quiet)));
+        if for_quiet == quiet { settled } else { first_pause(&self.up.members, quiet) }
+    }
+
+    /// Until when a warm-up ending at `ends` holds this service back for its arrivals to pause
+    /// for `quiet` ([`ServiceSnapshot::arrivals_settled`]); `None` when it does not now.
+    pub fn settling_until(&self, quiet: Duration, ends: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        if quiet.is_zero() {
+            return None;
+        }
+        let until = self.arrivals_settled(quiet)?.min(ends);
+        (tokio::time::Instant::now() < until).then_some(until)
     }
 
     pub fn up_count(&self) -> usize {
@@ -152,6 +177,15 @@ impl ServiceSnapshot {
     pub fn instance(&self, id: &str) -> Option<&Arc<Instance>> {
         self.instances.binary_search_by(|i| (*i.id).cmp(id)).ok().map(|at| &self.instances[at])
     }
+}
+
+/// The end of the first gap of at least `quiet` after an `up_since` of `instances`, or after
+/// the last of them.
+fn first_pause(instances: &[Arc<Instance>], quiet: Duration) -> Option<tokio::time::Instant> {
+    let mut arrivals: Vec<tokio::time::Instant> = instances.iter().filter_map(|i| i.up_since).collect();
+    arrivals.sort_unstable();
+    let gap = arrivals.windows(2).find(|pair| pair[1] >= pair[0] + quiet).map(|pair| pair[0]);
+    gap.or(arrivals.last().copied()).map(|at| at + quiet)
 }
 
 /// One difference between two snapshots of a service, in the vocabulary of service discovery.

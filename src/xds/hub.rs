@@ -104,6 +104,9 @@ pub struct Hub {
     /// Until then, a service this server has not seen yet is withheld, not reported absent:
     /// a restarted rota must not make clients drop resources their providers are bringing back.
     warmup_ends: Instant,
+    /// During the warm-up, a service seen but whose instances are still arriving is withheld
+    /// until they have paused this long (as the gRPC API holds it back).
+    settle: Duration,
     entries: Mutex<HashMap<Arc<str>, Entry>>,
     warmup_over: AtomicBool,
     watched: Mutex<Watched>,
@@ -137,11 +140,12 @@ pub enum Lookup {
 }
 
 impl Hub {
-    pub fn new(balancer: Arc<Balancer>, limits: XdsLimits, warmup: Duration) -> Arc<Self> {
+    pub fn new(balancer: Arc<Balancer>, limits: XdsLimits, warmup: Duration, settle: Duration) -> Arc<Self> {
         Arc::new(Self {
             balancer,
             limits,
             warmup_ends: Instant::now() + warmup,
+            settle,
             entries: Mutex::new(HashMap::new()),
             warmup_over: AtomicBool::new(false),
             watched: Mutex::new(Watched::default()),
@@ -199,6 +203,7 @@ impl Hub {
             return Lookup::Found(built.clone());
         }
         match self.fingerprint(service) {
+            Some((snapshot, _)) if self.withheld(&snapshot) => Lookup::Pending,
             Some((snapshot, fingerprint)) => {
                 let built = self.build(&snapshot, &fingerprint);
                 if let Some(entry) = self.lock().get_mut(service)
@@ -268,6 +273,7 @@ impl Hub {
             };
             match (self.fingerprint(service), old) {
                 (Some((_, new)), Some(old)) if new == old => {}
+                (Some((snapshot, _)), None) if self.withheld(&snapshot) => {}
                 (Some((snapshot, new)), _) => {
                     let built = self.build(&snapshot, &new);
                     if let Some(entry) = self.lock().get_mut(service) {
@@ -318,6 +324,14 @@ impl Hub {
             let mut watched = self.lock_watched();
             watched.next_end = Some(watched.next_end.map_or(end, |known| known.min(end)));
         }
+    }
+
+    /// Whether a service not answered yet is withheld because its instances are still
+    /// arriving during the warm-up; notes when that ends, so the tick after it builds.
+    fn withheld(&self, snapshot: &crate::registry::ServiceSnapshot) -> bool {
+        let until = snapshot.settling_until(self.settle, self.warmup_ends);
+        self.note_end(until);
+        until.is_some()
     }
 
     /// True once, at the first refresh after the warm-up: withheld answers are due.

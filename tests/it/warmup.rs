@@ -9,8 +9,13 @@ use tokio_stream::StreamExt;
 
 use crate::harness::{PATIENCE, TestServer, instance, picked_id};
 
+/// A warm-up of `warmup` that serves a seen service at once (no settle period).
 async fn warming_up_for(warmup: Duration) -> TestServer {
-    TestServer::start_with(|config| config.warmup = Some(warmup)).await
+    TestServer::start_with(|config| {
+        config.warmup = Some(warmup);
+        config.warmup_settle = Some(Duration::ZERO);
+    })
+    .await
 }
 
 fn reason(error: &ClientError) -> Option<String> {
@@ -61,6 +66,40 @@ async fn during_the_warmup_unseen_services_are_warming_up_and_seen_ones_are_serv
     let invalid = client.pick("", PickOptions::default()).await.unwrap_err();
     assert_eq!(invalid.code(), Some(tonic::Code::InvalidArgument));
     assert_eq!(reason(&invalid).as_deref(), Some("invalid_argument"));
+}
+
+/// The first instance back after a restart does not take every pick: while a seen service's
+/// instances are still arriving (here, the settle period outlasts the test), every way to pick
+/// from it or list it is held back as `warming_up`, saying why.
+#[tokio::test]
+async fn a_service_whose_instances_are_still_arriving_is_held_back() {
+    let server = TestServer::start_with(|config| {
+        config.warmup = Some(Duration::from_secs(3600));
+        config.warmup_settle = Some(Duration::from_secs(3600));
+    })
+    .await;
+    let mut client = server.client().await;
+    let _provider = server.register(vec![instance("warm-arriving", "a", 9001)]).await;
+
+    let error = client.pick("warm-arriving", PickOptions::default()).await.unwrap_err();
+    assert_warming_up(&error);
+    assert!(error.to_string().contains("instances of service \"warm-arriving\" are still re-registering"), "{error}");
+    assert!(error.to_string().contains("none has arrived for 3600000 ms"), "{error}");
+    assert_warming_up(&client.list_instances("warm-arriving").await.unwrap_err());
+    let lease = client
+        .balancer()
+        .lease(pb::LeaseRequest { service: "warm-arriving".into(), count: 4, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(lease.metadata().get("rota-error").unwrap(), "warming_up");
+    let requests = tokio_stream::iter(vec![pb::PickRequest { service: "warm-arriving".into(), ..Default::default() }]);
+    let mut responses = client.balancer().pick_stream(requests).await.unwrap().into_inner();
+    let error = responses.next().await.unwrap().unwrap().error.expect("held back");
+    assert_eq!(error.code, tonic::Code::Unavailable as i32);
+    assert!(error.message.contains("still re-registering"), "{}", error.message);
+    // Bad input is still refused as such.
+    let invalid = client.pick("", PickOptions::default()).await.unwrap_err();
+    assert_eq!(invalid.code(), Some(tonic::Code::InvalidArgument));
 }
 
 /// A seen service whose instances all left is not "warming up": rota knows it is empty.

@@ -30,7 +30,8 @@ async fn hub_with(specs: Vec<InstanceSpec>, limits: XdsLimits, warmup: Duration)
         let outcome = lease.announce(specs).await.unwrap();
         assert!(outcome.refused.is_empty(), "{outcome:?}");
     }
-    let hub = Hub::new(Arc::new(Balancer::with_defaults(registry)), limits, warmup);
+    // The server's default settle period: a fifth of the warm-up.
+    let hub = Hub::new(Arc::new(Balancer::with_defaults(registry)), limits, warmup, warmup / 5);
     (hub, lease)
 }
 
@@ -184,17 +185,36 @@ async fn during_the_warmup_a_service_not_seen_yet_is_withheld_not_absent() {
     let mut session = Session::new(hub.clone(), "test".into());
     session.on_request(ask(LISTENER_TYPE, &["echo"], "")).unwrap();
     assert!(session.responses().is_empty(), "withheld: the client keeps what it had");
+    // The first instance back does not open the service: its peers are still arriving.
     lease.announce(vec![spec("echo-a", "")]).await.unwrap();
     hub.refresh();
+    assert!(session.responses().is_empty(), "held while instances arrive");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    lease.announce(vec![spec("echo-b", "")]).await.unwrap();
+    hub.refresh();
+    tokio::time::advance(Duration::from_millis(1_999)).await;
+    hub.tick();
+    assert!(session.responses().is_empty(), "2 s (a fifth of the warm-up) have not passed since echo-b");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    hub.tick();
     let response = session.responses();
     assert_eq!(response.len(), 1);
     assert_eq!(response[0].resources.len(), 1);
+    let mut endpoints = Session::new(hub.clone(), "endpoints".into());
+    endpoints.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
+    let assignment = ClusterLoadAssignment::decode(&*endpoints.responses()[0].resources[0].value).unwrap();
+    assert_eq!(assignment.endpoints.iter().map(|l| l.lb_endpoints.len()).sum::<usize>(), 2, "both instances at once");
+
+    // Once answered, a service is not withheld again: a later arrival is pushed as usual.
+    lease.announce(vec![spec("echo-c", "")]).await.unwrap();
+    hub.refresh();
+    assert_eq!(endpoints.responses().len(), 1, "echo-c pushed at once");
 
     // Another service, still unseen when the warm-up ends: answered absent then.
     let mut late = Session::new(hub.clone(), "late".into());
     late.on_request(ask(LISTENER_TYPE, &["other"], "")).unwrap();
     assert!(late.responses().is_empty());
-    tokio::time::advance(Duration::from_secs(11)).await;
+    tokio::time::advance(Duration::from_secs(8)).await;
     let response = late.responses();
     assert_eq!(response.len(), 1);
     assert!(response[0].resources.is_empty());

@@ -41,13 +41,33 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// HTTP/2 flow-control windows. A stream may have 64 KiB sent and not yet read: plenty for
-/// requests of a few dozen bytes, and small enough that a stream's unread requests, however
-/// finely a client frames them, stay inside the connection's budget for small DATA frames
-/// (half the connection window), so a fast pipelining client is slowed by flow control
-/// instead of having its connection closed.
-const STREAM_WINDOW: u32 = 64 << 10;
-const CONNECTION_WINDOW: u32 = 4 << 20;
+/// HTTP/2 flow-control windows, `(stream, connection)`, for connections that may open
+/// `streams_per_connection` streams.
+///
+/// h2 closes a connection (`GOAWAY ENHANCE_YOUR_CALM too_many_data_frames`) whose received and
+/// not yet read DATA frames of under 256 bytes cost more framing overhead (256 bytes less each
+/// frame's payload) than half its connection window. A pipelining client's unread requests
+/// are such frames: the smallest a gRPC message makes is its 5-byte prefix, so they can cost
+/// 50 times their bytes, and their bytes are bounded only by the stream window on each of the
+/// connection's streams. So the connection window is the largest HTTP/2 allows (a 1 GiB
+/// budget; the streams, not the connection, bound what a peer may have in flight), and the
+/// stream window the largest, up to 64 KiB, at which every stream of a full connection can
+/// hold its window in 5-byte frames inside that budget: a fast pipelining client is then
+/// slowed by flow control on any number of streams, never disconnected. 64 KiB up to 319
+/// streams per connection, 19 KiB at the default 1024; a connection holds at most ~20 MiB of
+/// unread requests whatever the setting.
+pub fn flow_windows(streams_per_connection: u32) -> (u32, u32) {
+    const MAX_WINDOW: u32 = (1 << 31) - 1;
+    const SMALL_FRAME: u64 = 256;
+    const SMALLEST_MESSAGE_FRAME: u64 = 5;
+    let budget = u64::from(MAX_WINDOW / 2);
+    // Frames each stream may hold, charged the most any frame costs, and their bytes.
+    let frames = budget / (SMALL_FRAME * u64::from(streams_per_connection.max(1)));
+    let stream = (frames * SMALLEST_MESSAGE_FRAME).min(64 << 10);
+    // Whole KiB where there is room for them.
+    let stream = if stream >= 1 << 10 { stream & !((1 << 10) - 1) } else { stream.max(1) };
+    (stream as u32, MAX_WINDOW)
+}
 /// Request headers accepted on one stream, advertised in SETTINGS so well-behaved clients refuse
 /// larger ones themselves. A larger header list is refused on its own stream (HTTP 431), and
 /// h2 closes the connection only for a single field larger than this, so it is generous:
@@ -297,12 +317,13 @@ impl Server {
             drain.subscribe(),
         ))
         .max_decoding_message_size(limits.max_message_bytes);
+        let (stream_window, connection_window) = flow_windows(limits.streams_per_connection);
         let router = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(connection_window)
             .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
             .concurrency_limit_per_connection(limits.concurrent_requests_per_connection)
             .load_shed(true)
@@ -470,4 +491,27 @@ fn guarded<S>(
     service: S,
 ) -> Option<InterceptedService<S, AuthInterceptor>> {
     auth.as_ref().map(|auth| InterceptedService::new(service, AuthInterceptor::new(auth.clone(), required)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flow_windows;
+
+    /// Every stream of a full connection holding its whole window in 5-byte DATA frames costs
+    /// h2's small-frame accounting no more than its budget (half the connection window), for
+    /// any setting; and the windows are as large as that allows, up to 64 KiB.
+    #[test]
+    fn a_full_connection_of_the_smallest_frames_stays_inside_h2s_budget() {
+        for streams in [1, 2, 100, 319, 320, 1024, 4096, 20_000, 100_000, 1_000_000] {
+            let (stream, connection) = flow_windows(streams);
+            assert_eq!(connection, (1 << 31) - 1);
+            assert!((1..=64 << 10).contains(&stream), "{streams} streams: {stream}");
+            let frames = u64::from(streams) * u64::from(stream).div_ceil(5);
+            assert!(frames * (256 - 5) <= u64::from(connection / 2), "{streams} streams of {stream} bytes");
+        }
+        assert_eq!(flow_windows(319).0, 64 << 10);
+        assert!(flow_windows(320).0 < 64 << 10);
+        assert_eq!(flow_windows(1024).0, 19 << 10, "the default streams per connection");
+        assert_eq!(flow_windows(0), flow_windows(1));
+    }
 }

@@ -48,6 +48,18 @@ if [ -n "${FUZZ_TARGETS:-}" ]; then
 else
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
+# A run that fuzzes nothing proves nothing: an empty list (a broken fuzz/ or `cargo fuzz list`)
+# fails, as does a target without a seed corpus.
+if [ "${#targets[@]}" -eq 0 ]; then
+  echo "fuzz: no fuzz targets to run (cargo fuzz list printed none)" >&2
+  exit 1
+fi
+for target in "${targets[@]}"; do
+  if [ -z "$target" ] || ! [ -d "fuzz/corpus/$target" ]; then
+    echo "fuzz: target ${target:-\"\"} has no seed corpus in fuzz/corpus/" >&2
+    exit 1
+  fi
+done
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/rota-fuzz.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT

@@ -55,19 +55,61 @@ step() {
   took[$name]=$((SECONDS - start))
 }
 
-# The Rust tests, failing a run in which none passed (a filter or a target that lost its tests
-# must not pass by running nothing).
+# The Rust tests, failing a run in which a test target passed fewer tests than its floor (a
+# filter, a lost `mod`, or a target that stopped running must not pass by running less), or a
+# target with no floor appeared (give it one here).
+rust_test_floors=(
+  "unittests src/lib.rs=200"
+  "unittests src/main.rs=0"
+  "tests/alloc.rs=1"
+  "tests/it/main.rs=120"
+  "doc-tests rota=1"
+)
 rust_tests() {
-  local log status=0 passed
+  local log status=0
   log="$(mktemp)"
   cargo test --locked 2>&1 | tee "$log" || status=$?
-  passed="$(sed -nE 's/^test result: ok\. ([0-9]+) passed.*/\1/p' "$log" | awk '{ n += $1 } END { print n + 0 }')"
-  rm -f "$log"
-  [ "$status" -eq 0 ] || return "$status"
-  if [ "$passed" -eq 0 ]; then
-    echo "scripts/test.sh: no Rust test ran" >&2
-    return 1
+  if [ "$status" -ne 0 ]; then
+    rm -f "$log"
+    return "$status"
   fi
+  # "target=passed" for each target, in the order cargo ran them.
+  local -a ran
+  mapfile -t ran < <(awk '
+    /^ *Running / { sub(/^ *Running /, ""); sub(/ \(.*$/, ""); target = $0 }
+    /^ *Doc-tests / { sub(/^ *Doc-tests /, ""); target = "doc-tests " $0 }
+    /^test result: ok\. [0-9]+ passed/ { print target "=" $4 }
+  ' "$log")
+  rm -f "$log"
+  local entry target floor passed found failed=0
+  for entry in "${rust_test_floors[@]}"; do
+    target="${entry%=*}"
+    floor="${entry##*=}"
+    found=0
+    for line in "${ran[@]}"; do
+      if [ "${line%=*}" = "$target" ]; then
+        found=1
+        passed="${line##*=}"
+        if [ "$passed" -lt "$floor" ]; then
+          echo "scripts/test.sh: $target passed $passed tests, fewer than its floor of $floor" >&2
+          failed=1
+        fi
+      fi
+    done
+    if [ "$found" -eq 0 ]; then
+      echo "scripts/test.sh: test target $target did not run" >&2
+      failed=1
+    fi
+  done
+  for line in "${ran[@]}"; do
+    target="${line%=*}"
+    if ! printf '%s\n' "${rust_test_floors[@]%=*}" | grep -qxF -- "$target"; then
+      echo "scripts/test.sh: test target $target has no floor in rust_test_floors" >&2
+      failed=1
+    fi
+  done
+  [ "$failed" -eq 0 ] || return 1
+  printf '    %s\n' "${ran[@]}"
 }
 
 step build cargo build --locked --bin rota

@@ -38,9 +38,15 @@ class ScriptedLeases {
   picks = 0;
   /** A position past the instance list in the next gray answer. */
   badPosition = false;
+  /** Refuse leases as a restarted rota does before the service is back (NOT_FOUND, rota-error). */
+  refuse = false;
+  /** Lease requests made so far. */
+  requests = 0;
   /** The rule and weights of ticket-range answers. */
   rule = 'round_robin';
   weights = [100, 100];
+  /** What the leaser asked to hear when the Watch ends. */
+  watchLost: (() => void) | undefined;
   /** Called when a Lease request is made (synchronously, from the stream's take()). */
   onRequest: () => void = () => {};
 
@@ -52,8 +58,15 @@ class ScriptedLeases {
       offline() {},
       online() {},
       report() {},
+      onWatchLost: (listener: () => void) => {
+        this.watchLost = listener;
+        return () => {
+          this.watchLost = undefined;
+        };
+      },
       balancer: {
         Lease: (request: { count: number }, _md: Metadata, _opts: object, callback: (e: unknown, r?: unknown) => void) => {
+          this.requests++;
           this.onRequest();
           setImmediate(() => {
             if (this.gray && !this.down) {
@@ -74,6 +87,12 @@ class ScriptedLeases {
             }
             if (this.down) {
               callback(Object.assign(new Error('connection refused'), { code: status.UNAVAILABLE, details: 'connection refused', metadata: new Metadata() }));
+              return;
+            }
+            if (this.refuse) {
+              const metadata = new Metadata();
+              metadata.set('rota-error', 'unknown_service');
+              callback(Object.assign(new Error('unknown'), { code: status.NOT_FOUND, details: 'service "svc" has never been registered', metadata }));
               return;
             }
             this.counts.push(request.count);
@@ -171,6 +190,63 @@ describe('lease stream', () => {
         await new Promise((resolve) => setImmediate(resolve));
       }
       assert.ok(leased, 'still local after rota answered again');
+    } finally {
+      close();
+    }
+  });
+});
+
+describe('lease stream when rota goes away and comes back', () => {
+  it('drops the tickets it holds when the Watch ends, and leases afresh', async () => {
+    const script = new ScriptedLeases();
+    const { stream, woken, close } = leaser(script);
+    try {
+      const first = await take(stream, woken);
+      assert.equal(first.local, false);
+      const requests = script.requests;
+      // Every ticket leased so far (held or not) is below this one.
+      const fresh = script.next;
+      assert.ok(script.watchLost !== undefined, 'the leaser listens for the end of the Watch');
+      // rota restarted: the tickets held past `first` may be the new rota's to give again.
+      script.watchLost();
+      const next = await take(stream, woken);
+      assert.equal(next.local, false);
+      assert.ok(script.requests > requests, 'a new lease, not the rest of the old block');
+      assert.ok(next.ticket >= fresh, `ticket ${next.ticket} comes from a block held before the Watch ended (new leases start at ${fresh})`);
+    } finally {
+      close();
+    }
+    assert.equal(script.watchLost, undefined, 'a closed leaser stops listening');
+  });
+
+  it('keeps retrying while offline when the answer is a refusal, and leases once rota serves again', async () => {
+    const script = new ScriptedLeases();
+    const { stream, woken, close } = leaser(script);
+    try {
+      await take(stream, woken);
+      script.down = true;
+      let local = false;
+      for (let n = 0; n < 10_000 && !local; n++) {
+        local = (await take(stream, woken)).local;
+      }
+      assert.ok(local, 'offline: a local rotation');
+      // rota is back but has not seen the service again yet: it refuses the lease.
+      script.down = false;
+      script.refuse = true;
+      const refusedFrom = script.requests;
+      const deadline = Date.now() + 10_000;
+      while (script.requests < refusedFrom + 3 && Date.now() < deadline) {
+        await take(stream, woken);
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      assert.ok(script.requests >= refusedFrom + 3, 'the retries went on after a refusal');
+      script.refuse = false;
+      let leased = false;
+      while (!leased && Date.now() < deadline) {
+        leased = !(await take(stream, woken)).local;
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      assert.ok(leased, 'still local after rota served the lease again');
     } finally {
       close();
     }

@@ -92,6 +92,49 @@ describe('channel outcome reports', () => {
   });
 });
 
+describe('channel outcome reports at close', () => {
+  it('sends every queued outcome before the connection closes, a Report under way included', async () => {
+    const { fake, reports } = await recorder();
+    // An interval of an hour: nothing but close() sends the queue.
+    const link = new RotaLink(fake.target, 'echo', silentLogger, { initialMs: 10, maxMs: 100 }, undefined, HOUR_MS);
+    try {
+      // A full batch starts a Report at once; 1,500 more wait behind it when close() comes.
+      for (let i = 0; i < 2_500; i++) {
+        link.report(outcome(i));
+      }
+      link.close();
+      await waitFor(() => reports.reduce((n, r) => n + r.outcomes.length, 0) === 2_500, { what: 'every outcome reported' });
+      const tickets = reports.flatMap((r) => r.outcomes.map((o) => Number(o.ticket)));
+      assert.deepEqual(
+        tickets,
+        Array.from({ length: 2_500 }, (_, i) => i),
+      );
+      assert.equal(link.droppedOutcomes, 0);
+    } finally {
+      fake.stop();
+    }
+  });
+
+  it('drops what rota does not take while closing, and never calls on a closed connection', async () => {
+    const { fake, state } = await recorder();
+    state.down = true;
+    const link = new RotaLink(fake.target, 'echo', silentLogger, { initialMs: 10, maxMs: 100 }, undefined, HOUR_MS);
+    try {
+      for (let i = 0; i < 1_200; i++) {
+        link.report(outcome(i));
+      }
+      link.close();
+      await waitFor(() => link.droppedOutcomes === 1_200, { what: 'the refused outcomes dropped' });
+      assert.equal(state.failed, 1, 'one failed Report ends the drain');
+      // A call that ends after the connection closed: its outcome goes nowhere, no throw.
+      link.report(outcome(9_999));
+      assert.equal(link.droppedOutcomes, 1_201);
+    } finally {
+      fake.stop();
+    }
+  });
+});
+
 describe('x-rota-ticket', { timeout: 60_000 }, () => {
   it('is sent only when the channel asks for it', async () => {
     const server = await RotaServer.start();

@@ -490,7 +490,9 @@ async function runScenario(sc: Scenario): Promise<void> {
       } else if (s.stop_rota) {
         await fleet.stopRota();
       } else if (s.restart_rota) {
-        await fleet.restartRota();
+        // As a restarted rota in service runs: with a start-up warm-up, so that it answers
+        // no lease while the providers are still registering again.
+        await fleet.restartRota(RESTART_ARGS);
       } else if (s.await_leases) {
         const before = log.length;
         await waitFor(
@@ -509,6 +511,9 @@ async function runScenario(sc: Scenario): Promise<void> {
     await fleet.close();
   }
 }
+
+/** Flags of a restarted rota: a warm-up whose settle period outlasts the providers' re-registration. */
+const RESTART_ARGS = ['--warmup', '10s', '--warmup-settle', '500ms'];
 
 describe(`channel scenarios (second consumer: ${consumer.language} process)`, { timeout: 600_000 }, () => {
   const files = readdirSync(scenarioDir).filter((f) => f.endsWith('.json')).sort();

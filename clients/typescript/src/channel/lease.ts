@@ -120,6 +120,7 @@ export class Leaser {
   readonly #streams = new Map<string, VersionStream>();
   #generation = 0;
   #closed = false;
+  readonly #stopWatching: () => void;
 
   constructor(
     readonly link: RotaLink,
@@ -128,7 +129,9 @@ export class Leaser {
     readonly wake: () => void,
     /** The view to rotate over when rota was never reached for a version. */
     readonly localView: (version: string) => LeaseView | undefined,
-  ) {}
+  ) {
+    this.#stopWatching = link.onWatchLost(() => this.invalidate());
+  }
 
   get generation(): number {
     return this.#generation;
@@ -166,6 +169,7 @@ export class Leaser {
 
   close(): void {
     this.#closed = true;
+    this.#stopWatching();
     for (const s of this.#streams.values()) {
       s.close();
     }
@@ -285,6 +289,17 @@ export class VersionStream {
     );
   }
 
+  /** Leases again after the backoff's next delay, while the stream is still offline. */
+  #retryLater(): void {
+    clearTimeout(this.#retry);
+    this.#retry = setTimeout(() => {
+      if (!this.#fetching && this.#offline && !this.owner.closed) {
+        this.#fetch();
+      }
+    }, this.#backoff.next());
+    this.#retry.unref();
+  }
+
   #leased(generation: number, error: ServiceError | null, response: LeaseResponse__Output | undefined): void {
     this.#fetching = false;
     let wake = this.#waiting;
@@ -334,6 +349,11 @@ export class VersionStream {
       }
     } else if (refusal !== undefined) {
       this.#refused = { ...refusal, until: performance.now() + REFUSAL_MS };
+      // Offline, calls take local tickets and never ask for a lease: a refusal (a restarted
+      // rota that has not seen the service back yet) must not end the retries.
+      if (this.#offline) {
+        this.#retryLater();
+      }
     } else {
       if (!this.#offline) {
         this.#offline = true;
@@ -343,12 +363,7 @@ export class VersionStream {
         link.offline(error?.details ?? 'no answer');
       }
       wake = true;
-      this.#retry = setTimeout(() => {
-        if (!this.#fetching && this.#offline && !this.owner.closed) {
-          this.#fetch();
-        }
-      }, this.#backoff.next());
-      this.#retry.unref();
+      this.#retryLater();
     }
     if (wake) {
       this.owner.wake();

@@ -3,7 +3,7 @@
 
 import { Channel, credentials as grpcCredentials, type ChannelCredentials } from '@grpc/grpc-js';
 
-import type { BackoffOptions } from '../backoff.js';
+import { Backoff, type BackoffOptions } from '../backoff.js';
 import type { BalancerClient } from '../generated/rota/v1/Balancer.js';
 import type { CallOutcome } from '../generated/rota/v1/CallOutcome.js';
 import type { RegistryClient } from '../generated/rota/v1/Registry.js';
@@ -13,6 +13,7 @@ import { rotaV1 } from '../proto.js';
 const REPORT_INTERVAL_MS = 100;
 const MAX_REPORT_BATCH = 1_000;
 const MAX_PENDING_OUTCOMES = 20_000;
+const REPORT_DEADLINE_MS = 2_000;
 
 export class RotaLink {
   readonly balancer: BalancerClient;
@@ -26,6 +27,8 @@ export class RotaLink {
   #timer: NodeJS.Timeout;
   #offline = false;
   #closed = false;
+  #channelClosed = false;
+  readonly #watchLost = new Set<() => void>();
 
   constructor(
     readonly server: string,
@@ -36,7 +39,14 @@ export class RotaLink {
     reportIntervalMs = REPORT_INTERVAL_MS,
   ) {
     const rota = rotaV1();
-    this.#channel = new Channel(server, credentials, {});
+    // The connection to rota reconnects on the channel's own backoff, not grpc-js's (1 s
+    // doubling to 120 s): after rota restarts, leases resume within the backoff's ceiling
+    // instead of failing fast for as long as a long-grown reconnect delay lasts.
+    const reconnect = new Backoff(backoff);
+    this.#channel = new Channel(server, credentials, {
+      'grpc.initial_reconnect_backoff_ms': reconnect.initialMs,
+      'grpc.max_reconnect_backoff_ms': reconnect.maxMs,
+    });
     this.balancer = new rota.Balancer(server, credentials, { channelOverride: this.#channel });
     this.registry = new rota.Registry(server, credentials, { channelOverride: this.#channel });
     this.#timer = setInterval(() => this.#flush(), reportIntervalMs);
@@ -54,6 +64,10 @@ export class RotaLink {
       this.#drop(1);
     }
     this.#pending.push(outcome);
+    if (this.#closed) {
+      this.#drainThenClose();
+      return;
+    }
     // Exactly at a full batch: while rota is away the buffer stays above it, and flushing on
     // every call would retry a failing Report in a loop.
     if (this.#pending.length === MAX_REPORT_BATCH) {
@@ -92,9 +106,16 @@ export class RotaLink {
     this.#reporting = true;
     // Every outcome a channel reports is of a call no unary pick counted in flight at rota.
     const outcomes = batch.map((o) => ({ ...o, leased: true }));
-    this.balancer.Report({ outcomes }, { deadline: Date.now() + 2_000 }, (error) => {
+    this.balancer.Report({ outcomes }, { deadline: Date.now() + REPORT_DEADLINE_MS }, (error) => {
       this.#reporting = false;
       if (this.#closed) {
+        // Closing: what is left goes next, unless rota did not take this batch (then it
+        // would not take the rest in time either).
+        if (error !== null) {
+          this.#drop(this.#pending.length + batch.length);
+          this.#pending = [];
+        }
+        this.#drainThenClose();
         return;
       }
       if (error !== null) {
@@ -113,6 +134,22 @@ export class RotaLink {
     });
   }
 
+  /**
+   * Calls `listener` whenever the resolver's Watch of rota ends (rota stopped, restarted or
+   * unreachable); returns a function that stops it.
+   */
+  onWatchLost(listener: () => void): () => void {
+    this.#watchLost.add(listener);
+    return () => this.#watchLost.delete(listener);
+  }
+
+  /** The resolver's Watch ended. */
+  watchLost(): void {
+    for (const listener of this.#watchLost) {
+      listener();
+    }
+  }
+
   /** A lease failed for lack of rota: logged once until rota answers again. */
   offline(reason: string): void {
     if (!this.#offline) {
@@ -128,10 +165,37 @@ export class RotaLink {
     }
   }
 
+  /**
+   * Stops reporting on a timer and closes the connection once every outcome still queued has
+   * been sent (each Report bounded by its deadline; a failed one drops the rest), so the calls
+   * a channel made just before it closed still count at rota.
+   */
   close(): void {
+    if (this.#closed) {
+      return;
+    }
     this.#closed = true;
     clearInterval(this.#timer);
+    this.#drainThenClose();
+  }
+
+  #drainThenClose(): void {
+    if (this.#reporting) {
+      return; // the Report under way continues the drain when it completes
+    }
+    if (this.#channelClosed) {
+      // Outcomes of calls that ended after the connection closed: nowhere to send them.
+      if (this.#pending.length > 0) {
+        this.#drop(this.#pending.length);
+        this.#pending = [];
+      }
+      return;
+    }
+    if (this.#pending.length === 0) {
+      this.#channelClosed = true;
+      this.#channel.close();
+      return;
+    }
     this.#flush();
-    this.#channel.close();
   }
 }

@@ -168,6 +168,9 @@ export class RotaResolver implements Resolver {
       return;
     }
     this.#call = undefined;
+    // Tickets leased before now may be a restarted rota's to give out again: the policy drops
+    // them and leases afresh (or rotates locally while rota is away).
+    this.#link.watchLost();
     if (!this.#lost) {
       this.#lost = true;
       this.#link.logger.warn(`rota: watch of "${this.#link.service}" lost (${reason}); routing over the last known instances`);

@@ -12,12 +12,20 @@
 //! at every publication: inline for subsets up to [`INLINE_BUILD`] members, on a blocking
 //! thread beyond, while picks go on with the previous snapshot's tables read through member
 //! ids (see [`crate::rules::Built`]). Acknowledgements and other services' publications never
-//! wait for such a build. One build runs at a time per service; a build queued for a view that
-//! a newer publication has replaced is dropped, so a service that changes faster than its
-//! tables build costs one build at a time, not a growing queue.
+//! wait for such a build.
+//!
+//! Builds converge under any churn. One build runs at a time per service, always for the
+//! service's newest view when it starts, and at most one more waits behind it, however many
+//! publications come meanwhile; it holds no view, so replaced views are freed at once. A
+//! finished table is handed forward to the view that replaced the one it was built for, so a
+//! pick never waits for a table a later publication would throw away; and a pick that finds a
+//! table missing on a view already replaced takes the newest view's (building that one if
+//! need be), never building for its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+#[cfg(test)]
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 
@@ -38,12 +46,28 @@ pub struct SubsetView {
     pub rotations: RotationCache,
     /// Each position's statistics handle, filled on first pick.
     stats: Box<[OnceLock<StatsHandle>]>,
+    /// Set when the subset this one replaced had a load index, which a carry-over build then
+    /// builds for these members.
+    load_wanted: AtomicBool,
 }
 
 impl SubsetView {
     fn new(subset: Subset) -> Self {
         let stats = (0..subset.len()).map(|_| OnceLock::new()).collect();
-        Self { candidates: Candidates::new(subset), rotations: RotationCache::default(), stats }
+        Self {
+            candidates: Candidates::new(subset),
+            rotations: RotationCache::default(),
+            stats,
+            load_wanted: AtomicBool::new(false),
+        }
+    }
+
+    /// What a carry-over build should build here: the tables taken over from another snapshot,
+    /// and the load index the replaced subset had.
+    fn carry_needs(&self) -> Needs {
+        let mut needs = self.candidates.borrowed();
+        needs.load = self.load_wanted.load(Ordering::Relaxed) && self.candidates.tables.load.load().is_none();
+        needs
     }
 
     pub fn label(&self) -> &Arc<str> {
@@ -87,10 +111,31 @@ pub struct ServiceView {
     pub up: SubsetView,
     /// The service's ejected instances (shared by its successive views).
     pub ejections: Arc<ServiceEjections>,
-    /// Held while tables of this service are built; shared by the service's successive views.
-    building: Arc<tokio::sync::Mutex<()>>,
+    /// What the service's successive views share.
+    lineage: Arc<Lineage>,
     /// Set when a newer view replaced this one.
     superseded: AtomicBool,
+}
+
+/// What the successive views of one service share.
+#[derive(Debug, Default)]
+struct Lineage {
+    /// Held while tables of the service are built: one build at a time.
+    building: tokio::sync::Mutex<()>,
+    /// The service's current view; unset once the service is forgotten.
+    newest: Mutex<Weak<ServiceView>>,
+    /// Set while a carry-over build waits to run; publications meanwhile queue no other.
+    carry_queued: AtomicBool,
+}
+
+impl Lineage {
+    fn newest(&self) -> Option<Arc<ServiceView>> {
+        self.newest.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).upgrade()
+    }
+
+    fn set_newest(&self, view: Weak<ServiceView>) {
+        *self.newest.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = view;
+    }
 }
 
 impl Versions for ServiceView {
@@ -121,7 +166,7 @@ impl ServiceView {
             versions: snapshot.versions.iter().map(|(v, s)| (v.clone(), SubsetView::new(s.clone()))).collect(),
             up: SubsetView::new(snapshot.up.clone()),
             snapshot,
-            building: previous.map(|p| p.building.clone()).unwrap_or_default(),
+            lineage: previous.map(|p| p.lineage.clone()).unwrap_or_default(),
             superseded: AtomicBool::new(false),
         }
     }
@@ -182,6 +227,7 @@ impl Views {
             let Some(snapshot) = catalog.get(name) else {
                 if let Some(gone) = map.remove(name) {
                     gone.superseded.store(true, Ordering::Relaxed);
+                    gone.lineage.set_newest(Weak::new());
                 }
                 continue;
             };
@@ -190,6 +236,7 @@ impl Views {
                 continue;
             }
             let view = Arc::new(ServiceView::new(snapshot.clone(), previous.as_deref(), &self.stats));
+            view.lineage.set_newest(Arc::downgrade(&view));
             if let Some(previous) = previous {
                 previous.superseded.store(true, Ordering::Relaxed);
                 self.carry_over(&view, &previous);
@@ -200,8 +247,10 @@ impl Views {
     }
 
     /// Gives `view` the tables `previous` had: rebuilt now for small subsets, else later on a
-    /// blocking thread while picks read the previous ones.
+    /// blocking thread (one carry-over build queued per service) while picks read the
+    /// previous ones.
     fn carry_over(&self, view: &Arc<ServiceView>, previous: &ServiceView) {
+        let mut later = false;
         for subset in view.subsets() {
             let Some(old) = previous.subset(subset.label()) else { continue };
             let wanted = subset.candidates.inherit(&old.candidates);
@@ -211,9 +260,12 @@ impl Views {
             if subset.candidates.len() <= INLINE_BUILD || tokio::runtime::Handle::try_current().is_err() {
                 subset.build(wanted, &self.stats);
             } else {
-                let (view, label, stats) = (view.clone(), subset.label().clone(), self.stats.clone());
-                tokio::spawn(async move { build(&view, &label, wanted, &stats).await });
+                subset.load_wanted.store(wanted.load, Ordering::Relaxed);
+                later = true;
             }
+        }
+        if later {
+            queue_carry_over(&view.lineage, &self.stats);
         }
     }
 
@@ -230,7 +282,7 @@ impl PublishHook for Views {
 
 /// Makes sure the subset labelled `label` of `view` has the tables in `needs`: the first pick of
 /// a rule on a subset waits here while a blocking thread builds them. A table inherited from an
-/// earlier snapshot counts as there.
+/// earlier snapshot counts as there; one a newer view of the service has is taken from it.
 pub async fn ensure(view: &Arc<ServiceView>, subset: &SubsetView, needs: Needs, stats: &Arc<Stats>) {
     if subset.absent(needs).any() {
         build_absent(view, subset.label(), needs, stats).await;
@@ -238,22 +290,74 @@ pub async fn ensure(view: &Arc<ServiceView>, subset: &SubsetView, needs: Needs, 
 }
 
 async fn build_absent(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stats: &Arc<Stats>) {
-    let _building = view.building.lock().await;
+    let _building = view.lineage.building.lock().await;
     let Some(subset) = view.subset(label) else { return };
+    if !subset.absent(needs).any() {
+        return;
+    }
+    // A view already replaced builds nothing of its own for its schedule or Maglev table: it
+    // takes the newest view's, built first if that one lacks it too (and handed forward).
+    let newest = view.lineage.newest().filter(|newest| !Arc::ptr_eq(newest, view));
+    if let Some(newest) = &newest
+        && let Some(current) = newest.subset(label)
+    {
+        let tables = Needs { load: false, ..subset.absent(needs) };
+        subset.candidates.adopt(&current.candidates, tables);
+        let missing = Needs { load: false, ..subset.absent(needs) };
+        if missing.any() && current.absent(missing).any() {
+            run_build(newest, label, current.absent(missing), stats).await;
+            hand_forward(newest, stats);
+        }
+        subset.candidates.adopt(&current.candidates, missing);
+    }
+    // The load index maps this view's own positions: always its own.
     let absent = subset.absent(needs);
     if absent.any() {
         run_build(view, label, absent, stats).await;
+        if newest.is_none() {
+            hand_forward(view, stats);
+        }
     }
 }
 
-/// Builds `needs` for the subset labelled `label` (replacing inherited tables), unless a newer
-/// view replaced this one while the build waited its turn.
-async fn build(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stats: &Arc<Stats>) {
-    let _building = view.building.lock().await;
-    if view.is_superseded() {
+/// Queues a build of the tables the service's newest view took over from earlier snapshots,
+/// unless one is queued already (it will build for whatever view is newest when it runs).
+fn queue_carry_over(lineage: &Arc<Lineage>, stats: &Arc<Stats>) {
+    if lineage.carry_queued.swap(true, Ordering::AcqRel) {
         return;
     }
-    run_build(view, label, needs, stats).await;
+    let (lineage, stats) = (lineage.clone(), stats.clone());
+    tokio::spawn(async move {
+        let _building = lineage.building.lock().await;
+        // From here a publication queues the next build: this one may start before it.
+        lineage.carry_queued.store(false, Ordering::Release);
+        let Some(view) = lineage.newest() else { return };
+        for subset in view.subsets() {
+            let needs = subset.carry_needs();
+            if needs.any() {
+                run_build(&view, subset.label(), needs, &stats).await;
+            }
+        }
+        hand_forward(&view, &stats);
+    });
+}
+
+/// After a build for `built`: the view that replaced it meanwhile (if any) takes its fresher
+/// tables in place of older ones, and gets a carry-over build of its own queued.
+fn hand_forward(built: &Arc<ServiceView>, stats: &Arc<Stats>) {
+    let Some(newest) = built.lineage.newest() else { return };
+    if Arc::ptr_eq(&newest, built) {
+        return;
+    }
+    let all = Needs { schedule: true, maglev: true, load: false };
+    for subset in newest.subsets() {
+        if let Some(fresh) = built.subset(subset.label()) {
+            subset.candidates.refresh_from(&fresh.candidates, all);
+        }
+    }
+    if newest.subsets().any(|subset| subset.carry_needs().any()) {
+        queue_carry_over(&newest.lineage, stats);
+    }
 }
 
 async fn run_build(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stats: &Arc<Stats>) {
@@ -265,5 +369,112 @@ async fn run_build(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stat
     };
     if let Err(error) = tokio::task::spawn_blocking(work).await {
         tracing::error!(%error, "building a subset's tables failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{InstanceSpec, Lease, RegistryConfig};
+    use crate::state::StatsConfig;
+
+    const MAGLEV: Needs = Needs { schedule: false, maglev: true, load: false };
+
+    fn spec(n: usize) -> InstanceSpec {
+        InstanceSpec {
+            id: format!("i{n:05}"),
+            service: "big".into(),
+            host: "127.0.0.1".into(),
+            port: 80,
+            ..Default::default()
+        }
+    }
+
+    /// Views of a service larger than [`INLINE_BUILD`], so its tables build off the registry task.
+    async fn big_service() -> (Arc<Views>, Arc<Stats>, Lease, Registry) {
+        let registry =
+            Registry::spawn(RegistryConfig { max_instances_per_stream: 10_000, ..RegistryConfig::default() });
+        let lease = registry.open_lease();
+        let outcome = lease.announce((0..INLINE_BUILD + 500).map(spec).collect()).await.expect("registry open");
+        assert!(outcome.refused.is_empty(), "{:?}", outcome.refused.first());
+        let stats = Arc::new(Stats::new(StatsConfig::default()));
+        (Views::follow(&registry, stats.clone()), stats, lease, registry)
+    }
+
+    fn view(views: &Views) -> Arc<ServiceView> {
+        views.load().get("big").cloned().expect("the service has a view")
+    }
+
+    /// Publishes one more instance of the service: a new view.
+    async fn change(lease: &Lease, n: usize) {
+        lease.announce(vec![spec(INLINE_BUILD + 500 + n)]).await.expect("registry open");
+    }
+
+    fn maglev(subset: &SubsetView) -> Option<Arc<crate::rules::Built<crate::rules::Maglev>>> {
+        subset.candidates.tables.maglev.load_full()
+    }
+
+    /// A pick whose view was replaced before its table existed builds for the newest view, not
+    /// its own; an intermediate view then takes that table without a build.
+    #[tokio::test]
+    async fn a_pick_on_a_replaced_view_builds_the_newest_views_table_and_shares_it() {
+        let (views, stats, lease, _registry) = big_service().await;
+        let first = view(&views);
+        change(&lease, 0).await;
+        let middle = view(&views);
+        change(&lease, 1).await;
+        let newest = view(&views);
+        assert!(first.is_superseded() && middle.is_superseded() && !newest.is_superseded());
+
+        ensure(&first, &first.up, MAGLEV, &stats).await;
+        let built = maglev(&newest.up).expect("the newest view got the table");
+        assert!(built.is_for(&newest.up.candidates.subset), "built for the newest view's members");
+        let taken = maglev(&first.up).expect("the replaced view has a table to pick with");
+        assert!(Arc::ptr_eq(&taken, &built), "the replaced view uses the newest view's table");
+
+        ensure(&middle, &middle.up, MAGLEV, &stats).await;
+        assert!(Arc::ptr_eq(&maglev(&middle.up).unwrap(), &built), "taken, not built again");
+    }
+
+    /// While a build holds the service, publications queue one carry-over build, which holds no
+    /// view: replaced views are freed at once; when it runs, it builds for the newest view.
+    #[tokio::test]
+    async fn publications_during_a_build_queue_one_carry_over_and_free_the_views_they_replace() {
+        let (views, stats, lease, _registry) = big_service().await;
+        let first = view(&views);
+        ensure(&first, &first.up, MAGLEV, &stats).await;
+        assert!(maglev(&first.up).unwrap().is_for(&first.up.candidates.subset));
+
+        let lineage = first.lineage.clone();
+        let held = lineage.building.lock().await;
+        let mut replaced = Vec::new();
+        for n in 0..20 {
+            change(&lease, n).await;
+            replaced.push(Arc::downgrade(&view(&views)));
+        }
+        replaced.pop();
+        drop(first);
+        let alive = replaced.iter().filter(|v| v.upgrade().is_some()).count();
+        assert_eq!(alive, 0, "replaced views kept alive by queued builds");
+        let newest = view(&views);
+        let borrowed = maglev(&newest.up).expect("the table carried over");
+        assert!(!borrowed.is_for(&newest.up.candidates.subset), "still the first view's table");
+        assert!(lineage.carry_queued.load(Ordering::Acquire), "one carry-over queued");
+
+        drop(held);
+        let own = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(table) = maglev(&newest.up)
+                    && table.is_for(&newest.up.candidates.subset)
+                {
+                    return table;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the carry-over build ran");
+        assert!(own.is_for(&newest.up.candidates.subset));
+        assert!(!lineage.carry_queued.load(Ordering::Acquire));
     }
 }

@@ -113,6 +113,57 @@ impl Candidates {
         }
     }
 
+    /// Takes, of the weight schedule and Maglev table named in `needs`, those `other` (another
+    /// snapshot's subset with the same label, older or newer) has and this one lacks; they map
+    /// onto this subset's members by id until its own are built. Returns which it took.
+    pub fn adopt(&self, other: &Candidates, needs: Needs) -> Needs {
+        let mut took = Needs::default();
+        if needs.schedule
+            && self.tables.schedule.load().is_none()
+            && let Some(schedule) = other.tables.schedule.load_full()
+        {
+            self.tables.schedule.store(Some(schedule));
+            took.schedule = true;
+        }
+        if needs.maglev
+            && self.tables.maglev.load().is_none()
+            && let Some(maglev) = other.tables.maglev.load_full()
+        {
+            self.tables.maglev.store(Some(maglev));
+            took.maglev = true;
+        }
+        took
+    }
+
+    /// Takes `fresh`'s weight schedule and Maglev table (named in `needs`) in place of the ones
+    /// this subset lacks or took over from another snapshot: after a build for a newer snapshot
+    /// than the one it took them from.
+    pub fn refresh_from(&self, fresh: &Candidates, needs: Needs) {
+        let borrowed = self.borrowed();
+        if needs.schedule
+            && (borrowed.schedule || self.tables.schedule.load().is_none())
+            && let Some(schedule) = fresh.tables.schedule.load_full()
+        {
+            self.tables.schedule.store(Some(schedule));
+        }
+        if needs.maglev
+            && (borrowed.maglev || self.tables.maglev.load().is_none())
+            && let Some(maglev) = fresh.tables.maglev.load_full()
+        {
+            self.tables.maglev.store(Some(maglev));
+        }
+    }
+
+    /// Which of its weight schedule and Maglev table were built for other members (taken over
+    /// from another snapshot), so that a build for these members would replace them.
+    pub fn borrowed(&self) -> Needs {
+        Needs {
+            schedule: self.tables.schedule.load().as_ref().is_some_and(|t| !t.is_for(&self.subset)),
+            maglev: self.tables.maglev.load().as_ref().is_some_and(|t| !t.is_for(&self.subset)),
+            load: false,
+        }
+    }
+
     /// Takes over `previous`'s tables (an earlier snapshot's subset with the same label) until
     /// this subset's own are built; returns which tables that were.
     pub fn inherit(&self, previous: &Candidates) -> Needs {

@@ -129,7 +129,7 @@ class ChannelConformanceTest {
     private static final class Runner implements AutoCloseable {
         final JsonNode scenario;
         final String rule;
-        AdminRota rota;
+        RotaServer rota;
         final EchoFleet fleet = new EchoFleet();
         final RotaClient provider;
         final Map<String, Registration> registrations = new HashMap<>();
@@ -142,7 +142,7 @@ class ChannelConformanceTest {
         Runner(JsonNode scenario) throws Exception {
             this.scenario = scenario;
             this.rule = scenario.get("rule").asText();
-            rota = AdminRota.start();
+            rota = RotaServer.startWithAdminOn("127.0.0.1:0");
             provider = RotaClient.builder().target(rota.target())
                     .backoff(Backoff.exponential(Duration.ofMillis(20), Duration.ofMillis(500))).build();
             for (JsonNode spec : scenario.get("instances")) {
@@ -218,7 +218,7 @@ class ChannelConformanceTest {
             } else if (step.path("stop_rota").asBoolean()) {
                 rota.kill();
             } else if (step.path("restart_rota").asBoolean()) {
-                rota = AdminRota.startOn(rota.target());
+                rota = RotaServer.startWithAdminOn(rota.target());
                 // Over when rota lists again every instance whose registration is open.
                 Set<String> open = new TreeSet<>(registrations.keySet());
                 long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);

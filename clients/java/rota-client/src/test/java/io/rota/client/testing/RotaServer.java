@@ -25,12 +25,14 @@ import java.util.regex.Pattern;
  * {@code target/debug/rota} of the repository after {@code cargo build --bin rota}. The process is
  * started as {@code rota serve --listen 127.0.0.1:0} with {@code ROTA_WARMUP=0s} in its environment
  * (a {@code --warmup} argument wins); the port is read from the first line of its
- * standard output ({@code listening on 127.0.0.1:PORT}). Its log goes to
+ * standard output ({@code listening on 127.0.0.1:PORT}); with its admin listener on
+ * ({@link #startWithAdminOn}), the admin address from the second ({@code admin on ADDR}). Its log goes to
  * {@code target/rota-logs/}. {@link #close()} kills it; a shutdown hook does too if the JVM
  * ends first.
  */
 public final class RotaServer implements AutoCloseable {
     private static final Pattern LISTENING = Pattern.compile("^listening on (\\S+):(\\d+)\\s*$");
+    private static final Pattern ADMIN = Pattern.compile("^admin on (\\S+)\\s*$");
     private static final long START_TIMEOUT_SECONDS = 30;
     private static final long BUILD_TIMEOUT_MINUTES = 15;
     private static final AtomicInteger COUNT = new AtomicInteger();
@@ -40,13 +42,15 @@ public final class RotaServer implements AutoCloseable {
     private final String host;
     private final int port;
     private final Path log;
+    private final String admin;
     private final Thread hook;
 
-    private RotaServer(Process process, String host, int port, Path log) {
+    private RotaServer(Process process, String host, int port, Path log, String admin) {
         this.process = process;
         this.host = host;
         this.port = port;
         this.log = log;
+        this.admin = admin;
         this.hook = new Thread(process::destroyForcibly, "rota-server-kill");
         Runtime.getRuntime().addShutdownHook(hook);
     }
@@ -61,6 +65,18 @@ public final class RotaServer implements AutoCloseable {
      * loopback address, e.g. the {@link #target()} of a server that was stopped, to restart on its port.
      */
     public static RotaServer startOn(String listen, String... args) throws IOException, InterruptedException {
+        return launch(listen, false, args);
+    }
+
+    /**
+     * {@link #startOn} with rota's admin listener on a free loopback port
+     * ({@code ROTA_ADMIN_LISTEN=127.0.0.1:0}), whose address {@link #admin()} gives.
+     */
+    public static RotaServer startWithAdminOn(String listen, String... args) throws IOException, InterruptedException {
+        return launch(listen, true, args);
+    }
+
+    private static RotaServer launch(String listen, boolean withAdmin, String... args) throws IOException, InterruptedException {
         List<String> command = new ArrayList<>(List.of(binary().toString(), "serve", "--listen", listen));
         command.addAll(List.of(args));
         Path logs = Paths.get(System.getProperty("user.dir"), "target", "rota-logs");
@@ -70,20 +86,26 @@ public final class RotaServer implements AutoCloseable {
         // No start-up warm-up unless a test asks for one (--warmup wins over the variable): a
         // fresh test server has seen no service, and tests expect NOT_FOUND for one never registered.
         builder.environment().put("ROTA_WARMUP", "0s");
+        if (withAdmin) {
+            builder.environment().put("ROTA_ADMIN_LISTEN", "127.0.0.1:0");
+        }
         Process process = builder
                 .redirectError(log.toFile())
                 .redirectInput(ProcessBuilder.Redirect.from(new File("/dev/null")))
                 .start();
         try {
             BufferedReader stdout = new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));
-            CompletableFuture<String> firstLine = CompletableFuture.supplyAsync(() -> {
+            // rota writes both lines at once, so a reader never waits for the second alone.
+            CompletableFuture<String[]> firstLines = CompletableFuture.supplyAsync(() -> {
                 try {
-                    return stdout.readLine();
+                    String first = stdout.readLine();
+                    return new String[] {first, withAdmin && first != null ? stdout.readLine() : null};
                 } catch (IOException e) {
                     throw new IllegalStateException(e);
                 }
             });
-            String line = firstLine.get(START_TIMEOUT_SECONDS, TimeUnit.SECONDS);
+            String[] lines = firstLines.get(START_TIMEOUT_SECONDS, TimeUnit.SECONDS);
+            String line = lines[0];
             if (line == null) {
                 throw new IllegalStateException("rota exited before listening (exit " + process.waitFor() + "), log: "
                         + Files.readString(log));
@@ -91,6 +113,14 @@ public final class RotaServer implements AutoCloseable {
             Matcher m = LISTENING.matcher(line);
             if (!m.matches()) {
                 throw new IllegalStateException("unexpected first line from rota: " + line);
+            }
+            String admin = null;
+            if (withAdmin) {
+                Matcher a = ADMIN.matcher(String.valueOf(lines[1]));
+                if (!a.matches()) {
+                    throw new IllegalStateException("unexpected second line from rota: " + lines[1] + ", log: " + Files.readString(log));
+                }
+                admin = a.group(1);
             }
             Thread drain = new Thread(() -> {
                 try {
@@ -103,7 +133,7 @@ public final class RotaServer implements AutoCloseable {
             }, "rota-server-stdout");
             drain.setDaemon(true);
             drain.start();
-            return new RotaServer(process, m.group(1), Integer.parseInt(m.group(2)), log);
+            return new RotaServer(process, m.group(1), Integer.parseInt(m.group(2)), log, admin);
         } catch (Exception e) {
             process.destroyForcibly();
             process.waitFor(10, TimeUnit.SECONDS);
@@ -120,6 +150,14 @@ public final class RotaServer implements AutoCloseable {
     /** {@code host:port} to give {@code RotaClient.builder().target(...)}. */
     public String target() {
         return host + ":" + port;
+    }
+
+    /** {@code host:port} of its admin (HTTP) listener; only for a server started with it on. */
+    public String admin() {
+        if (admin == null) {
+            throw new IllegalStateException("this rota was started without its admin listener");
+        }
+        return admin;
     }
 
     public int port() {

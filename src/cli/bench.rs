@@ -60,6 +60,10 @@ pub struct BenchArgs {
     pub scale_services: usize,
     #[arg(long, default_value_t = 100)]
     pub scale_streams: usize,
+    /// With --scale: the churned picks first, before any pick built the rule's tables (then the
+    /// quiet ones).
+    #[arg(long)]
+    pub scale_churn_first: bool,
     /// State backends run instead: unary Pick on memory, Redis exact and Redis with ticket
     /// blocks of 16 and 256 (ratios to memory, Redis commands per pick), then the time from a
     /// registration on one replica to its arrival on another.
@@ -266,7 +270,9 @@ async fn scale(args: BenchArgs) -> Result<(), CliError> {
         after.unwrap_or(0),
         per_instance
     );
-    let (quiet, churned, operations) = compare_churn(&config, &mut registrations).await.map_err(failed)?;
+    let (quiet, churned, operations) =
+        compare_churn(&config, &mut registrations, args.scale_churn_first).await.map_err(failed)?;
+    let after_churn = resident_bytes(pid);
     println!("{}", quiet.json());
     println!("{}", churned.json());
     println!(
@@ -278,8 +284,15 @@ async fn scale(args: BenchArgs) -> Result<(), CliError> {
         per_instance
     );
     println!(
-        "picks without churn: {:.0}/s, p99 {} µs; with churn ({} withdraw+announce of 100 instances): {:.0}/s, p99 {} µs",
-        quiet.throughput, quiet.p99_us, operations, churned.throughput, churned.p99_us
+        "picks without churn: {:.0}/s, p99 {} µs; with churn ({} withdraw+announce of 100 instances{}): {:.0}/s, p99 {} µs, {} failed; server memory after {} MiB",
+        quiet.throughput,
+        quiet.p99_us,
+        operations,
+        if args.scale_churn_first { ", run first" } else { "" },
+        churned.throughput,
+        churned.p99_us,
+        churned.errors,
+        after_churn.map_or_else(|| "?".to_owned(), |b| (b >> 20).to_string())
     );
     drop(server);
     Ok(())

@@ -73,13 +73,15 @@ pub async fn register_all(config: &ScaleConfig) -> Result<(Vec<Registration>, Du
 }
 
 /// Runs the pick load quietly, then again while some streams withdraw and re-announce their
-/// instances in a loop.
+/// instances in a loop; with `churn_first`, the churned run comes first, so that its picks are
+/// the first the rule makes (tables a rule builds on first use are built under churn).
 pub async fn compare_churn(
     config: &ScaleConfig,
     registrations: &mut [Registration],
+    churn_first: bool,
 ) -> Result<(LoadResult, LoadResult, u64), ScaleError> {
     let channels = connect(&config.load.endpoint, config.load.connections).await?;
-    let quiet = run(&config.load, &channels, Mode::Pick).await?;
+    let quiet = if churn_first { None } else { Some(run(&config.load, &channels, Mode::Pick).await?) };
 
     let churners = registrations.len().min(10);
     let stop_at = Instant::now() + config.load.warmup + config.load.duration;
@@ -108,5 +110,10 @@ pub async fn compare_churn(
     for result in operations {
         total += result?;
     }
-    Ok((quiet, churned?, total))
+    let churned = churned?;
+    let quiet = match quiet {
+        Some(quiet) => quiet,
+        None => run(&config.load, &channels, Mode::Pick).await?,
+    };
+    Ok((quiet, churned, total))
 }

@@ -30,9 +30,9 @@ pub struct ServeArgs {
     /// instead of NOT_FOUND for this long; 0s for none [default: the heartbeat timeout].
     #[arg(long, env = "ROTA_WARMUP")]
     pub warmup: Option<String>,
-    /// During the warm-up, hold a seen service back until none of its instances has come UP
-    /// for this long, so the first provider back does not take every pick; 0s serves it at
-    /// once [default: a fifth of the warm-up, at most 3s].
+    /// During the warm-up, hold a seen service back from leases until none of its instances
+    /// has come UP for this long, so the first provider back does not take every channel's
+    /// calls; 0s serves it at once [default: a fifth of the warm-up, at most 3s].
     #[arg(long, env = "ROTA_WARMUP_SETTLE")]
     pub warmup_settle: Option<String>,
     /// On SIGTERM/SIGINT: answer picks this long while registrations move away, then exit

@@ -48,8 +48,10 @@ fn refused(balancer: &Balancer, warmup: &Warmup, service: &str, error: crate::ba
     warmup.refine(balancer.registry(), service, error).into()
 }
 
-/// Refuses a pick or lease of a seen service whose instances are still arriving during the
-/// warm-up, with what its input is refused for if anything, else `warming_up`.
+/// Refuses a lease of a seen service whose instances are still arriving during the warm-up,
+/// with what its input is refused for if anything, else `warming_up`: the channels that lease
+/// keep the last list and rotate over it meanwhile, so the first instance back is not sent
+/// every call.
 fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, lease: Option<u32>) -> Result<(), Status> {
     match warmup.settling(balancer.registry(), query.service) {
         None => Ok(()),
@@ -60,8 +62,9 @@ fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, lease: Opti
     }
 }
 
-/// One pick as the API answers it: refused while the warm-up holds the service back, and with
-/// the balancer's errors refined by the warm-up.
+/// One pick as the API answers it, with the balancer's errors refined by the warm-up. A unary
+/// pick is never held back while a seen service's instances arrive: its caller may have no list
+/// to fall back on (leases are, see [`held`]).
 async fn pick(balancer: &Balancer, warmup: &Warmup, request: &pb::PickRequest) -> Result<pb::PickResponse, Status> {
     let query = PickQuery {
         service: &request.service,
@@ -71,7 +74,6 @@ async fn pick(balancer: &Balancer, warmup: &Warmup, request: &pb::PickRequest) -
         zone: &request.zone,
         exclude: &request.exclude,
     };
-    held(balancer, warmup, &query, None)?;
     match balancer.pick(query).await {
         Ok(picked) => Ok(convert::picked(picked)),
         Err(error) => Err(refused(balancer, warmup, &request.service, error)),

@@ -104,7 +104,8 @@ impl pb::registry_server::Registry for RegistryService {
         auth::require_pick(&request)?;
         let name = &request.get_ref().service;
         checked_service(name)?;
-        if let Some(warming_up) = self.warmup.holding(&self.registry, name) {
+        // Only a service not seen yet: a listing is no stream of calls to hold back.
+        if let Some(warming_up) = self.warmup.holding(&self.registry, name).filter(|w| w.settling_ms.is_none()) {
             return Err(warming_up.into());
         }
         let snapshot =

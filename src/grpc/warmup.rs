@@ -8,19 +8,21 @@
 //! the list they keep for falling back locally. Answering from the first instance back would
 //! send it every pick until the others return. So, during the warm-up (by default the heartbeat
 //! timeout: by then every provider that was connected before the restart has had a full
-//! heartbeat period to come back), a pick, lease or listing of a service is `UNAVAILABLE` with
-//! `rota-error: warming_up` — which clients treat like "rota unreachable", picking from the list
-//! they kept — while
+//! heartbeat period to come back), rota answers `UNAVAILABLE` with `rota-error: warming_up` —
+//! which clients treat like "rota unreachable", picking from the list they kept —
 //!
-//! - rota has not seen the service: its snapshot's epoch is zero (a service only watched so
-//!   far sits at epoch 0, empty); or
-//! - its instances are still arriving: the *settle* period (by default a fifth of the warm-up,
-//!   at most 3 s) has not yet passed with no instance of it becoming UP, counted from the first
-//!   instance back ([`ServiceSnapshot::arrivals_settled`]). Once settled, a service stays
-//!   served: an instance arriving later joins it as usual.
+//! - to a pick, lease or listing of a service it has not seen: its snapshot's epoch is zero (a
+//!   service only watched so far sits at epoch 0, empty);
+//! - to a lease of a service whose instances are still arriving: the *settle* period (by
+//!   default a fifth of the warm-up, at most 3 s) has not yet passed with no instance of it
+//!   becoming UP, counted from the first instance back ([`ServiceSnapshot::arrivals_settled`]).
+//!   Leases carry the channels' traffic, and a channel keeps its last list and rotates over it
+//!   meanwhile. A unary pick or a listing is answered at once: its caller may have no list to
+//!   fall back on. Once settled, a service stays served: an instance arriving later joins it as
+//!   usual.
 //!
-//! A `Watch` sends its first snapshot only once the service is no longer held, or the warm-up
-//! has ended.
+//! A `Watch` sends its first snapshot only once the service is seen and settled, or the warm-up
+//! has ended; the xDS service holds its first answer back the same way.
 
 use std::fmt;
 use std::sync::Arc;

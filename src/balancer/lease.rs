@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::select::{GRAY_RULE, add_owned_note, choose, skip_ejected};
 use super::view::{ServiceView, ensure};
-use super::{Balancer, PickError, PickQuery, PickResult, known_service};
+use super::{Balancer, PickError, PickQuery, PickResult, check_lease_fields, known_service};
 use crate::policy::{GrayRelease, IsolationFallback, Policy};
 use crate::registry::{Instance, InvalidField};
 use crate::rules::{Draw, Excluded, Fallback, ParsedRule, isolate, leasable_rules};
@@ -74,7 +74,7 @@ impl Balancer {
         count: u32,
         resolved_rule: &mut Option<Arc<str>>,
     ) -> Result<Leased, PickError> {
-        self.check(&query, Some(count))?;
+        check_lease_fields(&query, count)?;
         let policies = self.policies.load();
         let policy = policies.for_service(query.service);
         let rule = if query.rule.is_empty() { policy.rule.clone() } else { self.rules.get(query.rule)? };

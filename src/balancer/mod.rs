@@ -165,20 +165,15 @@ impl Balancer {
         if self.registry.catalog().get(service).is_some() { service } else { UNKNOWN_SERVICE }
     }
 
-    /// The request's rule, or the service's policy rule when the request names none.
-    /// The errors a pick (or, with `lease`, a lease of that many tickets) of `query` would be
-    /// refused with for its input alone, before anything is drawn: for callers that may refuse
-    /// it for another reason but must not hide bad input behind that reason.
-    pub fn check(&self, query: &PickQuery<'_>, lease: Option<u32>) -> Result<(), PickError> {
-        check_request_limits(query)?;
-        if let Some(count) = lease
-            && count > MAX_LEASE
-        {
-            return Err(InvalidField::new("count", format!("is {count}; the limit is {MAX_LEASE}")).into());
-        }
+    /// The errors a lease of `count` tickets of `query` would be refused with for its input
+    /// alone, before anything is drawn: for callers that may refuse it for another reason but
+    /// must not hide bad input behind that reason.
+    pub fn check_lease(&self, query: &PickQuery<'_>, count: u32) -> Result<(), PickError> {
+        check_lease_fields(query, count)?;
         self.resolve_rule(query, self.policies.load().for_service(query.service)).map(drop)
     }
 
+    /// The request's rule, or the service's policy rule when the request names none.
     fn resolve_rule(&self, query: &PickQuery<'_>, policy: &Policy) -> Result<Arc<ParsedRule>, PickError> {
         if query.rule.is_empty() { Ok(policy.rule.clone()) } else { Ok(self.rules.get(query.rule)?) }
     }
@@ -283,6 +278,15 @@ fn known_service<'v, T>(found: Option<&'v T>, service: &str) -> Result<&'v T, Pi
             Err(PickError::UnknownService(service.into()))
         }
     }
+}
+
+/// A lease's fields within their limits: the pick request's, and `count`.
+fn check_lease_fields(query: &PickQuery<'_>, count: u32) -> Result<(), PickError> {
+    check_request_limits(query)?;
+    if count > MAX_LEASE {
+        return Err(InvalidField::new("count", format!("is {count}; the limit is {MAX_LEASE}")).into());
+    }
+    Ok(())
 }
 
 fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {

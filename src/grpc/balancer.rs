@@ -52,11 +52,11 @@ fn refused(balancer: &Balancer, warmup: &Warmup, service: &str, error: crate::ba
 /// with what its input is refused for if anything, else `warming_up`: the channels that lease
 /// keep the last list and rotate over it meanwhile, so the first instance back is not sent
 /// every call.
-fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, lease: Option<u32>) -> Result<(), Status> {
+fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, count: u32) -> Result<(), Status> {
     match warmup.settling(balancer.registry(), query.service) {
         None => Ok(()),
         Some(warming_up) => {
-            balancer.check(query, lease)?;
+            balancer.check_lease(query, count)?;
             Err(warming_up.into())
         }
     }
@@ -102,7 +102,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             version: &request.version,
             ..Default::default()
         };
-        held(&self.balancer, &self.warmup, &query, Some(request.count))?;
+        held(&self.balancer, &self.warmup, &query, request.count)?;
         let leased = self
             .balancer
             .lease(query, request.count)

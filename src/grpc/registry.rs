@@ -105,7 +105,7 @@ impl pb::registry_server::Registry for RegistryService {
         let name = &request.get_ref().service;
         checked_service(name)?;
         // Only a service not seen yet: a listing is no stream of calls to hold back.
-        if let Some(warming_up) = self.warmup.holding(&self.registry, name).filter(|w| w.settling_ms.is_none()) {
+        if let Some(warming_up) = self.warmup.unseen(&self.registry, name) {
             return Err(warming_up.into());
         }
         let snapshot =

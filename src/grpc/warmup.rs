@@ -147,6 +147,11 @@ impl Warmup {
         self.holding(registry, service).filter(|held| held.settling_ms.is_some())
     }
 
+    /// Why the warm-up hides `service` now, if it does: it has not been seen since start.
+    pub fn unseen(&self, registry: &Registry, service: &str) -> Option<WarmingUp> {
+        self.holding(registry, service).filter(|held| held.settling_ms.is_none())
+    }
+
     /// Turns "unknown service" (or "nothing eligible" in a service held back) into
     /// [`WarmingUp`] while the warm-up lasts; other errors pass unchanged.
     pub fn refine(&self, registry: &Registry, service: &str, error: PickError) -> Refusal {

@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::Authenticator;
 use crate::balancer::Balancer;
+use crate::grpc::answers::{AnswersLayer, UnreadAnswers};
 use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
@@ -123,6 +124,10 @@ pub struct Limits {
     pub streams_per_connection: u32,
     /// Long-lived streams (`Register`, `Watch`, `PickStream`) open at once, in total.
     pub max_open_streams: usize,
+    /// Bytes of answers (listings, leases, watch events) clients have not read yet, in total.
+    pub max_unread_bytes: usize,
+    /// The same per client IP address.
+    pub max_unread_bytes_per_peer: usize,
     /// Connections in total and per peer, and how long one may stay silent.
     pub connections: ConnectionLimits,
     /// What xDS clients may subscribe to.
@@ -138,6 +143,8 @@ impl Default for Limits {
             concurrent_requests_per_connection: 1024,
             streams_per_connection: 1024,
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS,
+            max_unread_bytes: crate::grpc::answers::DEFAULT_MAX_UNREAD_BYTES,
+            max_unread_bytes_per_peer: crate::grpc::answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER,
             connections: ConnectionLimits::default(),
             xds: crate::xds::XdsLimits::default(),
         }
@@ -295,15 +302,19 @@ impl Server {
         let streams = OpenStreams::new(limits.max_open_streams);
         let consumers = PeerStreams::consumers(limits.consumer_streams_per_peer);
         let admission = Admission::new(limits.connections);
+        let answers = UnreadAnswers::new(limits.max_unread_bytes, limits.max_unread_bytes_per_peer);
         // With tokens configured, each rota service sits behind its scope's interceptor;
         // without, requests skip the interceptor altogether.
         let balancer_service = pb::balancer_server::BalancerServer::new(
-            BalancerService::new(balancer.clone(), consumers.clone(), streams.clone()).with_warmup(warmup),
+            BalancerService::new(balancer.clone(), consumers.clone(), streams.clone())
+                .with_warmup(warmup)
+                .with_answers(answers.clone()),
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let registry_service = pb::registry_server::RegistryServer::new(
             RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
-                .with_warmup(warmup),
+                .with_warmup(warmup)
+                .with_answers(answers.clone()),
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
@@ -320,6 +331,7 @@ impl Server {
         let (stream_window, connection_window) = flow_windows(limits.streams_per_connection);
         let router = tonic::transport::Server::builder()
             .layer(GrpcMetricsLayer::new(grpc_metrics.clone()))
+            .layer(AnswersLayer)
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .initial_stream_window_size(stream_window)
@@ -362,7 +374,7 @@ impl Server {
             Some((listener, addr)) => {
                 let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
                     .with_auth(config.auth.clone())
-                    .with_limits(admission, streams)
+                    .with_limits(admission, streams, answers)
                     .with_xds(xds_hub)
                     .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");

@@ -57,6 +57,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Extension;
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::{Deserialize, Serialize, Serializer};
@@ -65,6 +66,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::AdminState;
 use super::api::{ServiceView, policy_json, service_view};
+use super::streams::{EventSlot, EventStreams, Peer};
 use crate::balancer::Balancer;
 use crate::registry::{Instance, ServiceSnapshot};
 
@@ -635,6 +637,8 @@ struct Feed {
     cursor: Cursor,
     /// Keeps the service's ring while the stream is open.
     watching: Option<Watching>,
+    /// The stream's place among the open event streams.
+    _slot: EventSlot,
 }
 
 impl Feed {
@@ -694,8 +698,11 @@ impl Feed {
 pub async fn stream(
     State(state): State<AdminState>,
     Extension(history): Extension<Arc<History>>,
+    Extension(streams): Extension<Arc<EventStreams>>,
+    peer: Option<Extension<Peer>>,
     Query(query): Query<EventsQuery>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, (StatusCode, String)> {
+    let slot = streams.acquire(peer.map(|Extension(Peer(ip))| ip)).map_err(|e| (StatusCode::TOO_MANY_REQUESTS, e))?;
     let mut ticker = tokio::time::interval(PUSH_INTERVAL);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut changes = state.balancer.registry().changes();
@@ -711,12 +718,13 @@ pub async fn stream(
         pushed_epoch: u64::MAX,
         cursor: Cursor::default(),
         watching: None,
+        _slot: slot,
     };
     let events = futures_util::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
         Some((Ok(event), feed))
     });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
 #[cfg(test)]

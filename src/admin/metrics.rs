@@ -105,7 +105,7 @@ fn render_limits(state: &AdminState, out: &mut String) {
     let _ = writeln!(out, "rota_sticky_budget_bytes {}", sticky.budget);
     header(out, "rota_sticky_refused_total", "counter", "New sticky assignments not remembered: the budget was spent.");
     let _ = writeln!(out, "rota_sticky_refused_total {}", sticky.refused);
-    let Some((connections, streams)) = &state.limits else { return };
+    let Some((connections, streams, answers)) = &state.limits else { return };
     let counts = connections.counts();
     let limits = connections.limits();
     header(out, "rota_connections", "gauge", "Open gRPC connections.");
@@ -137,6 +137,23 @@ fn render_limits(state: &AdminState, out: &mut String) {
     let _ = writeln!(out, "rota_open_streams_limit {}", streams.limit());
     header(out, "rota_streams_refused_total", "counter", "Streams refused with RESOURCE_EXHAUSTED at the cap.");
     let _ = writeln!(out, "rota_streams_refused_total {}", streams.refused());
+    header(
+        out,
+        "rota_unread_bytes",
+        "gauge",
+        "Bytes of listings, leases and watch events sent to clients and not read by them yet.",
+    );
+    let _ = writeln!(out, "rota_unread_bytes {}", answers.held());
+    header(out, "rota_unread_bytes_limit", "gauge", "The budgets of unread answer bytes.");
+    let _ = writeln!(out, "rota_unread_bytes_limit{{scope=\"total\"}} {}", answers.limit());
+    let _ = writeln!(out, "rota_unread_bytes_limit{{scope=\"per_peer\"}} {}", answers.per_peer_limit());
+    header(
+        out,
+        "rota_unread_refused_total",
+        "counter",
+        "Listings and leases refused with RESOURCE_EXHAUSTED for want of room in those budgets.",
+    );
+    let _ = writeln!(out, "rota_unread_refused_total {}", answers.refused());
 }
 
 fn render_picks(state: &AdminState, out: &mut String) {

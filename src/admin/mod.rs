@@ -28,6 +28,7 @@
 pub mod api;
 pub mod events;
 pub mod metrics;
+pub mod streams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::Authenticator;
 use crate::balancer::Balancer;
+use crate::grpc::answers::UnreadAnswers;
 use crate::grpc::metrics::GrpcMetrics;
 use crate::grpc::streams::OpenStreams;
 use crate::listener::{Admission, ConnectionLimits, Guarded, Handshake};
@@ -68,8 +70,9 @@ pub struct AdminState {
     draining: watch::Receiver<bool>,
     /// When set, everything but the page itself and the health checks needs an admin token.
     auth: Option<Arc<Authenticator>>,
-    /// The gRPC listener's connection caps and the server's open streams, when serving.
-    limits: Option<(Arc<Admission>, Arc<OpenStreams>)>,
+    /// The gRPC listener's connection caps, the server's open streams and its unread answers,
+    /// when serving.
+    limits: Option<(Arc<Admission>, Arc<OpenStreams>, Arc<UnreadAnswers>)>,
     /// What the policy file's reloader made of its changes, when there is a file.
     policy_reloads: Option<watch::Receiver<PolicyReloads>>,
     /// The xDS server's subscriptions, when serving.
@@ -88,9 +91,14 @@ impl AdminState {
         Self { balancer, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None, xds: None }
     }
 
-    /// Reports the connection caps and open streams in `/metrics`.
-    pub fn with_limits(mut self, connections: Arc<Admission>, streams: Arc<OpenStreams>) -> Self {
-        self.limits = Some((connections, streams));
+    /// Reports the connection caps, open streams and unread answers in `/metrics`.
+    pub fn with_limits(
+        mut self,
+        connections: Arc<Admission>,
+        streams: Arc<OpenStreams>,
+        answers: Arc<UnreadAnswers>,
+    ) -> Self {
+        self.limits = Some((connections, streams, answers));
         self
     }
 
@@ -142,6 +150,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/services/{name}", get(api::service))
         .route("/api/policies", get(api::policies))
         .route("/api/events", get(events::stream))
+        .layer(axum::Extension(Arc::new(streams::EventStreams::default())))
         .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
         .layer(axum::Extension(history))
         .layer(axum::middleware::from_fn(not_grpc))
@@ -267,7 +276,12 @@ pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
             // here by mistake gets an answer that says so.
             let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-            let serving = http.serve_connection(TokioIo::new(conn), TowerToHyperService::new(app.clone()));
+            let peer = conn.peer_addr().map(|addr| streams::Peer(addr.ip()));
+            let app = match peer {
+                Some(peer) => app.clone().layer(axum::Extension(peer)),
+                None => app.clone(),
+            };
+            let serving = http.serve_connection(TokioIo::new(conn), TowerToHyperService::new(app));
             let serving = graceful.watch(serving.into_owned());
             tokio::spawn(async move {
                 if let Err(error) = serving.await {

@@ -85,6 +85,13 @@ pub struct ServeArgs {
     /// RESOURCE_EXHAUSTED [default: 10000].
     #[arg(long, env = "ROTA_MAX_OPEN_STREAMS")]
     pub max_open_streams: Option<String>,
+    /// Bytes of answers (listings, leases, watch events) that clients have not read yet, in
+    /// total; past it, answers wait for room [default: 268435456].
+    #[arg(long, env = "ROTA_MAX_UNREAD_BYTES")]
+    pub max_unread_bytes: Option<String>,
+    /// The same per client IP address, at most max_unread_bytes [default: 33554432].
+    #[arg(long, env = "ROTA_MAX_UNREAD_BYTES_PER_PEER")]
+    pub max_unread_bytes_per_peer: Option<String>,
     /// Memory budget of sticky assignments, in bytes [default: 134217728].
     #[arg(long, env = "ROTA_STICKY_MEMORY_BYTES")]
     pub sticky_memory_bytes: Option<String>,
@@ -165,6 +172,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         handshake_timeout: args.handshake_timeout,
         idle_timeout: args.idle_timeout,
         max_open_streams: args.max_open_streams,
+        max_unread_bytes: args.max_unread_bytes,
+        max_unread_bytes_per_peer: args.max_unread_bytes_per_peer,
         sticky_memory_bytes: args.sticky_memory_bytes,
         state: args.state,
         ticket_block: args.ticket_block,

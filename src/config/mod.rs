@@ -55,6 +55,8 @@ pub struct Overrides {
     pub handshake_timeout: Option<String>,
     pub idle_timeout: Option<String>,
     pub max_open_streams: Option<String>,
+    pub max_unread_bytes: Option<String>,
+    pub max_unread_bytes_per_peer: Option<String>,
     pub sticky_memory_bytes: Option<String>,
     pub state: Option<String>,
     pub ticket_block: Option<String>,
@@ -146,6 +148,8 @@ struct ServerTable {
     handshake_timeout: Option<String>,
     idle_timeout: Option<String>,
     max_open_streams: Option<u64>,
+    max_unread_bytes: Option<u64>,
+    max_unread_bytes_per_peer: Option<u64>,
     sticky_memory_bytes: Option<u64>,
     state: Option<String>,
     ticket_block: Option<u64>,
@@ -319,6 +323,20 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             1..=10_000_000,
             defaults.max_open_streams as u64,
         )? as usize,
+        max_unread_bytes: integer(
+            "server.max_unread_bytes",
+            &overrides.max_unread_bytes,
+            table.max_unread_bytes,
+            (64 << 10)..=(1 << 40),
+            defaults.max_unread_bytes as u64,
+        )? as usize,
+        max_unread_bytes_per_peer: integer(
+            "server.max_unread_bytes_per_peer",
+            &overrides.max_unread_bytes_per_peer,
+            table.max_unread_bytes_per_peer,
+            (64 << 10)..=(4 << 30) - 1,
+            defaults.max_unread_bytes_per_peer as u64,
+        )? as usize,
         connections: ConnectionLimits {
             max_connections: integer(
                 "server.max_connections",
@@ -348,6 +366,18 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             )?,
         },
     };
+    if limits.max_unread_bytes_per_peer > limits.max_unread_bytes {
+        let source = pick(&overrides.max_unread_bytes_per_peer, table.max_unread_bytes_per_peer.map(|n| n.to_string()))
+            .map_or_else(|| FLAGS.to_owned(), |(_, source)| source);
+        return Err(ConfigError {
+            source_name: source,
+            key: "server.max_unread_bytes_per_peer".into(),
+            problem: format!(
+                "is {}, more than server.max_unread_bytes ({}); one client address cannot hold more than the whole server",
+                limits.max_unread_bytes_per_peer, limits.max_unread_bytes
+            ),
+        });
+    }
     let sticky_memory_bytes = integer(
         "server.sticky_memory_bytes",
         &overrides.sticky_memory_bytes,
@@ -555,7 +585,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = |d: Duration| humantime::format_duration(d).to_string();
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -574,6 +604,8 @@ impl Settings {
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,
             self.serve.limits.max_open_streams,
+            self.serve.limits.max_unread_bytes,
+            self.serve.limits.max_unread_bytes_per_peer,
             self.serve.limits.connections.max_connections,
             self.serve.limits.connections.max_connections_per_peer,
             d(self.serve.limits.connections.handshake_timeout),

@@ -187,6 +187,32 @@ fn the_state_backend_settings_are_checked_and_round_trip() {
 }
 
 #[test]
+fn unread_budgets_are_bounded_the_address_one_inside_the_total_and_round_trip() {
+    let over = |total: Option<&str>, peer: Option<&str>| Overrides {
+        max_unread_bytes: total.map(Into::into),
+        max_unread_bytes_per_peer: peer.map(Into::into),
+        ..Default::default()
+    };
+    let error = resolve(None, &over(Some("1000"), None)).unwrap_err();
+    assert_eq!(error.key, "server.max_unread_bytes");
+    let error = resolve(None, &over(Some("1048576"), None)).unwrap_err();
+    assert_eq!(error.key, "server.max_unread_bytes_per_peer", "the default 32 MiB does not fit in 1 MiB");
+    assert_eq!(
+        error.problem,
+        "is 33554432, more than server.max_unread_bytes (1048576); one client address cannot hold more than the whole server"
+    );
+    let settings = resolve(None, &over(Some("1048576"), Some("262144"))).expect("valid budgets");
+    assert_eq!(
+        (settings.serve.limits.max_unread_bytes, settings.serve.limits.max_unread_bytes_per_peer),
+        (1 << 20, 1 << 18)
+    );
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.limits.max_unread_bytes_per_peer, 1 << 18);
+    assert_eq!(again.serve.limits.max_unread_bytes, 1 << 20);
+}
+
+#[test]
 fn consumer_streams_per_peer_is_bounded_and_round_trips() {
     let over = |n: &str| Overrides { max_consumer_streams_per_peer: Some(n.into()), ..Default::default() };
     for bad in ["0", "1000001", "many"] {

@@ -4,15 +4,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::answers::{self, UnreadAnswers};
 use super::convert;
 use super::peers::{PeerSlot, PeerStreams};
 use super::streams::{OpenStreams, StreamKind, StreamSlot};
 use super::warmup::Warmup;
-use crate::balancer::{Balancer, PickQuery};
+use crate::balancer::{Balancer, MAX_LEASE, PickQuery};
 use crate::pb;
 
 /// `PickStream` requests read ahead of the picks that answer them. Reading promptly matters
@@ -23,18 +25,32 @@ use crate::pb;
 /// small stream window set in [`crate::server`]) holds the client back.
 const PICK_STREAM_READ_AHEAD: usize = 1024;
 
+/// The most one `LeasedPick` adds to a `LeaseResponse`: tag and length, a 64-bit ticket and a
+/// 32-bit position, each with its tag.
+const LEASED_PICK_BYTES: usize = 2 + 11 + 6;
+/// The most the other fields of a `LeaseResponse` (first ticket, count, epoch, the rule's and
+/// the fallback's tags and lengths, the fallback flag) add.
+const LEASE_FIELD_BYTES: usize = 11 + 6 + 11 + 6 + 2 + 64;
+
 pub struct BalancerService {
     balancer: Arc<Balancer>,
     consumers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
     warmup: Warmup,
+    answers: Arc<UnreadAnswers>,
 }
 
 impl BalancerService {
     /// Pick streams take places among `consumers` (per client address, shared with watches)
     /// and the server's `streams`.
     pub fn new(balancer: Arc<Balancer>, consumers: Arc<PeerStreams>, streams: Arc<OpenStreams>) -> Self {
-        Self { balancer, consumers, streams, warmup: Warmup::default() }
+        let answers = UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER);
+        Self { balancer, consumers, streams, warmup: Warmup::default(), answers }
+    }
+
+    /// Counts leases against `answers` until their clients read them.
+    pub fn with_answers(self, answers: Arc<UnreadAnswers>) -> Self {
+        Self { answers, ..self }
     }
 
     /// Answers services not seen yet with `warming_up` until `warmup` ends.
@@ -95,6 +111,7 @@ impl pb::balancer_server::Balancer for BalancerService {
     }
 
     async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
         let request = request.into_inner();
         let query = PickQuery {
             service: &request.service,
@@ -103,12 +120,19 @@ impl pb::balancer_server::Balancer for BalancerService {
             ..Default::default()
         };
         held(&self.balancer, &self.warmup, &query, request.count)?;
+        // Room for the most the answer can take (every instance, every ticket) before any
+        // ticket is drawn, so that a lease refused for want of it takes none.
+        if let Some(snapshot) = self.balancer.registry().service(&request.service) {
+            let picks = request.count.min(MAX_LEASE) as usize * LEASED_PICK_BYTES;
+            let bytes = answers::listing_bytes(&snapshot.instances) + picks + request.rule.len() + LEASE_FIELD_BYTES;
+            meter.reserve_within(answers::message_bytes(bytes)).await?;
+        }
         let leased = self
             .balancer
             .lease(query, request.count)
             .await
             .map_err(|e| refused(&self.balancer, &self.warmup, &request.service, e))?;
-        Ok(Response::new(pb::LeaseResponse {
+        let answer = pb::LeaseResponse {
             first_ticket: leased.first_ticket,
             count: leased.count,
             instances: leased.instances.iter().map(|i| convert::instance(i)).collect(),
@@ -116,7 +140,11 @@ impl pb::balancer_server::Balancer for BalancerService {
             rule: String::from(&*leased.rule),
             fallback: leased.fallback.unwrap_or_default(),
             picks: leased.picks.iter().map(|p| pb::LeasedPick { ticket: p.ticket, position: p.position }).collect(),
-        }))
+        };
+        meter.trim_to(answers::message_bytes(answer.encoded_len()));
+        let mut response = Response::new(answer);
+        response.extensions_mut().insert(meter);
+        Ok(response)
     }
 
     type PickStreamStream = PickStream;

@@ -4,8 +4,10 @@
 //! error to its `tonic::Status` code, and the service modules implement `rota.v1.Balancer`,
 //! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and
 //! [`crate::registry`], and xDS ADS on top of [`crate::xds`]. [`metrics`] is the tower layer
-//! that counts every call for the admin listener.
+//! that counts every call for the admin listener, and [`answers`] the one that counts the bytes of
+//! answers clients have not read yet.
 
+pub mod answers;
 pub mod auth;
 mod balancer;
 pub mod convert;

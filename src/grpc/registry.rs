@@ -4,10 +4,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::answers::{self, Meter, UnreadAnswers};
 use super::peers::PeerStreams;
 use super::streams::{OpenStreams, StreamKind};
 use super::warmup::Warmup;
@@ -23,6 +25,7 @@ pub struct RegistryService {
     consumers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
     warmup: Warmup,
+    answers: Arc<UnreadAnswers>,
 }
 
 impl RegistryService {
@@ -44,7 +47,13 @@ impl RegistryService {
             consumers,
             streams,
             warmup: Warmup::default(),
+            answers: UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER),
         }
+    }
+
+    /// Counts listings and watch events against `answers` until their clients read them.
+    pub fn with_answers(self, answers: Arc<UnreadAnswers>) -> Self {
+        Self { answers, ..self }
     }
 
     /// Hides services not seen yet from listings and watches until `warmup` ends.
@@ -102,6 +111,7 @@ impl pb::registry_server::Registry for RegistryService {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         auth::require_pick(&request)?;
+        let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
         let name = &request.get_ref().service;
         checked_service(name)?;
         // Only a service not seen yet: a listing is no stream of calls to hold back.
@@ -110,8 +120,15 @@ impl pb::registry_server::Registry for RegistryService {
         }
         let snapshot =
             self.registry.service(name).ok_or_else(|| Status::from(PickError::UnknownService(name.clone())))?;
+        // Room for the answer first, so that a listing waiting for it holds nothing built.
+        let bytes = answers::message_bytes(answers::listing_bytes(&snapshot.instances) + EPOCH_BYTES);
+        meter.reserve_within(bytes).await?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
-        Ok(Response::new(pb::ListInstancesResponse { instances, epoch: snapshot.epoch }))
+        let answer = pb::ListInstancesResponse { instances, epoch: snapshot.epoch };
+        meter.trim_to(answers::message_bytes(answer.encoded_len()));
+        let mut response = Response::new(answer);
+        response.extensions_mut().insert(meter);
+        Ok(response)
     }
 
     type WatchStream = BoxStream<pb::WatchEvent>;
@@ -130,6 +147,8 @@ impl pb::registry_server::Registry for RegistryService {
         }
         let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
         let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
+        let meter = self.answers.meter(peer.map(|addr| addr.ip()));
+        let events = meter.clone();
         let mut snapshots = self.registry.subscribe(&name).await?;
         let mut drain = self.drain.clone();
         let warmup = self.warmup;
@@ -145,12 +164,19 @@ impl pb::registry_server::Registry for RegistryService {
                 }
             }
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
+            // Room for the snapshot before it is built: a watch whose client does not read
+            // waits here, holding no event.
+            let bytes = answers::message_bytes(answers::listing_bytes(&last.instances) + 2 * EPOCH_BYTES);
+            if !reserved(&events, bytes, &tx).await {
+                return;
+            }
             let first = pb::WatchEvent {
                 event: Some(Event::Snapshot(pb::InstanceList {
                     instances: last.instances.iter().map(|i| convert::instance(i)).collect(),
                 })),
                 epoch: last.epoch,
             };
+            events.trim_to(answers::message_bytes(first.encoded_len()));
             if tx.send(Ok(first)).await.is_err() {
                 return;
             }
@@ -171,7 +197,9 @@ impl pb::registry_server::Registry for RegistryService {
                                 }),
                             };
                             let event = pb::WatchEvent { event: Some(event), epoch: current.epoch };
-                            if tx.send(Ok(event)).await.is_err() {
+                            if !reserved(&events, answers::message_bytes(event.encoded_len()), &tx).await
+                                || tx.send(Ok(event)).await.is_err()
+                            {
                                 return;
                             }
                         }
@@ -185,6 +213,19 @@ impl pb::registry_server::Registry for RegistryService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as Self::WatchStream);
+        response.extensions_mut().insert(meter);
+        Ok(response)
+    }
+}
+
+/// The most an `epoch` field (a tag and a 64-bit varint) adds to a message.
+const EPOCH_BYTES: usize = 11;
+
+/// Waits for room for `bytes` of a watch's events; false once its client has gone.
+async fn reserved(meter: &Meter, bytes: usize, tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>) -> bool {
+    tokio::select! {
+        () = meter.reserve(bytes) => true,
+        () = tx.closed() => false,
     }
 }

@@ -3,6 +3,7 @@
 
 use tonic::{Code, Status};
 
+use super::answers::NoRoom;
 use super::peers::TooManyPeerStreams;
 use super::streams::TooManyStreams;
 use super::warmup::{Refusal, WarmingUp};
@@ -86,6 +87,12 @@ impl From<RegistryClosed> for Status {
 
 impl From<TooManyStreams> for Status {
     fn from(error: TooManyStreams) -> Self {
+        Status::resource_exhausted(error.to_string())
+    }
+}
+
+impl From<NoRoom> for Status {
+    fn from(error: NoRoom) -> Self {
         Status::resource_exhausted(error.to_string())
     }
 }

@@ -120,6 +120,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
+impl Guarded<TcpStream> {
+    /// The client's address.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.io.peer_addr().ok()
+    }
+}
+
 impl tonic::transport::server::Connected for Guarded<TcpStream> {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 

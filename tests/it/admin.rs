@@ -253,6 +253,53 @@ async fn event_stream_pushes_a_snapshot_and_ends_on_shutdown() {
     tokio::time::timeout(PATIENCE, lines.read_to_end(&mut rest)).await.expect("the stream ends").unwrap();
 }
 
+/// A dashboard that opens event streams without reading them holds a few places, not memory
+/// without bound: four per address, 32 in all; a closed stream gives its place back.
+#[tokio::test]
+async fn event_streams_are_capped_per_address() {
+    let server = TestServer::start().await;
+    let _orders = server.register(vec![instance("orders", "a", 1)]).await;
+    let open = || async {
+        let mut stream = TcpStream::connect(admin(&server)).await.unwrap();
+        stream
+            .write_all(b"GET /api/events?service=orders HTTP/1.1\r\nHost: rota\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(stream);
+        let mut status = String::new();
+        tokio::time::timeout(PATIENCE, lines.read_line(&mut status)).await.expect("an answer in time").unwrap();
+        (status, lines)
+    };
+    let mut held = Vec::new();
+    for _ in 0..rota::admin::streams::MAX_EVENT_STREAMS_PER_PEER {
+        let (status, lines) = open().await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        held.push(lines);
+    }
+    let (status, mut refused) = open().await;
+    assert!(status.starts_with("HTTP/1.1 429"), "{status}");
+    let mut rest = String::new();
+    tokio::time::timeout(PATIENCE, refused.read_to_string(&mut rest)).await.expect("a body in time").unwrap();
+    assert!(
+        rest.ends_with("\r\n\r\n127.0.0.1 already holds 4 event streams, the limit per address; close a dashboard"),
+        "{rest}"
+    );
+    drop(held.pop());
+    let reopened = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (status, lines) = open().await;
+            if status.starts_with("HTTP/1.1 200") {
+                return lines;
+            }
+            // The closed stream's place comes back once the server notices the close.
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("a place comes back");
+    drop((held, reopened));
+}
+
 /// A PickStream's picks count one by one; the stream itself counts once, when it ends.
 #[tokio::test]
 async fn pick_stream_counts_each_pick_and_the_stream_once() {

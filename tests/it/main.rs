@@ -18,5 +18,6 @@ mod rotation;
 mod rules;
 mod shutdown;
 mod tls;
+mod unread;
 mod warmup;
 mod xds;

@@ -73,3 +73,21 @@ pub async fn wait_until_removed(watch: &mut tonic::Streaming<pb::WatchEvent>, id
     .await
     .expect("removal observed in time");
 }
+
+/// The admin listener's `/metrics` page.
+pub async fn metrics(server: &TestServer) -> String {
+    let addr = server.server.admin_addr().expect("admin listener");
+    let url = format!("http://{addr}/metrics");
+    let body = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        body
+    })
+    .await
+    .unwrap();
+    assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{url}: {body:.200}");
+    body
+}

@@ -11,24 +11,10 @@ use rota::pb;
 use tokio::net::TcpSocket;
 use tokio::sync::watch;
 
-use crate::harness::{PATIENCE, TestServer, instance};
+use crate::harness::{PATIENCE, TestServer, instance, metrics};
 
 /// A listing of 300 instances with 300 bytes of metadata each: ~110 KB.
 const INSTANCES: usize = 300;
-
-async fn metrics(server: &TestServer) -> String {
-    let addr = server.server.admin_addr().expect("admin listener");
-    tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-        let mut body = String::new();
-        stream.read_to_string(&mut body).unwrap();
-        body
-    })
-    .await
-    .unwrap()
-}
 
 fn gauge(metrics: &str, series: &str) -> u64 {
     let line = metrics.lines().find(|l| l.starts_with(&format!("{series} "))).unwrap_or_else(|| panic!("no {series}"));

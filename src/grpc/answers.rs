@@ -10,7 +10,8 @@
 //!   answer to the HTTP/2 layer in pieces and ends each answer with a one-byte piece: hyper
 //!   asks for the next piece only once the stream's window has room for the one it holds, so
 //!   a request for piece *k* + 2 shows that piece *k* has been granted, and the one-byte end
-//!   leaves nothing but that byte counted once a read answer is done.
+//!   leaves nothing but that byte counted once a read answer is done (frames of up to 1 KiB go
+//!   whole: an idle watch keeps at most that counted).
 //!
 //! An answer larger than the per-address budget reserves the whole budget: it is sent alone,
 //! never refused for its size.
@@ -30,7 +31,7 @@ use tokio::sync::Semaphore;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::registry::Instance;
+use crate::registry::ServiceSnapshot;
 
 /// Default budget of unread answer bytes for the whole server.
 pub const DEFAULT_MAX_UNREAD_BYTES: usize = 256 << 20;
@@ -40,6 +41,9 @@ pub const DEFAULT_MAX_UNREAD_BYTES_PER_PEER: usize = 32 << 20;
 pub const ANSWER_WAIT: Duration = Duration::from_secs(2);
 /// Largest piece an answer is handed to the HTTP/2 layer in: its default frame size.
 const PIECE: usize = 16 << 10;
+/// Data frames up to this size go whole, without the one-byte end: what they leave counted
+/// is small, and a client's HTTP/2 layer may count many small frames against it.
+const WHOLE: usize = 1 << 10;
 
 /// The budgets, shared by every connection.
 #[derive(Debug)]
@@ -228,10 +232,12 @@ pub fn field_bytes(len: usize) -> usize {
     1 + prost::encoding::encoded_len_varint(len as u64) + len
 }
 
-/// The bytes `instances` take as a `repeated Instance` field of tag 1 (a listing, a lease, a
-/// watch snapshot), counted one transient conversion at a time.
-pub fn listing_bytes(instances: &[Arc<Instance>]) -> usize {
-    instances.iter().map(|i| field_bytes(super::convert::instance(i).encoded_len())).sum()
+/// The bytes `snapshot`'s instances take as a `repeated Instance` field of tag 1 (a listing, a
+/// lease, a watch snapshot): counted one transient conversion at a time, once per snapshot.
+pub fn listing_bytes(snapshot: &ServiceSnapshot) -> usize {
+    snapshot.listing_bytes_with(|instances| {
+        instances.iter().map(|i| field_bytes(super::convert::instance(i).encoded_len())).sum()
+    })
 }
 
 /// Puts the response's [`Meter`] (in its extensions) on its body.
@@ -324,14 +330,17 @@ where
         if this.rest.is_empty() {
             match ready!(this.inner.poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) if data.has_remaining() => *this.rest = data,
-                    Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(data) if data.remaining() > WHOLE => *this.rest = data,
+                    Ok(data) => {
+                        this.pending[1] = data.remaining();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
                 },
                 other => return Poll::Ready(other),
             }
         }
-        // A piece of at most PIECE bytes; the last byte of a frame goes alone.
+        // A piece of at most PIECE bytes; the frame's last byte goes alone.
         let len = this.rest.len();
         let take = if len == 1 { 1 } else { (len - 1).min(PIECE) };
         this.pending[1] = take;
@@ -433,6 +442,21 @@ mod tests {
         assert_eq!(meter.outstanding(), 1);
         drop(body);
         drop(meter);
+        assert_eq!(answers.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn small_frames_go_whole_and_are_given_back_on_the_next_ask() {
+        let answers = UnreadAnswers::new(1 << 20, 1 << 20);
+        let meter = answers.meter(localhost());
+        meter.reserve(WHOLE).await;
+        let data = Bytes::from(vec![3u8; WHOLE]);
+        let mut body = AnswerBody::new(http_body_util::Full::new(data.clone()), Some(meter.clone()));
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), data);
+        assert_eq!(meter.outstanding(), WHOLE);
+        assert!(body.frame().await.is_none());
+        assert_eq!(meter.outstanding(), WHOLE, "given back only once asked again after the next piece");
+        drop((body, meter));
         assert_eq!(answers.held(), 0);
     }
 

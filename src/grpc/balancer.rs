@@ -124,7 +124,7 @@ impl pb::balancer_server::Balancer for BalancerService {
         // ticket is drawn, so that a lease refused for want of it takes none.
         if let Some(snapshot) = self.balancer.registry().service(&request.service) {
             let picks = request.count.min(MAX_LEASE) as usize * LEASED_PICK_BYTES;
-            let bytes = answers::listing_bytes(&snapshot.instances) + picks + request.rule.len() + LEASE_FIELD_BYTES;
+            let bytes = answers::listing_bytes(&snapshot) + picks + request.rule.len() + LEASE_FIELD_BYTES;
             meter.reserve_within(answers::message_bytes(bytes)).await?;
         }
         let leased = self

@@ -121,7 +121,7 @@ impl pb::registry_server::Registry for RegistryService {
         let snapshot =
             self.registry.service(name).ok_or_else(|| Status::from(PickError::UnknownService(name.clone())))?;
         // Room for the answer first, so that a listing waiting for it holds nothing built.
-        let bytes = answers::message_bytes(answers::listing_bytes(&snapshot.instances) + EPOCH_BYTES);
+        let bytes = answers::message_bytes(answers::listing_bytes(&snapshot) + EPOCH_BYTES);
         meter.reserve_within(bytes).await?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
         let answer = pb::ListInstancesResponse { instances, epoch: snapshot.epoch };
@@ -166,7 +166,7 @@ impl pb::registry_server::Registry for RegistryService {
             let mut last: Arc<ServiceSnapshot> = snapshots.borrow_and_update().clone();
             // Room for the snapshot before it is built: a watch whose client does not read
             // waits here, holding no event.
-            let bytes = answers::message_bytes(answers::listing_bytes(&last.instances) + 2 * EPOCH_BYTES);
+            let bytes = answers::message_bytes(answers::listing_bytes(&last) + 2 * EPOCH_BYTES);
             if !reserved(&events, bytes, &tx).await {
                 return;
             }

@@ -105,6 +105,8 @@ pub struct ServiceSnapshot {
     /// [`ServiceSnapshot::arrivals_settled`], worked out on first demand (only the start-up
     /// warm-up asks), with the quiet period it was worked out for.
     settled: OnceLock<(Duration, Option<tokio::time::Instant>)>,
+    /// [`ServiceSnapshot::listing_bytes`], measured on first demand.
+    listing_bytes: OnceLock<usize>,
 }
 
 impl ServiceSnapshot {
@@ -136,7 +138,15 @@ impl ServiceSnapshot {
             versions,
             up: Subset::new(ANY_LABEL, up),
             settled: OnceLock::new(),
+            listing_bytes: OnceLock::new(),
         }
+    }
+
+    /// The size of [`ServiceSnapshot::instances`] as a listing, measured by `measure` for the
+    /// first caller and kept with the snapshot, so that a listing asked for by many clients is
+    /// sized once per published change (the gRPC edge reserves room for answers by it).
+    pub fn listing_bytes_with(&self, measure: impl FnOnce(&[Arc<Instance>]) -> usize) -> usize {
+        *self.listing_bytes.get_or_init(|| measure(&self.instances))
     }
 
     /// When the instances that opened this service first paused coming up: the earliest moment

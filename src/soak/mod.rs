@@ -14,6 +14,11 @@
 //!   server's periodic housekeeping runs; the worst pick must stay bounded.
 //! - [`connections`] — idle and slowloris connections from 127.0.0.2, plaintext and TLS, while
 //!   a probe from 127.0.0.1 connects and picks; every probe must succeed in time.
+//! - [`unread`] — clients from 127.0.0.2 that ask for large listings, leases and watches and
+//!   never read them, while a probe from 127.0.0.1 lists and picks; the server's memory must
+//!   stay within the unread-answer budget and the probe be answered.
+//! - [`watches`] — a flood of watches from 127.0.0.2 and up to the stream caps, then providers
+//!   registering from 127.0.0.1: every registration must get in.
 //!
 //! `--short` sizes everything to finish in about two minutes on two cores (for CI); the default
 //! runs each scenario for minutes, for the figures in docs/reliability.md.
@@ -24,10 +29,13 @@ pub mod history;
 pub mod judge;
 pub mod memory;
 mod provider;
+pub mod rawh2;
 pub mod scale;
 mod server;
 mod shares;
 mod slowloris;
+pub mod unread;
+pub mod watches;
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -41,10 +49,19 @@ pub enum Scenario {
     Memory,
     Scale,
     Connections,
+    Unread,
+    Watches,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [Scenario::Churn, Scenario::Memory, Scenario::Scale, Scenario::Connections];
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Churn,
+        Scenario::Memory,
+        Scenario::Scale,
+        Scenario::Connections,
+        Scenario::Unread,
+        Scenario::Watches,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +69,8 @@ impl Scenario {
             Scenario::Memory => "memory",
             Scenario::Scale => "scale",
             Scenario::Connections => "connections",
+            Scenario::Unread => "unread",
+            Scenario::Watches => "watches",
         }
     }
 }
@@ -204,6 +223,8 @@ pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
             Scenario::Memory => memory::run(options, &mut report).await,
             Scenario::Scale => scale::run(options, &mut report).await,
             Scenario::Connections => connections::run(options, &mut report).await,
+            Scenario::Unread => unread::run(options, &mut report).await,
+            Scenario::Watches => watches::run(options, &mut report).await,
         };
         if let Err(error) = outcome {
             report.check(Check::new("scenario ran to the end", false, error.to_string()));

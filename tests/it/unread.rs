@@ -1,15 +1,13 @@
 //! Clients that never read their answers: the bytes rota holds for them stay inside the
 //! per-address and server budgets, other clients are answered, and a client that reads again
 //! (or goes away) gives its room back. The clients here are raw HTTP/2 connections whose
-//! stream windows are zero, so rota can send them headers but no data until they say so.
+//! stream windows are zero, so rota can send them headers but no data.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 
-use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use rota::pb;
-use tokio::net::TcpSocket;
-use tokio::sync::watch;
+use rota::soak::rawh2::{RawConnection, read_all, refusal};
 
 use crate::harness::{PATIENCE, TestServer, instance, metrics};
 
@@ -21,86 +19,16 @@ fn gauge(metrics: &str, series: &str) -> u64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-/// An HTTP/2 connection from `from` whose streams start with a window of `window` bytes; the
-/// sender sets a new window for every stream of the connection.
-async fn connect(
-    from: Ipv4Addr,
-    server: SocketAddr,
-    window: u32,
-) -> (h2::client::SendRequest<Bytes>, watch::Sender<u32>) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(IpAddr::V4(from), 0)).unwrap();
-    let tcp = socket.connect(server).await.unwrap();
-    let (send, mut connection) = h2::client::Builder::new().initial_window_size(window).handshake(tcp).await.unwrap();
-    let (set_window, mut windows) = watch::channel(window);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = &mut connection => break,
-                changed = windows.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                    let window = *windows.borrow_and_update();
-                    connection.set_initial_window_size(window).unwrap();
-                }
-            }
-        }
-    });
-    (send, set_window)
+async fn call(connection: &RawConnection, path: &str, message: impl Message) -> http::Response<h2::RecvStream> {
+    tokio::time::timeout(PATIENCE, connection.call(path, &message)).await.expect("headers in time").unwrap()
 }
 
-/// Sends one gRPC call of `path` and returns its response headers.
-async fn call(
-    send: &h2::client::SendRequest<Bytes>,
-    path: &str,
-    message: impl Message,
-) -> http::Response<h2::RecvStream> {
-    let mut send = send.clone().ready().await.unwrap();
-    let request = http::Request::post(format!("http://rota{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut body) = send.send_request(request, false).unwrap();
-    let encoded = message.encode_to_vec();
-    let mut frame = BytesMut::with_capacity(5 + encoded.len());
-    frame.put_u8(0);
-    frame.put_u32(encoded.len() as u32);
-    frame.put_slice(&encoded);
-    body.send_data(frame.freeze(), true).unwrap();
-    tokio::time::timeout(PATIENCE, response).await.expect("headers in time").unwrap()
+async fn connect(from: Ipv4Addr, server: SocketAddr, window: u32) -> RawConnection {
+    RawConnection::open(from, server, window).await.unwrap()
 }
 
 fn listing(service: &str) -> pb::ListInstancesRequest {
     pb::ListInstancesRequest { service: service.into() }
-}
-
-fn grpc_status(response: &http::Response<h2::RecvStream>) -> Option<(String, String)> {
-    let status = response.headers().get("grpc-status")?.to_str().unwrap().to_owned();
-    let message = response.headers().get("grpc-message").map(|m| m.to_str().unwrap()).unwrap_or_default();
-    // The message is percent-encoded; rota's are ASCII, so one byte per escape.
-    let mut decoded = String::new();
-    let mut rest = message;
-    while let Some(at) = rest.find('%') {
-        decoded.push_str(&rest[..at]);
-        decoded.push(u8::from_str_radix(&rest[at + 1..at + 3], 16).unwrap() as char);
-        rest = &rest[at + 3..];
-    }
-    decoded.push_str(rest);
-    Some((status, decoded))
-}
-
-/// Reads a whole response body, giving its window back as it goes.
-async fn read_all(response: http::Response<h2::RecvStream>) -> usize {
-    let mut body = response.into_body();
-    let mut read = 0;
-    while let Some(chunk) = tokio::time::timeout(PATIENCE, body.data()).await.expect("data in time") {
-        let chunk = chunk.unwrap();
-        read += chunk.len();
-        body.flow_control().release_capacity(chunk.len()).unwrap();
-    }
-    read
 }
 
 #[tokio::test]
@@ -129,15 +57,15 @@ async fn unread_answers_stay_inside_their_budgets_and_come_back_when_read() {
 
     // 127.0.0.1 never reads: two listings fit in its 250 KiB, the third is refused once it
     // has waited for room, and names the budget.
-    let (stuck, stuck_window) = connect(Ipv4Addr::LOCALHOST, addr, 0).await;
+    let stuck = connect(Ipv4Addr::LOCALHOST, addr, 0).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let response = call(&stuck, "/rota.v1.Registry/ListInstances", listing("big")).await;
-        assert_eq!(grpc_status(&response), None, "admitted: headers, then data the client does not read");
+        assert_eq!(refusal(&response), None, "admitted: headers, then data the client does not read");
         held.push(response);
     }
     let refused = call(&stuck, "/rota.v1.Registry/ListInstances", listing("big")).await;
-    let (code, message) = grpc_status(&refused).expect("refused at once with trailers");
+    let (code, message) = refusal(&refused).expect("refused at once with trailers");
     assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {message}");
     assert!(
         message.starts_with(&format!("answers peer 127.0.0.1 has not read yet hold {} bytes;", 2 * listing_bytes)),
@@ -150,32 +78,32 @@ async fn unread_answers_stay_inside_their_budgets_and_come_back_when_read() {
 
     // A watch on that connection waits for room without building its snapshot.
     let watch = call(&stuck, "/rota.v1.Registry/Watch", pb::WatchRequest { service: "big".into() }).await;
-    assert_eq!(grpc_status(&watch), None);
+    assert_eq!(refusal(&watch), None);
     assert_eq!(gauge(&metrics(&server).await, "rota_unread_bytes"), 2 * listing_bytes as u64);
 
     // Another address is answered in full; a third one that does not read either fills the
     // server's budget, so the next listing anyone asks for is refused naming it.
-    let (reader, _reader_window) = connect(Ipv4Addr::new(127, 0, 0, 2), addr, 65_535).await;
+    let reader = connect(Ipv4Addr::new(127, 0, 0, 2), addr, 65_535).await;
     let response = call(&reader, "/rota.v1.Registry/ListInstances", listing("big")).await;
-    assert_eq!(read_all(response).await, listing_bytes);
-    let (other, other_window) = connect(Ipv4Addr::new(127, 0, 0, 3), addr, 0).await;
+    assert_eq!(tokio::time::timeout(PATIENCE, read_all(response)).await.expect("data in time").unwrap(), listing_bytes);
+    let other = connect(Ipv4Addr::new(127, 0, 0, 3), addr, 0).await;
     let other_held = call(&other, "/rota.v1.Registry/ListInstances", listing("big")).await;
-    assert_eq!(grpc_status(&other_held), None);
+    assert_eq!(refusal(&other_held), None);
     let response = call(&reader, "/rota.v1.Registry/ListInstances", listing("big")).await;
-    let (code, message) = grpc_status(&response).expect("refused");
+    let (code, message) = refusal(&response).expect("refused");
     assert_eq!(code, "8");
     assert!(message.contains("does not fit in the server's 409600 (server.max_unread_bytes)"), "{message}");
     assert_eq!(gauge(&metrics(&server).await, "rota_unread_bytes"), 3 * listing_bytes as u64);
 
     // The first client goes away: its room comes back, and the other address's listing is
     // all that is still counted.
-    drop((stuck, stuck_window, held, watch, refused));
+    drop((stuck, held, watch, refused));
     settles(&server, listing_bytes as u64).await;
     // A client that reads has its answers counted only until it has read them: a listing
     // read in full leaves nothing, a watch's snapshot read in full at most its last byte (given
     // back as soon as the stream is polled again).
     let response = call(&reader, "/rota.v1.Registry/ListInstances", listing("big")).await;
-    assert_eq!(read_all(response).await, listing_bytes);
+    assert_eq!(tokio::time::timeout(PATIENCE, read_all(response)).await.expect("data in time").unwrap(), listing_bytes);
     assert_eq!(gauge(&metrics(&server).await, "rota_unread_bytes"), listing_bytes as u64);
     let watch = call(&reader, "/rota.v1.Registry/Watch", pb::WatchRequest { service: "big".into() }).await;
     let mut events = watch.into_body();
@@ -192,7 +120,7 @@ async fn unread_answers_stay_inside_their_budgets_and_come_back_when_read() {
     assert_eq!(list.instances.len(), INSTANCES);
     settles_within(&server, listing_bytes as u64..=listing_bytes as u64 + 1).await;
     // Closing the rest gives everything back.
-    drop((events, other, other_window, other_held));
+    drop((events, other, other_held));
     settles(&server, 0).await;
 }
 

@@ -38,7 +38,7 @@ pub enum ScaleError {
 }
 
 /// Instance `i` of the run: spread evenly over the services.
-fn instance(i: usize, services: usize) -> pb::Instance {
+pub(crate) fn instance(i: usize, services: usize) -> pb::Instance {
     pb::Instance {
         id: format!("i{i:06}"),
         service: format!("scale-{:04}", i % services),

@@ -17,6 +17,11 @@
 //! - [`unread`] — clients from 127.0.0.2 that ask for large listings, leases and watches and
 //!   never read them, while a probe from 127.0.0.1 lists and picks; the server's memory must
 //!   stay within the unread-answer budget and the probe be answered.
+//! - [`hash_churn`] — `consistent_hash` picks over a very large service whose membership
+//!   changes 100 times a second from the first pick on; picks must be answered, promptly, and
+//!   memory level off.
+//! - [`pipelining`] — pick streams pipelined on one connection as grpc-go sends them (each
+//!   request a small DATA frame), beside a registration on the same connection.
 //! - [`watches`] — a flood of watches from 127.0.0.2 and up to the stream caps, then providers
 //!   registering from 127.0.0.1: every registration must get in.
 //!
@@ -25,9 +30,11 @@
 
 pub mod churn;
 pub mod connections;
+pub mod hash_churn;
 pub mod history;
 pub mod judge;
 pub mod memory;
+pub mod pipelining;
 mod provider;
 pub mod rawh2;
 pub mod scale;
@@ -51,16 +58,20 @@ pub enum Scenario {
     Connections,
     Unread,
     Watches,
+    HashChurn,
+    Pipelining,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Churn,
         Scenario::Memory,
         Scenario::Scale,
         Scenario::Connections,
         Scenario::Unread,
         Scenario::Watches,
+        Scenario::HashChurn,
+        Scenario::Pipelining,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +82,8 @@ impl Scenario {
             Scenario::Connections => "connections",
             Scenario::Unread => "unread",
             Scenario::Watches => "watches",
+            Scenario::HashChurn => "hash_churn",
+            Scenario::Pipelining => "pipelining",
         }
     }
 }
@@ -225,6 +238,8 @@ pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
             Scenario::Connections => connections::run(options, &mut report).await,
             Scenario::Unread => unread::run(options, &mut report).await,
             Scenario::Watches => watches::run(options, &mut report).await,
+            Scenario::HashChurn => hash_churn::run(options, &mut report).await,
+            Scenario::Pipelining => pipelining::run(options, &mut report).await,
         };
         if let Err(error) = outcome {
             report.check(Check::new("scenario ran to the end", false, error.to_string()));

@@ -33,6 +33,19 @@ impl RawConnection {
         Ok(Self { send })
     }
 
+    /// Opens a streaming call of `path`: its request stream, to send messages on with
+    /// [`message_frame`], and its answer.
+    pub async fn stream(&self, path: &str) -> Result<(h2::SendStream<Bytes>, h2::client::ResponseFuture), h2::Error> {
+        let mut send = self.send.clone().ready().await?;
+        let request = http::Request::post(format!("http://rota{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a valid request");
+        let (response, body) = send.send_request(request, false)?;
+        Ok((body, response))
+    }
+
     /// Sends one call of `path` with `message` as its only request and returns the answer's
     /// headers; the body is left to the caller to read, or not.
     pub async fn call(&self, path: &str, message: &impl Message) -> Result<http::Response<h2::RecvStream>, h2::Error> {
@@ -43,14 +56,33 @@ impl RawConnection {
             .body(())
             .expect("a valid request");
         let (response, mut body) = send.send_request(request, false)?;
-        let encoded = message.encode_to_vec();
-        let mut frame = BytesMut::with_capacity(5 + encoded.len());
-        frame.put_u8(0);
-        frame.put_u32(encoded.len() as u32);
-        frame.put_slice(&encoded);
-        body.send_data(frame.freeze(), true)?;
+        body.send_data(message_frame(message), true)?;
         response.await
     }
+}
+
+/// `message` as a gRPC message: a 5-byte prefix and its encoding.
+pub fn message_frame(message: &impl Message) -> Bytes {
+    let encoded = message.encode_to_vec();
+    let mut frame = BytesMut::with_capacity(5 + encoded.len());
+    frame.put_u8(0);
+    frame.put_u32(encoded.len() as u32);
+    frame.put_slice(&encoded);
+    frame.freeze()
+}
+
+/// Takes the gRPC messages complete in `buffer` off its front.
+pub fn messages<M: Message + Default>(buffer: &mut BytesMut) -> Result<Vec<M>, prost::DecodeError> {
+    let mut out = Vec::new();
+    while buffer.len() >= 5 {
+        let len = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
+        if buffer.len() < 5 + len {
+            break;
+        }
+        let frame = buffer.split_to(5 + len);
+        out.push(M::decode(&frame[5..])?);
+    }
+    Ok(out)
 }
 
 /// The `grpc-status` and decoded `grpc-message` of an answer that ended in its headers (a

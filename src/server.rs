@@ -321,12 +321,10 @@ impl Server {
             .max_decoding_message_size(limits.max_message_bytes);
         let xds_hub = crate::xds::Hub::new(balancer.clone(), limits.xds, warmup_length, warmup.settle());
         background.push(xds_hub.spawn());
-        let xds_service = AggregatedDiscoveryServiceServer::new(XdsService::new(
-            xds_hub.clone(),
-            consumers,
-            streams.clone(),
-            drain.subscribe(),
-        ))
+        let xds_service = AggregatedDiscoveryServiceServer::new(
+            XdsService::new(xds_hub.clone(), consumers, streams.clone(), drain.subscribe())
+                .with_answers(answers.clone()),
+        )
         .max_decoding_message_size(limits.max_message_bytes);
         let (stream_window, connection_window) = flow_windows(limits.streams_per_connection);
         let router = tonic::transport::Server::builder()

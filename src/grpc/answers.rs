@@ -3,9 +3,11 @@
 //! never reads could make rota hold one answer per call without bound. Their bytes are counted
 //! against a budget per client address and one for the whole server:
 //!
-//! - an answer reserves its encoded size before it is built. A unary answer waits up to
-//!   [`ANSWER_WAIT`] for room and is then refused with `RESOURCE_EXHAUSTED`; a `Watch` waits
-//!   as long as it takes (it is its own client's backlog), holding no built event meanwhile;
+//! - an answer reserves its encoded size before it is built. A unary answer is refused with
+//!   `RESOURCE_EXHAUSTED` at once when its client's address has no room left (its own unread
+//!   answers), and after waiting up to [`ANSWER_WAIT`] when the server has none (others'); a
+//!   `Watch` or xDS stream waits as long as it takes (it is its own client's backlog), holding
+//!   no built event meanwhile;
 //! - the reservation is given back as the client takes the bytes. [`AnswerBody`] hands an
 //!   answer to the HTTP/2 layer in pieces and ends each answer with a one-byte piece: hyper
 //!   asks for the next piece only once the stream's window has room for the one it holds, so
@@ -62,7 +64,7 @@ struct PeerBudget {
     meters: usize,
 }
 
-/// No room for an answer within [`ANSWER_WAIT`].
+/// No room for a unary answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoRoom {
     #[error(
@@ -164,19 +166,39 @@ impl Meter {
         self.outstanding.fetch_add(n as usize, Ordering::AcqRel);
     }
 
-    /// Reserves room for `bytes`, or says which budget is full after [`ANSWER_WAIT`].
+    /// Reserves room for `bytes` for a unary answer: refused at once when the client's own
+    /// unread answers fill its address's budget (waiting would only hold the call), after
+    /// [`ANSWER_WAIT`] when other clients' fill the server's.
     pub async fn reserve_within(&self, bytes: usize) -> Result<(), NoRoom> {
-        if tokio::time::timeout(ANSWER_WAIT, self.reserve(bytes)).await.is_ok() {
+        let limit = self.answers.per_peer;
+        let Ok(n) = u32::try_from(bytes.min(limit)) else { return Ok(()) };
+        if n == 0 {
             return Ok(());
         }
-        self.answers.refused.fetch_add(1, Ordering::Relaxed);
-        let limit = self.answers.per_peer;
-        Err(match &self.peer {
-            Some((ip, room)) if room.available_permits() < bytes.min(limit) => {
-                NoRoom::Peer { ip: *ip, held: limit - room.available_permits(), bytes, limit }
+        let peer = match &self.peer {
+            Some((ip, room)) => match room.try_acquire_many(n) {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    self.answers.refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(NoRoom::Peer { ip: *ip, held: limit - room.available_permits(), bytes, limit });
+                }
+            },
+            None => None,
+        };
+        let total = match tokio::time::timeout(ANSWER_WAIT, self.answers.total.acquire_many(n)).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Ok(()),
+            Err(_) => {
+                self.answers.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(NoRoom::Total { held: self.answers.held(), bytes, limit: self.answers.total_limit });
             }
-            _ => NoRoom::Total { held: self.answers.held(), bytes, limit: self.answers.total_limit },
-        })
+        };
+        if let Some(permit) = peer {
+            permit.forget();
+        }
+        total.forget();
+        self.outstanding.fetch_add(n as usize, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Gives back up to `bytes` of what is reserved: the client has taken them, or the answer
@@ -377,7 +399,7 @@ mod tests {
         let a = answers.meter(localhost());
         a.reserve(500).await;
         assert_eq!(answers.held(), 500);
-        // The same address has 100 left: a unary answer of 200 waits, then is refused.
+        // The same address has 100 left: a unary answer of 200 is refused at once.
         let b = answers.meter(localhost());
         let refused = b.reserve_within(200).await.unwrap_err();
         assert_eq!(refused, NoRoom::Peer { ip: IpAddr::from([127, 0, 0, 1]), held: 500, bytes: 200, limit: 600 });

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::answers::{self, UnreadAnswers};
 use super::peers::PeerStreams;
 use super::streams::{OpenStreams, StreamKind};
 use super::{auth, register, status};
@@ -21,6 +22,7 @@ pub struct XdsService {
     consumers: Arc<PeerStreams>,
     streams: Arc<OpenStreams>,
     drain: watch::Receiver<bool>,
+    answers: Arc<UnreadAnswers>,
 }
 
 impl XdsService {
@@ -32,7 +34,13 @@ impl XdsService {
         streams: Arc<OpenStreams>,
         drain: watch::Receiver<bool>,
     ) -> Self {
-        Self { hub, consumers, streams, drain }
+        let answers = UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER);
+        Self { hub, consumers, streams, drain, answers }
+    }
+
+    /// Counts the responses against `answers` until their clients read them.
+    pub fn with_answers(self, answers: Arc<UnreadAnswers>) -> Self {
+        Self { answers, ..self }
     }
 }
 
@@ -60,6 +68,8 @@ impl AggregatedDiscoveryService for XdsService {
         let mut generations = self.hub.generations();
         let mut drain = self.drain.clone();
         let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);
+        let meter = self.answers.meter(peer.map(|addr| addr.ip()));
+        let responses = meter.clone();
         tokio::spawn(async move {
             let _slot = slot;
             loop {
@@ -81,13 +91,22 @@ impl AggregatedDiscoveryService for XdsService {
                     }
                 }
                 for response in session.responses() {
+                    // Room for it among the answers its client has not read yet; a client that
+                    // does not read waits here, holding this batch (a response per resource type).
+                    let bytes = answers::message_bytes(prost::Message::encoded_len(&response));
+                    tokio::select! {
+                        () = responses.reserve(bytes) => {}
+                        () = tx.closed() => return,
+                    }
                     if tx.send(Ok(response)).await.is_err() {
                         return;
                     }
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let mut response = Response::new(ReceiverStream::new(rx));
+        response.extensions_mut().insert(meter);
+        Ok(response)
     }
 
     type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;

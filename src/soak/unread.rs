@@ -10,7 +10,8 @@
 //!
 //! Checks: (a) the RSS grew by at most the per-address budget of unread answers (32 MiB) and a
 //! fixed allowance for the connections and streams themselves; (b) the calls that found no
-//! room were refused with `RESOURCE_EXHAUSTED` naming that budget, nothing else failed; (c)
+//! room were refused with `RESOURCE_EXHAUSTED` naming that budget (watches past the address's
+//! share of streams naming that), nothing else failed; (c)
 //! every probe was answered within 5 s; (d) once the attackers close their connections,
 //! 127.0.0.2 is answered in full again (their room came back).
 
@@ -49,7 +50,12 @@ impl Tally {
         match answer {
             Ok(response) => match refusal(response) {
                 None => self.admitted.fetch_add(1, Ordering::Relaxed),
-                Some((code, message)) if code == "8" && message.contains("server.max_unread_bytes") => {
+                // Past the budgets, or (watches) past the address's share of streams.
+                Some((code, message))
+                    if code == "8"
+                        && (message.contains("server.max_unread_bytes")
+                            || message.contains("server.max_consumer_streams_per_peer")) =>
+                {
                     self.refused_by_budget.fetch_add(1, Ordering::Relaxed)
                 }
                 Some((code, message)) => self.other(format!("grpc-status {code}: {message}")),
@@ -150,7 +156,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         rss_peak = rss_peak.max(target.rss().unwrap_or(0));
         tokio::time::sleep(PROBE_EVERY).await;
     }
-    // Every call has its answer's headers by now (a refusal waits 2 s for room).
+    // Every call has its answer's headers by now.
     let mut held = Vec::new();
     for call in calls {
         if let Ok(Ok(Some(response))) = tokio::time::timeout(CALL_TIMEOUT, call).await {
@@ -195,7 +201,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         "calls without room are refused naming the budget, nothing else fails",
         other == 0 && refused > 0 && admitted + refused + other == sent as u64,
         format!(
-            "{refused} refused with RESOURCE_EXHAUSTED (server.max_unread_bytes_per_peer), {other} other{}, {} of {sent} answered",
+            "{refused} refused with RESOURCE_EXHAUSTED (server.max_unread_bytes_per_peer, or for watches server.max_consumer_streams_per_peer), {other} other{}, {} of {sent} answered",
             first_other.map(|o| format!(" (first: {o})")).unwrap_or_default(),
             admitted + refused + other
         ),
@@ -214,14 +220,20 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
 
     // The attackers go away: their room comes back.
     drop((held, attackers));
+    // The server notices the closes as it reads them: ask until answered, for a bounded time.
     let back = tokio::time::timeout(CALL_TIMEOUT, async {
-        let reader = RawConnection::open(ATTACKER, server, 65_535).await.map_err(|e| e.to_string())?;
-        let list = pb::ListInstancesRequest { service: SERVICE.into() };
-        let response = reader.call("/rota.v1.Registry/ListInstances", &list).await.map_err(|e| e.to_string())?;
-        if let Some((code, message)) = refusal(&response) {
-            return Err(format!("grpc-status {code}: {message}"));
+        loop {
+            let reader = RawConnection::open(ATTACKER, server, 65_535).await.map_err(|e| e.to_string())?;
+            let list = pb::ListInstancesRequest { service: SERVICE.into() };
+            let response = reader.call("/rota.v1.Registry/ListInstances", &list).await.map_err(|e| e.to_string())?;
+            match refusal(&response) {
+                None => return read_all(response).await.map_err(|e| e.to_string()),
+                Some((code, message)) if code == "8" && message.contains("server.max_unread_bytes") => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Some((code, message)) => return Err(format!("grpc-status {code}: {message}")),
+            }
         }
-        read_all(response).await.map_err(|e| e.to_string())
     })
     .await;
     let (ok, evidence) = match back {

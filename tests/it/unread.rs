@@ -55,8 +55,8 @@ async fn unread_answers_stay_inside_their_budgets_and_come_back_when_read() {
     };
     assert!((100 << 10..125 << 10).contains(&listing_bytes), "{listing_bytes}");
 
-    // 127.0.0.1 never reads: two listings fit in its 250 KiB, the third is refused once it
-    // has waited for room, and names the budget.
+    // 127.0.0.1 never reads: two listings fit in its 250 KiB, the third is refused at once and
+    // names the budget.
     let stuck = connect(Ipv4Addr::LOCALHOST, addr, 0).await;
     let mut held = Vec::new();
     for _ in 0..2 {

@@ -8,7 +8,7 @@ mod bench_xds;
 mod demo;
 mod pick;
 mod policy;
-mod redis_process;
+pub(crate) mod redis_process;
 mod register;
 mod serve;
 mod show;

@@ -24,6 +24,9 @@
 //!   request a small DATA frame), beside a registration on the same connection.
 //! - [`watches`] — a flood of watches from 127.0.0.2 and up to the stream caps, then providers
 //!   registering from 127.0.0.1: every registration must get in.
+//! - [`redis`] — replicas sharing their state through a `redis-server` of the scenario's own:
+//!   Redis killed and restarted empty under three replicas, then Redis behind a slow proxy,
+//!   while consumers pick across the replicas; no ticket may repeat and no pick may fail.
 //!
 //! `--short` sizes everything to finish in about two minutes on two cores (for CI); the default
 //! runs each scenario for minutes, for the figures in docs/reliability.md.
@@ -36,7 +39,9 @@ pub mod judge;
 pub mod memory;
 pub mod pipelining;
 mod provider;
+mod proxy;
 pub mod rawh2;
+pub mod redis;
 pub mod scale;
 mod server;
 mod shares;
@@ -60,10 +65,11 @@ pub enum Scenario {
     Watches,
     HashChurn,
     Pipelining,
+    Redis,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Churn,
         Scenario::Memory,
         Scenario::Scale,
@@ -72,6 +78,7 @@ impl Scenario {
         Scenario::Watches,
         Scenario::HashChurn,
         Scenario::Pipelining,
+        Scenario::Redis,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +91,7 @@ impl Scenario {
             Scenario::Watches => "watches",
             Scenario::HashChurn => "hash_churn",
             Scenario::Pipelining => "pipelining",
+            Scenario::Redis => "redis",
         }
     }
 }
@@ -240,6 +248,7 @@ pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
             Scenario::Watches => watches::run(options, &mut report).await,
             Scenario::HashChurn => hash_churn::run(options, &mut report).await,
             Scenario::Pipelining => pipelining::run(options, &mut report).await,
+            Scenario::Redis => redis::run(options, &mut report).await,
         };
         if let Err(error) = outcome {
             report.check(Check::new("scenario ran to the end", false, error.to_string()));

@@ -22,6 +22,8 @@ pub struct Target {
     pub endpoint: String,
     /// The bound gRPC address, `127.0.0.1:PORT`.
     pub addr: String,
+    /// The admin listener (`/metrics`), `127.0.0.1:PORT`, when the server printed it.
+    pub admin: Option<String>,
     pub pid: Option<u32>,
     child: Option<Child>,
 }
@@ -30,7 +32,7 @@ impl Target {
     /// A server someone else runs; it is never stopped by the soak.
     pub fn external(endpoint: &str, pid: Option<u32>) -> Self {
         let addr = endpoint.split("://").nth(1).unwrap_or(endpoint).trim_end_matches('/').to_owned();
-        Self { endpoint: endpoint.to_owned(), addr, pid, child: None }
+        Self { endpoint: endpoint.to_owned(), addr, admin: None, pid, child: None }
     }
 
     /// Spawns `rota serve` on 127.0.0.1:0 with `extra` flags, and waits for its addresses.
@@ -50,7 +52,8 @@ impl Target {
         let stdout = child.stdout.take().expect("stdout is piped");
         let pid = child.id();
         // From here on, dropping the target stops the child.
-        let mut target = Self { endpoint: String::new(), addr: String::new(), pid: Some(pid), child: Some(child) };
+        let mut target =
+            Self { endpoint: String::new(), addr: String::new(), admin: None, pid: Some(pid), child: Some(child) };
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -68,6 +71,11 @@ impl Target {
             .to_owned();
         target.endpoint = format!("{scheme}://{addr}");
         target.addr = addr;
+        // Written together with the first line, so it is already there when the server has one.
+        target.admin = rx
+            .recv_timeout(Duration::from_secs(1))
+            .ok()
+            .and_then(|line| line.strip_prefix("admin on ").map(str::to_owned));
         Ok(target)
     }
 

@@ -28,7 +28,7 @@
 //!   Redis killed and restarted empty under three replicas, then Redis behind a slow proxy,
 //!   while consumers pick across the replicas; no ticket may repeat and no pick may fail.
 //!
-//! `--short` sizes everything to finish in about two minutes on two cores (for CI); the default
+//! `--short` sizes everything to finish in about four minutes on two cores (for CI); the default
 //! runs each scenario for minutes, for the figures in docs/reliability.md.
 
 pub mod churn;

@@ -18,8 +18,8 @@
 //! `UNAVAILABLE` "no UP instance" is a failure; (c) after every restart, every registered
 //! instance was picked again.
 //!
-//! **Phase 2, Redis far away.** Two replicas reach a fresh Redis through [`LatencyProxy`],
-//! which holds every chunk for a set latency each way (short: 100 ms, long: 150 ms), with
+//! **Phase 2, Redis far away.** Two replicas reach a fresh Redis through an in-process proxy
+//! (`soak/proxy.rs`), which holds every chunk for a set latency each way (short: 100 ms, long: 150 ms), with
 //! `--state-timeout` at its default (500 ms). Consumers pick across both replicas for a
 //! while. Checks: no ticket repeated; the link stayed up (`rota_state_backend_up`, read from
 //! each replica's `/metrics` before, every 100 ms during, and after the picks — rota exports

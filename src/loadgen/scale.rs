@@ -19,6 +19,29 @@ pub struct ScaleConfig {
     pub load: LoadConfig,
 }
 
+impl ScaleConfig {
+    /// A configuration for [`register_all`] only: `instances` in one service over `streams`,
+    /// with no pick load.
+    pub fn registration(endpoint: &str, instances: usize, streams: usize) -> Self {
+        Self {
+            endpoint: endpoint.to_owned(),
+            instances,
+            services: 1,
+            streams,
+            load: LoadConfig {
+                endpoint: endpoint.to_owned(),
+                connections: 1,
+                callers: 1,
+                warmup: Duration::ZERO,
+                duration: Duration::ZERO,
+                window: 1,
+                request: Default::default(),
+                server_pid: None,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ScaleResult {
     pub registered: usize,

@@ -21,7 +21,6 @@ use tokio::time::Instant;
 
 use super::{Check, ScenarioReport, SoakError, SoakOptions, mib, ms};
 use crate::client::{PickOptions, RotaClient};
-use crate::loadgen::LoadConfig;
 use crate::loadgen::scale::{ScaleConfig, register_all};
 use crate::pb::{self, register_request::Msg};
 
@@ -37,22 +36,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let window = options.pick(Duration::from_secs(20), Duration::from_secs(120));
     let flags = ["--max-registrations-per-peer".to_owned(), streams.max(64).to_string()];
     let mut target = options.target(&flags)?;
-    let config = ScaleConfig {
-        endpoint: target.endpoint.clone(),
-        instances,
-        services: 1,
-        streams,
-        load: LoadConfig {
-            endpoint: target.endpoint.clone(),
-            connections: 1,
-            callers: 1,
-            warmup: Duration::ZERO,
-            duration: window,
-            window: 1,
-            request: Default::default(),
-            server_pid: target.pid,
-        },
-    };
+    let config = ScaleConfig::registration(&target.endpoint, instances, streams);
     let (mut registrations, took) = tokio::time::timeout(Duration::from_secs(120), register_all(&config))
         .await
         .map_err(|_| SoakError::Stalled(format!("registering {instances} instances took over 120 s")))?

@@ -49,13 +49,7 @@ impl RawConnection {
     /// Sends one call of `path` with `message` as its only request and returns the answer's
     /// headers; the body is left to the caller to read, or not.
     pub async fn call(&self, path: &str, message: &impl Message) -> Result<http::Response<h2::RecvStream>, h2::Error> {
-        let mut send = self.send.clone().ready().await?;
-        let request = http::Request::post(format!("http://rota{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .expect("a valid request");
-        let (response, mut body) = send.send_request(request, false)?;
+        let (mut body, response) = self.stream(path).await?;
         body.send_data(message_frame(message), true)?;
         response.await
     }

@@ -21,7 +21,6 @@ use tokio::time::Instant;
 
 use super::{CALL_TIMEOUT, Check, ScenarioReport, SoakError, SoakOptions, bounded, flag_if_supported, ms};
 use crate::client::{PickOptions, RotaClient};
-use crate::loadgen::LoadConfig;
 use crate::loadgen::scale::{ScaleConfig, register_all};
 
 /// The worst pick latency allowed while housekeeping runs.
@@ -50,23 +49,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let server_started = Instant::now();
     let mut target = options.target(&flags)?;
     let rss_before = target.rss();
-    let config = ScaleConfig {
-        endpoint: target.endpoint.clone(),
-        instances,
-        services: 1,
-        streams,
-        // Unused by registration; register_all takes the whole configuration.
-        load: LoadConfig {
-            endpoint: target.endpoint.clone(),
-            connections: 1,
-            callers: 1,
-            warmup: Duration::ZERO,
-            duration: window,
-            window: 1,
-            request: Default::default(),
-            server_pid: target.pid,
-        },
-    };
+    let config = ScaleConfig::registration(&target.endpoint, instances, streams);
     let registered = tokio::time::timeout(REGISTRATION_TIMEOUT, register_all(&config))
         .await
         .map_err(|_| SoakError::Stalled(format!("registering {instances} instances took over 120 s")))?;

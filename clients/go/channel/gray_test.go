@@ -101,6 +101,17 @@ func (f *fakeGray) set(apply func(f *fakeGray)) {
 	apply(f)
 }
 
+// firstRequest is the first Lease request received, read under the lock (the channel may be
+// leasing again meanwhile).
+func (f *fakeGray) firstRequest() *rotapb.LeaseRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.requests) == 0 {
+		return nil
+	}
+	return f.requests[0]
+}
+
 func (f *fakeGray) leaseCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -158,7 +169,7 @@ func TestPicksAreUsedInOrderWithTheirTickets(t *testing.T) {
 	first := takeDraw(t, s, woken)
 	// The next block is leased as soon as the first one is being spent.
 	fake.waitLeases(t, 2)
-	if got := fake.requests[0]; got.GetVersion() != "" || got.GetCount() != initialLease {
+	if got := fake.firstRequest(); got.GetVersion() != "" || got.GetCount() != initialLease {
 		t.Fatalf("first lease %v, want %d picks without a version", got, initialLease)
 	}
 	draws := []draw{first}

@@ -87,8 +87,8 @@ func newGrayWorld(t *testing.T) *grayWorld {
 		instances = append(instances, &rotapb.Instance{Id: model.GetId(), Host: "127.0.0.1", Port: uint32(srv.Addr.Port), Version: model.GetVersion()})
 	}
 	// The scripted leases name the instances at their real addresses.
-	scripted := startScriptedRota(t, instances, w.leases)
 	w.leases.instances = instances
+	scripted := startScriptedRota(t, instances, w.leases)
 	conn, err := grpc.NewClient("rota:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(NewResolver(WithServer(scripted.addr), WithLogger(quietLogger()), WithTicketHeader(true),
 			WithBackoff(rota.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond, Factor: 2}))))
@@ -122,7 +122,7 @@ func TestGrayChannelFollowsRotasPicks(t *testing.T) {
 				n, want, grayTicket(leaseOf(uint64(c.Ticket)), n))
 		}
 	}
-	if req := w.leases.requests[0]; req.GetVersion() != "" || req.GetService() != "echo" {
+	if req := w.leases.firstRequest(); req.GetVersion() != "" || req.GetService() != "echo" {
 		t.Fatalf("leased %v, want the service without a version", req)
 	}
 

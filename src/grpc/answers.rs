@@ -90,6 +90,11 @@ impl UnreadAnswers {
         })
     }
 
+    /// The budgets at their defaults.
+    pub fn with_default_budgets() -> Arc<Self> {
+        Self::new(DEFAULT_MAX_UNREAD_BYTES, DEFAULT_MAX_UNREAD_BYTES_PER_PEER)
+    }
+
     /// A meter for one answer (or one stream's answers) to `peer`.
     pub fn meter(self: &Arc<Self>, peer: Option<IpAddr>) -> Arc<Meter> {
         let peer = peer.map(|ip| {

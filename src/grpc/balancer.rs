@@ -44,7 +44,7 @@ impl BalancerService {
     /// Pick streams take places among `consumers` (per client address, shared with watches)
     /// and the server's `streams`.
     pub fn new(balancer: Arc<Balancer>, consumers: Arc<PeerStreams>, streams: Arc<OpenStreams>) -> Self {
-        let answers = UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER);
+        let answers = UnreadAnswers::with_default_budgets();
         Self { balancer, consumers, streams, warmup: Warmup::default(), answers }
     }
 
@@ -111,7 +111,7 @@ impl pb::balancer_server::Balancer for BalancerService {
     }
 
     async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
-        let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
+        let peer = request.remote_addr().map(|addr| addr.ip());
         let request = request.into_inner();
         let query = PickQuery {
             service: &request.service,
@@ -120,6 +120,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             ..Default::default()
         };
         held(&self.balancer, &self.warmup, &query, request.count)?;
+        let meter = self.answers.meter(peer);
         // Room for the most the answer can take (every instance, every ticket) before any
         // ticket is drawn, so that a lease refused for want of it takes none.
         if let Some(snapshot) = self.balancer.registry().service(&request.service) {

@@ -47,7 +47,7 @@ impl RegistryService {
             consumers,
             streams,
             warmup: Warmup::default(),
-            answers: UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER),
+            answers: UnreadAnswers::with_default_budgets(),
         }
     }
 
@@ -111,7 +111,6 @@ impl pb::registry_server::Registry for RegistryService {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         auth::require_pick(&request)?;
-        let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
         let name = &request.get_ref().service;
         checked_service(name)?;
         // Only a service not seen yet: a listing is no stream of calls to hold back.
@@ -121,6 +120,7 @@ impl pb::registry_server::Registry for RegistryService {
         let snapshot =
             self.registry.service(name).ok_or_else(|| Status::from(PickError::UnknownService(name.clone())))?;
         // Room for the answer first, so that a listing waiting for it holds nothing built.
+        let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
         let bytes = answers::message_bytes(answers::listing_bytes(&snapshot) + EPOCH_BYTES);
         meter.reserve_within(bytes).await?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();

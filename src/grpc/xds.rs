@@ -34,7 +34,7 @@ impl XdsService {
         streams: Arc<OpenStreams>,
         drain: watch::Receiver<bool>,
     ) -> Self {
-        let answers = UnreadAnswers::new(answers::DEFAULT_MAX_UNREAD_BYTES, answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER);
+        let answers = UnreadAnswers::with_default_budgets();
         Self { hub, consumers, streams, drain, answers }
     }
 

@@ -25,7 +25,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
-use rota::rules::{Candidates, Draw, Excluded, LoadIndex, Needs, Select, parse};
+use rota::rules::{Candidates, Draw, Excluded, LoadIndex, LoadTable, Needs, Select, parse};
 use rota::state::{BreakerConfig, CounterKey, MemoryState, Origin, Outcome, RotationCache, Stats};
 
 #[path = "../tests/support/counting_alloc.rs"]
@@ -80,15 +80,15 @@ fn select_benches(c: &mut Criterion) {
     for n in SIZES {
         let candidates = Candidates::new(Subset::new("version=", instances("svc", n)));
         candidates.build(Needs { schedule: true, maglev: true, load: false });
-        let index = Arc::new(LoadIndex::new(candidates.members()));
-        stats.attach(&index, candidates.members());
+        let index = Arc::new(LoadIndex::new(candidates.subset.members.clone()));
+        stats.attach(&index);
         // Every instance has a reported latency (1 to 50 ms), so `response_time` weighs them.
         let outliers = rota::state::Outliers::breaker(BreakerConfig::default());
         for (i, instance) in candidates.members().iter().enumerate() {
             let latency = std::time::Duration::from_millis(1 + (i % 50) as u64);
             stats.on_outcome(&instance.service, &instance.id, Outcome::Success, Origin::Pick, latency, outliers);
         }
-        candidates.tables.load.store(Some(index));
+        candidates.tables.load.store(Some(Arc::new(LoadTable::own(index))));
         let rotations = RotationCache::default();
         for (name, excluding) in RULES.iter().flat_map(|name| EXCLUDING.map(|e| (*name, e))) {
             // Retries exclude instances already tried: spread over the subset.

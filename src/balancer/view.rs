@@ -17,10 +17,12 @@
 //! Builds converge under any churn. One build runs at a time per service, always for the
 //! service's newest view when it starts, and at most one more waits behind it, however many
 //! publications come meanwhile; it holds no view, so replaced views are freed at once. A
-//! finished table is handed forward to the view that replaced the one it was built for, so a
-//! pick never waits for a table a later publication would throw away; and a pick that finds a
-//! table missing on a view already replaced takes the newest view's (building that one if
-//! need be), never building for its own.
+//! finished table (load index included) is handed forward to the view that replaced the one it
+//! was built for, so a pick never waits for a table a later publication would throw away; and
+//! a pick that finds a table missing on a view already replaced takes the newest view's
+//! (building that one if need be), never building for its own. The load index is carried like
+//! the other tables (read through member ids, see [`crate::rules::LoadTable`]), unless more
+//! than [`crate::rules::MAX_DEPARTED`] of its members left at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -31,7 +33,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use crate::hash::Map;
 use crate::registry::{Catalog, PublishHook, Registry, ServiceSnapshot, Subset};
-use crate::rules::{Candidates, LoadIndex, Needs, Versions};
+use crate::rules::{Candidates, LoadIndex, LoadTable, Needs, Versions};
 use crate::state::{RotationCache, ServiceEjections, Stats, StatsHandle};
 
 /// Subsets up to this many members have their tables rebuilt on the registry task as part of
@@ -47,7 +49,7 @@ pub struct SubsetView {
     /// Each position's statistics handle, filled on first pick.
     stats: Box<[OnceLock<StatsHandle>]>,
     /// Set when the subset this one replaced had a load index, which a carry-over build then
-    /// builds for these members.
+    /// builds for these members (whether or not this one could read the old one meanwhile).
     load_wanted: AtomicBool,
 }
 
@@ -66,7 +68,7 @@ impl SubsetView {
     /// and the load index the replaced subset had.
     fn carry_needs(&self) -> Needs {
         let mut needs = self.candidates.borrowed();
-        needs.load = self.load_wanted.load(Ordering::Relaxed) && self.candidates.tables.load.load().is_none();
+        needs.load |= self.load_wanted.load(Ordering::Relaxed) && self.candidates.tables.load.load().is_none();
         needs
     }
 
@@ -84,10 +86,9 @@ impl SubsetView {
     fn build(&self, needs: Needs, stats: &Stats) {
         self.candidates.build(needs);
         if needs.load {
-            let members = self.candidates.members();
-            let index = Arc::new(LoadIndex::new(members));
-            stats.attach(&index, members);
-            self.candidates.tables.load.store(Some(index));
+            let index = Arc::new(LoadIndex::new(self.candidates.subset.members.clone()));
+            stats.attach(&index);
+            self.candidates.tables.load.store(Some(Arc::new(LoadTable::own(index))));
         }
     }
 
@@ -295,22 +296,21 @@ async fn build_absent(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, s
     if !subset.absent(needs).any() {
         return;
     }
-    // A view already replaced builds nothing of its own for its schedule or Maglev table: it
-    // takes the newest view's, built first if that one lacks it too (and handed forward).
+    // A view already replaced builds nothing of its own: it takes the newest view's tables,
+    // built first if that one lacks them too (and handed forward).
     let newest = view.lineage.newest().filter(|newest| !Arc::ptr_eq(newest, view));
     if let Some(newest) = &newest
         && let Some(current) = newest.subset(label)
     {
-        let tables = Needs { load: false, ..subset.absent(needs) };
-        subset.candidates.adopt(&current.candidates, tables);
-        let missing = Needs { load: false, ..subset.absent(needs) };
+        subset.candidates.adopt(&current.candidates, subset.absent(needs));
+        let missing = subset.absent(needs);
         if missing.any() && current.absent(missing).any() {
             run_build(newest, label, current.absent(missing), stats).await;
             hand_forward(newest, stats);
         }
         subset.candidates.adopt(&current.candidates, missing);
     }
-    // The load index maps this view's own positions: always its own.
+    // What is still missing (a load index too many of whose members this view lacks) is its own.
     let absent = subset.absent(needs);
     if absent.any() {
         run_build(view, label, absent, stats).await;
@@ -349,7 +349,7 @@ fn hand_forward(built: &Arc<ServiceView>, stats: &Arc<Stats>) {
     if Arc::ptr_eq(&newest, built) {
         return;
     }
-    let all = Needs { schedule: true, maglev: true, load: false };
+    let all = Needs { schedule: true, maglev: true, load: true };
     for subset in newest.subsets() {
         if let Some(fresh) = built.subset(subset.label()) {
             subset.candidates.refresh_from(&fresh.candidates, all);
@@ -379,6 +379,7 @@ mod tests {
     use crate::state::StatsConfig;
 
     const MAGLEV: Needs = Needs { schedule: false, maglev: true, load: false };
+    const LOAD: Needs = Needs { schedule: false, maglev: false, load: true };
 
     fn spec(n: usize) -> InstanceSpec {
         InstanceSpec {
@@ -408,6 +409,55 @@ mod tests {
     /// Publishes one more instance of the service: a new view.
     async fn change(lease: &Lease, n: usize) {
         lease.announce(vec![spec(INLINE_BUILD + 500 + n)]).await.expect("registry open");
+    }
+
+    fn load_table(subset: &SubsetView) -> Option<Arc<LoadTable>> {
+        subset.candidates.tables.load.load_full()
+    }
+
+    /// A publication while a build of the service runs leaves the new view reading the load
+    /// index of the one it replaced (no pick waits): the instance that left is never offered,
+    /// positions are the new view's; the carry-over build then gives it its own.
+    #[tokio::test]
+    async fn a_new_view_reads_the_replaced_views_load_index_until_its_own_is_built() {
+        use futures_util::FutureExt;
+        let (views, stats, lease, _registry) = big_service().await;
+        let first = view(&views);
+        ensure(&first, &first.up, LOAD, &stats).await;
+        let index = load_table(&first.up).expect("built").index().clone();
+        // Everyone busy but the instance about to leave: a least-loaded pick would take it.
+        let now = tokio::time::Instant::now();
+        let busy = crate::rules::LoadSample { in_flight: 1, ..Default::default() };
+        (1..index.len()).for_each(|position| index.set(position, busy, now));
+        let leaving = first.up.candidates.members()[0].id.clone();
+
+        let held = first.lineage.building.lock().await;
+        let gone = crate::registry::InstanceRef { service: "big".into(), id: leaving.to_string() };
+        lease.withdraw(vec![gone]).await.expect("registry open");
+        change(&lease, 0).await;
+        let newest = view(&views);
+        assert!(
+            ensure(&newest, &newest.up, LOAD, &stats).now_or_never().is_some(),
+            "a pick on the new view waited for a build"
+        );
+        let table = load_table(&newest.up).expect("a load index to read");
+        assert!(Arc::ptr_eq(table.index(), &index), "the replaced view's index");
+        let members = newest.up.candidates.members();
+        for ticket in 0..64 {
+            let draw = crate::rules::Draw::new(&newest.up.candidates, ticket);
+            let chosen = draw.loads(|q| q.least_loaded(ticket)).flatten().expect("an instance");
+            assert_ne!(members[chosen].id, leaving, "the instance that left was offered");
+            assert_eq!(draw.loads(|q| q.load(chosen).in_flight), Some(1), "position read through its id");
+        }
+
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !load_table(&newest.up).is_some_and(|table| table.is_for(&newest.up.candidates.subset)) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the carry-over build gave the view its own index");
     }
 
     fn maglev(subset: &SubsetView) -> Option<Arc<crate::rules::Built<crate::rules::Maglev>>> {

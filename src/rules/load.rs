@@ -20,6 +20,12 @@
 //! candidates are masked out of the trees for the duration of one query and put back, under the
 //! index's lock: O(e log n) for e excluded, no copy. Breakers close by time: each trip is queued
 //! by its end, and the queries first untrip what has expired (amortised O(log n)).
+//!
+//! An index is built for one member list, in O(n). When a publication changes a large subset,
+//! its new snapshot reads the index built for an earlier (or, for a view already replaced, a
+//! later) member list through a [`LoadTable`] until its own is built: the members that left are
+//! masked like excluded ones, positions are translated by id (O(log n) each), and members that
+//! arrived are not offered until then. A pick never waits for such a build.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -28,7 +34,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::Excluded;
-use crate::registry::Instance;
+use crate::registry::{Instance, Subset};
+
+/// Members of a borrowed index that may be missing from the subset reading it; beyond, the
+/// subset waits for an index of its own (masking them would make every pick slow).
+pub const MAX_DEPARTED: usize = 256;
 
 /// What load-aware rules read about one candidate.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -51,6 +61,8 @@ pub struct LoadSample {
 /// A subset's candidate loads, by position; see the module documentation.
 #[derive(Debug)]
 pub struct LoadIndex {
+    /// The members it was built for, in position order.
+    members: Arc<[Arc<Instance>]>,
     inner: Mutex<Inner>,
 }
 
@@ -96,7 +108,7 @@ pub struct ZoneLoad<'a> {
 
 impl LoadIndex {
     /// An index for `members` (a subset's candidates, in position order), every one idle.
-    pub fn new(members: &[Arc<Instance>]) -> Self {
+    pub fn new(members: Arc<[Arc<Instance>]>) -> Self {
         let n = members.len();
         let mut names: Vec<Arc<str>> = members.iter().map(|i| i.zone.clone()).collect();
         names.sort();
@@ -122,6 +134,7 @@ impl LoadIndex {
             Vec::new()
         };
         Self {
+            members,
             inner: Mutex::new(Inner {
                 leaves: vec![LoadSample::default(); n],
                 in_flight: 0,
@@ -141,7 +154,17 @@ impl LoadIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().leaves.len()
+        self.members.len()
+    }
+
+    /// The members it was built for, in position order.
+    pub fn members(&self) -> &Arc<[Arc<Instance>]> {
+        &self.members
+    }
+
+    /// Whether it was built for `subset`'s members.
+    pub fn is_for(&self, subset: &Subset) -> bool {
+        Arc::ptr_eq(&self.members, &subset.members)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -173,18 +196,131 @@ impl LoadIndex {
 
     /// Runs `query` on the index as it is at `now`, with the `excluded` candidates masked out.
     pub fn query<T>(&self, now: Instant, excluded: Excluded<'_>, query: impl FnOnce(&Query<'_>) -> T) -> T {
+        self.masked_query(now, excluded.positions(), None, query)
+    }
+
+    /// Runs `query` with the positions in `masked` (sorted) masked out; positions go in and out
+    /// through `remap` when the reader's members are not the index's.
+    fn masked_query<T>(
+        &self,
+        now: Instant,
+        masked: &[usize],
+        remap: Option<Remap<'_>>,
+        query: impl FnOnce(&Query<'_>) -> T,
+    ) -> T {
         let mut inner = self.lock();
         inner.expire_trips(now);
         let n = inner.leaves.len();
-        let masked = excluded.positions().iter().copied().filter(move |&p| p < n);
-        for position in masked.clone() {
+        let masked_here = masked.iter().copied().filter(move |&p| p < n);
+        for position in masked_here.clone() {
             inner.put(position, None, None);
         }
-        let answer = query(&Query { inner: &inner, now });
-        for position in masked {
+        let answer = query(&Query { inner: &inner, now, remap, masked });
+        for position in masked_here {
             inner.refresh(position, now);
         }
         answer
+    }
+}
+
+/// A subset's load index as its picks read it: its own, or one built for another snapshot's
+/// members of the same subset (see the module documentation).
+#[derive(Debug)]
+pub struct LoadTable {
+    index: Arc<LoadIndex>,
+    /// Positions of the index's members that are not among the reader's, ascending; empty for
+    /// its own.
+    departed: Box<[usize]>,
+}
+
+impl LoadTable {
+    /// `subset`'s own index.
+    pub fn own(index: Arc<LoadIndex>) -> Self {
+        Self { index, departed: Box::default() }
+    }
+
+    /// `index` (built for any members) read for `subset`; `None` when more than
+    /// [`MAX_DEPARTED`] of its members are not among `subset`'s. O(n) for another snapshot's.
+    pub fn borrow(index: Arc<LoadIndex>, subset: &Subset) -> Option<Self> {
+        if index.is_for(subset) {
+            return Some(Self::own(index));
+        }
+        let (built, current) = (&index.members, &subset.members);
+        let mut departed = Vec::new();
+        let mut j = 0;
+        for (position, member) in built.iter().enumerate() {
+            while j < current.len() && !Arc::ptr_eq(&current[j], member) && current[j].id < member.id {
+                j += 1;
+            }
+            if j < current.len() && (Arc::ptr_eq(&current[j], member) || current[j].id == member.id) {
+                j += 1;
+            } else {
+                departed.push(position);
+                if departed.len() > MAX_DEPARTED {
+                    return None;
+                }
+            }
+        }
+        Some(Self { index, departed: departed.into() })
+    }
+
+    pub fn index(&self) -> &Arc<LoadIndex> {
+        &self.index
+    }
+
+    /// Whether the index is `subset`'s own.
+    pub fn is_for(&self, subset: &Subset) -> bool {
+        self.index.is_for(subset)
+    }
+
+    /// Runs `query` for `subset` (the reader) at `now`, with its `excluded` candidates masked.
+    pub fn query<T>(
+        &self,
+        subset: &Subset,
+        now: Instant,
+        excluded: Excluded<'_>,
+        query: impl FnOnce(&Query<'_>) -> T,
+    ) -> T {
+        if self.is_for(subset) {
+            return self.index.query(now, excluded, query);
+        }
+        let remap = Remap { built: &self.index.members, current: &subset.members };
+        let mut masked: smallvec::SmallVec<[usize; 32]> = self.departed.iter().copied().collect();
+        masked.extend(excluded.positions().iter().filter_map(|&position| remap.in_built(position)));
+        masked.sort_unstable();
+        masked.dedup();
+        self.index.masked_query(now, &masked, Some(remap), query)
+    }
+}
+
+/// How the positions of an index built for other members map onto the reader's (both sorted
+/// by id).
+#[derive(Clone, Copy)]
+struct Remap<'a> {
+    built: &'a [Arc<Instance>],
+    current: &'a [Arc<Instance>],
+}
+
+impl Remap<'_> {
+    /// The reader's position of the index's member at `position`.
+    fn in_current(&self, position: usize) -> Option<usize> {
+        let id = &self.built.get(position)?.id;
+        self.current.binary_search_by(|i| i.id.cmp(id)).ok()
+    }
+
+    /// The index's position of the reader's member at `position`.
+    fn in_built(&self, position: usize) -> Option<usize> {
+        let id = &self.current.get(position)?.id;
+        self.built.binary_search_by(|i| i.id.cmp(id)).ok()
+    }
+
+    /// The first of the index's positions whose member's id is at least that of the reader's
+    /// member at `position`.
+    fn built_from(&self, position: usize) -> usize {
+        match self.current.get(position) {
+            Some(member) => self.built.partition_point(|i| i.id < member.id),
+            None => self.built.len(),
+        }
     }
 }
 
@@ -233,16 +369,38 @@ impl Inner {
     }
 }
 
-/// The index under one lock, excluded candidates masked: what a selector asks.
+/// The index under one lock, excluded candidates masked: what a selector asks. Positions in
+/// and out are the reader's.
 pub struct Query<'a> {
     inner: &'a Inner,
     now: Instant,
+    /// Set when the index was built for other members than the reader's.
+    remap: Option<Remap<'a>>,
+    /// The index's masked positions.
+    masked: &'a [usize],
 }
 
 impl Query<'_> {
-    /// The load of the candidate at `position` (masking does not change it).
+    /// The index's position of the reader's `position`.
+    fn inward(&self, position: usize) -> Option<usize> {
+        match self.remap {
+            None => Some(position),
+            Some(remap) => remap.in_built(position),
+        }
+    }
+
+    /// The reader's position of the index's `position`.
+    fn outward(&self, position: usize) -> Option<usize> {
+        match self.remap {
+            None => Some(position),
+            Some(remap) => remap.in_current(position),
+        }
+    }
+
+    /// The load of the candidate at `position` (masking does not change it); a candidate the
+    /// index does not know yet counts as idle.
     pub fn load(&self, position: usize) -> Load {
-        self.inner.load(position, self.now)
+        self.inward(position).map_or_else(Load::default, |position| self.inner.load(position, self.now))
     }
 
     /// Candidates that are neither tripped nor excluded.
@@ -253,21 +411,22 @@ impl Query<'_> {
     /// Position `ticket mod available` among the available candidates, in position order.
     pub fn nth_available(&self, ticket: u64) -> Option<usize> {
         let available = self.available() as u64;
-        (available > 0).then(|| self.inner.all.kth_free((ticket % available) as usize))
+        (available > 0).then(|| self.inner.all.kth_free((ticket % available) as usize)).and_then(|p| self.outward(p))
     }
 
     /// Among the available candidates with the fewest picks in flight, the one at
     /// `ticket mod (their count)`, in position order.
     pub fn least_loaded(&self, ticket: u64) -> Option<usize> {
         let tied = self.inner.all.min_count() as u64;
-        (tied > 0).then(|| self.inner.all.kth_min((ticket % tied) as usize))
+        (tied > 0).then(|| self.inner.all.kth_min((ticket % tied) as usize)).and_then(|p| self.outward(p))
     }
 
     /// The first available candidate at or after `from` (wrapping around) with fewer than
     /// `limit` picks in flight.
     pub fn next_under(&self, from: usize, limit: u64) -> Option<usize> {
         let tree = &self.inner.all;
-        tree.first_under(from, limit).or_else(|| tree.first_under(0, limit))
+        let from = self.remap.map_or(from, |remap| remap.built_from(from));
+        tree.first_under(from, limit).or_else(|| tree.first_under(0, limit)).and_then(|p| self.outward(p))
     }
 
     /// Picks in flight on every candidate (excluded ones too).
@@ -276,9 +435,11 @@ impl Query<'_> {
     }
 
     /// Zones sorted by name with their totals; empty when all candidates share one zone.
-    /// Excluded candidates are left out of the counts.
+    /// Excluded candidates are left out of the counts (and so are, in an index built for other
+    /// members, those the reader does not have).
     pub fn zones(&self, excluded: Excluded<'_>) -> Zones<'_> {
         let inner = self.inner;
+        let excluded = if self.remap.is_some() { Excluded::new(self.masked) } else { excluded };
         let mut zones: Zones<'_> = inner
             .zones
             .iter()
@@ -316,7 +477,7 @@ impl Query<'_> {
         for zone in zones.iter().filter_map(|name| self.zone(name)) {
             let free = zone.tree.free();
             if k < free {
-                return Some(zone.positions[zone.tree.kth_free(k)] as usize);
+                return self.outward(zone.positions[zone.tree.kth_free(k)] as usize);
             }
             k -= free;
         }
@@ -363,7 +524,7 @@ impl Query<'_> {
                 i = 2 * i + 1;
             }
         }
-        Some(i - tree.size)
+        self.outward(i - tree.size)
     }
 }
 
@@ -533,7 +694,7 @@ mod tests {
         ) {
             let now = Instant::now();
             let n = loads.len();
-            let index = LoadIndex::new(&instances(n));
+            let index = LoadIndex::new(instances(n).into());
             for (position, &(in_flight, tripped)) in loads.iter().enumerate() {
                 let tripped_until = tripped.then(|| now + Duration::from_secs(5));
                 index.set(position, LoadSample { in_flight, tripped_until, ..Default::default() }, now);
@@ -572,7 +733,7 @@ mod tests {
         ) {
             let now = Instant::now();
             let n = latencies.len();
-            let index = LoadIndex::new(&instances(n));
+            let index = LoadIndex::new(instances(n).into());
             for (position, latency) in latencies.iter().enumerate() {
                 index.set(position, LoadSample { latency_ms: *latency, ..Default::default() }, now);
             }
@@ -602,10 +763,105 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// An index read for other members (some left, some arrived) answers what an index of
+        /// the members both have answers, instance for instance.
+        #[test]
+        fn a_borrowed_index_answers_as_one_of_the_members_both_have(
+            fleet in proptest::collection::vec(
+                (any::<bool>(), any::<bool>(), 0u64..4, any::<bool>(), proptest::option::of(1.0f64..50.0), any::<bool>()),
+                1..40,
+            ),
+            excluded in proptest::collection::btree_set(0usize..40, 0..5),
+            ticket in 0u64..1000,
+            limit in 1u64..5,
+            point in 0.0f64..1.0,
+        ) {
+            let now = Instant::now();
+            let members: Vec<_> = fleet
+                .iter()
+                .enumerate()
+                .map(|(n, f)| (instance(&format!("i{n:02}"), if f.5 { "east" } else { "west" }, 100), f))
+                .collect();
+            let pick = |built: bool, current: bool| -> Vec<Arc<Instance>> {
+                members.iter().filter(|(_, f)| (!built || f.0) && (!current || f.1)).map(|(i, _)| i.clone()).collect()
+            };
+            let (built, current, common) = (pick(true, false), pick(false, true), pick(true, true));
+            let sample_of = |id: &str| {
+                let f = members.iter().find(|(i, _)| &*i.id == id).expect("a member").1;
+                let tripped_until = f.3.then(|| now + Duration::from_secs(5));
+                LoadSample { in_flight: f.2, latency_ms: f.4, tripped_until }
+            };
+            let fill = |index: &LoadIndex| {
+                for (position, member) in index.members().iter().enumerate() {
+                    index.set(position, sample_of(&member.id), now);
+                }
+            };
+            let borrowed = Arc::new(LoadIndex::new(built.clone().into()));
+            fill(&borrowed);
+            let reference = LoadIndex::new(common.clone().into());
+            fill(&reference);
+            let subset = Subset::new("test", current.clone());
+            let table = LoadTable::borrow(borrowed, &subset).expect("few left");
+            prop_assert!(!table.is_for(&subset), "built for another member list");
+
+            let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < current.len()).collect();
+            let common_at = |id: &Arc<str>| common.binary_search_by(|i| i.id.cmp(id)).ok();
+            let reference_excluded: Vec<usize> = excluded.iter().filter_map(|&p| common_at(&current[p].id)).collect();
+            let from = (ticket as usize) % current.len().max(1);
+            let reference_from = current.get(from).map_or(0, |m| common.partition_point(|i| i.id < m.id));
+            let by_id = |found: Option<usize>, list: &[Arc<Instance>]| found.map(|p| list[p].id.clone());
+            type Answers = (Option<usize>, Option<usize>, Option<usize>, Option<usize>, Option<usize>, Vec<(String, u64, u64, u64)>);
+            let ask = |q: &Query<'_>, excluded: &[usize], from: usize| -> Answers {
+                let zones = if q.has_zones() {
+                    q.zones(Excluded::new(excluded))
+                        .iter()
+                        .filter(|z| z.instances > 0)
+                        .map(|z| (z.zone.to_owned(), z.instances, z.tripped, z.in_flight))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                (
+                    q.nth_available(ticket),
+                    q.least_loaded(ticket),
+                    q.next_under(from, limit),
+                    q.by_latency_weight(point),
+                    q.nth_available_in(&["west", "east"], ticket),
+                    zones,
+                )
+            };
+            let got = table.query(&subset, now, Excluded::new(&excluded), |q| ask(q, &excluded, from));
+            let want = reference.query(now, Excluded::new(&reference_excluded), |q| ask(q, &reference_excluded, reference_from));
+            prop_assert_eq!(by_id(got.0, &current), by_id(want.0, &common), "nth_available");
+            prop_assert_eq!(by_id(got.1, &current), by_id(want.1, &common), "least_loaded");
+            prop_assert_eq!(by_id(got.2, &current), by_id(want.2, &common), "next_under");
+            prop_assert_eq!(by_id(got.3, &current), by_id(want.3, &common), "by_latency_weight");
+            // Zones the members that left took with them are not compared.
+            if reference.query(now, Excluded::default(), |q| q.has_zones()) {
+                prop_assert_eq!(by_id(got.4, &current), by_id(want.4, &common), "nth_available_in");
+                prop_assert_eq!(got.5, want.5, "zones");
+            }
+            for (position, member) in current.iter().enumerate() {
+                let load = table.query(&subset, now, Excluded::default(), |q| q.load(position));
+                let expected = common_at(&member.id).map_or_else(Load::default, |p| reference.load(p, now));
+                prop_assert_eq!(load, expected, "load of {}", member.id);
+            }
+        }
+    }
+
+    #[test]
+    fn an_index_most_of_whose_members_left_is_not_borrowed() {
+        let all = instances(MAX_DEPARTED + 2);
+        let index = Arc::new(LoadIndex::new(all.clone().into()));
+        assert!(LoadTable::borrow(index.clone(), &Subset::new("test", all[..2].to_vec())).is_some());
+        assert!(LoadTable::borrow(index, &Subset::new("test", all[..1].to_vec())).is_none());
+    }
+
     #[test]
     fn a_breaker_closes_when_its_time_is_up() {
         let now = Instant::now();
-        let index = LoadIndex::new(&instances(3));
+        let index = LoadIndex::new(instances(3).into());
         index.set(1, LoadSample { tripped_until: Some(now + Duration::from_secs(10)), ..sample(0) }, now);
         assert_eq!(index.query(now, Excluded::default(), |q| q.available()), 2);
         assert!(index.load(1, now).tripped);
@@ -623,7 +879,7 @@ mod tests {
             instance("c1", "north", 100),
         ];
         let now = Instant::now();
-        let index = LoadIndex::new(&members);
+        let index = LoadIndex::new(members.into());
         index.set(1, sample(4), now);
         index.set(3, LoadSample { tripped_until: Some(now + Duration::from_secs(1)), ..sample(1) }, now);
         let excluded = [2];

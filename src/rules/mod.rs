@@ -32,7 +32,7 @@ use crate::registry::Instance;
 
 pub use cache::RuleCache;
 pub use consistent_hash::{Maglev, hash_key};
-pub use load::{Load, LoadIndex, LoadSample, Query, ZoneLoad, Zones};
+pub use load::{Load, LoadIndex, LoadSample, LoadTable, MAX_DEPARTED, Query, ZoneLoad, Zones};
 pub use spec::{MAX_RULE_LEN, Params, ParsedRule, RuleError, parse, short_duration};
 pub use tables::{Built, Candidates, Needs, Tables};
 pub use version_isolation::{Fallback, Isolated, Versions, isolate};
@@ -225,15 +225,15 @@ impl<'a> Draw<'a> {
     /// when the subset has no load index (the balancer builds one before a load-aware rule
     /// selects).
     pub fn loads<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
-        let index = self.candidates.tables.load.load();
-        index.as_ref().map(|index| index.query(self.now, self.excluded, query))
+        let table = self.candidates.tables.load.load();
+        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, self.excluded, query))
     }
 
     /// [`Draw::loads`] without masking the exclusions, for rules that only read loads by
     /// position (and skip excluded positions themselves).
     pub fn loads_by_position<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
-        let index = self.candidates.tables.load.load();
-        index.as_ref().map(|index| index.query(self.now, Excluded::default(), query))
+        let table = self.candidates.tables.load.load();
+        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, Excluded::default(), query))
     }
 
     /// Whether the candidate at `index` may be returned.
@@ -305,7 +305,7 @@ pub(crate) mod testing {
 
     use tokio::time::Instant;
 
-    use super::{Candidates, Load, LoadIndex, LoadSample, Needs};
+    use super::{Candidates, Load, LoadIndex, LoadSample, LoadTable, Needs};
     use crate::registry::{Instance, InstanceSpec, Subset};
 
     /// `n` UP instances with ids `i00`, `i01`, ... (sorted).
@@ -330,7 +330,8 @@ pub(crate) mod testing {
     pub fn subset(members: Vec<Arc<Instance>>) -> Candidates {
         let candidates = Candidates::new(Subset::new("test", members));
         candidates.build(Needs { schedule: true, ..Needs::default() });
-        candidates.tables.load.store(Some(Arc::new(LoadIndex::new(candidates.members()))));
+        let index = LoadIndex::new(candidates.subset.members.clone());
+        candidates.tables.load.store(Some(Arc::new(LoadTable::own(Arc::new(index)))));
         candidates
     }
 
@@ -350,7 +351,7 @@ pub(crate) mod testing {
             latency_ms: load.latency_ms,
             tripped_until: load.tripped.then(|| now + Duration::from_secs(3600)),
         };
-        candidates.tables.load.load().as_ref().expect("built").set(position, sample, now);
+        candidates.tables.load.load().as_ref().expect("built").index().set(position, sample, now);
     }
 
     /// Sets several loads by id.

@@ -5,14 +5,15 @@
 //! built once per subset, by the balancer when the subset is published (or, the first time a
 //! rule asks for it on a subset, before that pick selects), never by a selector. A table may
 //! have been built for an earlier snapshot's members while the current one's is still being
-//! built; [`Built::position`] then maps its positions onto the current members by id, so
-//! picks go on with the new membership until the new table is swapped in.
+//! built; [`Built::position`] (and, for the load index, [`LoadTable`]) then maps its positions
+//! onto the current members by id, so picks go on with the new membership until the new table
+//! is swapped in.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 
-use super::{LoadIndex, Maglev, WeightSchedule};
+use super::{LoadTable, Maglev, WeightSchedule};
 use crate::registry::{Instance, Subset};
 
 /// A table and the members (in position order) it was built for.
@@ -49,7 +50,7 @@ impl<T> Built<T> {
 pub struct Tables {
     pub schedule: ArcSwapOption<Built<WeightSchedule>>,
     pub maglev: ArcSwapOption<Built<Maglev>>,
-    pub load: ArcSwapOption<LoadIndex>,
+    pub load: ArcSwapOption<LoadTable>,
 }
 
 /// Which tables a rule reads.
@@ -113,9 +114,9 @@ impl Candidates {
         }
     }
 
-    /// Takes, of the weight schedule and Maglev table named in `needs`, those `other` (another
-    /// snapshot's subset with the same label, older or newer) has and this one lacks; they map
-    /// onto this subset's members by id until its own are built. Returns which it took.
+    /// Takes, of the tables named in `needs`, those `other` (another snapshot's subset with the
+    /// same label, older or newer) has and this one lacks; they map onto this subset's members
+    /// by id until its own are built. Returns which it took.
     pub fn adopt(&self, other: &Candidates, needs: Needs) -> Needs {
         let mut took = Needs::default();
         if needs.schedule
@@ -132,12 +133,23 @@ impl Candidates {
             self.tables.maglev.store(Some(maglev));
             took.maglev = true;
         }
+        if needs.load && self.tables.load.load().is_none() {
+            took.load = self.borrow_load(other);
+        }
         took
     }
 
-    /// Takes `fresh`'s weight schedule and Maglev table (named in `needs`) in place of the ones
-    /// this subset lacks or took over from another snapshot: after a build for a newer snapshot
-    /// than the one it took them from.
+    /// Reads `other`'s load index from now on, if it has one that fits; whether it did.
+    fn borrow_load(&self, other: &Candidates) -> bool {
+        let Some(index) = other.tables.load.load().as_ref().map(|table| table.index().clone()) else { return false };
+        let Some(table) = LoadTable::borrow(index, &self.subset) else { return false };
+        self.tables.load.store(Some(Arc::new(table)));
+        true
+    }
+
+    /// Takes `fresh`'s tables (named in `needs`) in place of the ones this subset lacks or took
+    /// over from another snapshot: after a build for a newer snapshot than the one it took them
+    /// from.
     pub fn refresh_from(&self, fresh: &Candidates, needs: Needs) {
         let borrowed = self.borrowed();
         if needs.schedule
@@ -152,20 +164,24 @@ impl Candidates {
         {
             self.tables.maglev.store(Some(maglev));
         }
+        if needs.load && (borrowed.load || self.tables.load.load().is_none()) {
+            self.borrow_load(fresh);
+        }
     }
 
-    /// Which of its weight schedule and Maglev table were built for other members (taken over
-    /// from another snapshot), so that a build for these members would replace them.
+    /// Which of its tables were built for other members (taken over from another snapshot), so
+    /// that a build for these members would replace them.
     pub fn borrowed(&self) -> Needs {
         Needs {
             schedule: self.tables.schedule.load().as_ref().is_some_and(|t| !t.is_for(&self.subset)),
             maglev: self.tables.maglev.load().as_ref().is_some_and(|t| !t.is_for(&self.subset)),
-            load: false,
+            load: self.tables.load.load().as_ref().is_some_and(|t| !t.is_for(&self.subset)),
         }
     }
 
     /// Takes over `previous`'s tables (an earlier snapshot's subset with the same label) until
-    /// this subset's own are built; returns which tables that were.
+    /// this subset's own are built; returns which tables `previous` had (a load index too many
+    /// of whose members left is not taken over, but still wanted).
     pub fn inherit(&self, previous: &Candidates) -> Needs {
         let schedule = previous.tables.schedule.load_full();
         let maglev = previous.tables.maglev.load_full();
@@ -176,6 +192,9 @@ impl Candidates {
         };
         self.tables.schedule.store(schedule);
         self.tables.maglev.store(maglev);
+        if needs.load {
+            self.borrow_load(previous);
+        }
         needs
     }
 }

@@ -1,16 +1,18 @@
-//! Scenario `hash_churn`: `consistent_hash` picks over a very large service while its
+//! Scenario `hash_churn`: picks of the rules that read tables (`consistent_hash`'s lookup
+//! table, `best_available`'s and `sticky`'s load index) over a very large service while its
 //! membership changes all the time, from the first pick on.
 //!
 //! N instances (long: 100,000 over 100 streams, a lookup table of 10 M slots; short: 20,000
 //! over 20) are registered in one service. Then, at once and for the whole window (long: 120
 //! s; short: 20 s), one provider withdraws and announces again one instance after another, 100
-//! changes a second, while four callers pick `consistent_hash` with random keys. The first
-//! table is built while the membership already changes: every publication replaces the view
-//! whose table is being built.
+//! changes a second, while four callers pick: two `consistent_hash` and one `sticky` with
+//! random keys, one `best_available`. The first tables are built while the membership already
+//! changes: every publication replaces the view whose tables are being built.
 //!
 //! Checks: (a) every pick is answered, none fails; (b) once a caller's first pick (which waits
-//! for the first table) is answered, its slowest pick took at most 2 s; (c) the RSS
-//! levels off: the last third of the window peaks within 10 % + 64 MiB of the middle third.
+//! for the first table) is answered, its slowest pick took at most 2 s, whatever its rule; (c)
+//! the RSS levels off: the last third of the window peaks within 10 % + 64 MiB of the middle
+//! third.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +30,9 @@ const SERVICE: &str = "scale-0000";
 const WORST_PICK: Duration = Duration::from_secs(2);
 /// Membership changes a second: a withdrawal and an announce each count.
 const CHANGES_PER_SECOND: u64 = 100;
-const CALLERS: usize = 4;
+/// One caller per entry: its rule, and whether it sends a random key.
+const CALLERS: [(&str, bool); 4] =
+    [("consistent_hash", true), ("consistent_hash", true), ("best_available", false), ("sticky", true)];
 
 pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(), SoakError> {
     let instances = options.pick(20_000, 100_000);
@@ -67,7 +71,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let failed = Arc::new(AtomicU64::new(0));
     let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
     let mut callers = Vec::new();
-    for _ in 0..CALLERS {
+    for (rule, keyed) in CALLERS {
         let mut client = RotaClient::connect(&target.endpoint).await?.with_pick_timeout(super::CALL_TIMEOUT);
         let (failed, first_error) = (failed.clone(), first_error.clone());
         callers.push(tokio::spawn(async move {
@@ -75,9 +79,10 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
             // The first answer waits for the first table; the slowest pick is counted after it.
             let (mut worst, mut first) = (Duration::ZERO, None);
             while Instant::now() < until {
-                let key = format!("user-{}", fastrand::u64(..));
+                let options = PickOptions::rule(rule);
+                let options = if keyed { options.key(format!("user-{}", fastrand::u64(..))) } else { options };
                 let sent = Instant::now();
-                let answer = client.pick(SERVICE, PickOptions::rule("consistent_hash").key(key)).await;
+                let answer = client.pick(SERVICE, options).await;
                 let took = sent.elapsed();
                 if first.is_some() {
                     worst = worst.max(took);
@@ -93,7 +98,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
                     }
                 }
             }
-            (histogram, worst, first)
+            (rule, histogram, worst, first)
         }));
     }
     let sampler = async {
@@ -110,12 +115,17 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let changes = changes?;
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut worst, mut first_answer) = (Duration::ZERO, Duration::ZERO);
+    let mut per_rule: Vec<(&str, Duration, u64)> = Vec::new();
     for caller in callers {
-        let (theirs, their_worst, their_first) =
+        let (rule, theirs, their_worst, their_first) =
             caller.await.map_err(|e| SoakError::Setup(format!("a caller panicked: {e}")))?;
         let _ = histogram.add(&theirs);
         worst = worst.max(their_worst);
         first_answer = first_answer.max(their_first.unwrap_or(window));
+        match per_rule.iter_mut().find(|(r, _, _)| *r == rule) {
+            Some((_, w, n)) => (*w, *n) = ((*w).max(their_worst), *n + theirs.len()),
+            None => per_rule.push((rule, their_worst, theirs.len())),
+        }
     }
     let elapsed = started.elapsed();
     let (picks, failed) = (histogram.len(), failed.load(Ordering::Relaxed));
@@ -137,6 +147,9 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         "pick p50 / p99 / max after the first",
         format!("{} / {} / {}", quantile(0.5), quantile(0.99), ms(worst)),
     );
+    let by_rule: Vec<String> =
+        per_rule.iter().map(|(rule, w, n)| format!("{rule} {n} picks, max {}", ms(*w))).collect();
+    report.figure("per rule", by_rule.join("; "));
     let first_error = first_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
     report.check(Check::new(
         "picks answered under churn",

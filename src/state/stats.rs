@@ -36,7 +36,6 @@ use tokio::time::Instant;
 
 use super::ejection::{EjectionConfig, ServiceEjections};
 use crate::hash::ConcurrentMap;
-use crate::registry::Instance;
 pub use crate::rules::Load;
 use crate::rules::{LoadIndex, LoadSample};
 
@@ -336,12 +335,12 @@ impl Stats {
         StatsHandle { stats: self.entry(service, id) }
     }
 
-    /// Feeds `index` (built for `members`, in position order) from now on with the loads of
-    /// its members, starting with what is known now. O(members).
-    pub fn attach(&self, index: &Arc<LoadIndex>, members: &[Arc<Instance>]) {
+    /// Feeds `index` from now on with the loads of its members, starting with what is known
+    /// now. O(members).
+    pub fn attach(&self, index: &Arc<LoadIndex>) {
         let now = Instant::now();
         let second = self.second(now);
-        for (position, instance) in members.iter().enumerate() {
+        for (position, instance) in index.members().iter().enumerate() {
             let stats = self.entry(&instance.service, &instance.id);
             let mut inner = stats.lock();
             self.expire_in_flight(&mut inner, second);
@@ -861,9 +860,9 @@ mod tests {
             port: 1000,
             ..Default::default()
         };
-        let members = [Arc::new(spec.validate("test").unwrap())];
-        let index = Arc::new(LoadIndex::new(&members));
-        stats.attach(&index, &members);
+        let members: Arc<[_]> = Arc::new([Arc::new(spec.validate("test").unwrap())]);
+        let index = Arc::new(LoadIndex::new(members));
+        stats.attach(&index);
         let hour = Duration::from_secs(3600);
         stats.on_outcome(
             &service,
@@ -954,7 +953,7 @@ mod tests {
     async fn attached_indexes_follow_picks_reports_and_expiry() {
         use crate::registry::InstanceSpec;
         let stats = Stats::new(StatsConfig { in_flight_timeout: Duration::from_secs(5), ..StatsConfig::default() });
-        let members: Vec<Arc<Instance>> = ["a", "b"]
+        let members: Vec<Arc<crate::registry::Instance>> = ["a", "b"]
             .iter()
             .map(|id| {
                 let spec = InstanceSpec {
@@ -970,8 +969,8 @@ mod tests {
         let (service, b) = key("b");
         let handle = stats.handle(&service, &b);
         stats.on_pick(&handle, &"best_available".into());
-        let index = Arc::new(LoadIndex::new(&members));
-        stats.attach(&index, &members);
+        let index = Arc::new(LoadIndex::new(members.into()));
+        stats.attach(&index);
         let now = || Instant::now();
         assert_eq!(index.load(1, now()).in_flight, 1, "attached with what is known");
         stats.on_pick(&handle, &"best_available".into());

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::select::{GRAY_RULE, add_owned_note, choose, skip_ejected};
+use super::select::{GRAY_RULE, add_owned_note, skip_ejected};
 use super::view::{ServiceView, ensure};
 use super::{Balancer, PickError, PickQuery, PickResult, check_lease_fields, known_service};
 use crate::policy::{GrayRelease, IsolationFallback, Policy};
@@ -159,7 +159,6 @@ impl Balancer {
         let mut fallback = None;
         // Per version: the instances its picks go to, in ticket order.
         let mut chosen: Vec<(Option<&str>, Mapped)> = Vec::new();
-        let mut rng = fastrand::Rng::new();
         for (version, picks) in groups {
             let version_name = version.unwrap_or_default();
             let isolated = isolate(&**view, version_name, any);
@@ -195,7 +194,7 @@ impl Balancer {
             for ticket in first..first + u64::from(picks) {
                 let draw = Draw { candidates, ticket, key: "", zone: "", now, excluded: Excluded::new(&skipped) };
                 let mut note = None;
-                let index = choose(&rule.rule, &draw, &mut rng, &mut note, rule)?;
+                let index = self.choose(&rule.rule, &draw, &mut note, rule)?;
                 mapped.push((ticket, candidates.members()[index].clone()));
             }
             chosen.push((version, mapped));

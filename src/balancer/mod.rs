@@ -4,27 +4,28 @@
 //! published the service's snapshot, see [`view`]), narrows the instances with version
 //! isolation (and gray release) and `exclude`, draws a ticket from the shared rotation of
 //! (service, rule, subset), and lets the rule turn the ticket into an instance. No lock is
-//! shared with the registry writer. `retry` and `sticky` wrap that single selection (see
-//! `select`). Every successful pick counts as in flight for its instance until a consumer
+//! shared with the registry writer. `retry` (`retry.rs`) and `sticky` (`sticky.rs`) wrap that
+//! single selection (`select.rs`). Every successful pick counts as in flight for its instance until a consumer
 //! reports the call's outcome ([`Balancer::report`]). Every pick and lease is counted for
 //! operators ([`counters`]).
 
 pub mod counters;
 mod error;
 mod lease;
+mod randomness;
 mod report;
+mod retry;
 mod select;
+mod sticky;
 pub mod view;
 
 use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::policy::{Policies, Policy};
 use crate::registry::{Instance, InvalidField, Registry, validate_optional_name, validate_service_name};
 use crate::rules::{ParsedRule, Retry, Rule, RuleCache, RuleError};
 use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
+use randomness::Randomness;
 
 pub use crate::state::InstancePicks;
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
@@ -71,6 +72,7 @@ pub struct Balancer {
     rules: RuleCache,
     reports: ReportCounters,
     counters: PickCounters,
+    randomness: Randomness,
 }
 
 impl Balancer {
@@ -85,7 +87,15 @@ impl Balancer {
             rules: RuleCache::new(),
             reports: ReportCounters::default(),
             counters: PickCounters::default(),
+            randomness: Randomness::PerWorker,
         }
+    }
+
+    /// This balancer with every random choice drawn from one generator seeded with `seed`, so
+    /// that a test's picks of randomised rules repeat exactly.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.randomness = Randomness::seeded(seed);
+        self
     }
 
     /// A balancer with default policies and statistics settings.
@@ -187,15 +197,26 @@ impl Balancer {
         let view = known_service(views.get(query.service), query.service)?;
         let selection = match &rule.rule {
             Rule::Retry(Retry { inner, budget }) => {
-                Box::pin(self.pick_with_retry(view, rule, inner.as_ref(), *budget, policy, &query)).await?
+                Box::pin(self.pick_with_retry(view, rule, (inner.as_ref(), *budget), policy, &query)).await?
             }
-            selector => match self.select_once(view, rule, selector, policy, &query, query.exclude, false).await? {
-                select::Attempt::Picked(selection) => selection,
-                // Only asked for by `retry`; a plain pick takes what the rule chose.
-                select::Attempt::Tripped(id) => {
-                    return Err(PickError::Unavailable(format!("instance {id:?} has its breaker open")));
+            selector => {
+                let selection = select::Selection {
+                    view,
+                    rule,
+                    selector,
+                    policy,
+                    query: &query,
+                    exclude: query.exclude,
+                    avoid_tripped: false,
+                };
+                match self.select_once(&selection).await? {
+                    select::Attempt::Picked(selected) => selected,
+                    // Only asked for by `retry`; a plain pick takes what the rule chose.
+                    select::Attempt::Tripped(id) => {
+                        return Err(PickError::Unavailable(format!("instance {id:?} has its breaker open")));
+                    }
                 }
-            },
+            }
         };
         Ok(Picked {
             instance: selection.instance,
@@ -204,50 +225,6 @@ impl Balancer {
             fallback: selection.fallback,
             epoch: view.snapshot.epoch,
         })
-    }
-
-    /// `retry`: re-pick with the inner rule while it chooses a tripped instance; when nothing
-    /// is available, wait — for a breaker to close or the instances to change, never spinning —
-    /// until the budget runs out.
-    async fn pick_with_retry(
-        &self,
-        first: &Arc<ServiceView>,
-        rule: &ParsedRule,
-        inner: &Rule,
-        budget: Duration,
-        policy: &Policy,
-        query: &PickQuery<'_>,
-    ) -> Result<select::Selection, PickError> {
-        let deadline = Instant::now() + budget;
-        let mut changes = self.registry.changes();
-        let mut view = first.clone();
-        loop {
-            changes.borrow_and_update();
-            let mut skipped: Vec<String> = query.exclude.to_vec();
-            let last_error = loop {
-                match self.select_once(&view, rule, inner, policy, query, &skipped, true).await {
-                    Ok(select::Attempt::Picked(selection)) => return Ok(selection),
-                    // Each skip removes one more instance, so this ends.
-                    Ok(select::Attempt::Tripped(id)) => skipped.push(id.to_string()),
-                    Err(PickError::Unavailable(reason)) => break reason,
-                    Err(other) => return Err(other),
-                }
-            };
-            if Instant::now() >= deadline {
-                return Err(PickError::Unavailable(format!(
-                    "retry gave up after {} ms: {last_error}",
-                    budget.as_millis()
-                )));
-            }
-            let wake = self.stats.next_breaker_reset(query.service).map_or(deadline, |reset| reset.min(deadline));
-            tokio::select! {
-                () = tokio::time::sleep_until(wake) => {}
-                _ = changes.changed() => {}
-            }
-            if let Some(latest) = self.views.load().get(query.service) {
-                view = latest.clone();
-            }
-        }
     }
 
     /// Periodic upkeep: forget statistics of instances that left, drop expired assignments and

@@ -1,5 +1,6 @@
-//! One selection: gray release and version isolation, exclusion, a ticket, the rule (or a
-//! sticky lookup), and the fallback notes the response carries.
+//! One selection: gray release and version isolation, exclusion and ejection, a ticket, the
+//! rule (or, for `sticky`, the remembered assignment: [`super::sticky`]), and the fallback notes
+//! the response carries. `retry` runs selections in a loop ([`super::retry`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -10,14 +11,29 @@ use super::view::{ServiceView, SubsetView, ensure};
 use super::{Balancer, PickError, PickQuery};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::Instance;
-use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, Sticky, isolate};
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate};
+use crate::state::CounterKey;
 use crate::state::ejection::{self, Positions, Skip};
-use crate::state::{CounterKey, StickyKey};
 
 /// The rotation gray-release tickets are drawn from.
 pub(super) const GRAY_RULE: &str = "gray";
 
-pub(super) struct Selection {
+/// What one selection is asked to do: the pick's view, rule and policy, the rule that selects
+/// (the pick's own, or `retry`'s inner rule), what to leave out, and whether an instance whose
+/// breaker is open is taken or reported back (`retry` asks for the latter).
+pub(super) struct Selection<'a> {
+    pub view: &'a Arc<ServiceView>,
+    pub rule: &'a ParsedRule,
+    pub selector: &'a Rule,
+    pub policy: &'a Policy,
+    pub query: &'a PickQuery<'a>,
+    /// Ids not to return: the request's `exclude`, and for `retry` the tripped ones skipped.
+    pub exclude: &'a [String],
+    pub avoid_tripped: bool,
+}
+
+/// A successful selection.
+pub(super) struct Selected {
     pub instance: Arc<Instance>,
     pub ticket: u64,
     pub fallback: Option<String>,
@@ -26,8 +42,8 @@ pub(super) struct Selection {
 /// What one selection came to.
 pub(super) enum Attempt {
     /// Picked, counted and in flight.
-    Picked(Selection),
-    /// The rule chose an instance whose breaker is open, and the caller asked for none such
+    Picked(Selected),
+    /// The rule chose an instance whose breaker is open, and the selection asked for none such
     /// (`retry`); nothing was counted.
     Tripped(Arc<str>),
 }
@@ -35,17 +51,8 @@ pub(super) enum Attempt {
 impl Balancer {
     /// One selection. A successful one is counted (on its rotation and its instance) and put
     /// in flight here, unless `avoid_tripped` is set and the chosen instance's breaker is open.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn select_once(
-        &self,
-        view: &Arc<ServiceView>,
-        rule: &ParsedRule,
-        selector: &Rule,
-        policy: &Policy,
-        query: &PickQuery<'_>,
-        exclude: &[String],
-        avoid_tripped: bool,
-    ) -> Result<Attempt, PickError> {
+    pub(super) async fn select_once(&self, selection: &Selection<'_>) -> Result<Attempt, PickError> {
+        let Selection { view, rule, selector, policy, query, exclude, avoid_tripped } = *selection;
         let snapshot = &view.snapshot;
         let version = self.requested_version(snapshot, policy, query).await?;
         let isolated = isolate(&**view, &version, policy.isolation_fallback == IsolationFallback::Any);
@@ -79,55 +86,38 @@ impl Balancer {
         );
         let ticket = self.state.draw(&rotation).await?;
         let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, now, excluded };
-        let mut rng = fastrand::Rng::new();
 
-        let (index, sticky) = match selector {
-            Rule::Sticky(Sticky { ttl }) => {
-                let key =
-                    StickyKey { service: snapshot.name.clone(), subset: subset.label().clone(), key: query.key.into() };
-                let tripped = |index: usize| draw.loads(|loads| loads.load(index).tripped).unwrap_or(false);
-                // Members are sorted by id; an excluded or tripped instance is not kept.
-                let eligible = |id: &str| {
-                    candidates
-                        .members()
-                        .binary_search_by(|i| (*i.id).cmp(id))
-                        .ok()
-                        .filter(|&index| draw.accepts(index) && !tripped(index))
-                };
-                match self.state.sticky_get(&key).await? {
-                    Some(id) => match eligible(&id) {
-                        // Still UP, not drained, not tripped: keep the assignment (refreshed below).
-                        Some(index) => (index, Some((key, *ttl))),
-                        // Gone, excluded or tripped: reassign.
-                        None => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, Some((key, *ttl))),
-                    },
-                    // No assignment yet: claim one. A consumer that claimed the key first (on
-                    // another replica, say) wins when its choice is eligible here; then the
-                    // claim set or read the assignment and there is nothing to refresh.
-                    None => {
-                        let chosen = choose(selector, &draw, &mut rng, &mut fallback, rule)?;
-                        let id = candidates.members()[chosen].id.clone();
-                        let winner = self.state.sticky_claim(key.clone(), id, *ttl).await?;
-                        match eligible(&winner) {
-                            Some(index) => (index, None),
-                            None => (chosen, Some((key, *ttl))),
-                        }
-                    }
-                }
-            }
-            _ => (choose(selector, &draw, &mut rng, &mut fallback, rule)?, None),
+        let (index, refresh) = match selector {
+            Rule::Sticky(sticky) => self.stick(selection, subset, &draw, sticky.ttl, &mut fallback).await?,
+            _ => (self.choose(selector, &draw, &mut fallback, rule)?, None),
         };
         let instance = candidates.members()[index].clone();
         let handle = subset.stats_handle(index, &self.stats).ok_or_else(|| no_choice(rule, candidates.len()))?;
         if avoid_tripped && self.stats.load_handle(handle, draw.now).tripped {
             return Ok(Attempt::Tripped(instance.id.clone()));
         }
-        if let Some((key, ttl)) = sticky {
-            self.state.sticky_set(key, instance.id.clone(), ttl).await?;
+        if let Some(refresh) = refresh {
+            self.state.sticky_set(refresh.key, instance.id.clone(), refresh.ttl).await?;
         }
         rotation.tally();
         self.stats.on_pick(handle, &rule.canonical);
-        Ok(Attempt::Picked(Selection { instance, ticket, fallback }))
+        Ok(Attempt::Picked(Selected { instance, ticket, fallback }))
+    }
+
+    /// The rule's choice among the draw's candidates (a position), its fallback note added to
+    /// `fallback`; randomness from this worker's generator (or the balancer's seeded one).
+    pub(super) fn choose(
+        &self,
+        selector: &Rule,
+        draw: &Draw<'_>,
+        fallback: &mut Option<String>,
+        rule: &ParsedRule,
+    ) -> Result<usize, PickError> {
+        let count = draw.candidates.len();
+        let choice = self.randomness.with(|rng| selector.select(draw, rng));
+        let choice = choice.filter(|c| c.index < count).ok_or_else(|| no_choice(rule, count))?;
+        add_note(fallback, choice.fallback);
+        Ok(choice.index)
     }
 
     /// The request's version, or for a request without one under gray release, the version
@@ -173,21 +163,6 @@ fn excluded_positions(members: &[Arc<Instance>], exclude: &[String]) -> Position
     positions
 }
 
-/// The rule's choice among the draw's candidates (a position), its fallback note added to
-/// `fallback`.
-pub(super) fn choose(
-    selector: &Rule,
-    draw: &Draw<'_>,
-    rng: &mut fastrand::Rng,
-    fallback: &mut Option<String>,
-    rule: &ParsedRule,
-) -> Result<usize, PickError> {
-    let count = draw.candidates.len();
-    let choice = selector.select(draw, rng).filter(|c| c.index < count).ok_or_else(|| no_choice(rule, count))?;
-    add_note(fallback, choice.fallback);
-    Ok(choice.index)
-}
-
 fn isolation_note(kind: Fallback, version: &str) -> String {
     match (kind, version.is_empty()) {
         (Fallback::Unversioned, _) => {
@@ -216,7 +191,7 @@ fn add_note(fallback: &mut Option<String>, note: Option<&'static str>) {
     add_owned_note(fallback, note.map(str::to_owned));
 }
 
-fn no_choice(rule: &ParsedRule, candidates: usize) -> PickError {
+pub(super) fn no_choice(rule: &ParsedRule, candidates: usize) -> PickError {
     let why = match rule.rule {
         Rule::Weighted(_) => "every eligible instance has weight 0",
         _ => "the rule chose none of them",

@@ -1,5 +1,7 @@
 //! The pick path against a live registry, on paused time.
 
+use std::time::Duration;
+
 use super::*;
 use crate::policy::PolicySpec;
 use crate::registry::{InstanceSpec, RegistryConfig};
@@ -344,4 +346,23 @@ async fn a_versionless_lease_under_gray_release_maps_exact_picks() {
     // A unary pick goes on from the same gray counter and rotations.
     let next = balancer.pick(query("round_robin", "")).await.unwrap();
     assert!(next.ticket == 8 || (next.ticket == 4 && &*next.instance.id == "v"), "{next:?}");
+}
+
+/// A balancer given a seed makes the same random choices every time: the `random` rule's picks
+/// repeat exactly, and another seed gives other picks.
+#[tokio::test(start_paused = true)]
+async fn a_seeded_balancer_repeats_its_random_choices() {
+    let specs = || (0..10).map(|n| spec(&format!("i{n}"), "")).collect::<Vec<_>>();
+    let picks = |seed: u64| async move {
+        let (balancer, _lease) = balancer_with(specs()).await;
+        let balancer = balancer.with_seed(seed);
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            ids.push(balancer.pick(query("random", "")).await.expect("a pick").instance.id.to_string());
+        }
+        ids
+    };
+    let first = picks(7).await;
+    assert_eq!(picks(7).await, first, "the same seed, the same choices");
+    assert_ne!(picks(8).await, first, "another seed, other choices");
 }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::AdminState;
 use crate::balancer::PickResult;
 use crate::policy::{IsolationFallback, Policy, PolicySource};
+use crate::registry::InstanceRecord;
 
 #[derive(Debug, Serialize)]
 pub struct ServiceSummary {
@@ -24,13 +25,9 @@ pub struct ServiceSummary {
 
 #[derive(Debug, Serialize)]
 pub struct InstanceView {
-    pub id: String,
-    pub host: String,
-    pub port: u16,
-    pub version: String,
-    pub zone: String,
-    pub weight: u32,
-    pub status: &'static str,
+    /// Its own fields (id, host, port, version, zone, weight, metadata, status).
+    #[serde(flatten)]
+    pub instance: InstanceRecord,
     pub in_flight: u64,
     /// Recent latency; `null` until a call to the instance has been reported.
     pub latency_ms: Option<f64>,
@@ -102,13 +99,7 @@ pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
             let report = state.balancer.instance_stats(name, &instance.id);
             let picks_by_rule = per_instance.remove(&instance.id).unwrap_or_default();
             InstanceView {
-                id: instance.id.to_string(),
-                host: instance.host.clone(),
-                port: instance.port,
-                version: instance.version.to_string(),
-                zone: instance.zone.to_string(),
-                weight: instance.weight,
-                status: instance.status.as_str(),
+                instance: InstanceRecord::of(instance),
                 in_flight: report.load.in_flight,
                 latency_ms: report.load.latency_ms,
                 breaker_open: report.load.tripped,

@@ -68,7 +68,7 @@ use super::AdminState;
 use super::api::{ServiceView, policy_json, service_view};
 use super::streams::{EventSlot, EventStreams, Peer};
 use crate::balancer::Balancer;
-use crate::registry::{Instance, ServiceSnapshot};
+use crate::registry::{Change, Instance, ServiceSnapshot, diff};
 
 /// How often a snapshot is pushed when nothing changes.
 pub const PUSH_INTERVAL: Duration = Duration::from_millis(500);
@@ -437,24 +437,14 @@ impl History {
         let before: &[Arc<Instance>] = ring.seen.as_ref().map_or(&[], |seen| &seen.instances);
         let (mut registered, mut left) = (Vec::new(), Vec::new());
         let mut statuses: BTreeMap<&'static str, Vec<Arc<str>>> = BTreeMap::new();
-        let (mut old, mut new) = (before.iter().peekable(), snapshot.instances.iter().peekable());
-        loop {
-            let order = match (old.peek(), new.peek()) {
-                (None, None) => break,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some(a), Some(b)) => a.id.cmp(&b.id),
-            };
-            match order {
-                std::cmp::Ordering::Less => left.extend(old.next().map(|a| a.id.clone())),
-                std::cmp::Ordering::Greater => registered.extend(new.next().map(|b| b.id.clone())),
-                std::cmp::Ordering::Equal => {
-                    if let (Some(a), Some(b)) = (old.next(), new.next())
-                        && a.status != b.status
-                    {
-                        statuses.entry(b.status.as_str()).or_default().push(b.id.clone());
-                    }
+        for change in diff(before, &snapshot.instances) {
+            match change {
+                Change::Added(instance) => registered.push(instance.id.clone()),
+                Change::Removed(instance) => left.push(instance.id.clone()),
+                Change::Updated { old, new } if old.status != new.status => {
+                    statuses.entry(new.status.as_str()).or_default().push(new.id.clone());
                 }
+                Change::Updated { .. } => {}
             }
         }
         if !registered.is_empty() {

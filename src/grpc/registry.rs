@@ -190,7 +190,7 @@ impl pb::registry_server::Registry for RegistryService {
                         for change in diff(&last.instances, &current.instances) {
                             let event = match change {
                                 Change::Added(i) => Event::Added(convert::instance(&i)),
-                                Change::Updated(i) => Event::Updated(convert::instance(&i)),
+                                Change::Updated { new, .. } => Event::Updated(convert::instance(&new)),
                                 Change::Removed(i) => Event::Removed(pb::InstanceRef {
                                     service: i.service.to_string(),
                                     id: i.id.to_string(),

@@ -38,6 +38,61 @@ impl Status {
             Status::Down => "DOWN",
         }
     }
+
+    /// The status named `name` (as [`Status::as_str`] spells it).
+    pub fn named(name: &str) -> Option<Status> {
+        [Status::Up, Status::Draining, Status::Down].into_iter().find(|status| status.as_str() == name)
+    }
+}
+
+/// One instance's own fields as rota writes them out in JSON: in the table replicas share
+/// through Redis, and (with its statistics beside them) in the admin API. The service is the
+/// key it is filed under, so it is not repeated.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstanceRecord {
+    pub id: String,
+    pub host: String,
+    pub port: u16,
+    /// Empty when it has none (written out all the same; an absent one reads as empty).
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub zone: String,
+    pub weight: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    pub status: String,
+}
+
+impl InstanceRecord {
+    pub fn of(instance: &Instance) -> Self {
+        Self {
+            id: instance.id.to_string(),
+            host: instance.host.clone(),
+            port: instance.port,
+            version: instance.version.to_string(),
+            zone: instance.zone.to_string(),
+            weight: instance.weight,
+            metadata: instance.metadata.clone(),
+            status: instance.status.as_str().to_owned(),
+        }
+    }
+
+    /// What to announce to register the instance again under `service`; a status rota does
+    /// not know reads as UP.
+    pub fn spec(self, service: &str) -> InstanceSpec {
+        InstanceSpec {
+            id: self.id,
+            service: service.to_owned(),
+            host: self.host,
+            port: u32::from(self.port),
+            version: self.version,
+            zone: self.zone,
+            weight: Some(self.weight),
+            metadata: self.metadata,
+            status: RequestedStatus::Known(Status::named(&self.status).unwrap_or(Status::Up)),
+        }
+    }
 }
 
 /// A validated, registered instance. Immutable once published: an update replaces the `Arc`.

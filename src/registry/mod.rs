@@ -23,8 +23,9 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 pub use command::{InstanceRef, InstanceUpdate, Outcome};
 pub use error::{InvalidField, Refused, RegistryClosed};
 pub use instance::{
-    DEFAULT_WEIGHT, Instance, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
-    MAX_NAME_LEN, RequestedStatus, Status, default_id, truncate, validate_optional_name, validate_service_name,
+    DEFAULT_WEIGHT, Instance, InstanceRecord, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN,
+    MAX_METADATA_VALUE_LEN, MAX_NAME_LEN, RequestedStatus, Status, default_id, truncate, validate_optional_name,
+    validate_service_name,
 };
 pub use lease::{Claim, Claims, Lease};
 pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};

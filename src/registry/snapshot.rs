@@ -202,7 +202,11 @@ fn first_pause(instances: &[Arc<Instance>], quiet: Duration) -> Option<tokio::ti
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     Added(Arc<Instance>),
-    Updated(Arc<Instance>),
+    /// The same id with other fields: what it was, and what it is.
+    Updated {
+        old: Arc<Instance>,
+        new: Arc<Instance>,
+    },
     Removed(Arc<Instance>),
 }
 
@@ -232,8 +236,8 @@ pub fn diff(old: &[Arc<Instance>], new: &[Arc<Instance>]) -> Vec<Change> {
                     n.next();
                 }
                 std::cmp::Ordering::Equal => {
-                    if a != b {
-                        changes.push(Change::Updated((*b).clone()));
+                    if !Arc::ptr_eq(a, b) && a != b {
+                        changes.push(Change::Updated { old: (*a).clone(), new: (*b).clone() });
                     }
                     o.next();
                     n.next();
@@ -295,7 +299,11 @@ pub(crate) mod tests {
         let changes = diff(&old, &new);
         assert_eq!(
             changes,
-            vec![Change::Removed(old[0].clone()), Change::Updated(new[0].clone()), Change::Added(new[2].clone()),]
+            vec![
+                Change::Removed(old[0].clone()),
+                Change::Updated { old: old[1].clone(), new: new[0].clone() },
+                Change::Added(new[2].clone()),
+            ]
         );
         assert!(diff(&new, &new).is_empty());
     }

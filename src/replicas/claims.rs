@@ -24,7 +24,8 @@ use crate::state::redis::{Link, LinkScript, keys};
 
 use redis::Value;
 
-use super::table::{Liveness, Shared};
+use super::table::Liveness;
+use crate::registry::InstanceRecord;
 
 /// KEYS: the service's holders set, this replica's instances hash. ARGV: this replica, the
 /// prefix of a replica's instances hash (same slot), the number of dead replicas, their names,
@@ -121,7 +122,7 @@ impl Claims for IdClaims {
             invocation.key(keys::holders(service)).key(keys::instances(service, &self.liveness.replica));
             invocation.arg(&*self.liveness.replica).arg(keys::instances(service, "")).arg(dead.len()).arg(&dead);
             for instance in instances {
-                let encoded = serde_json::to_string(&Shared::of(instance)).unwrap_or_default();
+                let encoded = serde_json::to_string(&InstanceRecord::of(instance)).unwrap_or_default();
                 invocation.arg(&*instance.id).arg(encoded);
             }
             let answers =

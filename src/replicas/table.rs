@@ -37,11 +37,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::Value;
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::registry::{Instance, InstanceRef, InstanceSpec, Lease, Registry, RequestedStatus, Status};
+use crate::registry::{InstanceRecord, InstanceRef, InstanceSpec, Lease, Registry};
 use crate::state::redis::Link;
 use crate::state::redis::keys::{self, CHANGES, SERVICES};
 
@@ -64,56 +63,6 @@ pub const IDS_PER_CHANGE: usize = 128;
 const CHANGES_PER_READ: usize = 1000;
 /// Instances one mirror lease may hold: what another replica holds of one service.
 const MIRROR_LIMIT: usize = 1_000_000;
-
-/// One instance as replicas share it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Shared {
-    id: String,
-    host: String,
-    port: u16,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    version: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    zone: String,
-    weight: u32,
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    metadata: std::collections::BTreeMap<String, String>,
-    status: String,
-}
-
-impl Shared {
-    pub(super) fn of(instance: &Instance) -> Self {
-        Self {
-            id: instance.id.to_string(),
-            host: instance.host.clone(),
-            port: instance.port,
-            version: instance.version.to_string(),
-            zone: instance.zone.to_string(),
-            weight: instance.weight,
-            metadata: instance.metadata.clone(),
-            status: instance.status.as_str().to_owned(),
-        }
-    }
-
-    fn spec(self, service: &str) -> InstanceSpec {
-        let status = match self.status.as_str() {
-            "DRAINING" => Status::Draining,
-            "DOWN" => Status::Down,
-            _ => Status::Up,
-        };
-        InstanceSpec {
-            id: self.id,
-            service: service.to_owned(),
-            host: self.host,
-            port: u32::from(self.port),
-            version: self.version,
-            zone: self.zone,
-            weight: Some(self.weight),
-            metadata: self.metadata,
-            status: RequestedStatus::Known(status),
-        }
-    }
-}
 
 /// This replica's key, `rota:{~fleet}:replica:REPLICA`: renewed by the table's polls and
 /// writes and by id claims, each of which reads its previous value on the way. Whoever finds
@@ -151,7 +100,7 @@ impl Liveness {
 struct Mirror {
     lease: Lease,
     /// What this registry accepted of them, by id.
-    held: HashMap<String, Shared>,
+    held: HashMap<String, InstanceRecord>,
     /// The token of the hash when it was last read whole; `None` once ids were read alone
     /// since (the next resync reads it whole).
     version: Option<String>,
@@ -173,7 +122,7 @@ pub struct TableSharing {
     link: Arc<Link>,
     mirrors: HashMap<(String, Arc<str>), Mirror>,
     /// What this replica last wrote for each service, by id (to write only changes).
-    written: HashMap<Arc<str>, HashMap<Arc<str>, Shared>>,
+    written: HashMap<Arc<str>, HashMap<Arc<str>, InstanceRecord>>,
     /// Services whose hash in Redis may hold stale entries: written again whole.
     rewrite: HashSet<Arc<str>>,
     dirty: HashSet<Arc<str>>,
@@ -327,7 +276,7 @@ impl TableSharing {
             .filter(|((_, s), _)| s == service)
             .flat_map(|(_, m)| m.held.keys().map(String::as_str))
             .collect();
-        let own: HashMap<Arc<str>, Shared> = self
+        let own: HashMap<Arc<str>, InstanceRecord> = self
             .registry
             .service(service)
             .map(|snapshot| {
@@ -335,14 +284,15 @@ impl TableSharing {
                     .instances
                     .iter()
                     .filter(|i| !mirrored.contains(&*i.id))
-                    .map(|i| (i.id.clone(), Shared::of(i)))
+                    .map(|i| (i.id.clone(), InstanceRecord::of(i)))
                     .collect()
             })
             .unwrap_or_default();
         let whole = self.rewrite.contains(service);
         let empty = HashMap::new();
         let before = if whole { &empty } else { self.written.get(service).unwrap_or(&empty) };
-        let changed: Vec<(&Arc<str>, &Shared)> = own.iter().filter(|(id, s)| before.get(*id) != Some(*s)).collect();
+        let changed: Vec<(&Arc<str>, &InstanceRecord)> =
+            own.iter().filter(|(id, s)| before.get(*id) != Some(*s)).collect();
         let removed: Vec<&Arc<str>> = before.keys().filter(|id| !own.contains_key(*id)).collect();
         if !whole && changed.is_empty() && removed.is_empty() {
             return true;
@@ -541,14 +491,14 @@ impl TableSharing {
                 return false;
             };
             let version = encoded.remove(VERSION_FIELD);
-            let desired: HashMap<String, Shared> =
+            let desired: HashMap<String, InstanceRecord> =
                 encoded.into_values().filter_map(|e| decode(&e)).map(|s| (s.id.clone(), s)).collect();
             if !desired.is_empty() {
                 present.insert(holder.clone());
                 let wanted = desired.len();
                 let mirror = self.mirror(holder, &service);
                 let gone: Vec<String> = mirror.held.keys().filter(|id| !desired.contains_key(*id)).cloned().collect();
-                let changed: Vec<Shared> =
+                let changed: Vec<InstanceRecord> =
                     desired.into_values().filter(|s| mirror.held.get(&s.id) != Some(s)).collect();
                 update(mirror, &service, changed, gone).await;
                 // Instances this registry refused (an id held here too) are tried again at the
@@ -676,7 +626,7 @@ impl TableSharing {
 }
 
 /// Makes `mirror` hold `changed` (added or replaced) and no longer hold `gone`.
-async fn update(mirror: &mut Mirror, service: &Arc<str>, changed: Vec<Shared>, gone: Vec<String>) {
+async fn update(mirror: &mut Mirror, service: &Arc<str>, changed: Vec<InstanceRecord>, gone: Vec<String>) {
     if !gone.is_empty() {
         let refs = gone.iter().map(|id| InstanceRef { service: service.to_string(), id: id.clone() }).collect();
         let _ = mirror.lease.withdraw(refs).await;
@@ -704,11 +654,11 @@ async fn update(mirror: &mut Mirror, service: &Arc<str>, changed: Vec<Shared>, g
 }
 
 /// `id, json, id, json, …` for an HSET.
-fn encode<'a>(instances: impl Iterator<Item = (&'a Arc<str>, &'a Shared)>) -> Vec<String> {
+fn encode<'a>(instances: impl Iterator<Item = (&'a Arc<str>, &'a InstanceRecord)>) -> Vec<String> {
     instances.flat_map(|(id, shared)| [id.to_string(), serde_json::to_string(shared).unwrap_or_default()]).collect()
 }
 
-fn decode(encoded: &str) -> Option<Shared> {
+fn decode(encoded: &str) -> Option<InstanceRecord> {
     serde_json::from_str(encoded).ok()
 }
 

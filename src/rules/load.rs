@@ -38,7 +38,7 @@ use crate::registry::{Instance, Subset};
 
 /// Members of a borrowed index that may be missing from the subset reading it; beyond, the
 /// subset waits for an index of its own (masking them would make every pick slow).
-pub const MAX_DEPARTED: usize = 256;
+pub const MAX_DEPARTED: usize = 1024;
 
 /// What load-aware rules read about one candidate.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -209,6 +209,11 @@ fn checks(report: &mut ScenarioReport, findings: &Findings, consumers: &Consumer
     report.check(tally("(a) picked instance was live", &findings.live, picks.clone()));
     report.check(tally("(b) no pick after an acknowledged removal", &findings.stale, picks.clone()));
     report.check(tally("(c) no ticket handed out twice", &findings.tickets, picks.clone()));
+    report.check(tally(
+        "(e) every pick answered under the rule and version it asked for",
+        &findings.answers,
+        picks.clone(),
+    ));
     let quiet = format!("{} quiet picks in {} windows", findings.quiet_picks, findings.quiet_windows);
     let mut shares = tally("(d) exact shares in quiet windows", &findings.shares, quiet);
     if findings.quiet_picks == 0 {
@@ -316,7 +321,8 @@ impl Consumer {
                 }
             };
             let end = self.clock.now();
-            match answer.and_then(|response| self.recorded(service, start, end, response)) {
+            let asked = (rule, self.universe.find_version(version));
+            match answer.and_then(|response| self.recorded(service, asked, (start, end), response)) {
                 Ok(pick) => {
                     log.picks.push(pick);
                     log.counts[usize::from(self.streamed)] += 1;
@@ -327,7 +333,13 @@ impl Consumer {
         Ok(log)
     }
 
-    fn recorded(&self, service: &str, start: u64, end: u64, response: pb::PickResponse) -> Result<Pick, String> {
+    fn recorded(
+        &self,
+        service: &str,
+        (asked_rule, asked_version): (PickRule, u32),
+        (start, end): (u64, u64),
+        response: pb::PickResponse,
+    ) -> Result<Pick, String> {
         let rule = PickRule::parse(&response.rule).ok_or_else(|| format!("unexpected rule {:?}", response.rule))?;
         let instance = response.instance.ok_or("a response without an instance")?;
         Ok(Pick {
@@ -338,6 +350,9 @@ impl Consumer {
             version: self.universe.find_version(&instance.version),
             rule,
             ticket: response.ticket,
+            asked_rule,
+            asked_version,
+            fallback: !response.fallback.is_empty(),
         })
     }
 }

@@ -150,8 +150,14 @@ pub struct Pick {
     pub instance: u32,
     /// The returned instance's version: it names the subset the ticket was drawn from.
     pub version: u32,
+    /// The rule rota answered with.
     pub rule: PickRule,
     pub ticket: u64,
+    /// What the pick asked for: the rule and the version.
+    pub asked_rule: PickRule,
+    pub asked_version: u32,
+    /// Whether the answer carried a fallback note.
+    pub fallback: bool,
 }
 
 /// What one registration change did to one instance.
@@ -211,6 +217,7 @@ pub struct Findings {
     pub stale: Tally,
     pub tickets: Tally,
     pub shares: Tally,
+    pub answers: Tally,
 }
 
 /// A complete history: the names, then what was seen.
@@ -237,6 +244,25 @@ impl History {
             secs(pick.start),
             secs(pick.end)
         )
+    }
+
+    /// Every pick was answered as asked: under the rule it named, from the version it named
+    /// (every subset has an eligible instance throughout, so none falls back).
+    pub(super) fn check_answers(&self, findings: &mut Findings) {
+        for pick in &self.picks {
+            let wrong = pick.rule != pick.asked_rule || pick.version != pick.asked_version || pick.fallback;
+            if wrong {
+                findings.answers.add(|| {
+                    format!(
+                        "{}: asked {} of version {:?}{}",
+                        self.describe_pick(pick),
+                        pick.asked_rule.canonical(),
+                        self.universe.version_name(pick.asked_version),
+                        if pick.fallback { ", answered with a fallback" } else { "" }
+                    )
+                });
+            }
+        }
     }
 
     /// Checks `live` and `stale`.

@@ -29,7 +29,19 @@ impl Script {
     fn pick(&mut self, id: &str, rule: PickRule, ticket: u64, start: Nanos, end: Nanos) -> &mut Self {
         let service = self.0.universe.service("svc");
         let instance = self.0.universe.find_instance("svc", id).unwrap_or(UNKNOWN);
-        self.0.picks.push(Pick { start, end, service, instance, version: 0, rule, ticket });
+        let (asked_rule, asked_version, fallback) = (rule, 0, false);
+        self.0.picks.push(Pick {
+            start,
+            end,
+            service,
+            instance,
+            version: 0,
+            rule,
+            ticket,
+            asked_rule,
+            asked_version,
+            fallback,
+        });
         self
     }
 
@@ -50,7 +62,9 @@ impl Script {
 }
 
 fn clean(findings: &Findings) -> bool {
-    [&findings.live, &findings.stale, &findings.tickets, &findings.shares].iter().all(|t| t.count == 0)
+    [&findings.live, &findings.stale, &findings.tickets, &findings.shares, &findings.answers]
+        .iter()
+        .all(|t| t.count == 0)
 }
 
 #[test]
@@ -65,6 +79,26 @@ fn a_clean_history_passes_every_check() {
     assert_eq!(findings.picks, 18);
     assert_eq!(findings.quiet_picks, 18);
     assert_eq!(findings.quiet_windows, 1);
+}
+
+/// A server that answered another rule, another version, or fell back where it needed not,
+/// fails the history, whatever else it got right.
+#[test]
+fn a_pick_answered_otherwise_than_asked_is_reported() {
+    type Spoil = fn(&mut Pick);
+    let cases: [(&str, Spoil); 3] = [
+        ("asked repeat(n=3) of version \"\"", |pick| pick.asked_rule = REPEAT3),
+        ("asked round_robin of version \"v2\"", |pick| pick.asked_version = 1),
+        ("answered with a fallback", |pick| pick.fallback = true),
+    ];
+    for (expected, spoil) in cases {
+        let mut script = Script::three_in_rotation(3);
+        spoil(&mut script.0.picks[1]);
+        let findings = script.check();
+        assert_eq!(findings.answers.count, 1, "{expected}: {findings:?}");
+        assert!(findings.answers.examples[0].contains(expected), "{:?}", findings.answers.examples);
+    }
+    assert_eq!(Script::three_in_rotation(3).check().answers.count, 0);
 }
 
 #[test]
@@ -151,7 +185,19 @@ fn tickets_of_different_rotations_may_repeat() {
     let service = script.0.universe.service("svc");
     script.change("v", Change::Announce { version: 1, up: true }, 3, 4, true);
     let v = script.0.universe.find_instance("svc", "v").unwrap();
-    script.0.picks.push(Pick { start: 500, end: 501, service, instance: v, version: 1, rule: RR, ticket: 0 });
+    let (asked_rule, asked_version, fallback) = (RR, 1, false);
+    script.0.picks.push(Pick {
+        start: 500,
+        end: 501,
+        service,
+        instance: v,
+        version: 1,
+        rule: RR,
+        ticket: 0,
+        asked_rule,
+        asked_version,
+        fallback,
+    });
     let findings = script.check();
     assert!(clean(&findings), "{findings:?}");
 }

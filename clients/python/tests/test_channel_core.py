@@ -168,15 +168,36 @@ class Routed(RoutedChannel[tuple[str, list[tuple[str, Any]]]]):
     def _open(self, member: Member) -> tuple[str, list[tuple[str, Any]]]:
         return member.address, self._options
 
+    def _close_instance(self, channel: tuple[str, list[tuple[str, Any]]]) -> None:
+        closed.append(channel)
+
     def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> Any:
         return kind
 
 
+closed: list[Any] = []
+
+
 def test_a_routed_channel_opens_its_instance_channels_with_its_options() -> None:
-    closed: list[Any] = []
-    channel = Routed(FakeRouter(), False, [("o", 1)], None, closed.append)  # type: ignore[arg-type]
+    closed.clear()
+    channel = Routed(FakeRouter(), False, [("o", 1)], None)  # type: ignore[arg-type]
+    assert channel.routing.usable == channel.instances.usable, "told its instances' state, not polling it"
     assert channel.routing.channel_for(Draw(A, 0, "round_robin", False)) == ("127.0.0.1:9001", [("o", 1)])
     assert channel.instances is channel.routing.instances
     assert channel.stream_unary("/m") == "stream_unary"
     channel.instances.close()
     assert closed == [("127.0.0.1:9001", [("o", 1)])]
+
+
+class Polling(Routed):
+    polls_state = True
+
+    def _state_of(self, channel: tuple[str, list[tuple[str, Any]]]) -> grpc.ChannelConnectivity:
+        return grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+
+def test_a_polling_channel_reads_its_instance_channels_state() -> None:
+    channel = Polling(FakeRouter(), False, None, None)  # type: ignore[arg-type]
+    assert channel.routing.usable(A.id), "no instance channel yet"
+    channel.routing.channel_for(Draw(A, 0, "round_robin", False))
+    assert not channel.routing.usable(A.id) and channel.routing.usable(B.id)

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from ._dial import dial
-from ._multicallables import InstanceMultiCallables, RoutedChannel
+from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
 from ._router import Router
 from ._routing import (
     DEFAULT_ROUTE_TIMEOUT,
@@ -50,6 +50,8 @@ def channel(
 class AsyncRotaChannel(RoutedChannel[grpc.aio.Channel]):
     """A :class:`grpc.aio.Channel`-like channel whose calls are routed by rota."""
 
+    polls_state = True
+
     def __init__(
         self,
         router: Router,
@@ -59,15 +61,20 @@ class AsyncRotaChannel(RoutedChannel[grpc.aio.Channel]):
         interceptors: Sequence[grpc.aio.ClientInterceptor] | None,
     ) -> None:
         self._interceptors = list(interceptors or ())
-        #: Instance channels no longer routed to, closed on the event loop at the next call.
         self._closing: list[grpc.aio.Channel] = []
-        super().__init__(router, ticket_header, options, credentials, self._closing.append, lambda ch: ch.get_state())
+        super().__init__(router, ticket_header, options, credentials)
 
     def _open(self, member: Member) -> grpc.aio.Channel:
         ch: grpc.aio.Channel = dial(
             grpc.aio, member.address, self._credentials, self._options, interceptors=self._interceptors
         )
         return ch
+
+    def _close_instance(self, channel: grpc.aio.Channel) -> None:
+        self._closing.append(channel)  # closed on the event loop, at the next call or close()
+
+    def _state_of(self, channel: grpc.aio.Channel) -> grpc.ChannelConnectivity:
+        return channel.get_state()
 
     def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> _Callable:
         return _Callable(self, kind, method, serializer, deserializer)
@@ -120,15 +127,10 @@ class _Callable:
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> _Call:
-        kwargs = {
-            "credentials": credentials,
-            "wait_for_ready": wait_for_ready,
-            "compression": compression,
-        }
-        return _Call(self, request, metadata, timeout, kwargs)
+        return _Call(self, request, metadata, timeout, call_options(credentials, wait_for_ready, compression))
 
     def start(
-        self, draw: Draw, request: Any, metadata: Metadata | None, timeout: float | None, kwargs: dict[str, Any]
+        self, draw: Draw, request: Any, metadata: Metadata | None, timeout: float | None, kwargs: CallOptions
     ) -> Any:
         factory = self._calls.on(draw.member.id, self._channel.routing.channel_for(draw))
         if request is None and self._calls.streams_requests:
@@ -152,7 +154,7 @@ class _Call:
         request: Any,
         metadata: Metadata | None,
         timeout: float | None,
-        kwargs: dict[str, Any],
+        kwargs: CallOptions,
     ) -> None:
         self._callable = callable_
         self._request = request

@@ -29,8 +29,7 @@ from typing import Any
 import grpc
 
 from ._dial import dial
-from ._multicallables import InstanceMultiCallables, RoutedChannel
-from ._router import Router
+from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
 from ._routing import Attempt, Deadline, Metadata, open_router, retries_on_next_ticket
 from ._tickets import Member
 
@@ -60,19 +59,13 @@ def channel(
 class RotaChannel(RoutedChannel[grpc.Channel], grpc.Channel):
     """A :class:`grpc.Channel` whose calls are routed by rota; see :func:`channel`."""
 
-    def __init__(
-        self,
-        router: Router,
-        ticket_header: bool,
-        options: Sequence[tuple[str, Any]] | None,
-        credentials: grpc.ChannelCredentials | None,
-    ) -> None:
-        super().__init__(router, ticket_header, options, credentials, lambda ch: ch.close())
-
     def _open(self, member: Member) -> grpc.Channel:
         ch: grpc.Channel = dial(grpc, member.address, self._credentials, self._options)
         ch.subscribe(lambda state: self.instances.set_state(member.id, state), try_to_connect=True)
         return ch
+
+    def _close_instance(self, channel: grpc.Channel) -> None:
+        channel.close()
 
     def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> Any:
         if kind == "unary_unary":
@@ -111,28 +104,13 @@ class _Callable:
         inner = self._calls.on(draw.member.id, self._routing.channel_for(draw))
         return self._routing.start(draw), inner, md
 
-    def _with_call(
-        self,
-        request: Any,
-        timeout: float | None,
-        metadata: Metadata | None,
-        credentials: Any,
-        wait_for_ready: bool | None,
-        compression: Any,
-    ) -> Any:
+    def _with_call(self, request: Any, timeout: float | None, metadata: Metadata | None, extra: CallOptions) -> Any:
         deadline = Deadline(timeout)
         while True:
             left = deadline.left()
             attempt, inner, md = self._start(metadata, left)
             try:
-                result = inner.with_call(
-                    request,
-                    timeout=left,
-                    metadata=md,
-                    credentials=credentials,
-                    wait_for_ready=wait_for_ready,
-                    compression=compression,
-                )
+                result = inner.with_call(request, timeout=left, metadata=md, **extra)
             except grpc.RpcError as error:
                 code, details = error.code(), error.details()
                 self._routing.finish(attempt, code, details)
@@ -143,25 +121,11 @@ class _Callable:
             return result
 
     def _tracked(
-        self,
-        factory: str,
-        request: Any,
-        timeout: float | None,
-        metadata: Metadata | None,
-        credentials: Any,
-        wait_for_ready: bool | None,
-        compression: Any,
+        self, factory: str, request: Any, timeout: float | None, metadata: Metadata | None, extra: CallOptions
     ) -> Any:
         """A call whose outcome is reported when it is done (``factory``: ``future`` or ``__call__``)."""
         attempt, inner, md = self._start(metadata, timeout)
-        call = getattr(inner, factory)(
-            request,
-            timeout=timeout,
-            metadata=md,
-            credentials=credentials,
-            wait_for_ready=wait_for_ready,
-            compression=compression,
-        )
+        call = getattr(inner, factory)(request, timeout=timeout, metadata=md, **extra)
 
         def done(_: object = None) -> None:
             self._routing.finish(attempt, call.code(), call.details())
@@ -180,7 +144,9 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        response, _ = self._with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
+        response, _ = self._with_call(
+            request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
         return response
 
     def with_call(
@@ -192,7 +158,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        return self._with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
+        return self._with_call(request, timeout, metadata, call_options(credentials, wait_for_ready, compression))
 
     def future(
         self,
@@ -203,7 +169,9 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        return self._tracked("future", request, timeout, metadata, credentials, wait_for_ready, compression)
+        return self._tracked(
+            "future", request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
 
 
 class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[type-arg]
@@ -216,7 +184,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        response, _ = self._with_call(request_iterator, timeout, metadata, credentials, wait_for_ready, compression)
+        response, _ = self._with_call(
+            request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
         return response
 
     def with_call(
@@ -228,7 +198,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        return self._with_call(request_iterator, timeout, metadata, credentials, wait_for_ready, compression)
+        return self._with_call(
+            request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
 
     def future(
         self,
@@ -239,7 +211,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        return self._tracked("future", request_iterator, timeout, metadata, credentials, wait_for_ready, compression)
+        return self._tracked(
+            "future", request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
 
 
 class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMultiCallable):  # type: ignore[type-arg]
@@ -254,4 +228,6 @@ class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMult
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        return self._tracked("__call__", request, timeout, metadata, credentials, wait_for_ready, compression)
+        return self._tracked(
+            "__call__", request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )

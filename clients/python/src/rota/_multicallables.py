@@ -27,54 +27,49 @@ KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 C = TypeVar("C")
 
 
+#: A call's arguments passed on as they are to the instance channel's multicallable.
+CallOptions = dict[str, Any]
+
+
+def call_options(credentials: Any, wait_for_ready: bool | None, compression: Any) -> CallOptions:
+    return {"credentials": credentials, "wait_for_ready": wait_for_ready, "compression": compression}
+
+
+def _factory(kind: str) -> Callable[..., Any]:
+    def make(
+        self: MultiCallableKinds,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        return self._multicallable(kind, method, request_serializer, response_deserializer)
+
+    make.__name__, make.__qualname__ = kind, f"MultiCallableKinds.{kind}"
+    make.__doc__ = f"A {kind.replace('_', '-')} multicallable for ``method``, routed by rota."
+    return make
+
+
 class MultiCallableKinds:
     """The four multicallable factories of a channel, all through :meth:`_multicallable`."""
 
     def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> Any:
         raise NotImplementedError
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        return self._multicallable("unary_unary", method, request_serializer, response_deserializer)
-
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        return self._multicallable("unary_stream", method, request_serializer, response_deserializer)
-
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        return self._multicallable("stream_unary", method, request_serializer, response_deserializer)
-
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        return self._multicallable("stream_stream", method, request_serializer, response_deserializer)
+    unary_unary = _factory("unary_unary")
+    unary_stream = _factory("unary_stream")
+    stream_unary = _factory("stream_unary")
+    stream_stream = _factory("stream_stream")
 
 
 class RoutedChannel(MultiCallableKinds, Generic[C]):
     """A rota channel: ``router``'s calls routed over instance channels of type ``C``, which
-    :meth:`_open` makes with the ``options`` and ``credentials`` given and ``close`` closes.
-    ``state_of`` reads an instance channel's state where the channel polls it (see
-    :class:`~rota._routing.CallRouting`)."""
+    :meth:`_open` makes with the ``options`` and ``credentials`` given and :meth:`_close_instance`
+    closes. A channel that polls its instance channels' state (instead of being told it) says how
+    to read it in :meth:`_state_of` (see :class:`~rota._routing.CallRouting`)."""
+
+    #: Whether :meth:`_state_of` reads the instance channels' state.
+    polls_state = False
 
     def __init__(
         self,
@@ -82,16 +77,23 @@ class RoutedChannel(MultiCallableKinds, Generic[C]):
         ticket_header: bool,
         options: Sequence[tuple[str, Any]] | None,
         credentials: grpc.ChannelCredentials | None,
-        close: Callable[[C], None],
-        state_of: Callable[[C], grpc.ChannelConnectivity] | None = None,
     ) -> None:
         self.router = router
         self._options = list(options or ())
         self._credentials = credentials
-        self.routing: CallRouting[C] = CallRouting(router, ticket_header, self._open, close, state_of=state_of)
+        state_of = self._state_of if self.polls_state else None
+        self.routing: CallRouting[C] = CallRouting(
+            router, ticket_header, self._open, self._close_instance, state_of=state_of
+        )
         self.instances = self.routing.instances
 
     def _open(self, member: Member) -> C:
+        raise NotImplementedError
+
+    def _close_instance(self, channel: C) -> None:
+        raise NotImplementedError
+
+    def _state_of(self, channel: C) -> grpc.ChannelConnectivity:
         raise NotImplementedError
 
 

@@ -360,11 +360,38 @@ def test_a_registration_heartbeats_retries_and_reconnects() -> None:
     state.reconnected(state.reannouncement(), ack(2, ["a"], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
     assert (state.lease_id, state.reconnects, state.backoff.attempt) == (2, 1, 0)
     assert state.next_step(stream_ended=False) == RETRY_PENDING
-    assert [i.id for i in state.pending()] == ["b"]
     assert {i.id for i in state.reannouncement()} == {"a", "b"}, "a new stream announces the pending too"
-    state.retried(state.pending(), ack(2, ["b"]))
+    retry = state.retry()
+    assert [i.id for i in retry.request.announce.instances] == ["b"]
+    retry.record(ack(2, ["b"]))
     assert state.next_step(stream_ended=False) == HEARTBEAT
     assert [i.id for i in state.desired.instances()] == ["a", "b"]
+
+
+def test_changes_are_recorded_only_as_rota_accepted_them() -> None:
+    state = RegistrationState(ack_timeout=5.0)
+    state.opened([inst("a")], ack(1, ["a"]))
+    announce = state.announce([inst("b"), inst("c")])
+    assert [i.id for i in announce.request.announce.instances] == ["b", "c"]
+    announce.record(ack(1, ["b"], [("c", grpc.StatusCode.INVALID_ARGUMENT)]))
+    assert [i.id for i in state.desired.instances()] == ["a", "b"]
+
+    update = state.update(inst("a"), 7, None, {"k": "v"})
+    assert (update.request.update.instance.id, update.request.update.weight) == ("a", 7)
+    update.record(ack(1, ["a"]))
+    assert (state.desired.instances()[0].weight, state.desired.instances()[0].metadata) == (7, {"k": "v"})
+    refused_update = state.update(InstanceRef(SERVICE, "b"), 9, None, None)
+    refused_update.record(ack(1, [], [("b", grpc.StatusCode.NOT_FOUND)]))
+    assert state.desired.instances()[1].weight is None
+
+    withdraw = state.withdraw([inst("b")])
+    assert [r.id for r in withdraw.request.withdraw.instances] == ["b"]
+    withdraw.record(ack(1, ["b"]))
+    assert [i.id for i in state.desired.instances()] == ["a"]
+    everything = state.withdraw([])
+    assert list(everything.request.withdraw.instances) == []
+    everything.record(ack(1))
+    assert state.desired.instances() == []
 
 
 def test_a_strict_registration_fails_on_a_refusal() -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 
+from . import _convert as convert
+from ._convert import pb
 from ._settings import heartbeat_interval, reconnect_backoff
 from .errors import RegistrationError
 from .model import Ack, Instance, InstanceRef, InstanceStatus
@@ -107,6 +109,18 @@ class Desired:
             self.pending.pop(ref, None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A request that changes what is registered, and how its acknowledgement is recorded."""
+
+    request: pb.RegisterRequest
+    record: Callable[[Ack], None]
+
+
+def ref_of(instance: Instance | InstanceRef) -> InstanceRef:
+    return instance.ref if isinstance(instance, Instance) else instance
+
+
 #: What the keeper does when it wakes: send a heartbeat, announce the pending instances again, or
 #: open a new stream (the current one ended).
 HEARTBEAT = "heartbeat"
@@ -150,6 +164,32 @@ class RegistrationState:
         if self.stopping:
             raise RuntimeError("the registration is closed")
 
+    # -- changes ---------------------------------------------------------------------------
+
+    def announce(self, instances: Iterable[Instance]) -> Change:
+        """Adds (or replaces) ``instances``."""
+        instances = list(instances)
+        return Change(convert.announce(instances), lambda ack: self.desired.announced(instances, ack))
+
+    def update(
+        self,
+        instance: Instance | InstanceRef,
+        weight: int | None,
+        status: InstanceStatus | None,
+        metadata: dict[str, str] | None,
+    ) -> Change:
+        """Changes one instance; arguments left ``None`` keep their value."""
+        ref = ref_of(instance)
+        return Change(
+            convert.update(ref, weight, status, metadata),
+            lambda ack: self.desired.updated(ref, ack, weight, status, metadata),
+        )
+
+    def withdraw(self, refs: Iterable[Instance | InstanceRef]) -> Change:
+        """Withdraws ``refs``, or every instance when there is none."""
+        refs_only = [ref_of(r) for r in refs]
+        return Change(convert.withdraw(refs_only), lambda ack: self.desired.withdrawn(refs_only, ack))
+
     # -- streams ---------------------------------------------------------------------------
 
     def opened(self, instances: Iterable[Instance], ack: Ack) -> None:
@@ -174,12 +214,11 @@ class RegistrationState:
             return RETRY_PENDING
         return HEARTBEAT
 
-    def pending(self) -> list[Instance]:
-        """The instances whose re-announcement is to be retried."""
-        return list(self.desired.pending.values())
-
-    def retried(self, instances: Iterable[Instance], ack: Ack) -> None:
-        self.desired.reannounced(instances, ack)
+    def retry(self) -> Change:
+        """Announcing again, on the current stream, the instances whose re-announcement rota
+        refused for a transient reason."""
+        pending = list(self.desired.pending.values())
+        return Change(convert.announce(pending), lambda ack: self.desired.reannounced(pending, ack))
 
     def step_failed(self, error: Exception) -> None:
         """A heartbeat, retry or reconnection failed; the keeper wakes again at once."""

@@ -36,7 +36,7 @@ from ._dial import dial
 from ._following import Following
 from ._picking import PickAttempt
 from ._register_stream import StreamAcks, broken, no_ack
-from ._registry_state import HEARTBEAT, RECONNECT, RegistrationState, check_instances
+from ._registry_state import HEARTBEAT, RECONNECT, Change, RegistrationState, check_instances
 from ._settings import ACK_TIMEOUT, CLOSE_TIMEOUT, DEFAULT_TIMEOUT, channel_options, timeout_or
 from .errors import RotaError
 from .fallback import InstanceCache, OutageState
@@ -418,9 +418,7 @@ class AsyncRegistration:
 
     async def announce(self, *instances: Instance, timeout: float | None = None) -> Ack:
         """Adds (or replaces) instances on this registration."""
-        ack = await self._request(convert.announce(instances), timeout)
-        self._state.desired.announced(instances, ack)
-        return ack
+        return await self._change(self._state.announce(instances), timeout)
 
     async def update(
         self,
@@ -432,17 +430,11 @@ class AsyncRegistration:
         timeout: float | None = None,
     ) -> Ack:
         """Changes one registered instance; arguments left ``None`` keep their value."""
-        ref = instance.ref if isinstance(instance, Instance) else instance
-        ack = await self._request(convert.update(ref, weight, status, metadata), timeout)
-        self._state.desired.updated(ref, ack, weight, status, metadata)
-        return ack
+        return await self._change(self._state.update(instance, weight, status, metadata), timeout)
 
     async def withdraw(self, *refs: Instance | InstanceRef, timeout: float | None = None) -> Ack:
         """Withdraws some instances (all of them when none are named); the stream stays open."""
-        refs_only = [r.ref if isinstance(r, Instance) else r for r in refs]
-        ack = await self._request(convert.withdraw(refs_only), timeout)
-        self._state.desired.withdrawn(refs_only, ack)
-        return ack
+        return await self._change(self._state.withdraw(refs), timeout)
 
     async def close(self, timeout: float = CLOSE_TIMEOUT) -> Ack | None:
         """Withdraws every instance, waits (at most ``timeout``) for rota's ack, ends the stream.
@@ -476,11 +468,16 @@ class AsyncRegistration:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _request(self, request: pb.RegisterRequest, timeout: float | None) -> Ack:
-        self._state.check_open()
-        if self._stream is None:
-            raise RuntimeError("the registration is not open yet: await it first")
-        return await self._stream.request(request, self._state.timeout(timeout))
+    async def _change(self, change: Change, timeout: float | None, stream: _Stream | None = None) -> Ack:
+        """Sends ``change`` (on the current stream unless told one) and records rota's answer."""
+        if stream is None:
+            self._state.check_open()
+            if self._stream is None:
+                raise RuntimeError("the registration is not open yet: await it first")
+            stream = self._stream
+        ack = await stream.request(change.request, self._state.timeout(timeout))
+        change.record(ack)
+        return ack
 
     async def _send_heartbeat(self, stream: _Stream) -> None:
         await stream.send(convert.heartbeat(), acked=False)
@@ -501,9 +498,7 @@ class AsyncRegistration:
                 elif step == HEARTBEAT:
                     await self._send_heartbeat(stream)
                 else:
-                    pending = self._state.pending()
-                    ack = await stream.request(convert.announce(pending), self._state.ack_timeout)
-                    self._state.retried(pending, ack)
+                    await self._change(self._state.retry(), None, stream)
             except RotaError as error:
                 self._state.step_failed(error)
                 self._wake.set()

@@ -37,7 +37,7 @@ from ._dial import dial
 from ._following import Following
 from ._picking import PickAttempt
 from ._register_stream import StreamAcks, no_ack
-from ._registry_state import HEARTBEAT, RECONNECT, RegistrationState, check_instances
+from ._registry_state import HEARTBEAT, RECONNECT, Change, RegistrationState, check_instances
 from ._settings import ACK_TIMEOUT, CLOSE_TIMEOUT, DEFAULT_TIMEOUT, channel_options, timeout_or
 from ._settings import CHANNEL_OPTIONS as CHANNEL_OPTIONS
 from ._settings import HEARTBEATS_PER_TIMEOUT as HEARTBEATS_PER_TIMEOUT
@@ -382,10 +382,7 @@ class Registration:
 
     def announce(self, *instances: Instance, timeout: float | None = None) -> Ack:
         """Adds (or replaces) instances on this registration."""
-        ack = self._request(convert.announce(instances), timeout)
-        with self._lock:
-            self._state.desired.announced(instances, ack)
-        return ack
+        return self._change(self._state.announce(instances), timeout)
 
     def update(
         self,
@@ -400,19 +397,11 @@ class Registration:
 
         ``update(instance, status=InstanceStatus.DRAINING)`` stops new picks of it.
         """
-        ref = instance.ref if isinstance(instance, Instance) else instance
-        ack = self._request(convert.update(ref, weight, status, metadata), timeout)
-        with self._lock:
-            self._state.desired.updated(ref, ack, weight, status, metadata)
-        return ack
+        return self._change(self._state.update(instance, weight, status, metadata), timeout)
 
     def withdraw(self, *refs: Instance | InstanceRef, timeout: float | None = None) -> Ack:
         """Withdraws some instances (all of them when none are named); the stream stays open."""
-        refs_only = [r.ref if isinstance(r, Instance) else r for r in refs]
-        ack = self._request(convert.withdraw(refs_only), timeout)
-        with self._lock:
-            self._state.desired.withdrawn(refs_only, ack)
-        return ack
+        return self._change(self._state.withdraw(refs), timeout)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> Ack | None:
         """Withdraws every instance, waits (at most ``timeout``) for rota's ack, ends the stream.
@@ -450,11 +439,16 @@ class Registration:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _request(self, request: pb.RegisterRequest, timeout: float | None) -> Ack:
+    def _change(self, change: Change, timeout: float | None, stream: _Stream | None = None) -> Ack:
+        """Sends ``change`` (on the current stream unless told one) and records rota's answer."""
+        if stream is None:
+            with self._lock:
+                self._state.check_open()
+                stream = self._stream
+        ack = stream.request(change.request, self._state.timeout(timeout))
         with self._lock:
-            self._state.check_open()
-            stream = self._stream
-        return stream.request(request, self._state.timeout(timeout))
+            change.record(ack)
+        return ack
 
     def _open(self, instances: list[Instance]) -> tuple[_Stream, Ack]:
         stream = _Stream(self._stub, self._wake.set)
@@ -482,17 +476,12 @@ class Registration:
                 elif step == HEARTBEAT:
                     self._send_heartbeat(stream)
                 else:
-                    self._retry_pending(stream)
+                    with self._lock:
+                        retry = self._state.retry()
+                    self._change(retry, None, stream)
             except RotaError as error:
                 self._state.step_failed(error)
                 self._wake.set()
-
-    def _retry_pending(self, stream: _Stream) -> None:
-        with self._lock:
-            pending = self._state.pending()
-        ack = stream.request(convert.announce(pending), self._state.ack_timeout)
-        with self._lock:
-            self._state.retried(pending, ack)
 
     def _reconnect(self) -> None:
         while not self._stopping.is_set():

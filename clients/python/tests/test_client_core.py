@@ -357,7 +357,7 @@ def test_a_registration_heartbeats_retries_and_reconnects() -> None:
 
     # rota still holds "b" on the lost lease: it is retried, "a" is registered again.
     state.backoff.next_delay()
-    state.reconnected(state.reannouncement(), ack(2, ["a"], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
+    assert state.reconnected(state.reannouncement(), ack(2, ["a"], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
     assert (state.lease_id, state.reconnects, state.backoff.attempt) == (2, 1, 0)
     assert state.next_step(stream_ended=False) == RETRY_PENDING
     assert {i.id for i in state.reannouncement()} == {"a", "b"}, "a new stream announces the pending too"
@@ -413,8 +413,11 @@ def test_a_registration_closes_once_with_the_ack_it_got() -> None:
     assert state.begin_close() and not state.begin_close()
     with pytest.raises(RuntimeError, match="closed"):
         state.check_open()
+    # A re-announcement answered after close() began: its stream is not taken, its withdrawal counts.
+    assert not state.reconnected([inst("a")], ack(3, ["a"]))
+    assert (state.lease_id, state.reconnects) == (0, 0)
     late = ack(3, ["a"])
-    state.late_close_ack = late
+    state.withdrawn_late(late)
     assert state.closed(None) is late, "the withdrawal a re-announcement made"
     own = ack(2, ["a"])
     assert state.closed(own) is own and state.close_ack is own

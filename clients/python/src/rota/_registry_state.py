@@ -234,13 +234,22 @@ class RegistrationState:
     def reconnect_failed(self, error: Exception) -> None:
         log.info("reconnecting to rota failed: %s", error)
 
-    def reconnected(self, instances: Iterable[Instance], ack: Ack) -> None:
-        """A new stream announced ``instances`` and rota answered ``ack``: it is the current one."""
+    def reconnected(self, instances: Iterable[Instance], ack: Ack) -> bool:
+        """A new stream announced ``instances`` and rota answered ``ack``; whether it is the
+        current stream now. It is not when close() began meanwhile: rota holds the instances on
+        the new stream, so the shell withdraws them there (:meth:`withdrawn_late`) and ends it."""
+        if self.stopping:
+            return False
         self._adopt(ack)
         self.desired.reannounced(instances, ack)
         self.reconnects += 1
         self.backoff.reset()
         log.info("re-registered %d instance(s) with rota (lease %d)", len(ack.accepted), ack.lease_id)
+        return True
+
+    def withdrawn_late(self, ack: Ack | None) -> None:
+        """The withdrawal on a stream that close() caught in flight was answered ``ack`` (None: not)."""
+        self.late_close_ack = ack
 
     def _adopt(self, ack: Ack) -> None:
         self.lease_id = ack.lease_id

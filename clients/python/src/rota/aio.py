@@ -516,17 +516,19 @@ class AsyncRegistration:
                 except RotaError as error:
                     self._state.reconnect_failed(error)
                     continue
-                if self._state.stopping:
-                    # close() began while this announcement was answered: rota holds the
-                    # instances on the new stream, so withdraw them there before ending it.
-                    try:
-                        self._state.late_close_ack = await stream.request(convert.withdraw(), CLOSE_TIMEOUT)
-                    except RotaError as error:
-                        self._state.withdraw_failed(error)
-                    await stream.close(0)
+                if not self._state.reconnected(instances, ack):
+                    await self._withdraw_late(stream)
                     return
             finally:
                 self._reannouncing = False
             self._stream = stream
-            self._state.reconnected(instances, ack)
             return
+
+    async def _withdraw_late(self, stream: _Stream) -> None:
+        late_ack: Ack | None = None
+        try:
+            late_ack = await stream.request(convert.withdraw(), CLOSE_TIMEOUT)
+        except RotaError as error:
+            self._state.withdraw_failed(error)
+        self._state.withdrawn_late(late_ack)
+        await stream.close(0)

@@ -495,24 +495,22 @@ class Registration:
                 self._state.reconnect_failed(error)
                 continue
             with self._lock:
-                if self._state.stopping:
-                    stream_to_close: _Stream | None = stream
-                else:
-                    stream_to_close = None
+                current = self._state.reconnected(instances, ack)
+                if current:
                     self._stream = stream
-                    self._state.reconnected(instances, ack)
-            if stream_to_close is not None:
-                # close() began while this announcement was answered: rota holds the instances
-                # on the new stream, so withdraw them there before ending it.
-                try:
-                    late_ack: Ack | None = stream_to_close.request(convert.withdraw(), CLOSE_TIMEOUT)
-                except RotaError as error:
-                    self._state.withdraw_failed(error)
-                    late_ack = None
-                with self._lock:
-                    self._state.late_close_ack = late_ack
-                stream_to_close.close(0)
+            if not current:
+                self._withdraw_late(stream)
             return
+
+    def _withdraw_late(self, stream: _Stream) -> None:
+        late_ack: Ack | None = None
+        try:
+            late_ack = stream.request(convert.withdraw(), CLOSE_TIMEOUT)
+        except RotaError as error:
+            self._state.withdraw_failed(error)
+        with self._lock:
+            self._state.withdrawn_late(late_ack)
+        stream.close(0)
 
 
 # ---------------------------------------------------------------------------------------------

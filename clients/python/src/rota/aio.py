@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -16,21 +15,10 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 import grpc.aio
 
+from . import _calls as calls
 from . import _convert as convert
 from ._aio_channel import AsyncRotaChannel as AsyncRotaChannel
 from ._aio_channel import channel as channel
-from ._calls import (
-    BALANCER,
-    TimedCall,
-    UnaryCall,
-    client_closed,
-    list_instances_call,
-    list_services_call,
-    pick_call,
-    report_call,
-    report_failed,
-    rota_errors,
-)
 from ._convert import pb, pb_grpc
 from ._dial import dial
 from ._following import Following
@@ -53,8 +41,6 @@ from .model import (
     ServiceSummary,
     WatchEvent,
 )
-
-log = logging.getLogger("rota")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -131,16 +117,16 @@ class AsyncRotaClient:
         """Asks rota for one instance of ``service``; see :meth:`rota.RotaClient.pick`."""
         cache = self._watchers[service][0] if service in self._watchers else None
         attempt = PickAttempt(self._outage, cache, service, rule, version, key, zone, exclude)
-        return await self._call(pick_call(attempt), timeout)
+        return await self._call(calls.pick_call(attempt), timeout)
 
     async def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
         """Sends outcomes of calls made to picked instances (at most 1000 per call)."""
-        return await self._call(report_call(outcomes), timeout)
+        return await self._call(calls.report_call(outcomes), timeout)
 
-    async def _call(self, call: UnaryCall[T], timeout: float | None) -> T:
+    async def _call(self, call: calls.UnaryCall[T], timeout: float | None) -> T:
         if call.local is not None:
             return call.local
-        stub = self._balancer if call.stub == BALANCER else self._registry
+        stub = self._balancer if call.stub == calls.BALANCER else self._registry
         try:
             response = await getattr(stub, call.method)(call.request, timeout=timeout_or(self.timeout, timeout))
         except grpc.RpcError as rpc_error:
@@ -154,7 +140,7 @@ class AsyncRotaClient:
 
         See :meth:`rota.RotaClient.timed_call` for the outcomes reported.
         """
-        timed = TimedCall(picked)
+        timed = calls.TimedCall(picked)
         try:
             result = await call(*args, **kwargs)
         except Exception as error:
@@ -168,22 +154,22 @@ class AsyncRotaClient:
             try:
                 await self.report([outcome])
             except RotaError as error:
-                report_failed(error)
+                calls.report_failed(error)
 
     # -- Registry --------------------------------------------------------------------------
 
     async def list_services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
-        return await self._call(list_services_call(), timeout)
+        return await self._call(calls.list_services_call(), timeout)
 
     async def list_instances(self, service: str, *, timeout: float | None = None) -> InstanceList:
         """Every registered instance of ``service`` (any status), sorted by id."""
-        return await self._call(list_instances_call(service), timeout)
+        return await self._call(calls.list_instances_call(service), timeout)
 
     async def watch(self, service: str) -> AsyncIterator[WatchEvent]:
         """A snapshot of ``service``'s instances, then each change, until the iteration stops."""
         call = self._registry.Watch(pb.WatchRequest(service=service))
         try:
-            with rota_errors():
+            with calls.rota_errors():
                 async for message in call:
                     event = convert.watch_event(message)
                     if event is not None:
@@ -194,7 +180,7 @@ class AsyncRotaClient:
     def follow(self, service: str) -> InstanceCache:
         """Watches ``service`` in a background task (once per client); returns its cache."""
         if self._closed:
-            raise client_closed()
+            raise calls.client_closed()
         if service not in self._watchers:
             following = Following(InstanceCache(service), self._outage)
             task = asyncio.get_running_loop().create_task(self._watch_into(following), name=f"rota-watch-{service}")
@@ -231,7 +217,7 @@ class AsyncRotaClient:
         """
         check_instances(instances)
         if self._closed:
-            raise client_closed()
+            raise calls.client_closed()
         return AsyncRegistration(self, instances, strict=strict, ack_timeout=ack_timeout)
 
 

@@ -8,7 +8,6 @@ and timed calls), :mod:`rota._following` (the watch behind :meth:`RotaClient.fol
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -19,19 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from . import _calls as calls
 from . import _convert as convert
-from ._calls import (
-    BALANCER,
-    TimedCall,
-    UnaryCall,
-    client_closed,
-    list_instances_call,
-    list_services_call,
-    pick_call,
-    report_call,
-    report_failed,
-    rota_errors,
-)
 from ._convert import pb, pb_grpc
 from ._dial import dial
 from ._following import Following
@@ -56,8 +44,6 @@ from .model import (
     ServiceSummary,
     WatchEvent,
 )
-
-log = logging.getLogger("rota")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -147,16 +133,16 @@ class RotaClient:
         watcher = self._watchers.get(service)
         cache = None if watcher is None else watcher.cache
         attempt = PickAttempt(self._outage, cache, service, rule, version, key, zone, exclude)
-        return self._call(pick_call(attempt), timeout)
+        return self._call(calls.pick_call(attempt), timeout)
 
     def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
         """Sends outcomes of calls made to picked instances (at most 1000 per call)."""
-        return self._call(report_call(outcomes), timeout)
+        return self._call(calls.report_call(outcomes), timeout)
 
-    def _call(self, call: UnaryCall[T], timeout: float | None) -> T:
+    def _call(self, call: calls.UnaryCall[T], timeout: float | None) -> T:
         if call.local is not None:
             return call.local
-        stub = self._balancer if call.stub == BALANCER else self._registry
+        stub = self._balancer if call.stub == calls.BALANCER else self._registry
         try:
             response = getattr(stub, call.method)(call.request, timeout=timeout_or(self.timeout, timeout))
         except grpc.RpcError as rpc_error:
@@ -170,7 +156,7 @@ class RotaClient:
         :class:`ConnectionError`, ``ERROR`` for any other exception (which is re-raised). A
         failed report is logged, never raised: it must not fail the call.
         """
-        timed = TimedCall(picked)
+        timed = calls.TimedCall(picked)
         try:
             result = call(*args, **kwargs)
         except Exception as error:
@@ -184,22 +170,22 @@ class RotaClient:
             try:
                 self.report([outcome])
             except RotaError as error:
-                report_failed(error)
+                calls.report_failed(error)
 
     # -- Registry --------------------------------------------------------------------------
 
     def list_services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
-        return self._call(list_services_call(), timeout)
+        return self._call(calls.list_services_call(), timeout)
 
     def list_instances(self, service: str, *, timeout: float | None = None) -> InstanceList:
         """Every registered instance of ``service`` (any status), sorted by id."""
-        return self._call(list_instances_call(service), timeout)
+        return self._call(calls.list_instances_call(service), timeout)
 
     def watch(self, service: str) -> Iterator[WatchEvent]:
         """A snapshot of ``service``'s instances, then each change, until the iterator is closed."""
         call = self._registry.Watch(pb.WatchRequest(service=service))
         try:
-            with rota_errors():
+            with calls.rota_errors():
                 for message in call:
                     event = convert.watch_event(message)
                     if event is not None:
@@ -214,7 +200,7 @@ class RotaClient:
         """
         with self._lock:
             if self._closed:
-                raise client_closed()
+                raise calls.client_closed()
             watcher = self._watchers.get(service)
             if watcher is None:
                 watcher = self._watchers[service] = _Watcher(self._registry, service, self._outage)
@@ -241,7 +227,7 @@ class RotaClient:
         check_instances(instances)
         with self._lock:
             if self._closed:
-                raise client_closed()
+                raise calls.client_closed()
         registration = Registration(self._registry, instances, ack_timeout=ack_timeout, on_close=self._forget)
         refusal = registration._state.refusal(strict)
         if refusal is not None:

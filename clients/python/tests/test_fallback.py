@@ -433,12 +433,13 @@ class SnapshotThenClose:
 @pytest.mark.parametrize(("lived", "resets"), [(0.5, 0), (5.0, 5)], ids=["short-lived", "stable"])
 def test_the_watch_backoff_resets_only_after_a_stream_lived_five_seconds(lived: float, resets: int) -> None:
     import rota.client as client_module
+    from rota._following import Following
 
     clock = FakeClock()
     watcher = client_module._Watcher(SnapshotThenClose(clock, lived), SERVICE, OutageState(clock))  # type: ignore[arg-type]
-    watcher._clock = clock
     backoff = RecordingBackoff(watcher, rounds=5)
-    watcher._backoff = backoff  # type: ignore[assignment]
+    # The watcher's decisions on the test's clock, with a backoff that stops it after 5 rounds.
+    watcher.following = Following(watcher.cache, OutageState(clock), clock=clock, backoff=backoff)  # type: ignore[arg-type]
     watcher.run()  # in this thread: returns once the backoff has stopped it
     assert backoff.delays == 5
     assert backoff.resets == resets

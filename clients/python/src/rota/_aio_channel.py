@@ -3,23 +3,31 @@
 It behaves like a :class:`grpc.aio.Channel` (the four multicallable kinds, ``async with``,
 ``close()``), with one :func:`grpc.aio.insecure_channel` (or secure) per instance; ``interceptors``
 go to every instance channel, as grpc.aio takes interceptors at channel creation. Routing,
-leases, outcome reports and the local rotation during outages are those of the sync channel:
-both use :class:`rota._routing.CallRouting`; only waiting for a first lease runs in a thread here.
+leases, outcome reports, the local rotation during outages and the multicallables are those of
+the sync channel: both use :mod:`rota._routing` and :mod:`rota._multicallables`; only waiting
+for a first lease runs in a thread here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Generator, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from ._pb import rota_pb2 as pb
+from ._dial import dial
+from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
 from ._router import Router
-from ._routing import DEFAULT_ROUTE_TIMEOUT, CallRouting, Metadata, open_router, result_of
+from ._routing import (
+    DEFAULT_ROUTE_TIMEOUT,
+    Attempt,
+    Deadline,
+    Metadata,
+    open_router,
+    retries_on_next_ticket,
+)
 from ._tickets import Draw, Member
 
 
@@ -39,8 +47,10 @@ def channel(
     return AsyncRotaChannel(router, ticket_header, options, credentials, interceptors)
 
 
-class AsyncRotaChannel:
+class AsyncRotaChannel(RoutedChannel[grpc.aio.Channel]):
     """A :class:`grpc.aio.Channel`-like channel whose calls are routed by rota."""
+
+    polls_state = True
 
     def __init__(
         self,
@@ -50,31 +60,24 @@ class AsyncRotaChannel:
         credentials: grpc.ChannelCredentials | None,
         interceptors: Sequence[grpc.aio.ClientInterceptor] | None,
     ) -> None:
-        self.router = router
-        self._options = list(options or ())
-        self._credentials = credentials
         self._interceptors = list(interceptors or ())
         self._closing: list[grpc.aio.Channel] = []
-        self.routing: CallRouting[grpc.aio.Channel] = CallRouting(
-            router, ticket_header, self._open, self._closing.append, self._usable
-        )
-        self.instances = self.routing.instances
+        super().__init__(router, ticket_header, options, credentials)
 
     def _open(self, member: Member) -> grpc.aio.Channel:
-        if self._credentials is not None:
-            return grpc.aio.secure_channel(
-                member.address, self._credentials, options=self._options, interceptors=self._interceptors
-            )
-        return grpc.aio.insecure_channel(member.address, options=self._options, interceptors=self._interceptors)
-
-    def _usable(self, member_id: str) -> bool:
-        if not self.instances.usable(member_id):
-            return False
-        ch = self.instances.peek(member_id)
-        return ch is None or ch.get_state() not in (
-            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-            grpc.ChannelConnectivity.SHUTDOWN,
+        ch: grpc.aio.Channel = dial(
+            grpc.aio, member.address, self._credentials, self._options, interceptors=self._interceptors
         )
+        return ch
+
+    def _close_instance(self, channel: grpc.aio.Channel) -> None:
+        self._closing.append(channel)  # closed on the event loop, at the next call or close()
+
+    def _state_of(self, channel: grpc.aio.Channel) -> grpc.ChannelConnectivity:
+        return channel.get_state()
+
+    def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> _Callable:
+        return _Callable(self, kind, method, serializer, deserializer)
 
     async def route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
         await self._close_gone()
@@ -87,42 +90,6 @@ class AsyncRotaChannel:
     async def _close_gone(self) -> None:
         while self._closing:
             await self._closing.pop().close()
-
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> _Callable:
-        return _Callable(self, "unary_unary", method, request_serializer, response_deserializer)
-
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> _Callable:
-        return _Callable(self, "unary_stream", method, request_serializer, response_deserializer)
-
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> _Callable:
-        return _Callable(self, "stream_unary", method, request_serializer, response_deserializer)
-
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> _Callable:
-        return _Callable(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return self.routing.connectivity()
@@ -146,11 +113,9 @@ class _Callable:
     def __init__(self, channel: AsyncRotaChannel, kind: str, method: str, serializer: Any, deserializer: Any) -> None:
         self._channel = channel
         self._kind = kind
-        self._method = method
-        self._serializer = serializer
-        self._deserializer = deserializer
-        # The instance channels' multicallables, made once per channel.
-        self._calls: dict[str, tuple[grpc.aio.Channel, Any]] = {}
+        self._calls: InstanceMultiCallables[grpc.aio.Channel] = InstanceMultiCallables(
+            kind, method, serializer, deserializer
+        )
 
     def __call__(
         self,
@@ -162,69 +127,58 @@ class _Callable:
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> _Call:
-        kwargs = {
-            "timeout": timeout,
-            "credentials": credentials,
-            "wait_for_ready": wait_for_ready,
-            "compression": compression,
-        }
-        return _Call(self, request, metadata, kwargs)
+        return _Call(self, request, metadata, timeout, call_options(credentials, wait_for_ready, compression))
 
-    def start(self, draw: Draw, request: Any, metadata: Metadata | None, kwargs: dict[str, Any]) -> Any:
-        ch = self._channel.routing.channel_for(draw)
-        cached = self._calls.get(draw.member.id)
-        if cached is not None and cached[0] is ch:
-            factory = cached[1]
-        else:
-            factory = getattr(ch, self._kind)(
-                self._method, request_serializer=self._serializer, response_deserializer=self._deserializer
-            )
-            self._calls[draw.member.id] = (ch, factory)
-        if request is None and self._kind.startswith("stream"):
-            return factory(metadata=metadata, **kwargs)
-        return factory(request, metadata=metadata, **kwargs)
+    def start(
+        self, draw: Draw, request: Any, metadata: Metadata | None, timeout: float | None, kwargs: CallOptions
+    ) -> Any:
+        factory = self._calls.on(draw.member.id, self._channel.routing.channel_for(draw))
+        if request is None and self._calls.streams_requests:
+            return factory(metadata=metadata, timeout=timeout, **kwargs)
+        return factory(request, metadata=metadata, timeout=timeout, **kwargs)
 
-    def report(self, attempt: _Attempt, code: grpc.StatusCode | None, details: str | None) -> None:
-        if not attempt.reported:
-            attempt.reported = True
-            self._channel.routing.finished(attempt.draw, attempt.started, code, details, False)
-
-
-class _Attempt:
-    """One call sent to an instance; its outcome is reported once, by whichever sees it first:
-    a unary call's own await (at once, so the next call is routed knowing it) or the done callback."""
-
-    __slots__ = ("draw", "reported", "started")
-
-    def __init__(self, draw: Draw, started: int) -> None:
-        self.draw = draw
-        self.started = started
-        self.reported = False
+    def report(self, attempt: Attempt, code: grpc.StatusCode | None, details: str | None) -> None:
+        self._channel.routing.finish(attempt, code, details)
 
 
 class _Call:
     """An aio call routed on first use: awaitable (unary responses), async-iterable (streams), with
-    ``read``, ``write``, ``done_writing``, ``code``, ``details`` and ``cancel`` of the call below."""
+    ``read``, ``write``, ``done_writing``, ``code``, ``details`` and ``cancel`` of the call below.
 
-    def __init__(self, callable_: _Callable, request: Any, metadata: Metadata | None, kwargs: dict[str, Any]) -> None:
+    A unary-unary call that could not connect is sent again on the next ticket, within the
+    timeout counted from its first use."""
+
+    def __init__(
+        self,
+        callable_: _Callable,
+        request: Any,
+        metadata: Metadata | None,
+        timeout: float | None,
+        kwargs: CallOptions,
+    ) -> None:
         self._callable = callable_
         self._request = request
         self._metadata = metadata
+        self._timeout = timeout
+        self._deadline: Deadline | None = None
         self._kwargs = kwargs
         self._call: Any = None
-        self._attempt: _Attempt | None = None
+        self._attempt: Attempt | None = None
         self._lock = asyncio.Lock()
 
     async def _ensure(self) -> Any:
         async with self._lock:
             if self._call is None:
-                draw, md = await self._callable._channel.route(self._metadata, self._kwargs["timeout"])
-                attempt = self._attempt = _Attempt(draw, time.monotonic_ns())
-                self._call = self._callable.start(draw, self._request, md, self._kwargs)
+                if self._deadline is None:
+                    self._deadline = Deadline(self._timeout)
+                left = self._deadline.left()
+                draw, md = await self._callable._channel.route(self._metadata, left)
+                attempt = self._attempt = self._callable._channel.routing.start(draw)
+                self._call = self._callable.start(draw, self._request, md, left, self._kwargs)
                 self._call.add_done_callback(lambda c: _spawn(self._report(c, attempt)))
             return self._call
 
-    async def _report(self, call: Any, attempt: _Attempt) -> None:
+    async def _report(self, call: Any, attempt: Attempt) -> None:
         if attempt.reported:
             return
         try:
@@ -234,18 +188,16 @@ class _Call:
         self._callable.report(attempt, code, details)
 
     async def _unary(self) -> Any:
-        kind = self._callable._kind
         while True:
             call = await self._ensure()
-            attempt = self._attempt
-            assert attempt is not None
+            attempt, deadline = self._attempt, self._deadline
+            assert attempt is not None and deadline is not None
             try:
                 response = await call
             except grpc.aio.AioRpcError as error:
                 code, details = error.code(), error.details()
                 self._callable.report(attempt, code, details)
-                retry = kind == "unary_unary" and result_of(code, details, False) == pb.CALL_RESULT_CONNECT_FAILURE
-                if not retry:
+                if not retries_on_next_ticket(self._callable._kind, code, details, deadline):
                     raise
                 self._call = None  # never reached the instance: the next ticket
             else:

@@ -16,21 +16,22 @@ rule maps it. Every multicallable kind is offered, so generated stubs and
 - Outcomes (status, latency) are reported to rota in batches, off the call's path.
 - rota unreachable: calls go on over the last known instances by a local rotation.
 
-The routing itself (version, ticket, instance, outcome) is :class:`rota._routing.CallRouting`,
-shared with the asyncio channel; this module adapts it to grpcio's synchronous API.
+The routing itself (version, ticket, instance, outcome, whether to send a call again) is
+:mod:`rota._routing`, the multicallables :mod:`rota._multicallables`, both shared with the
+asyncio channel; this module adapts them to grpcio's synchronous API.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
 
-from ._router import Router
-from ._routing import CallRouting, Metadata, is_connect_failure, open_router
-from ._tickets import Draw, Member
+from ._dial import dial
+from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
+from ._routing import Attempt, Deadline, Metadata, open_router, retries_on_next_ticket
+from ._tickets import Member
 
 
 def channel(
@@ -55,71 +56,29 @@ def channel(
     return RotaChannel(open_router(target, server, rule, version), ticket_header, options, credentials)
 
 
-class RotaChannel(grpc.Channel):
+class RotaChannel(RoutedChannel[grpc.Channel], grpc.Channel):
     """A :class:`grpc.Channel` whose calls are routed by rota; see :func:`channel`."""
 
-    def __init__(
-        self,
-        router: Router,
-        ticket_header: bool,
-        options: Sequence[tuple[str, Any]] | None,
-        credentials: grpc.ChannelCredentials | None,
-    ) -> None:
-        self.router = router
-        self._options = list(options or ())
-        self._credentials = credentials
-        self.routing: CallRouting[grpc.Channel] = CallRouting(router, ticket_header, self._open, lambda ch: ch.close())
-        self.instances = self.routing.instances
-
     def _open(self, member: Member) -> grpc.Channel:
-        if self._credentials is not None:
-            ch = grpc.secure_channel(member.address, self._credentials, options=self._options)
-        else:
-            ch = grpc.insecure_channel(member.address, options=self._options)
+        ch: grpc.Channel = dial(grpc, member.address, self._credentials, self._options)
         ch.subscribe(lambda state: self.instances.set_state(member.id, state), try_to_connect=True)
         return ch
+
+    def _close_instance(self, channel: grpc.Channel) -> None:
+        channel.close()
+
+    def _multicallable(self, kind: str, method: str, serializer: Any, deserializer: Any) -> Any:
+        if kind == "unary_unary":
+            return _UnaryUnary(self, kind, method, serializer, deserializer)
+        if kind == "stream_unary":
+            return _StreamUnary(self, kind, method, serializer, deserializer)
+        return _Streaming(self, kind, method, serializer, deserializer)
 
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
         callback(self.routing.connectivity())
 
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
         pass
-
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
-        return _UnaryUnary(self, method, request_serializer, response_deserializer)
-
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.UnaryStreamMultiCallable[Any, Any]:
-        return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer)
-
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.StreamUnaryMultiCallable[Any, Any]:
-        return _StreamUnary(self, method, request_serializer, response_deserializer)
-
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.StreamStreamMultiCallable[Any, Any]:
-        return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer)
 
     def close(self) -> None:
         self.routing.close()
@@ -133,44 +92,49 @@ class RotaChannel(grpc.Channel):
 
 class _Callable:
     def __init__(self, channel: RotaChannel, kind: str, method: str, serializer: Any, deserializer: Any) -> None:
-        self._channel = channel
+        self._routing = channel.routing
         self._kind = kind
-        self._method = method
-        self._serializer = serializer
-        self._deserializer = deserializer
-        # The instance channels' multicallables, made once per channel (grpcio's are costly to make).
-        self._calls: dict[str, tuple[grpc.Channel, Any]] = {}
+        self._calls: InstanceMultiCallables[grpc.Channel] = InstanceMultiCallables(
+            kind, method, serializer, deserializer
+        )
 
-    def _route(self, metadata: Metadata | None, timeout: float | None) -> tuple[Draw, Metadata | None]:
-        return self._channel.routing.route(metadata, timeout)
+    def _start(self, metadata: Metadata | None, timeout: float | None) -> tuple[Attempt, Any, Metadata | None]:
+        """Routes a call: its attempt, the instance channel's multicallable, the metadata to send."""
+        draw, md = self._routing.route(metadata, timeout)
+        inner = self._calls.on(draw.member.id, self._routing.channel_for(draw))
+        return self._routing.start(draw), inner, md
 
-    def _inner(self, draw: Draw) -> Any:
-        ch = self._channel.routing.channel_for(draw)
-        cached = self._calls.get(draw.member.id)
-        if cached is not None and cached[0] is ch:
-            return cached[1]
-        factory = getattr(ch, self._kind)
-        call = factory(self._method, request_serializer=self._serializer, response_deserializer=self._deserializer)
-        self._calls[draw.member.id] = (ch, call)
-        return call
+    def _with_call(self, request: Any, timeout: float | None, metadata: Metadata | None, extra: CallOptions) -> Any:
+        deadline = Deadline(timeout)
+        while True:
+            left = deadline.left()
+            attempt, inner, md = self._start(metadata, left)
+            try:
+                result = inner.with_call(request, timeout=left, metadata=md, **extra)
+            except grpc.RpcError as error:
+                code, details = error.code(), error.details()
+                self._routing.finish(attempt, code, details)
+                if retries_on_next_ticket(self._kind, code, details, deadline):
+                    continue  # never reached the instance: the next ticket
+                raise
+            self._routing.finish(attempt, grpc.StatusCode.OK, None, answered=True)
+            return result
 
-    def _report(
-        self, draw: Draw, started: int, code: grpc.StatusCode | None, details: str | None, answered: bool
-    ) -> None:
-        self._channel.routing.finished(draw, started, code, details, answered)
+    def _tracked(
+        self, factory: str, request: Any, timeout: float | None, metadata: Metadata | None, extra: CallOptions
+    ) -> Any:
+        """A call whose outcome is reported when it is done (``factory``: ``future`` or ``__call__``)."""
+        attempt, inner, md = self._start(metadata, timeout)
+        call = getattr(inner, factory)(request, timeout=timeout, metadata=md, **extra)
 
-    def _track(self, draw: Draw, started: int, call: Any) -> Any:
         def done(_: object = None) -> None:
-            self._report(draw, started, call.code(), call.details(), False)
+            self._routing.finish(attempt, call.code(), call.details())
 
         call.add_done_callback(done) if hasattr(call, "add_done_callback") else call.add_callback(done)
         return call
 
 
 class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type-arg]
-    def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
-        super().__init__(channel, "unary_unary", method, serializer, deserializer)
-
     def __call__(
         self,
         request: Any,
@@ -180,7 +144,9 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        response, _ = self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
+        response, _ = self._with_call(
+            request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
         return response
 
     def with_call(
@@ -192,28 +158,7 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            draw, md = self._route(metadata, left)
-            started = time.monotonic_ns()
-            try:
-                result = self._inner(draw).with_call(
-                    request,
-                    timeout=left,
-                    metadata=md,
-                    credentials=credentials,
-                    wait_for_ready=wait_for_ready,
-                    compression=compression,
-                )
-            except grpc.RpcError as error:
-                code, details = error.code(), error.details()
-                self._report(draw, started, code, details, False)
-                if is_connect_failure(code, details) and (deadline is None or time.monotonic() < deadline):
-                    continue  # never reached the instance: the next ticket
-                raise
-            self._report(draw, started, grpc.StatusCode.OK, None, True)
-            return result
+        return self._with_call(request, timeout, metadata, call_options(credentials, wait_for_ready, compression))
 
     def future(
         self,
@@ -224,23 +169,12 @@ class _UnaryUnary(_Callable, grpc.UnaryUnaryMultiCallable):  # type: ignore[type
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._route(metadata, timeout)
-        started = time.monotonic_ns()
-        call = self._inner(draw).future(
-            request,
-            timeout=timeout,
-            metadata=md,
-            credentials=credentials,
-            wait_for_ready=wait_for_ready,
-            compression=compression,
+        return self._tracked(
+            "future", request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
         )
-        return self._track(draw, started, call)
 
 
 class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[type-arg]
-    def __init__(self, channel: RotaChannel, method: str, serializer: Any, deserializer: Any) -> None:
-        super().__init__(channel, "stream_unary", method, serializer, deserializer)
-
     def __call__(
         self,
         request_iterator: Iterator[Any],
@@ -250,7 +184,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        response, _ = self.with_call(request_iterator, timeout, metadata, credentials, wait_for_ready, compression)
+        response, _ = self._with_call(
+            request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
         return response
 
     def with_call(
@@ -262,22 +198,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._route(metadata, timeout)
-        started = time.monotonic_ns()
-        try:
-            result = self._inner(draw).with_call(
-                request_iterator,
-                timeout=timeout,
-                metadata=md,
-                credentials=credentials,
-                wait_for_ready=wait_for_ready,
-                compression=compression,
-            )
-        except grpc.RpcError as error:
-            self._report(draw, started, error.code(), error.details(), False)
-            raise
-        self._report(draw, started, grpc.StatusCode.OK, None, True)
-        return result
+        return self._with_call(
+            request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
+        )
 
     def future(
         self,
@@ -288,17 +211,9 @@ class _StreamUnary(_Callable, grpc.StreamUnaryMultiCallable):  # type: ignore[ty
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._route(metadata, timeout)
-        started = time.monotonic_ns()
-        call = self._inner(draw).future(
-            request_iterator,
-            timeout=timeout,
-            metadata=md,
-            credentials=credentials,
-            wait_for_ready=wait_for_ready,
-            compression=compression,
+        return self._tracked(
+            "future", request_iterator, timeout, metadata, call_options(credentials, wait_for_ready, compression)
         )
-        return self._track(draw, started, call)
 
 
 class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMultiCallable):  # type: ignore[type-arg]
@@ -313,14 +228,6 @@ class _Streaming(_Callable, grpc.UnaryStreamMultiCallable, grpc.StreamStreamMult
         wait_for_ready: bool | None = None,
         compression: Any = None,
     ) -> Any:
-        draw, md = self._route(metadata, timeout)
-        started = time.monotonic_ns()
-        call = self._inner(draw)(
-            request,
-            timeout=timeout,
-            metadata=md,
-            credentials=credentials,
-            wait_for_ready=wait_for_ready,
-            compression=compression,
+        return self._tracked(
+            "__call__", request, timeout, metadata, call_options(credentials, wait_for_ready, compression)
         )
-        return self._track(draw, started, call)

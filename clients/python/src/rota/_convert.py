@@ -16,6 +16,7 @@ from .model import (
     InstanceStatus,
     PickResult,
     Refusal,
+    ReportResult,
     ServiceSummary,
     WatchEvent,
 )
@@ -120,6 +121,14 @@ def outcome_to_pb(outcome: CallOutcome) -> pb.CallOutcome:
         latency_us=max(0, int(outcome.latency_us)),
         result=_enum(outcome.result),
     )
+
+
+def report_request(outcomes: Iterable[CallOutcome]) -> pb.ReportRequest:
+    return pb.ReportRequest(outcomes=[outcome_to_pb(o) for o in outcomes])
+
+
+def report_result(message: pb.ReportResponse) -> ReportResult:
+    return ReportResult(message.accepted, message.ignored)
 
 
 def instance_list(message: pb.ListInstancesResponse) -> InstanceList:

@@ -21,8 +21,8 @@ import grpc
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
 from ._reports import Outcome, OutcomeBuffer
+from ._settings import CHANNEL_OPTIONS
 from ._tickets import WAIT, Draw, Lease, Member, Refused, Rotation, leasable
-from .client import CHANNEL_OPTIONS
 from .errors import error_reason
 
 log = logging.getLogger("rota.channel")

@@ -4,7 +4,9 @@
 reports) to the per-instance channels of one rota channel: it chooses a call's version (its
 ``x-rota-version`` metadata, else the version of the request being handled, else the channel's),
 draws the call's ticket and instance, adds ``x-rota-ticket`` when asked, and reports the call's
-outcome when it ends. The two channel modules only adapt this to their grpc flavour.
+outcome once when it ends (an :class:`Attempt` per call sent). Whether a failed call goes again on
+the next ticket is :func:`retries_on_next_ticket`, within the call's :class:`Deadline`. The two
+channel modules only adapt this to their grpc flavour.
 """
 
 from __future__ import annotations
@@ -81,6 +83,43 @@ def is_connect_failure(code: grpc.StatusCode | None, details: str | None) -> boo
     """A call that never reached its instance (grpc core's wording for a refused or failed connect)."""
     text = (details or "").lower()
     return code == grpc.StatusCode.UNAVAILABLE and ("failed to connect" in text or "connection refused" in text)
+
+
+#: grpc connectivity states in which an instance's channel takes no call.
+FAILING_STATES = frozenset({grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN})
+
+
+class Deadline:
+    """The end of a call that may be sent more than once: ``timeout`` seconds from now (None: none)."""
+
+    def __init__(self, timeout: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.at = None if timeout is None else clock() + timeout
+
+    def left(self) -> float | None:
+        """Seconds left for the next attempt (never below 0), or None without a deadline."""
+        return None if self.at is None else max(self.at - self._clock(), 0.0)
+
+    def passed(self) -> bool:
+        return self.at is not None and self._clock() >= self.at
+
+
+def retries_on_next_ticket(kind: str, code: grpc.StatusCode | None, details: str | None, deadline: Deadline) -> bool:
+    """Whether a failed call is sent again on the next ticket: a unary-unary call that never
+    reached its instance, while its deadline has not passed."""
+    return kind == "unary_unary" and is_connect_failure(code, details) and not deadline.passed()
+
+
+class Attempt:
+    """One call sent to an instance. Its outcome is reported once, by whichever sees it first (a
+    unary call's own result, at once, so that the next call is routed knowing it; or a done callback)."""
+
+    __slots__ = ("draw", "reported", "started")
+
+    def __init__(self, draw: Draw, started_ns: int) -> None:
+        self.draw = draw
+        self.started = started_ns
+        self.reported = False
 
 
 class RoutingError(grpc.RpcError, grpc.Call):
@@ -176,10 +215,7 @@ class Instances(Generic[C]):
     def usable(self, member_id: str) -> bool:
         if member_id not in self._known or not self.holds.usable(member_id):
             return False
-        return self._states.get(member_id) not in (
-            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-            grpc.ChannelConnectivity.SHUTDOWN,
-        )
+        return self._states.get(member_id) not in FAILING_STATES
 
     def close(self) -> None:
         with self._lock:
@@ -192,9 +228,10 @@ class Instances(Generic[C]):
 class CallRouting(Generic[C]):
     """Routes the calls of one rota channel over its instance channels (of type ``C``).
 
-    ``usable`` says whether an instance may take a call now (default: its channel is not failing);
-    the asyncio channel adds the state of its instance channels, which it polls instead of
-    subscribing to.
+    ``usable`` says whether an instance may take a call now (default: it is not held out and its
+    channel is not failing, as told by :meth:`Instances.set_state`). A channel that polls the
+    state of its instance channels instead of subscribing to it (the asyncio one) passes
+    ``state_of``, which reads an instance channel's state.
     """
 
     def __init__(
@@ -204,12 +241,21 @@ class CallRouting(Generic[C]):
         factory: Callable[[Member], C],
         close: Callable[[C], None],
         usable: Callable[[str], bool] | None = None,
+        *,
+        state_of: Callable[[C], grpc.ChannelConnectivity] | None = None,
     ) -> None:
         self.router = router
         self.ticket_header = ticket_header
         self.instances: Instances[C] = Instances(factory, close)
-        self.usable = usable or self.instances.usable
+        self._state_of = state_of
+        self.usable = usable or (self._polled_usable if state_of is not None else self.instances.usable)
         router.on_members(self.instances.update)
+
+    def _polled_usable(self, member_id: str) -> bool:
+        if not self.instances.usable(member_id):
+            return False
+        ch = self.instances.peek(member_id)
+        return ch is None or self._state_of is None or self._state_of(ch) not in FAILING_STATES
 
     def try_route(self, metadata: Metadata | None) -> tuple[Draw, Metadata | None] | None:
         """A draw for the call if one is at hand without waiting (a lease held, an instance usable)."""
@@ -235,6 +281,19 @@ class CallRouting(Generic[C]):
 
     def channel_for(self, draw: Draw) -> C:
         return self.instances.get(draw.member)
+
+    def start(self, draw: Draw) -> Attempt:
+        """The call routed by ``draw`` is being sent now."""
+        return Attempt(draw, time.monotonic_ns())
+
+    def finish(
+        self, attempt: Attempt, code: grpc.StatusCode | None, details: str | None, answered: bool = False
+    ) -> pb.CallResult | None:
+        """Reports how ``attempt`` ended (see :meth:`finished`), unless it was reported already."""
+        if attempt.reported:
+            return None
+        attempt.reported = True
+        return self.finished(attempt.draw, attempt.started, code, details, answered)
 
     def finished(
         self, draw: Draw, started_ns: int, code: grpc.StatusCode | None, details: str | None, answered: bool

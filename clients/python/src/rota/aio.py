@@ -1,12 +1,13 @@
-"""The asyncio rota client, on ``grpc.aio``: the surface of :class:`rota.RotaClient`, awaited."""
+"""The asyncio rota client, on ``grpc.aio``: the surface of :class:`rota.RotaClient`, awaited.
+
+Like the blocking client it only does the I/O (here coroutines and tasks); the decisions are
+in the modules both clients share (see :mod:`rota.client`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -14,29 +15,19 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 import grpc.aio
 
+from . import _calls as calls
 from . import _convert as convert
 from ._aio_channel import AsyncRotaChannel as AsyncRotaChannel
 from ._aio_channel import channel as channel
 from ._convert import pb, pb_grpc
-from ._registry_state import Desired
-from .client import (
-    ACK_TIMEOUT,
-    CHANNEL_OPTIONS,
-    CLOSE_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    HEARTBEATS_PER_TIMEOUT,
-    _backoff,
-    _check_instances,
-)
-from .errors import RegistrationError, RotaError
-from .fallback import (
-    SHORTCUT_ERROR,
-    STABLE_STREAM_SECONDS,
-    InstanceCache,
-    OutageState,
-    falls_back,
-    local_no_eligible,
-)
+from ._dial import dial
+from ._following import Following
+from ._picking import PickAttempt
+from ._register_stream import StreamAcks, broken, no_ack
+from ._registry_state import HEARTBEAT, RECONNECT, Change, RegistrationState, check_instances
+from ._settings import ACK_TIMEOUT, CLOSE_TIMEOUT, DEFAULT_TIMEOUT, channel_options, timeout_or
+from .errors import RotaError
+from .fallback import InstanceCache, OutageState
 from .model import (
     Ack,
     CallOutcome,
@@ -50,9 +41,6 @@ from .model import (
     ServiceSummary,
     WatchEvent,
 )
-from .version import current_version
-
-log = logging.getLogger("rota")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -79,11 +67,7 @@ class AsyncRotaClient:
     ) -> None:
         self.target = convert.target(target)
         self.timeout = timeout
-        all_options = [*CHANNEL_OPTIONS, *options]
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=all_options)
-        else:
-            self._channel = grpc.aio.secure_channel(self.target, credentials, options=all_options)
+        self._channel: grpc.aio.Channel = dial(grpc.aio, self.target, credentials, channel_options(options))
         self._balancer = pb_grpc.BalancerStub(self._channel)
         self._registry = pb_grpc.RegistryStub(self._channel)
         self._watchers: dict[str, tuple[InstanceCache, asyncio.Task[None]]] = {}
@@ -131,46 +115,23 @@ class AsyncRotaClient:
         timeout: float | None = None,
     ) -> PickResult:
         """Asks rota for one instance of ``service``; see :meth:`rota.RotaClient.pick`."""
-        if version is None:
-            version = current_version() or ""
-        exclude = list(exclude)
-        if self._outage.shortcut() and self._followed(service):
-            # rota failed several picks in a row: answer locally for a while without waiting.
-            return self._local_pick(service, version, exclude, SHORTCUT_ERROR)
-        request = convert.pick_request(service, rule, version, key, zone, exclude)
-        try:
-            picked = convert.pick_result(await self._balancer.Pick(request, timeout=self._timeout(timeout)))
-        except grpc.RpcError as rpc_error:
-            error = RotaError.from_rpc_error(rpc_error)
-        else:
-            self._outage.answered()
-            return picked
-        if not falls_back(error):
-            self._outage.answered()
-            raise error
-        self._outage.unreachable()
-        if not self._followed(service):
-            raise error
-        return self._local_pick(service, version, exclude, error)
-
-    def _followed(self, service: str) -> bool:
-        return service in self._watchers and self._watchers[service][0].synced
-
-    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult:
-        picked = self._watchers[service][0].pick(version, exclude)
-        if picked is None:
-            raise local_no_eligible(service, version, error)
-        self._outage.picked_locally(service, str(error))
-        return picked
+        cache = self._watchers[service][0] if service in self._watchers else None
+        attempt = PickAttempt(self._outage, cache, service, rule, version, key, zone, exclude)
+        return await self._call(calls.pick_call(attempt), timeout)
 
     async def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
         """Sends outcomes of calls made to picked instances (at most 1000 per call)."""
-        request = pb.ReportRequest(outcomes=[convert.outcome_to_pb(o) for o in outcomes])
+        return await self._call(calls.report_call(outcomes), timeout)
+
+    async def _call(self, call: calls.UnaryCall[T], timeout: float | None) -> T:
+        if call.local is not None:
+            return call.local
+        stub = self._balancer if call.stub == calls.BALANCER else self._registry
         try:
-            response = await self._balancer.Report(request, timeout=self._timeout(timeout))
+            response = await getattr(stub, call.method)(call.request, timeout=timeout_or(self.timeout, timeout))
         except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return ReportResult(response.accepted, response.ignored)
+            return call.failed(rpc_error)
+        return call.answered(response)
 
     async def timed_call(
         self, picked: PickResult, call: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
@@ -179,91 +140,67 @@ class AsyncRotaClient:
 
         See :meth:`rota.RotaClient.timed_call` for the outcomes reported.
         """
-        started = time.perf_counter_ns()
+        timed = calls.TimedCall(picked)
         try:
             result = await call(*args, **kwargs)
-        except ConnectionError:
-            await self._report_quietly(picked, CallResult.CONNECT_FAILURE, started)
+        except Exception as error:
+            await self._report_quietly(timed.failed(error))
             raise
-        except Exception:
-            await self._report_quietly(picked, CallResult.ERROR, started)
-            raise
-        await self._report_quietly(picked, CallResult.OK, started)
+        await self._report_quietly(timed.outcome(CallResult.OK))
         return result
 
-    async def _report_quietly(self, picked: PickResult, result: CallResult, started_ns: int) -> None:
-        if picked.local_fallback:
-            return
-        latency_us = (time.perf_counter_ns() - started_ns) // 1000
-        try:
-            await self.report([CallOutcome.of(picked, result, latency_us)])
-        except RotaError as error:
-            log.info("could not report a call outcome to rota: %s", error)
+    async def _report_quietly(self, outcome: CallOutcome | None) -> None:
+        if outcome is not None:
+            try:
+                await self.report([outcome])
+            except RotaError as error:
+                calls.report_failed(error)
 
     # -- Registry --------------------------------------------------------------------------
 
     async def list_services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
-        try:
-            response = await self._registry.ListServices(pb.ListServicesRequest(), timeout=self._timeout(timeout))
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return convert.service_summaries(response)
+        return await self._call(calls.list_services_call(), timeout)
 
     async def list_instances(self, service: str, *, timeout: float | None = None) -> InstanceList:
         """Every registered instance of ``service`` (any status), sorted by id."""
-        request = pb.ListInstancesRequest(service=service)
-        try:
-            response = await self._registry.ListInstances(request, timeout=self._timeout(timeout))
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return convert.instance_list(response)
+        return await self._call(calls.list_instances_call(service), timeout)
 
     async def watch(self, service: str) -> AsyncIterator[WatchEvent]:
         """A snapshot of ``service``'s instances, then each change, until the iteration stops."""
         call = self._registry.Watch(pb.WatchRequest(service=service))
         try:
-            async for message in call:
-                event = convert.watch_event(message)
-                if event is not None:
-                    yield event
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
+            with calls.rota_errors():
+                async for message in call:
+                    event = convert.watch_event(message)
+                    if event is not None:
+                        yield event
         finally:
             call.cancel()
 
     def follow(self, service: str) -> InstanceCache:
         """Watches ``service`` in a background task (once per client); returns its cache."""
         if self._closed:
-            raise RuntimeError("the client is closed")
+            raise calls.client_closed()
         if service not in self._watchers:
-            cache = InstanceCache(service)
-            task = asyncio.get_running_loop().create_task(self._watch_into(cache), name=f"rota-watch-{service}")
-            self._watchers[service] = (cache, task)
+            following = Following(InstanceCache(service), self._outage)
+            task = asyncio.get_running_loop().create_task(self._watch_into(following), name=f"rota-watch-{service}")
+            self._watchers[service] = (following.cache, task)
         return self._watchers[service][0]
 
-    async def _watch_into(self, cache: InstanceCache) -> None:
-        backoff = _backoff()
+    async def _watch_into(self, following: Following) -> None:
         while True:
-            call = self._registry.Watch(pb.WatchRequest(service=cache.service))
-            opened = time.monotonic()
+            call = self._registry.Watch(following.request)
+            following.opened()
             try:
                 async for message in call:
-                    event = convert.watch_event(message)
-                    if event is not None:
-                        cache.apply(event)
-                        if event.kind == "snapshot":
-                            self._outage.answered()  # rota is reachable again
+                    following.received(message)
             except grpc.RpcError as rpc_error:
-                error = RotaError.from_rpc_error(rpc_error)
-                if error.code is grpc.StatusCode.INVALID_ARGUMENT:
-                    log.error("cannot watch %r: %s", cache.service, error)
+                if not following.interrupted(rpc_error):
                     return
-                log.info("watch of %r interrupted (%s); keeping the last list", cache.service, error)
             finally:
                 call.cancel()
-                if time.monotonic() - opened >= STABLE_STREAM_SECONDS:
-                    backoff.reset()
-            await asyncio.sleep(backoff.next_delay())
+                following.ended()
+            await asyncio.sleep(following.next_delay())
 
     def register(
         self,
@@ -278,13 +215,10 @@ class AsyncRotaClient:
             registration = await rota.register(instance)
             async with rota.register(instance) as registration: ...
         """
-        _check_instances(instances)
+        check_instances(instances)
         if self._closed:
-            raise RuntimeError("the client is closed")
+            raise calls.client_closed()
         return AsyncRegistration(self, instances, strict=strict, ack_timeout=ack_timeout)
-
-    def _timeout(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is None else timeout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,35 +237,32 @@ class _Stream:
 
     def __init__(self, stub: pb_grpc.RegistryStub, on_end: Callable[[], None]) -> None:
         self._call: Any = stub.Register()
-        self._pending: deque[asyncio.Future[Ack]] = deque()
+        self._acks: StreamAcks[asyncio.Future[Ack]] = StreamAcks()
         self._write_lock = asyncio.Lock()
         self._on_end = on_end
         self._half_closed = False
         self.ended = asyncio.Event()
-        self.end_reason = ""
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="rota-register-reader")
 
-    def _gone(self) -> RotaError:
-        return RotaError(grpc.StatusCode.UNAVAILABLE, f"registration stream ended: {self.end_reason}", unreachable=True)
+    @property
+    def end_reason(self) -> str:
+        return self._acks.end_reason
 
     async def send(self, request: pb.RegisterRequest, *, acked: bool) -> asyncio.Future[Ack] | None:
         async with self._write_lock:
             if self.ended.is_set() or self._half_closed:
-                raise self._gone()
+                raise self._acks.gone()
             future: asyncio.Future[Ack] | None = None
             if acked:
                 future = asyncio.get_running_loop().create_future()
                 future.add_done_callback(_retrieve)
-                self._pending.append(future)
+                self._acks.expect(future)
             try:
                 await self._call.write(request)
             except (grpc.RpcError, asyncio.InvalidStateError) as error:
-                if future is not None and future in self._pending:
-                    self._pending.remove(future)
+                if future is not None and self._acks.forget(future):
                     future.cancel()
-                raise RotaError(
-                    grpc.StatusCode.UNAVAILABLE, f"registration stream broken: {error}", unreachable=True
-                ) from None
+                raise broken(error) from None
             return future
 
     async def request(self, request: pb.RegisterRequest, timeout: float) -> Ack:
@@ -341,35 +272,27 @@ class _Stream:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
-            raise RotaError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"no acknowledgement from rota within {timeout:g}s", unreachable=True
-            ) from None
+            raise no_ack(timeout) from None
 
     async def _read(self) -> None:
-        reason = "rota ended the stream"
         try:
             while True:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
-                kind = response.WhichOneof("msg")
-                if kind == "ack":
-                    future = self._pending.popleft() if self._pending else None
-                    if future is not None and not future.done():
-                        future.set_result(convert.ack_from_pb(response.ack))
-                elif kind == "closing":
-                    reason = f"rota closed the stream: {response.closing.reason}"
+                answered = self._acks.received(response)
+                if answered is not None and not answered[0].done():
+                    answered[0].set_result(answered[1])
         except grpc.RpcError as rpc_error:
-            reason = str(RotaError.from_rpc_error(rpc_error))
+            self._acks.broke(rpc_error)
         except asyncio.CancelledError:
-            reason = "registration stream cancelled"
+            self._acks.cancelled()
         finally:
-            self.end_reason = reason
+            waiting, error = self._acks.end()
             self.ended.set()
-            pending, self._pending = list(self._pending), deque()
-            for future in pending:
+            for future in waiting:
                 if not future.done():
-                    future.set_exception(RotaError(grpc.StatusCode.UNAVAILABLE, reason, unreachable=True))
+                    future.set_exception(error)
             self._on_end()
 
     async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
@@ -407,23 +330,13 @@ class AsyncRegistration:
         self._stub = client._registry
         self._initial = list(instances)
         self._strict = strict
-        self._ack_timeout = ack_timeout
-        self._backoff = _backoff()
-        self._desired = Desired()
+        self._state = RegistrationState(ack_timeout)
         self._wake = asyncio.Event()
-        self._stopping = False
         self._opening: asyncio.Task[AsyncRegistration] | None = None
         self._stream: _Stream | None = None
         self._keeper: asyncio.Task[None] | None = None
-        self._close_ack: Ack | None = None
-        #: The withdrawal made by a re-announcement that was answered after close() began.
-        self._late_close_ack: Ack | None = None
         #: True while the keeper opens a new stream and waits for its acknowledgement.
         self._reannouncing = False
-        self._lease_id = 0
-        self._interval = 1.0
-        self.ack: Ack | None = None
-        self.reconnects = 0
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -445,21 +358,19 @@ class AsyncRegistration:
 
     async def _open_first(self) -> AsyncRegistration:
         self._stream, ack = await self._open(self._initial)
-        self.ack = ack
-        self._desired.announced(self._initial, ack)
-        self._lease_id = ack.lease_id
-        self._interval = max(ack.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT, 0.01)
+        self._state.opened(self._initial, ack)
         self._keeper = asyncio.get_running_loop().create_task(self._keep_alive(), name="rota-registration")
-        if self._strict and ack.refused:
+        refusal = self._state.refusal(self._strict)
+        if refusal is not None:
             await self.close()
-            raise RegistrationError(ack.refused)
+            raise refusal
         self._client._registrations.append(self)
         return self
 
     async def _open(self, instances: list[Instance]) -> tuple[_Stream, Ack]:
         stream = _Stream(self._stub, self._wake.set)
         try:
-            ack = await stream.request(convert.announce(instances), self._ack_timeout)
+            ack = await stream.request(convert.announce(instances), self._state.ack_timeout)
         except BaseException:  # RotaError, or the keeper cancelled by close(): end the stream
             await stream.close(0)
             raise
@@ -468,24 +379,32 @@ class AsyncRegistration:
     # -- public ----------------------------------------------------------------------------
 
     @property
+    def ack(self) -> Ack | None:
+        """rota's answer to the first announcement (``None`` until the registration is open)."""
+        return self._state.ack
+
+    @property
     def lease_id(self) -> int:
         """The lease of the current stream (a new one after each reconnection)."""
-        return self._lease_id
+        return self._state.lease_id
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the registration opened a new stream and announced its instances again."""
+        return self._state.reconnects
 
     @property
     def instances(self) -> list[Instance]:
         """The instances this registration keeps registered."""
-        return self._desired.instances()
+        return self._state.desired.instances()
 
     @property
     def closed(self) -> bool:
-        return self._stopping
+        return self._state.stopping
 
     async def announce(self, *instances: Instance, timeout: float | None = None) -> Ack:
         """Adds (or replaces) instances on this registration."""
-        ack = await self._request(convert.announce(instances), timeout)
-        self._desired.announced(instances, ack)
-        return ack
+        return await self._change(self._state.announce(instances), timeout)
 
     async def update(
         self,
@@ -497,26 +416,19 @@ class AsyncRegistration:
         timeout: float | None = None,
     ) -> Ack:
         """Changes one registered instance; arguments left ``None`` keep their value."""
-        ref = instance.ref if isinstance(instance, Instance) else instance
-        ack = await self._request(convert.update(ref, weight, status, metadata), timeout)
-        self._desired.updated(ref, ack, weight, status, metadata)
-        return ack
+        return await self._change(self._state.update(instance, weight, status, metadata), timeout)
 
     async def withdraw(self, *refs: Instance | InstanceRef, timeout: float | None = None) -> Ack:
         """Withdraws some instances (all of them when none are named); the stream stays open."""
-        refs_only = [r.ref if isinstance(r, Instance) else r for r in refs]
-        ack = await self._request(convert.withdraw(refs_only), timeout)
-        self._desired.withdrawn(refs_only, ack)
-        return ack
+        return await self._change(self._state.withdraw(refs), timeout)
 
     async def close(self, timeout: float = CLOSE_TIMEOUT) -> Ack | None:
         """Withdraws every instance, waits (at most ``timeout``) for rota's ack, ends the stream.
 
         Returns the acknowledgement, or ``None`` when rota could not be reached.
         """
-        if self._stopping:
-            return self._close_ack
-        self._stopping = True
+        if not self._state.begin_close():
+            return self._state.close_ack
         self._wake.set()
         ack: Ack | None = None
         stream = self._stream
@@ -524,7 +436,7 @@ class AsyncRegistration:
             try:
                 ack = await stream.request(convert.withdraw(), timeout)
             except RotaError as error:
-                log.info("withdrawing from rota failed (%s); ending the stream", error)
+                self._state.withdraw_failed(error)
             await stream.close(timeout)
         if self._keeper is not None:
             if self._reannouncing:
@@ -535,75 +447,74 @@ class AsyncRegistration:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
-        self._close_ack = ack if ack is not None else self._late_close_ack
+        close_ack = self._state.closed(ack)
         if self in self._client._registrations:
             self._client._registrations.remove(self)
-        return self._close_ack
+        return close_ack
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _request(self, request: pb.RegisterRequest, timeout: float | None) -> Ack:
-        if self._stopping:
-            raise RuntimeError("the registration is closed")
-        if self._stream is None:
-            raise RuntimeError("the registration is not open yet: await it first")
-        return await self._stream.request(request, self._ack_timeout if timeout is None else timeout)
+    async def _change(self, change: Change, timeout: float | None, stream: _Stream | None = None) -> Ack:
+        """Sends ``change`` (on the current stream unless told one) and records rota's answer."""
+        if stream is None:
+            self._state.check_open()
+            if self._stream is None:
+                raise RuntimeError("the registration is not open yet: await it first")
+            stream = self._stream
+        ack = await stream.request(change.request, self._state.timeout(timeout))
+        change.record(ack)
+        return ack
 
     async def _send_heartbeat(self, stream: _Stream) -> None:
         await stream.send(convert.heartbeat(), acked=False)
 
     async def _keep_alive(self) -> None:
-        while not self._stopping:
+        while not self._state.stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                await asyncio.wait_for(self._wake.wait(), self._state.interval)
             self._wake.clear()
-            if self._stopping:
+            if self._state.stopping:
                 return
             stream = self._stream
             assert stream is not None
             try:
-                if stream.ended.is_set():
-                    log.warning("lost the rota registration stream (%s); reconnecting", stream.end_reason)
+                step = self._state.next_step(stream.ended.is_set(), stream.end_reason)
+                if step == RECONNECT:
                     await self._reconnect()
-                elif self._desired.pending:
-                    pending = list(self._desired.pending.values())
-                    ack = await stream.request(convert.announce(pending), self._ack_timeout)
-                    self._desired.reannounced(pending, ack)
-                else:
+                elif step == HEARTBEAT:
                     await self._send_heartbeat(stream)
+                else:
+                    await self._change(self._state.retry(), None, stream)
             except RotaError as error:
-                log.info("rota registration: %s", error)
+                self._state.step_failed(error)
                 self._wake.set()
 
     async def _reconnect(self) -> None:
-        while not self._stopping:
-            await asyncio.sleep(self._backoff.next_delay())
-            if self._stopping:
+        while not self._state.stopping:
+            await asyncio.sleep(self._state.reconnect_delay())
+            if self._state.stopping:
                 return
-            instances = self._desired.instances() + list(self._desired.pending.values())
+            instances = self._state.reannouncement()
             self._reannouncing = True
             try:
                 try:
                     stream, ack = await self._open(instances)
                 except RotaError as error:
-                    log.info("reconnecting to rota failed: %s", error)
+                    self._state.reconnect_failed(error)
                     continue
-                if self._stopping:
-                    # close() began while this announcement was answered: rota holds the
-                    # instances on the new stream, so withdraw them there before ending it.
-                    try:
-                        self._late_close_ack = await stream.request(convert.withdraw(), CLOSE_TIMEOUT)
-                    except RotaError as error:
-                        log.info("withdrawing from rota failed (%s); ending the stream", error)
-                    await stream.close(0)
+                if not self._state.reconnected(instances, ack):
+                    await self._withdraw_late(stream)
                     return
             finally:
                 self._reannouncing = False
             self._stream = stream
-            self._lease_id = ack.lease_id
-            self._interval = max(ack.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT, 0.01)
-            self._desired.reannounced(instances, ack)
-            self.reconnects += 1
-            self._backoff.reset()
-            log.info("re-registered %d instance(s) with rota (lease %d)", len(ack.accepted), ack.lease_id)
             return
+
+    async def _withdraw_late(self, stream: _Stream) -> None:
+        late_ack: Ack | None = None
+        try:
+            late_ack = await stream.request(convert.withdraw(), CLOSE_TIMEOUT)
+        except RotaError as error:
+            self._state.withdraw_failed(error)
+        self._state.withdrawn_late(late_ack)
+        await stream.close(0)

@@ -1,12 +1,15 @@
-"""The blocking rota client, on ``grpcio``."""
+"""The blocking rota client, on ``grpcio``.
+
+It only does the I/O (grpc calls, threads, waiting); what is decided is in the modules both
+clients share: :mod:`rota._picking` (a pick and its local fallback), :mod:`rota._calls` (errors
+and timed calls), :mod:`rota._following` (the watch behind :meth:`RotaClient.follow`),
+:mod:`rota._registry_state` and :mod:`rota._register_stream` (registrations).
+"""
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -15,19 +18,19 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from . import _calls as calls
 from . import _convert as convert
 from ._convert import pb, pb_grpc
-from ._registry_state import Desired
-from .backoff import Backoff
-from .errors import RegistrationError, RotaError
-from .fallback import (
-    SHORTCUT_ERROR,
-    STABLE_STREAM_SECONDS,
-    InstanceCache,
-    OutageState,
-    falls_back,
-    local_no_eligible,
-)
+from ._dial import dial
+from ._following import Following
+from ._picking import PickAttempt
+from ._register_stream import StreamAcks, no_ack
+from ._registry_state import HEARTBEAT, RECONNECT, Change, RegistrationState, check_instances
+from ._settings import ACK_TIMEOUT, CLOSE_TIMEOUT, DEFAULT_TIMEOUT, channel_options, timeout_or
+from ._settings import CHANNEL_OPTIONS as CHANNEL_OPTIONS
+from ._settings import HEARTBEATS_PER_TIMEOUT as HEARTBEATS_PER_TIMEOUT
+from .errors import RotaError
+from .fallback import InstanceCache, OutageState
 from .model import (
     Ack,
     CallOutcome,
@@ -41,35 +44,9 @@ from .model import (
     ServiceSummary,
     WatchEvent,
 )
-from .version import current_version
-
-log = logging.getLogger("rota")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-#: Seconds a unary call (pick, report, listing) may take unless the client is told otherwise.
-DEFAULT_TIMEOUT = 2.0
-#: Seconds to wait for the acknowledgement of an Announce, Update or Withdraw.
-ACK_TIMEOUT = 5.0
-#: Seconds :meth:`Registration.close` waits for the acknowledgement of its Withdraw.
-CLOSE_TIMEOUT = 2.0
-#: Heartbeats go out at this fraction of rota's timeout, so two in a row may be lost.
-HEARTBEATS_PER_TIMEOUT = 3
-
-#: Channel settings: reconnect to rota quickly once it is back, and notice dead connections.
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 10_000),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-
-
-def _backoff() -> Backoff:
-    return Backoff(initial=0.1, cap=10.0)
 
 
 class RotaClient:
@@ -94,11 +71,7 @@ class RotaClient:
     ) -> None:
         self.target = convert.target(target)
         self.timeout = timeout
-        all_options = [*CHANNEL_OPTIONS, *options]
-        if credentials is None:
-            self._channel = grpc.insecure_channel(self.target, options=all_options)
-        else:
-            self._channel = grpc.secure_channel(self.target, credentials, options=all_options)
+        self._channel: grpc.Channel = dial(grpc, self.target, credentials, channel_options(options))
         self._balancer = pb_grpc.BalancerStub(self._channel)
         self._registry = pb_grpc.RegistryStub(self._channel)
         self._lock = threading.Lock()
@@ -157,47 +130,24 @@ class RotaClient:
         ``UNAVAILABLE`` (nothing eligible, or rota unreachable with nothing cached),
         ``INVALID_ARGUMENT`` (bad service name or rule).
         """
-        if version is None:
-            version = current_version() or ""
-        exclude = list(exclude)
-        if self._outage.shortcut() and self._followed(service):
-            # rota failed several picks in a row: answer locally for a while without waiting.
-            return self._local_pick(service, version, exclude, SHORTCUT_ERROR)
-        request = convert.pick_request(service, rule, version, key, zone, exclude)
-        try:
-            picked = convert.pick_result(self._balancer.Pick(request, timeout=self._timeout(timeout)))
-        except grpc.RpcError as rpc_error:
-            error = RotaError.from_rpc_error(rpc_error)
-        else:
-            self._outage.answered()
-            return picked
-        if not falls_back(error):
-            self._outage.answered()
-            raise error
-        self._outage.unreachable()
-        if not self._followed(service):
-            raise error
-        return self._local_pick(service, version, exclude, error)
-
-    def _followed(self, service: str) -> bool:
         watcher = self._watchers.get(service)
-        return watcher is not None and watcher.cache.synced
-
-    def _local_pick(self, service: str, version: str, exclude: list[str], error: RotaError) -> PickResult:
-        picked = self._watchers[service].cache.pick(version, exclude)
-        if picked is None:
-            raise local_no_eligible(service, version, error)
-        self._outage.picked_locally(service, str(error))
-        return picked
+        cache = None if watcher is None else watcher.cache
+        attempt = PickAttempt(self._outage, cache, service, rule, version, key, zone, exclude)
+        return self._call(calls.pick_call(attempt), timeout)
 
     def report(self, outcomes: Iterable[CallOutcome], *, timeout: float | None = None) -> ReportResult:
         """Sends outcomes of calls made to picked instances (at most 1000 per call)."""
-        request = pb.ReportRequest(outcomes=[convert.outcome_to_pb(o) for o in outcomes])
+        return self._call(calls.report_call(outcomes), timeout)
+
+    def _call(self, call: calls.UnaryCall[T], timeout: float | None) -> T:
+        if call.local is not None:
+            return call.local
+        stub = self._balancer if call.stub == calls.BALANCER else self._registry
         try:
-            response = self._balancer.Report(request, timeout=self._timeout(timeout))
+            response = getattr(stub, call.method)(call.request, timeout=timeout_or(self.timeout, timeout))
         except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return ReportResult(response.accepted, response.ignored)
+            return call.failed(rpc_error)
+        return call.answered(response)
 
     def timed_call(self, picked: PickResult, call: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Runs ``call(*args, **kwargs)`` against ``picked``, reports how it went, returns its result.
@@ -206,55 +156,40 @@ class RotaClient:
         :class:`ConnectionError`, ``ERROR`` for any other exception (which is re-raised). A
         failed report is logged, never raised: it must not fail the call.
         """
-        started = time.perf_counter_ns()
+        timed = calls.TimedCall(picked)
         try:
             result = call(*args, **kwargs)
-        except ConnectionError:
-            self._report_quietly(picked, CallResult.CONNECT_FAILURE, started)
+        except Exception as error:
+            self._report_quietly(timed.failed(error))
             raise
-        except Exception:
-            self._report_quietly(picked, CallResult.ERROR, started)
-            raise
-        self._report_quietly(picked, CallResult.OK, started)
+        self._report_quietly(timed.outcome(CallResult.OK))
         return result
 
-    def _report_quietly(self, picked: PickResult, result: CallResult, started_ns: int) -> None:
-        if picked.local_fallback:
-            return  # rota is unreachable; the outcome has nowhere to go
-        latency_us = (time.perf_counter_ns() - started_ns) // 1000
-        try:
-            self.report([CallOutcome.of(picked, result, latency_us)])
-        except RotaError as error:
-            log.info("could not report a call outcome to rota: %s", error)
+    def _report_quietly(self, outcome: CallOutcome | None) -> None:
+        if outcome is not None:
+            try:
+                self.report([outcome])
+            except RotaError as error:
+                calls.report_failed(error)
 
     # -- Registry --------------------------------------------------------------------------
 
     def list_services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
-        try:
-            response = self._registry.ListServices(pb.ListServicesRequest(), timeout=self._timeout(timeout))
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return convert.service_summaries(response)
+        return self._call(calls.list_services_call(), timeout)
 
     def list_instances(self, service: str, *, timeout: float | None = None) -> InstanceList:
         """Every registered instance of ``service`` (any status), sorted by id."""
-        request = pb.ListInstancesRequest(service=service)
-        try:
-            response = self._registry.ListInstances(request, timeout=self._timeout(timeout))
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
-        return convert.instance_list(response)
+        return self._call(calls.list_instances_call(service), timeout)
 
     def watch(self, service: str) -> Iterator[WatchEvent]:
         """A snapshot of ``service``'s instances, then each change, until the iterator is closed."""
         call = self._registry.Watch(pb.WatchRequest(service=service))
         try:
-            for message in call:
-                event = convert.watch_event(message)
-                if event is not None:
-                    yield event
-        except grpc.RpcError as rpc_error:
-            raise RotaError.from_rpc_error(rpc_error) from None
+            with calls.rota_errors():
+                for message in call:
+                    event = convert.watch_event(message)
+                    if event is not None:
+                        yield event
         finally:
             call.cancel()
 
@@ -265,7 +200,7 @@ class RotaClient:
         """
         with self._lock:
             if self._closed:
-                raise RuntimeError("the client is closed")
+                raise calls.client_closed()
             watcher = self._watchers.get(service)
             if watcher is None:
                 watcher = self._watchers[service] = _Watcher(self._registry, service, self._outage)
@@ -289,14 +224,15 @@ class RotaClient:
         nothing stays registered; with ``strict=False`` refusals are only reported in
         :attr:`Registration.ack`.
         """
-        _check_instances(instances)
+        check_instances(instances)
         with self._lock:
             if self._closed:
-                raise RuntimeError("the client is closed")
+                raise calls.client_closed()
         registration = Registration(self._registry, instances, ack_timeout=ack_timeout, on_close=self._forget)
-        if strict and registration.ack.refused:
+        refusal = registration._state.refusal(strict)
+        if refusal is not None:
             registration.close()
-            raise RegistrationError(registration.ack.refused)
+            raise refusal
         with self._lock:
             self._registrations.append(registration)
         return registration
@@ -305,15 +241,6 @@ class RotaClient:
         with self._lock:
             if registration in self._registrations:
                 self._registrations.remove(registration)
-
-    def _timeout(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is None else timeout
-
-
-def _check_instances(instances: tuple[Instance, ...]) -> None:
-    for instance in instances:
-        if not isinstance(instance, Instance):
-            raise TypeError(f"register() takes Instance arguments (register(*instances) for a list), got {instance!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,25 +255,26 @@ class _Stream:
 
     def __init__(self, stub: pb_grpc.RegistryStub, on_end: Callable[[], None]) -> None:
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending: deque[Future[Ack]] = deque()
+        self._acks: StreamAcks[Future[Ack]] = StreamAcks()
         self._lock = threading.Lock()
         self._on_end = on_end
         self.ended = threading.Event()
-        self.end_reason = ""
         self._call = stub.Register(iter(self._requests.get, _END))
         self._reader = threading.Thread(target=self._read, name="rota-register-reader", daemon=True)
         self._reader.start()
 
+    @property
+    def end_reason(self) -> str:
+        return self._acks.end_reason
+
     def send(self, request: pb.RegisterRequest, *, acked: bool) -> Future[Ack] | None:
         with self._lock:
             if self.ended.is_set():
-                raise RotaError(
-                    grpc.StatusCode.UNAVAILABLE, f"registration stream ended: {self.end_reason}", unreachable=True
-                )
+                raise self._acks.gone()
             future: Future[Ack] | None = None
             if acked:
                 future = Future()
-                self._pending.append(future)
+                self._acks.expect(future)
             self._requests.put(request)
             return future
 
@@ -357,32 +285,24 @@ class _Stream:
         try:
             return future.result(timeout)
         except FutureTimeout:
-            raise RotaError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"no acknowledgement from rota within {timeout:g}s", unreachable=True
-            ) from None
+            raise no_ack(timeout) from None
 
     def _read(self) -> None:
-        reason = "rota ended the stream"
         try:
             for response in self._call:
-                kind = response.WhichOneof("msg")
-                if kind == "ack":
-                    with self._lock:
-                        future = self._pending.popleft() if self._pending else None
-                    if future is not None:
-                        future.set_result(convert.ack_from_pb(response.ack))
-                elif kind == "closing":
-                    reason = f"rota closed the stream: {response.closing.reason}"
+                with self._lock:
+                    answered = self._acks.received(response)
+                if answered is not None:
+                    answered[0].set_result(answered[1])
         except grpc.RpcError as rpc_error:
-            reason = str(RotaError.from_rpc_error(rpc_error))
+            self._acks.broke(rpc_error)
         finally:
             with self._lock:
-                self.end_reason = reason
+                waiting, error = self._acks.end()
                 self.ended.set()
-                pending, self._pending = list(self._pending), deque()
                 self._requests.put(_END)
-            for future in pending:
-                future.set_exception(RotaError(grpc.StatusCode.UNAVAILABLE, reason, unreachable=True))
+            for future in waiting:
+                future.set_exception(error)
             self._on_end()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
@@ -411,22 +331,16 @@ class Registration:
         on_close: Callable[[Registration], None] | None = None,
     ) -> None:
         self._stub = stub
-        self._ack_timeout = ack_timeout
         self._on_close = on_close
-        self._backoff = _backoff()
-        self._desired = Desired()
+        self._state = RegistrationState(ack_timeout)
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        #: Set with the state's ``stopping``; wakes the keeper's waits.
         self._stopping = threading.Event()
-        self._close_ack: Ack | None = None
-        #: The withdrawal made by a re-announcement that was answered after close() began.
-        self._late_close_ack: Ack | None = None
-        self.reconnects = 0
         instances = list(instances)
-        self._stream, self.ack = self._open(instances)
-        self._desired.announced(instances, self.ack)
-        self._lease_id = self.ack.lease_id
-        self._interval = max(self.ack.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT, 0.01)
+        self._stream, ack = self._open(instances)
+        self._state.opened(instances, ack)
+        self.ack: Ack = ack
         self._keeper = threading.Thread(target=self._keep_alive, name="rota-registration", daemon=True)
         self._keeper.start()
 
@@ -435,24 +349,26 @@ class Registration:
     @property
     def lease_id(self) -> int:
         """The lease of the current stream (a new one after each reconnection)."""
-        return self._lease_id
+        return self._state.lease_id
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the registration opened a new stream and announced its instances again."""
+        return self._state.reconnects
 
     @property
     def instances(self) -> list[Instance]:
         """The instances this registration keeps registered."""
         with self._lock:
-            return self._desired.instances()
+            return self._state.desired.instances()
 
     @property
     def closed(self) -> bool:
-        return self._stopping.is_set()
+        return self._state.stopping
 
     def announce(self, *instances: Instance, timeout: float | None = None) -> Ack:
         """Adds (or replaces) instances on this registration."""
-        ack = self._request(convert.announce(instances), timeout)
-        with self._lock:
-            self._desired.announced(instances, ack)
-        return ack
+        return self._change(self._state.announce(instances), timeout)
 
     def update(
         self,
@@ -467,19 +383,11 @@ class Registration:
 
         ``update(instance, status=InstanceStatus.DRAINING)`` stops new picks of it.
         """
-        ref = instance.ref if isinstance(instance, Instance) else instance
-        ack = self._request(convert.update(ref, weight, status, metadata), timeout)
-        with self._lock:
-            self._desired.updated(ref, ack, weight, status, metadata)
-        return ack
+        return self._change(self._state.update(instance, weight, status, metadata), timeout)
 
     def withdraw(self, *refs: Instance | InstanceRef, timeout: float | None = None) -> Ack:
         """Withdraws some instances (all of them when none are named); the stream stays open."""
-        refs_only = [r.ref if isinstance(r, Instance) else r for r in refs]
-        ack = self._request(convert.withdraw(refs_only), timeout)
-        with self._lock:
-            self._desired.withdrawn(refs_only, ack)
-        return ack
+        return self._change(self._state.withdraw(refs), timeout)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> Ack | None:
         """Withdraws every instance, waits (at most ``timeout``) for rota's ack, ends the stream.
@@ -488,8 +396,8 @@ class Registration:
         reached (rota removes a lost stream's instances by itself). Closing twice is harmless.
         """
         with self._lock:
-            if self._stopping.is_set():
-                return self._close_ack
+            if not self._state.begin_close():
+                return self._state.close_ack
             self._stopping.set()
             stream = self._stream
         self._wake.set()
@@ -497,15 +405,12 @@ class Registration:
         try:
             ack = stream.request(convert.withdraw(), timeout)
         except RotaError as error:
-            log.info("withdrawing from rota failed (%s); ending the stream", error)
+            self._state.withdraw_failed(error)
         stream.close(timeout)
         # A re-announcement in flight withdraws what it registered before the keeper ends.
         self._keeper.join(timeout)
         with self._lock:
-            # When the stream in hand had already ended, a re-announcement that close() caught
-            # in flight was withdrawn on its own stream: that is the acknowledgement to return.
-            self._close_ack = ack if ack is not None else self._late_close_ack
-            close_ack = self._close_ack
+            close_ack = self._state.closed(ack)
         if self._on_close is not None:
             self._on_close(self)
         return close_ack
@@ -520,17 +425,21 @@ class Registration:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _request(self, request: pb.RegisterRequest, timeout: float | None) -> Ack:
+    def _change(self, change: Change, timeout: float | None, stream: _Stream | None = None) -> Ack:
+        """Sends ``change`` (on the current stream unless told one) and records rota's answer."""
+        if stream is None:
+            with self._lock:
+                self._state.check_open()
+                stream = self._stream
+        ack = stream.request(change.request, self._state.timeout(timeout))
         with self._lock:
-            if self._stopping.is_set():
-                raise RuntimeError("the registration is closed")
-            stream = self._stream
-        return stream.request(request, self._ack_timeout if timeout is None else timeout)
+            change.record(ack)
+        return ack
 
     def _open(self, instances: list[Instance]) -> tuple[_Stream, Ack]:
         stream = _Stream(self._stub, self._wake.set)
         try:
-            ack = stream.request(convert.announce(instances), self._ack_timeout)
+            ack = stream.request(convert.announce(instances), self._state.ack_timeout)
         except RotaError:
             stream.close(0)
             raise
@@ -541,66 +450,53 @@ class Registration:
 
     def _keep_alive(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self._interval)
+            self._wake.wait(self._state.interval)
             self._wake.clear()
             if self._stopping.is_set():
                 return
             stream = self._stream
             try:
-                if stream.ended.is_set():
-                    log.warning("lost the rota registration stream (%s); reconnecting", stream.end_reason)
+                step = self._state.next_step(stream.ended.is_set(), stream.end_reason)
+                if step == RECONNECT:
                     self._reconnect()
-                elif self._desired.pending:
-                    self._retry_pending(stream)
-                else:
+                elif step == HEARTBEAT:
                     self._send_heartbeat(stream)
+                else:
+                    with self._lock:
+                        retry = self._state.retry()
+                    self._change(retry, None, stream)
             except RotaError as error:
-                log.info("rota registration: %s", error)
+                self._state.step_failed(error)
                 self._wake.set()
-
-    def _retry_pending(self, stream: _Stream) -> None:
-        with self._lock:
-            pending = list(self._desired.pending.values())
-        ack = stream.request(convert.announce(pending), self._ack_timeout)
-        with self._lock:
-            self._desired.reannounced(pending, ack)
 
     def _reconnect(self) -> None:
         while not self._stopping.is_set():
-            if self._stopping.wait(self._backoff.next_delay()):
+            if self._stopping.wait(self._state.reconnect_delay()):
                 return
             with self._lock:
-                instances = self._desired.instances() + list(self._desired.pending.values())
+                instances = self._state.reannouncement()
             try:
                 stream, ack = self._open(instances)
             except RotaError as error:
-                log.info("reconnecting to rota failed: %s", error)
+                self._state.reconnect_failed(error)
                 continue
             with self._lock:
-                if self._stopping.is_set():
-                    stream_to_close: _Stream | None = stream
-                else:
-                    stream_to_close = None
+                current = self._state.reconnected(instances, ack)
+                if current:
                     self._stream = stream
-                    self._lease_id = ack.lease_id
-                    self._interval = max(ack.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT, 0.01)
-                    self._desired.reannounced(instances, ack)
-                    self.reconnects += 1
-            if stream_to_close is not None:
-                # close() began while this announcement was answered: rota holds the instances
-                # on the new stream, so withdraw them there before ending it.
-                try:
-                    late_ack: Ack | None = stream_to_close.request(convert.withdraw(), CLOSE_TIMEOUT)
-                except RotaError as error:
-                    log.info("withdrawing from rota failed (%s); ending the stream", error)
-                    late_ack = None
-                with self._lock:
-                    self._late_close_ack = late_ack
-                stream_to_close.close(0)
-                return
-            self._backoff.reset()
-            log.info("re-registered %d instance(s) with rota (lease %d)", len(ack.accepted), ack.lease_id)
+            if not current:
+                self._withdraw_late(stream)
             return
+
+    def _withdraw_late(self, stream: _Stream) -> None:
+        late_ack: Ack | None = None
+        try:
+            late_ack = stream.request(convert.withdraw(), CLOSE_TIMEOUT)
+        except RotaError as error:
+            self._state.withdraw_failed(error)
+        with self._lock:
+            self._state.withdrawn_late(late_ack)
+        stream.close(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,40 +510,29 @@ class _Watcher(threading.Thread):
     def __init__(self, stub: pb_grpc.RegistryStub, service: str, outage: OutageState) -> None:
         super().__init__(name=f"rota-watch-{service}", daemon=True)
         self._stub = stub
-        self._outage = outage
-        self._clock = time.monotonic
-        self.cache = InstanceCache(service)
+        self.following = Following(InstanceCache(service), outage)
+        self.cache = self.following.cache
         self._stopping = threading.Event()
         self._call: Any = None
         self._lock = threading.Lock()
-        self._backoff = _backoff()
 
     def run(self) -> None:
+        following = self.following
         while not self._stopping.is_set():
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self._call = call = self._stub.Watch(pb.WatchRequest(service=self.cache.service))
-            opened = self._clock()
+                self._call = call = self._stub.Watch(following.request)
+            following.opened()
             try:
                 for message in call:
-                    event = convert.watch_event(message)
-                    if event is not None:
-                        self.cache.apply(event)
-                        if event.kind == "snapshot":
-                            self._outage.answered()  # rota is reachable again
+                    following.received(message)
             except grpc.RpcError as rpc_error:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or not following.interrupted(rpc_error):
                     return
-                error = RotaError.from_rpc_error(rpc_error)
-                if error.code is grpc.StatusCode.INVALID_ARGUMENT:
-                    log.error("cannot watch %r: %s", self.cache.service, error)
-                    return
-                log.info("watch of %r interrupted (%s); keeping the last list", self.cache.service, error)
             finally:
-                if self._clock() - opened >= STABLE_STREAM_SECONDS:
-                    self._backoff.reset()
-            self._stopping.wait(self._backoff.next_delay())
+                following.ended()
+            self._stopping.wait(following.next_delay())
 
     def stop(self) -> None:
         with self._lock:

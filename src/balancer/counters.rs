@@ -49,7 +49,7 @@ impl PickResult {
         match error {
             PickError::Invalid(_) | PickError::Rule(_) => Self::InvalidArgument,
             PickError::UnknownService(_) => Self::NotFound,
-            PickError::Unavailable(_) | PickError::State(_) => Self::Unavailable,
+            PickError::Unavailable(_) => Self::Unavailable,
         }
     }
 

@@ -3,7 +3,6 @@
 
 use crate::registry::InvalidField;
 use crate::rules::RuleError;
-use crate::state::StateError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PickError {
@@ -15,6 +14,4 @@ pub enum PickError {
     UnknownService(String),
     #[error("{0}")]
     Unavailable(String),
-    #[error(transparent)]
-    State(#[from] StateError),
 }

@@ -121,7 +121,7 @@ impl Balancer {
             rule: rule.canonical.clone(),
             subset: isolated.subset.label().clone(),
         };
-        let first_ticket = if count == 0 { 0 } else { self.state.reserve_tickets(&counter, count).await? };
+        let first_ticket = if count == 0 { 0 } else { self.state.reserve_tickets(&counter, count).await };
         Ok(Leased {
             first_ticket,
             count,
@@ -144,7 +144,7 @@ impl Balancer {
     ) -> Result<Leased, PickError> {
         let name = &view.snapshot.name;
         let gray_counter = CounterKey { service: name.clone(), rule: GRAY_RULE.into(), subset: "".into() };
-        let first_gray = if count == 0 { 0 } else { self.state.reserve_tickets(&gray_counter, count).await? };
+        let first_gray = if count == 0 { 0 } else { self.state.reserve_tickets(&gray_counter, count).await };
         // The versions in the order the gray tickets name them, with how many picks each gets.
         let mut groups: Vec<(Option<&str>, u32)> = Vec::new();
         let versions: Vec<Option<&str>> = (0..u64::from(count)).map(|i| gray.version_for(first_gray + i)).collect();
@@ -189,7 +189,7 @@ impl Balancer {
             ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
             let counter =
                 CounterKey { service: name.clone(), rule: rule.canonical.clone(), subset: subset.label().clone() };
-            let first = self.state.reserve_tickets(&counter, picks).await?;
+            let first = self.state.reserve_tickets(&counter, picks).await;
             let mut mapped = Vec::with_capacity(picks as usize);
             for ticket in first..first + u64::from(picks) {
                 let draw = Draw { candidates, ticket, key: "", zone: "", now, excluded: Excluded::new(&skipped) };

@@ -84,7 +84,7 @@ impl Balancer {
             },
             || self.counters.ok_counter(&snapshot.name, &rule.canonical),
         );
-        let ticket = self.state.draw(&rotation).await?;
+        let ticket = self.state.draw(&rotation).await;
         let draw = Draw { candidates, ticket, key: query.key, zone: query.zone, now, excluded };
 
         let (index, refresh) = match selector {
@@ -97,7 +97,7 @@ impl Balancer {
             return Ok(Attempt::Tripped(instance.id.clone()));
         }
         if let Some(refresh) = refresh {
-            self.state.sticky_set(refresh.key, instance.id.clone(), refresh.ttl).await?;
+            self.state.sticky_set(refresh.key, instance.id.clone(), refresh.ttl).await;
         }
         rotation.tally();
         self.stats.on_pick(handle, &rule.canonical);
@@ -131,7 +131,7 @@ impl Balancer {
         match (&policy.gray, query.version.is_empty()) {
             (Some(gray), true) => {
                 let counter = CounterKey { service: snapshot.name.clone(), rule: GRAY_RULE.into(), subset: "".into() };
-                let ticket = self.state.next_ticket(&counter).await?;
+                let ticket = self.state.next_ticket(&counter).await;
                 Ok(Cow::Owned(gray.version_for(ticket).unwrap_or_default().to_owned()))
             }
             _ => Ok(Cow::Borrowed(query.version)),

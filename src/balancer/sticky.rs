@@ -44,7 +44,7 @@ impl Balancer {
                 .filter(|&index| draw.accepts(index) && !tripped(index))
         };
         let choose = |fallback: &mut Option<String>| self.choose(selection.selector, draw, fallback, selection.rule);
-        match self.state.sticky_get(&key).await? {
+        match self.state.sticky_get(&key).await {
             Some(id) => match eligible(&id) {
                 // Still UP, not drained, not tripped: keep the assignment (refreshed once taken).
                 Some(index) => Ok((index, Some(Refresh { key, ttl }))),
@@ -56,7 +56,7 @@ impl Balancer {
             None => {
                 let chosen = choose(fallback)?;
                 let id = candidates.members()[chosen].id.clone();
-                let winner = self.state.sticky_claim(key.clone(), id, ttl).await?;
+                let winner = self.state.sticky_claim(key.clone(), id, ttl).await;
                 match eligible(&winner) {
                     Some(index) => Ok((index, None)),
                     None => Ok((chosen, Some(Refresh { key, ttl }))),

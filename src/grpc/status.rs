@@ -11,14 +11,12 @@ use crate::auth::AuthError;
 use crate::balancer::PickError;
 use crate::policy::PolicyError;
 use crate::registry::{InvalidField, Refused, RegistryClosed};
-use crate::state::StateError;
 
 pub fn pick_error_code(error: &PickError) -> Code {
     match error {
         PickError::Invalid(_) | PickError::Rule(_) => Code::InvalidArgument,
         PickError::UnknownService(_) => Code::NotFound,
         PickError::Unavailable(_) => Code::Unavailable,
-        PickError::State(StateError::Unavailable(_)) => Code::Unavailable,
     }
 }
 
@@ -32,7 +30,6 @@ pub fn pick_error_reason(error: &PickError) -> &'static str {
         PickError::Rule(_) => "invalid_rule",
         PickError::UnknownService(_) => "unknown_service",
         PickError::Unavailable(_) => "no_eligible_instance",
-        PickError::State(_) => "state_unavailable",
     }
 }
 

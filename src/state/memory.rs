@@ -1,15 +1,16 @@
 //! In-process rule state: concurrent maps of atomic counters and sticky assignments.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::hash::ConcurrentMap;
 use tokio::time::Instant;
 
-use super::redis::tickets::SharedCounter;
-use super::{CounterKey, StickyKey};
+use super::rotation::{RemoteCounter, Rotation, RotationCache};
+use super::{Assignments, CounterKey, StickyKey, Tickets};
 
 /// Sticky assignments kept at most; past this, new keys are not remembered (stickiness is
 /// best-effort affinity, never a promise) until expired entries are pruned.
@@ -24,59 +25,6 @@ const STICKY_ENTRY_OVERHEAD: usize = 128;
 /// it) before it is dropped: 10 minutes at the default 30 s interval. A dropped rotation starts
 /// again from ticket 0 when next used.
 const IDLE_ROUNDS: u32 = 20;
-
-/// Rotations remembered per snapshot subset (one per rule used on it); past this, picks of
-/// further rules on the subset look their counter up.
-const CACHED_ROTATIONS: usize = 8;
-
-/// One rotation as picks reach it: its shared ticket counter and the counter its successful
-/// picks are tallied on (operators' count of picks per service and rule).
-#[derive(Debug, Clone)]
-pub struct Rotation {
-    rule: Arc<str>,
-    ticket: Arc<AtomicU64>,
-    picked: Arc<AtomicU64>,
-    /// The counter shared with other replicas, when the state lives in Redis.
-    shared: Option<Arc<SharedCounter>>,
-}
-
-impl Rotation {
-    pub fn shared(&self) -> Option<&Arc<SharedCounter>> {
-        self.shared.as_ref()
-    }
-
-    /// Counts one successful pick from this rotation.
-    pub fn tally(&self) {
-        self.picked.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Rotations cached on a snapshot subset, so repeated picks reach their counters with a short
-/// scan of set-once slots: no hashing, no lock, no reference count touched. The counters
-/// themselves live in [`MemoryState`] and outlive the snapshot.
-#[derive(Debug, Default)]
-pub struct RotationCache {
-    slots: [OnceLock<Rotation>; CACHED_ROTATIONS],
-}
-
-impl RotationCache {
-    fn find(&self, rule: &str) -> Option<&Rotation> {
-        for slot in &self.slots {
-            match slot.get() {
-                Some(rotation) if *rotation.rule == *rule => return Some(rotation),
-                Some(_) => {}
-                None => return None,
-            }
-        }
-        None
-    }
-
-    /// Puts `rotation` in the first free slot (or finds it there, set by a concurrent pick);
-    /// `None` when every slot holds another rule.
-    fn remember(&self, rotation: &Rotation) -> Option<&Rotation> {
-        self.slots.iter().map(|slot| slot.get_or_init(|| rotation.clone())).find(|r| *r.rule == *rotation.rule)
-    }
-}
 
 /// A rotation's counter as the map holds it, with what housekeeping saw of it last.
 #[derive(Debug, Default)]
@@ -149,21 +97,21 @@ impl MemoryState {
         self.rotation_with(cache, rule, key, picked, |_| None)
     }
 
-    /// [`Self::rotation`], attaching `shared(key)` to a rotation not yet cached.
+    /// [`Self::rotation`], attaching `remote(key)` to a rotation not yet cached.
     pub(crate) fn rotation_with<'c>(
         &self,
         cache: &'c RotationCache,
         rule: &str,
         key: impl FnOnce() -> CounterKey,
         picked: impl FnOnce() -> Arc<AtomicU64>,
-        shared: impl FnOnce(&CounterKey) -> Option<Arc<SharedCounter>>,
+        remote: impl FnOnce(&CounterKey) -> Option<Arc<dyn RemoteCounter>>,
     ) -> Cow<'c, Rotation> {
         if let Some(rotation) = cache.find(rule) {
             return Cow::Borrowed(rotation);
         }
         let key = key();
-        let shared = shared(&key);
-        let rotation = Rotation { ticket: self.counter(&key), rule: key.rule, picked: picked(), shared };
+        let remote = remote(&key);
+        let rotation = Rotation::new(key.rule.clone(), self.counter(&key), picked(), remote);
         match cache.remember(&rotation) {
             Some(cached) => Cow::Borrowed(cached),
             None => Cow::Owned(rotation),
@@ -172,7 +120,7 @@ impl MemoryState {
 
     /// Draws the next ticket of a rotation.
     pub fn draw(&self, rotation: &Rotation) -> u64 {
-        rotation.ticket.fetch_add(1, Ordering::Relaxed)
+        rotation.ticket().fetch_add(1, Ordering::Relaxed)
     }
 
     /// The in-process counter of a rotation.
@@ -274,11 +222,56 @@ impl MemoryState {
     }
 }
 
+impl Tickets for MemoryState {
+    fn rotation<'c>(
+        &self,
+        cache: &'c RotationCache,
+        rule: &str,
+        key: impl FnOnce() -> CounterKey,
+        picked: impl FnOnce() -> Arc<AtomicU64>,
+    ) -> Cow<'c, Rotation> {
+        MemoryState::rotation(self, cache, rule, key, picked)
+    }
+
+    fn draw(&self, rotation: &Rotation) -> impl Future<Output = u64> + Send {
+        std::future::ready(MemoryState::draw(self, rotation))
+    }
+
+    fn reserve(&self, key: &CounterKey, count: u32) -> impl Future<Output = u64> + Send {
+        std::future::ready(self.reserve_tickets(key, count))
+    }
+}
+
+impl Assignments for MemoryState {
+    fn assigned(&self, key: &StickyKey) -> impl Future<Output = Option<Arc<str>>> + Send {
+        std::future::ready(self.sticky_get(key))
+    }
+
+    fn claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> impl Future<Output = Arc<str>> + Send {
+        std::future::ready(self.sticky_claim(key, id, ttl))
+    }
+
+    fn assign(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> impl Future<Output = ()> + Send {
+        self.sticky_set(key, id, ttl);
+        std::future::ready(())
+    }
+
+    fn usage(&self) -> StickyUsage {
+        self.sticky_usage()
+    }
+
+    fn housekeeping(&self) {
+        self.prune_sticky();
+        self.prune_counters();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
     use super::*;
+    use crate::state::rotation::CACHED_ROTATIONS;
 
     fn key(rule: &str) -> CounterKey {
         CounterKey { service: "svc".into(), rule: rule.into(), subset: "version=".into() }

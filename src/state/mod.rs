@@ -2,13 +2,17 @@
 //! sticky assignments and per-instance call statistics.
 //!
 //! Counters are keyed by (service, rule, subset) — never by the snapshot — so a registration
-//! change does not restart a rotation. The [`StateBackend`] enum holds either the in-process
+//! change does not restart a rotation. What a backend keeps is the contract of [`contract`]:
+//! [`Tickets`] and [`Assignments`]. The [`StateBackend`] enum holds either the in-process
 //! [`MemoryState`] or a [`RedisState`] shared by several rota replicas drawing from one counter;
-//! an enum rather than a trait object keeps the pick path free of boxed futures.
+//! an enum rather than a trait object keeps the pick path free of boxed futures. Adding a
+//! backend is implementing the two traits and adding a variant (and its arm in `each_backend!`).
 
+pub mod contract;
 pub mod ejection;
 mod memory;
 pub mod redis;
+mod rotation;
 mod stats;
 
 use std::borrow::Cow;
@@ -16,9 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+pub use contract::{Assignments, Tickets};
 pub use ejection::{EjectionConfig, ServiceEjections};
-pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, Rotation, RotationCache, StickyUsage};
+pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, StickyUsage};
 pub use redis::{RedisConfig, RedisState};
+pub use rotation::{RemoteCounter, Rotation, RotationCache};
 pub use stats::{
     BreakerConfig, FAILED_CALL_LATENCY, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE,
     Origin, Outcome, Outliers, RemoteLoad, Stats, StatsConfig, StatsHandle,
@@ -40,12 +46,6 @@ pub struct StickyKey {
     pub service: Arc<str>,
     pub subset: Arc<str>,
     pub key: Box<str>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StateError {
-    #[error("state backend unavailable: {0}")]
-    Unavailable(String),
 }
 
 /// Where rule state lives.
@@ -102,26 +102,28 @@ impl Default for StateBackend {
     }
 }
 
-impl StateBackend {
-    /// Draws the next ticket of a rotation: 0, 1, 2, ... across all callers, each number once.
-    pub async fn next_ticket(&self, key: &CounterKey) -> Result<u64, StateError> {
-        match self {
-            StateBackend::Memory(memory) => Ok(memory.next_ticket(key)),
-            StateBackend::Redis(redis) => Ok(redis.reserve_tickets(key, 1).await),
+/// Runs `$call` on whichever backend `$state` is, bound to `$backend`.
+macro_rules! each_backend {
+    ($state:expr, $backend:ident => $call:expr) => {
+        match $state {
+            StateBackend::Memory($backend) => $call,
+            StateBackend::Redis($backend) => $call,
         }
+    };
+}
+
+impl StateBackend {
+    /// Draws the next ticket of the rotation `key`: 0, 1, 2, ... across all callers, each once.
+    pub async fn next_ticket(&self, key: &CounterKey) -> u64 {
+        each_backend!(self, backend => backend.reserve(key, 1).await)
     }
 
     /// Reserves `count` consecutive tickets and returns the first.
-    pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> Result<u64, StateError> {
-        match self {
-            StateBackend::Memory(memory) => Ok(memory.reserve_tickets(key, count)),
-            StateBackend::Redis(redis) => Ok(redis.reserve_tickets(key, count).await),
-        }
+    pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> u64 {
+        each_backend!(self, backend => backend.reserve(key, count).await)
     }
 
-    /// The rotation of `rule` for picks on a snapshot subset, from the subset's `cache` when
-    /// it holds it; otherwise `key()` names the rotation and `picked()` gives the counter its
-    /// successful picks are tallied on.
+    /// See [`Tickets::rotation`].
     pub fn rotation<'c>(
         &self,
         cache: &'c RotationCache,
@@ -129,49 +131,27 @@ impl StateBackend {
         key: impl FnOnce() -> CounterKey,
         picked: impl FnOnce() -> Arc<AtomicU64>,
     ) -> Cow<'c, Rotation> {
-        match self {
-            StateBackend::Memory(memory) => memory.rotation(cache, rule, key, picked),
-            StateBackend::Redis(redis) => redis.rotation(cache, rule, key, picked),
-        }
+        each_backend!(self, backend => Tickets::rotation(backend, cache, rule, key, picked))
     }
 
     /// Draws the next ticket of `rotation`: 0, 1, 2, ... across all callers, each number once.
-    pub async fn draw(&self, rotation: &Rotation) -> Result<u64, StateError> {
-        match self {
-            StateBackend::Memory(memory) => Ok(memory.draw(rotation)),
-            StateBackend::Redis(redis) => Ok(redis.draw(rotation).await),
-        }
+    pub async fn draw(&self, rotation: &Rotation) -> u64 {
+        each_backend!(self, backend => Tickets::draw(backend, rotation).await)
     }
 
-    /// The instance id remembered for `key`, if its assignment has not expired.
-    pub async fn sticky_get(&self, key: &StickyKey) -> Result<Option<Arc<str>>, StateError> {
-        match self {
-            StateBackend::Memory(memory) => Ok(memory.sticky_get(key)),
-            StateBackend::Redis(redis) => Ok(redis.sticky_get(key).await),
-        }
+    /// See [`Assignments::assigned`].
+    pub async fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
+        each_backend!(self, backend => backend.assigned(key).await)
     }
 
-    /// Remembers `key → id` for `ttl` unless `key` already has a live assignment; returns the
-    /// assignment that holds (the earlier one, or `id`).
-    pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Result<Arc<str>, StateError> {
-        match self {
-            StateBackend::Memory(memory) => Ok(memory.sticky_claim(key, id, ttl)),
-            StateBackend::Redis(redis) => Ok(redis.sticky_claim(key, id, ttl).await),
-        }
+    /// See [`Assignments::claim`].
+    pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
+        each_backend!(self, backend => backend.claim(key, id, ttl).await)
     }
 
-    /// Remembers (or refreshes) `key → id` for `ttl`.
-    pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Result<(), StateError> {
-        match self {
-            StateBackend::Memory(memory) => {
-                memory.sticky_set(key, id, ttl);
-                Ok(())
-            }
-            StateBackend::Redis(redis) => {
-                redis.sticky_set(key, id, ttl).await;
-                Ok(())
-            }
-        }
+    /// See [`Assignments::assign`].
+    pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
+        each_backend!(self, backend => backend.assign(key, id, ttl).await)
     }
 
     /// In-process state whose sticky assignments may use `sticky_budget` bytes.
@@ -206,20 +186,11 @@ impl StateBackend {
 
     /// Drops expired sticky entries and idle rotation counters.
     pub fn housekeeping(&self) {
-        match self {
-            StateBackend::Memory(memory) => {
-                memory.prune_sticky();
-                memory.prune_counters();
-            }
-            StateBackend::Redis(redis) => redis.housekeeping(),
-        }
+        each_backend!(self, backend => Assignments::housekeeping(backend))
     }
 
     pub fn sticky_usage(&self) -> StickyUsage {
-        match self {
-            StateBackend::Memory(memory) => memory.sticky_usage(),
-            StateBackend::Redis(redis) => redis.sticky_usage(),
-        }
+        each_backend!(self, backend => backend.usage())
     }
 
     pub fn name(&self) -> &'static str {

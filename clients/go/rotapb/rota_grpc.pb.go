@@ -37,7 +37,7 @@ const (
 type BalancerClient interface {
 	// Chooses one instance of a service. A failure that rota itself decided carries the trailer
 	// `rota-error` with a stable reason (`invalid_argument`, `invalid_rule`, `unknown_service`,
-	// `no_eligible_instance`, `state_unavailable`); a status without it came from the transport.
+	// `no_eligible_instance`, `warming_up`); a status without it came from the transport.
 	Pick(ctx context.Context, in *PickRequest, opts ...grpc.CallOption) (*PickResponse, error)
 	// Answers each request in order on one stream, for consumers that pick at high rates.
 	PickStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PickRequest, PickResponse], error)
@@ -109,7 +109,7 @@ func (c *balancerClient) Lease(ctx context.Context, in *LeaseRequest, opts ...gr
 type BalancerServer interface {
 	// Chooses one instance of a service. A failure that rota itself decided carries the trailer
 	// `rota-error` with a stable reason (`invalid_argument`, `invalid_rule`, `unknown_service`,
-	// `no_eligible_instance`, `state_unavailable`); a status without it came from the transport.
+	// `no_eligible_instance`, `warming_up`); a status without it came from the transport.
 	Pick(context.Context, *PickRequest) (*PickResponse, error)
 	// Answers each request in order on one stream, for consumers that pick at high rates.
 	PickStream(grpc.BidiStreamingServer[PickRequest, PickResponse]) error

@@ -15,6 +15,7 @@ mod target;
 pub(crate) mod tickets;
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -25,8 +26,9 @@ pub use link::{CHECK_INTERVAL, COMMAND_TIMEOUT, Link, LinkScript, time_floor};
 pub use target::Target;
 pub use tickets::{COUNTER_TTL, MAX_BATCH, SharedCounter};
 
-use super::memory::{MemoryState, Rotation, RotationCache, StickyUsage};
-use super::{CounterKey, StickyKey};
+use super::memory::{MemoryState, StickyUsage};
+use super::rotation::{RemoteCounter, Rotation, RotationCache};
+use super::{Assignments, CounterKey, StickyKey, Tickets};
 
 /// Largest `ticket_block`.
 pub const MAX_TICKET_BLOCK: u32 = 65_536;
@@ -82,28 +84,38 @@ impl RedisState {
             .clone()
     }
 
-    pub async fn reserve_tickets(&self, key: &CounterKey, count: u32) -> u64 {
-        self.counter(key).draw(count).await
+    pub fn is_up(&self) -> bool {
+        self.link.is_up()
     }
+}
 
-    pub fn rotation<'c>(
+impl Tickets for RedisState {
+    fn rotation<'c>(
         &self,
         cache: &'c RotationCache,
         rule: &str,
         key: impl FnOnce() -> CounterKey,
         picked: impl FnOnce() -> Arc<AtomicU64>,
     ) -> Cow<'c, Rotation> {
-        self.local.rotation_with(cache, rule, key, picked, |key| Some(self.counter(key)))
+        let remote = |key: &CounterKey| Some(self.counter(key) as Arc<dyn RemoteCounter>);
+        self.local.rotation_with(cache, rule, key, picked, remote)
     }
 
-    pub async fn draw(&self, rotation: &Rotation) -> u64 {
-        match rotation.shared() {
+    async fn draw(&self, rotation: &Rotation) -> u64 {
+        match rotation.remote() {
             Some(counter) => counter.draw(1).await,
             None => self.local.draw(rotation),
         }
     }
 
-    pub async fn sticky_get(&self, key: &StickyKey) -> Option<Arc<str>> {
+    fn reserve(&self, key: &CounterKey, count: u32) -> impl Future<Output = u64> + Send {
+        let counter = self.counter(key);
+        async move { counter.draw(count).await }
+    }
+}
+
+impl Assignments for RedisState {
+    async fn assigned(&self, key: &StickyKey) -> Option<Arc<str>> {
         let redis_key = keys::sticky(key);
         let remote =
             self.link
@@ -118,7 +130,7 @@ impl RedisState {
     }
 
     /// `SET … NX GET`: the first replica to assign a key wins; later claims read its choice.
-    pub async fn sticky_claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
+    async fn claim(&self, key: StickyKey, id: Arc<str>, ttl: Duration) -> Arc<str> {
         let redis_key = keys::sticky(&key);
         let millis = ttl.as_millis().max(1) as u64;
         let value = id.clone();
@@ -150,7 +162,7 @@ impl RedisState {
         }
     }
 
-    pub async fn sticky_set(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
+    async fn assign(&self, key: StickyKey, id: Arc<str>, ttl: Duration) {
         let redis_key = keys::sticky(&key);
         let millis = ttl.as_millis().max(1) as u64;
         let value = id.clone();
@@ -163,19 +175,14 @@ impl RedisState {
         self.local.sticky_set(key, id, ttl);
     }
 
-    /// Drops local sticky entries that expired, and drawers of rotations nobody used since the
-    /// last round (their Redis counters expire on their own).
-    pub fn housekeeping(&self) {
-        self.counters.retain(|_, counter| Arc::strong_count(counter) > 1 || counter.take_used());
-        self.local.prune_sticky();
-        self.local.prune_counters();
-    }
-
-    pub fn sticky_usage(&self) -> StickyUsage {
+    fn usage(&self) -> StickyUsage {
         self.local.sticky_usage()
     }
 
-    pub fn is_up(&self) -> bool {
-        self.link.is_up()
+    /// Drops local sticky entries that expired, and drawers of rotations nobody used since the
+    /// last round (their Redis counters expire on their own).
+    fn housekeeping(&self) {
+        self.counters.retain(|_, counter| Arc::strong_count(counter) > 1 || counter.take_used());
+        Assignments::housekeeping(&self.local);
     }
 }

@@ -70,6 +70,12 @@ impl std::fmt::Debug for SharedCounter {
     }
 }
 
+impl crate::state::RemoteCounter for SharedCounter {
+    fn draw(&self, count: u32) -> futures_util::future::BoxFuture<'_, u64> {
+        Box::pin(SharedCounter::draw(self, count))
+    }
+}
+
 impl SharedCounter {
     /// The counter stored at `key`, with its drawer running on the current runtime. `local`
     /// is the rotation's in-process counter, used while Redis is unreachable.

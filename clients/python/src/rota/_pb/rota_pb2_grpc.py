@@ -70,7 +70,7 @@ class BalancerServicer:
     def Pick(self, request, context):
         """Chooses one instance of a service. A failure that rota itself decided carries the trailer
         `rota-error` with a stable reason (`invalid_argument`, `invalid_rule`, `unknown_service`,
-        `no_eligible_instance`, `state_unavailable`); a status without it came from the transport.
+        `no_eligible_instance`, `warming_up`); a status without it came from the transport.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -24,9 +24,10 @@ use std::sync::atomic::AtomicU64;
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use futures_util::FutureExt;
 use rota::balancer::{Balancer, PickQuery};
+use rota::load::{BreakerConfig, Origin, Outcome, Stats};
 use rota::registry::{Instance, InstanceSpec, Registry, RegistryConfig, ServiceSnapshot, Subset};
 use rota::rules::{Candidates, Draw, Excluded, LoadIndex, LoadTable, Needs, Select, parse};
-use rota::state::{BreakerConfig, CounterKey, MemoryState, Origin, Outcome, RotationCache, Stats};
+use rota::state::{CounterKey, MemoryState, RotationCache};
 
 #[path = "../tests/support/counting_alloc.rs"]
 mod counting_alloc;
@@ -83,7 +84,7 @@ fn select_benches(c: &mut Criterion) {
         let index = Arc::new(LoadIndex::new(candidates.subset.members.clone()));
         stats.attach(&index);
         // Every instance has a reported latency (1 to 50 ms), so `response_time` weighs them.
-        let outliers = rota::state::Outliers::breaker(BreakerConfig::default());
+        let outliers = rota::load::Outliers::breaker(BreakerConfig::default());
         for (i, instance) in candidates.members().iter().enumerate() {
             let latency = std::time::Duration::from_millis(1 + (i % 50) as u64);
             stats.on_outcome(&instance.service, &instance.id, Outcome::Success, Origin::Pick, latency, outliers);

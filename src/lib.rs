@@ -11,9 +11,11 @@
 //! - [`rules`] — filters (version isolation, exclude) and selectors (round robin, repeat,
 //!   weighted, response time, least request, consistent hash, ...), one file each, as pure
 //!   functions over a snapshot subset, a ticket and a read-only view of instance load.
-//! - [`state`] — rule state shared by all consumers: rotation counters, sticky assignments,
-//!   per-instance call statistics and circuit breakers; in this process, or in Redis for
-//!   several replicas.
+//! - [`load`] — what rota knows of each instance's load (picks in flight, latency, outcomes,
+//!   breaker, ejection), merged with the other replicas', and the per-subset index
+//!   load-aware rules read.
+//! - [`state`] — rule state shared by all consumers: rotation counters and sticky
+//!   assignments; in this process, or in Redis for several replicas.
 //! - [`replicas`] — several rota servers acting as one through Redis: each shares its
 //!   registration streams' instances, its statistics and its runtime policies with the others.
 //! - [`policy`] — per-service policies (default rule, isolation fallback, gray release,
@@ -46,6 +48,7 @@ pub mod config;
 pub mod grpc;
 pub mod hash;
 pub mod listener;
+pub mod load;
 pub mod loadgen;
 pub mod policy;
 pub mod registry;

@@ -25,11 +25,12 @@ use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
 use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup, XdsService};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
+use crate::load::StatsConfig;
 use crate::pb;
 use crate::policy::file::{ConfigError, PolicyReloads};
 use crate::policy::{Policies, PolicySet};
 use crate::registry::{Registry, RegistryConfig};
-use crate::state::{StateBackend, StateConfig, StatsConfig};
+use crate::state::{StateBackend, StateConfig};
 use crate::tls::{ReloadingAcceptor, TlsError, TlsFiles, TlsReloads};
 
 /// Default gRPC listen address: loopback only, so an unconfigured rota is not exposed.

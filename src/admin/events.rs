@@ -27,7 +27,7 @@
 //!   an instance that came and went between two pushes still leaves its mark.
 //!
 //! Latency: rota keeps one exponentially weighted moving average of reported call latencies per
-//! instance (see `crate::state::Stats`), not a distribution, so the history samples that EWMA and
+//! instance (see `crate::load::Stats`), not a distribution, so the history samples that EWMA and
 //! the page labels it as such; it shows no percentiles it does not have.
 //!
 //! # Memory

@@ -215,7 +215,7 @@ fn render_catalog(state: &AdminState, out: &mut String) {
         .iter()
         .map(|s| s.instances.iter().map(|i| state.balancer.instance_stats(&s.name, &i.id)).collect())
         .collect();
-    let each = |out: &mut String, write: &dyn Fn(&mut String, &str, &crate::state::InstanceReport)| {
+    let each = |out: &mut String, write: &dyn Fn(&mut String, &str, &crate::load::InstanceReport)| {
         for (snapshot, reports) in services.iter().zip(&reports) {
             for (instance, report) in snapshot.instances.iter().zip(reports) {
                 let labels = format!("service=\"{}\",instance=\"{}\"", escape(&snapshot.name), escape(&instance.id));

@@ -1,6 +1,6 @@
 //! Pick counters for operators: every Pick, PickStream pick and Lease is counted by service, rule
 //! and result, for the admin listener's `/metrics` and JSON API. (Successful picks per instance
-//! are tallied with the instance's statistics, [`crate::state::Stats::instance_picks`].)
+//! are tallied with the instance's statistics, [`crate::load::Stats::instance_picks`].)
 //!
 //! A successful pick counts through the counter handle its rotation caches on the snapshot
 //! subset ([`PickCounters::ok_counter`]): one `fetch_add`, no lookup. Other results are found by
@@ -27,7 +27,7 @@ pub const UNKNOWN_SERVICE: &str = "_unknown";
 /// ever-new valid rule strings cannot grow the series without bound). Picks under further rules
 /// count under [`OTHER_RULE`].
 pub const MAX_COUNTED_RULES: usize = 256;
-pub use crate::state::OTHER_RULE;
+pub use crate::load::OTHER_RULE;
 /// The rule label of picks refused before their rule was resolved (bad name, bad rule).
 pub const UNRESOLVED_RULE: &str = "_unresolved";
 

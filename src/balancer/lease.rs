@@ -5,7 +5,7 @@
 //! `round_robin`, `repeat`, `weighted`. Leased tickets come from the same counter as unary
 //! picks, so leased and unary consumers share one exact rotation. Leased picks are not counted
 //! in flight: rota never sees them. Instances the fleet has ejected (see
-//! [`crate::state::ejection`]) are left out of the eligible list, so the rotation goes on over
+//! [`crate::load::ejection`]) are left out of the eligible list, so the rotation goes on over
 //! the others with equal shares.
 //!
 //! A lease without a version of a service under gray release cannot be a ticket range: each
@@ -21,11 +21,11 @@ use tokio::time::Instant;
 use super::select::{GRAY_RULE, add_owned_note, skip_ejected};
 use super::view::{ServiceView, ensure};
 use super::{Balancer, PickError, PickQuery, PickResult, check_lease_fields, known_service};
+use crate::load::ejection::{Positions, Skip};
 use crate::policy::{GrayRelease, IsolationFallback, Policy};
 use crate::registry::{Instance, InvalidField};
 use crate::rules::{Draw, Excluded, Fallback, ParsedRule, isolate, leasable_rules};
 use crate::state::CounterKey;
-use crate::state::ejection::{Positions, Skip};
 
 /// One version's picks of a gray lease: (ticket, instance), in ticket order.
 type Mapped = Vec<(u64, Arc<Instance>)>;

@@ -21,13 +21,14 @@ pub mod view;
 
 use std::sync::Arc;
 
+use crate::load::{InstanceReport, Stats, StatsConfig};
 use crate::policy::{Policies, Policy};
 use crate::registry::{Instance, InvalidField, Registry, validate_optional_name, validate_service_name};
 use crate::rules::{ParsedRule, Retry, Rule, RuleCache, RuleError};
-use crate::state::{InstanceReport, StateBackend, Stats, StatsConfig};
+use crate::state::StateBackend;
 use randomness::Randomness;
 
-pub use crate::state::InstancePicks;
+pub use crate::load::InstancePicks;
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{Leased, LeasedPick, MAX_LEASE};

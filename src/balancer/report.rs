@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{Balancer, PickError};
+use crate::load::{Origin, Outcome, Outliers};
 use crate::registry::{InvalidField, validate_service_name};
-use crate::state::{Origin, Outcome, Outliers};
 
 /// Most outcomes one report may carry.
 pub const MAX_OUTCOMES_PER_REPORT: usize = 1000;

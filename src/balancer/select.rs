@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use super::view::{ServiceView, SubsetView, ensure};
 use super::{Balancer, PickError, PickQuery};
+use crate::load::ejection::{self, Positions, Skip};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::Instance;
 use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate};
 use crate::state::CounterKey;
-use crate::state::ejection::{self, Positions, Skip};
 
 /// The rotation gray-release tickets are drawn from.
 pub(super) const GRAY_RULE: &str = "gray";

@@ -32,9 +32,10 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, Guard};
 
 use crate::hash::Map;
+use crate::load::{ServiceEjections, Stats, StatsHandle};
 use crate::registry::{Catalog, PublishHook, Registry, ServiceSnapshot, Subset};
 use crate::rules::{Candidates, LoadIndex, LoadTable, Needs, Versions};
-use crate::state::{RotationCache, ServiceEjections, Stats, StatsHandle};
+use crate::state::RotationCache;
 
 /// Subsets up to this many members have their tables rebuilt on the registry task as part of
 /// a publication (a few hundred microseconds at most); larger ones on a blocking thread.
@@ -375,8 +376,8 @@ async fn run_build(view: &Arc<ServiceView>, label: &Arc<str>, needs: Needs, stat
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::StatsConfig;
     use crate::registry::{InstanceSpec, Lease, RegistryConfig};
-    use crate::state::StatsConfig;
 
     const MAGLEV: Needs = Needs { schedule: false, maglev: true, load: false };
     const LOAD: Needs = Needs { schedule: false, maglev: false, load: true };

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use crate::auth::{Authenticator, Principal, Scope};
 
 use crate::listener::ConnectionLimits;
+use crate::load::StatsConfig;
 use crate::registry::{
     DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAX_INSTANCES_PER_STREAM, DEFAULT_MAX_SERVICES, DEFAULT_MAX_SERVICES_PER_TOKEN,
     DEFAULT_SERVICE_IDLE_TIMEOUT, RegistryConfig,
@@ -26,7 +27,7 @@ use crate::server::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_LISTEN, DEFAULT_SHUTDOWN_GRACE, Limits, ServeConfig,
 };
 use crate::state::redis::MAX_TICKET_BLOCK;
-use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StateConfig, StatsConfig};
+use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StateConfig};
 use crate::tls::TlsFiles;
 
 /// A setting given on the command line or in the environment (clap merges those two).

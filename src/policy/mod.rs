@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hash::Map;
+use crate::load::{BreakerConfig, EjectionConfig};
 use crate::registry::{InvalidField, validate_service_name};
 use crate::rules::{self, ParsedRule};
-use crate::state::{BreakerConfig, EjectionConfig};
 
 pub use gray::GrayRelease;
 pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError, RuntimeChange};

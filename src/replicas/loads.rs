@@ -19,9 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::Value;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::load::{LocalLoad, RemoteLoad, Stats};
 use crate::state::redis::Link;
 use crate::state::redis::keys::{self, ACTIVE_LOADS as ACTIVE, REPLICAS};
-use crate::state::{LocalLoad, RemoteLoad, Stats};
 
 /// Time between exchanges of loads.
 pub const INTERVAL: Duration = Duration::from_millis(250);

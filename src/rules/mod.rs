@@ -19,7 +19,6 @@
 //! dispatch and [`KNOWN_RULES`] are made from it.
 
 mod cache;
-mod load;
 mod spec;
 mod tables;
 mod version_isolation;
@@ -30,9 +29,9 @@ use tokio::time::Instant;
 
 use crate::registry::Instance;
 
+pub use crate::load::{Load, LoadIndex, LoadSample, LoadTable, MAX_DEPARTED, Query, ZoneLoad, Zones};
 pub use cache::RuleCache;
 pub use consistent_hash::{Maglev, hash_key};
-pub use load::{Load, LoadIndex, LoadSample, LoadTable, MAX_DEPARTED, Query, ZoneLoad, Zones};
 pub use spec::{MAX_RULE_LEN, Params, ParsedRule, RuleError, parse, short_duration};
 pub use tables::{Built, Candidates, Needs, Tables};
 pub use version_isolation::{Fallback, Isolated, Versions, isolate};
@@ -226,14 +225,14 @@ impl<'a> Draw<'a> {
     /// selects).
     pub fn loads<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
         let table = self.candidates.tables.load.load();
-        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, self.excluded, query))
+        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, self.excluded.positions(), query))
     }
 
     /// [`Draw::loads`] without masking the exclusions, for rules that only read loads by
     /// position (and skip excluded positions themselves).
     pub fn loads_by_position<T>(&self, query: impl FnOnce(&Query<'_>) -> T) -> Option<T> {
         let table = self.candidates.tables.load.load();
-        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, Excluded::default(), query))
+        table.as_ref().map(|table| table.query(&self.candidates.subset, self.now, &[], query))
     }
 
     /// Whether the candidate at `index` may be returned.

@@ -1,5 +1,5 @@
-//! Rule state that outlives snapshots and is shared by every consumer: rotation counters,
-//! sticky assignments and per-instance call statistics.
+//! Rule state that outlives snapshots and is shared by every consumer: rotation counters and
+//! sticky assignments (what rota knows of instances' load is [`crate::load`]'s).
 //!
 //! Counters are keyed by (service, rule, subset) — never by the snapshot — so a registration
 //! change does not restart a rotation. What a backend keeps is the contract of [`contract`]:
@@ -9,11 +9,9 @@
 //! backend is implementing the two traits and adding a variant (and its arm in `each_backend!`).
 
 pub mod contract;
-pub mod ejection;
 mod memory;
 pub mod redis;
 mod rotation;
-mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -21,14 +19,9 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 pub use contract::{Assignments, Tickets};
-pub use ejection::{EjectionConfig, ServiceEjections};
 pub use memory::{DEFAULT_STICKY_MEMORY_BYTES, MAX_STICKY_ENTRIES, MemoryState, StickyUsage};
 pub use redis::{RedisConfig, RedisState};
 pub use rotation::{RemoteCounter, Rotation, RotationCache};
-pub use stats::{
-    BreakerConfig, FAILED_CALL_LATENCY, InstancePicks, InstanceReport, Load, LocalLoad, MAX_TALLIED_RULES, OTHER_RULE,
-    Origin, Outcome, Outliers, RemoteLoad, Stats, StatsConfig, StatsHandle,
-};
 
 /// Identifies one shared rotation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

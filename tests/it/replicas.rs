@@ -566,7 +566,7 @@ fn failure(service: &str, id: &str) -> pb::CallOutcome {
 
 /// Waits until `server`'s statistics of `service`/`id` satisfy `done` (they follow the other
 /// replicas' within a few exchange intervals).
-async fn wait_stats(server: &TestServer, service: &str, id: &str, done: impl Fn(&rota::state::InstanceReport) -> bool) {
+async fn wait_stats(server: &TestServer, service: &str, id: &str, done: impl Fn(&rota::load::InstanceReport) -> bool) {
     let stats = server.server.balancer().stats().clone();
     tokio::time::timeout(PATIENCE, async {
         while !done(&stats.report(service, id)) {

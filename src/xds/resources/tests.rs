@@ -182,7 +182,7 @@ fn ejected_instances_are_unhealthy_within_the_cap_and_none_in_panic_mode() {
 
     // Ejection off: nothing marked.
     let off =
-        Policy { ejection: crate::state::EjectionConfig { enabled: false, ..Default::default() }, ..Policy::default() };
+        Policy { ejection: crate::load::EjectionConfig { enabled: false, ..Default::default() }, ..Policy::default() };
     let resources = build(&fleet(), &off, &one);
     assert_eq!(endpoints(&resources, "echo")["z1"][0].1, core::HealthStatus::Healthy);
 }

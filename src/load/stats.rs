@@ -1,4 +1,4 @@
-//! Per-instance call statistics, shared by every consumer.
+//! Per-instance call statistics, shared by every consumer: the store of [`super`]'s figures.
 //!
 //! Consumers report the outcome of each call ([`Stats::on_outcome`]); every pick counts as in
 //! flight for its instance until a report for that instance arrives or the in-flight timeout
@@ -6,20 +6,15 @@
 //! (a lease reserves tickets, not calls), so its report ([`Origin::Lease`]) feeds latency,
 //! counts and breaker but retires nothing. From these rota keeps, per instance:
 //!
-//! - the in-flight count, in time buckets (an eighth of the in-flight timeout wide, at least a
-//!   second) so that picks nobody reports expire without a per-pick record (a report retires the
-//!   oldest outstanding pick; only the count matters). A pick stops counting between the timeout
-//!   and the timeout plus one bucket after it was made. The buckets are reserved once per
-//!   instance, so a warm pick never allocates;
-//! - a latency EWMA whose weight decays with time (time constant `latency_decay`), so it
-//!   follows the recent window rather than the lifetime mean Ribbon's `ServerStats` used. An
-//!   average with no sample for [`LATENCY_MEMORY`] time constants is forgotten: a slow spell
-//!   that made `response_time` starve the instance (so no new sample could come) ends in time,
-//!   and the instance counts as average again until its next report measures it;
-//! - success and failure counts over a sliding window;
-//! - successive failures and Ribbon's circuit breaker: tripped at `failure_threshold` successive
-//!   failures, blacked out for `blackout_base × 2^(failures − threshold)` capped at
-//!   `blackout_max` from the last failure, cleared by a success.
+//! - the in-flight count ([`InFlight`], buckets an eighth of the in-flight timeout wide, at
+//!   least a second);
+//! - a latency average that decays in time ([`Ewma`]), forgotten after [`LATENCY_MEMORY`] time
+//!   constants without a sample, so that an instance `response_time` starved counts as average
+//!   again until its next report measures it;
+//! - success and failure counts over a sliding window ([`OutcomeWindow`]);
+//! - Ribbon's circuit breaker ([`Breaker`]);
+//! - the calls reported to this replica, its picks per rule, and what the other replicas say of
+//!   the instance ([`RemoteLoad`]).
 //!
 //! One consumer's failures therefore protect every consumer.
 //!
@@ -28,41 +23,19 @@
 //! load-aware rules read; unreported picks that time out are expired by [`Stats::expire`],
 //! which the server runs every second.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::breaker::{Breaker, BreakerConfig};
 use super::ejection::{EjectionConfig, ServiceEjections};
+use super::in_flight::{BUCKETS_PER_TIMEOUT, InFlight};
+use super::index::{Load, LoadIndex, LoadSample};
+use super::latency::Ewma;
+pub use super::outcomes::Outcome;
+use super::outcomes::{COUNT_BUCKETS, OutcomeWindow};
 use crate::hash::ConcurrentMap;
-pub use crate::rules::Load;
-use crate::rules::{LoadIndex, LoadSample};
-
-/// Ribbon's circuit-breaker parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BreakerConfig {
-    pub failure_threshold: u32,
-    pub blackout_base: Duration,
-    pub blackout_max: Duration,
-}
-
-impl Default for BreakerConfig {
-    fn default() -> Self {
-        Self { failure_threshold: 3, blackout_base: Duration::from_secs(10), blackout_max: Duration::from_secs(30) }
-    }
-}
-
-impl BreakerConfig {
-    /// How long an instance with `failures` successive failures stays tripped.
-    pub fn blackout(&self, failures: u32) -> Duration {
-        if failures < self.failure_threshold {
-            return Duration::ZERO;
-        }
-        let doublings = (failures - self.failure_threshold).min(31);
-        self.blackout_base.saturating_mul(1 << doublings).min(self.blackout_max)
-    }
-}
 
 /// What a failure does to an instance: its service's breaker and ejection settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,13 +85,6 @@ pub struct InstanceReport {
     pub errors: u64,
 }
 
-/// A call result as the stats see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    Failure,
-}
-
 /// How the reported call found its instance, which decides whether its report retires an
 /// in-flight pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,17 +95,6 @@ pub enum Origin {
     Lease,
 }
 
-/// In-flight buckets per timeout.
-const BUCKETS_PER_TIMEOUT: u64 = 8;
-/// In-flight buckets one instance holds at most: a timeout's worth, the current one, and one
-/// that straddles the timeout.
-const IN_FLIGHT_BUCKETS: usize = BUCKETS_PER_TIMEOUT as usize + 2;
-
-/// Every latency sample moves the EWMA by at least this fraction, so a burst of samples at
-/// one instant (no time elapsed) still counts.
-const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
-/// Buckets of the success/failure window.
-const COUNT_BUCKETS: u64 = 6;
 /// Time constants without a sample after which an instance's latency average is forgotten
 /// (the weight a fresh sample would have had by then is 1 − e⁻³ ≈ 95 %).
 pub const LATENCY_MEMORY: u32 = 3;
@@ -148,16 +103,10 @@ pub const FAILED_CALL_LATENCY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// (bucket since origin, picks still outstanding from that bucket), oldest first; at most
-    /// [`IN_FLIGHT_BUCKETS`] entries.
-    in_flight: VecDeque<(u64, u32)>,
-    in_flight_total: u64,
-    ewma_ms: Option<f64>,
-    last_sample: Option<Instant>,
-    /// (bucket index, successes, failures), oldest first.
-    counts: VecDeque<(u64, u64, u64)>,
-    successive_failures: u32,
-    tripped_until: Option<Instant>,
+    in_flight: InFlight,
+    latency: Ewma,
+    outcomes: OutcomeWindow,
+    breaker: Breaker,
     /// Calls reported to this replica, and how many of them failed.
     calls: u64,
     errors: u64,
@@ -198,15 +147,15 @@ pub struct LocalLoad {
 impl Inner {
     fn sample(&self) -> LoadSample {
         LoadSample {
-            in_flight: self.in_flight_total + self.remote.in_flight,
+            in_flight: self.in_flight.total() + self.remote.in_flight,
             latency_ms: self.latency_ms(),
-            tripped_until: self.tripped_until.max(self.remote.tripped_until).max(self.ejected_until),
+            tripped_until: self.breaker.tripped_until().max(self.remote.tripped_until).max(self.ejected_until),
         }
     }
 
     /// This replica's latency average, merged with the others' (the mean of the two).
     fn latency_ms(&self) -> Option<f64> {
-        match (self.ewma_ms, self.remote.latency_ms) {
+        match (self.latency.ms(), self.remote.latency_ms) {
             (Some(local), Some(remote)) => Some((local + remote) / 2.0),
             (local, remote) => local.or(remote),
         }
@@ -370,14 +319,7 @@ impl Stats {
     /// Forgets a latency average that had no sample for `LATENCY_MEMORY` time constants;
     /// whether it did.
     fn forget_stale_latency(&self, inner: &mut Inner, now: Instant) -> bool {
-        let memory = self.config.latency_decay * LATENCY_MEMORY;
-        match inner.last_sample {
-            Some(last) if inner.ewma_ms.is_some() && now.duration_since(last) >= memory => {
-                inner.ewma_ms = None;
-                true
-            }
-            _ => false,
-        }
+        inner.latency.forget_if_stale(now, self.config.latency_decay * LATENCY_MEMORY)
     }
 
     fn find(&self, service: &str, id: &str) -> Option<Arc<InstanceStats>> {
@@ -399,16 +341,7 @@ impl Stats {
         let bucket = second / self.bucket_width();
         let mut inner = handle.stats.lock();
         self.expire_in_flight(&mut inner, second);
-        match inner.in_flight.back_mut() {
-            Some((b, count)) if *b == bucket => *count += 1,
-            _ => {
-                if inner.in_flight.capacity() < IN_FLIGHT_BUCKETS {
-                    inner.in_flight.reserve_exact(IN_FLIGHT_BUCKETS);
-                }
-                inner.in_flight.push_back((bucket, 1));
-            }
-        }
-        inner.in_flight_total += 1;
+        inner.in_flight.add(bucket);
         inner.publish(Instant::now());
         self.tally(&mut inner, rule);
     }
@@ -468,28 +401,21 @@ impl Stats {
         let mut inner = stats.lock();
         self.expire_in_flight(&mut inner, second);
         if origin == Origin::Pick {
-            Self::retire_oldest_pick(&mut inner);
+            inner.in_flight.retire_oldest();
         }
         // A failed call is not a fast one: rules that prefer fast instances must not prefer one
         // that fails at once.
         let latency = if outcome == Outcome::Failure { latency.max(FAILED_CALL_LATENCY) } else { latency };
-        self.sample_latency(&mut inner, now, latency);
-        self.count(&mut inner, now, outcome);
+        inner.latency.sample(now, latency, self.config.latency_decay);
+        inner.outcomes.count(self.bucket(now), outcome);
         inner.calls += 1;
         inner.errors += u64::from(outcome == Outcome::Failure);
         match outcome {
-            Outcome::Success => {
-                inner.successive_failures = 0;
-                inner.tripped_until = None;
-            }
+            Outcome::Success => inner.breaker.success(),
             Outcome::Failure => {
-                inner.successive_failures = inner.successive_failures.saturating_add(1);
                 // Other replicas' successive failures count too: the breaker trips on the fleet's.
-                let blackout =
-                    breaker.blackout(inner.successive_failures.saturating_add(inner.remote.successive_failures));
-                if !blackout.is_zero() {
-                    inner.tripped_until = Some(now + blackout);
-                }
+                let others = inner.remote.successive_failures;
+                inner.breaker.failure(now, &breaker, others);
                 let (successes, failures) = self.window(&inner, now);
                 if ejection.rate_ejects(successes + failures, failures) {
                     inner.ejected_until = inner.ejected_until.max(Some(now + breaker.blackout_base));
@@ -502,9 +428,7 @@ impl Stats {
 
     /// Successes and failures over the count window.
     fn window(&self, inner: &Inner, now: Instant) -> (u64, u64) {
-        let oldest_bucket = self.bucket(now).saturating_sub(COUNT_BUCKETS - 1);
-        let live = inner.counts.iter().filter(|(b, _, _)| *b >= oldest_bucket);
-        live.fold((0, 0), |(s, f), (_, ok, fail)| (s + ok, f + fail))
+        inner.outcomes.totals(self.bucket(now))
     }
 
     /// The load of one instance now, found by name.
@@ -544,7 +468,7 @@ impl Stats {
             load: Load { in_flight: sample.in_flight, latency_ms: sample.latency_ms, tripped: tripped_for.is_some() },
             successes,
             failures,
-            successive_failures: inner.successive_failures.saturating_add(inner.remote.successive_failures),
+            successive_failures: inner.breaker.successive_failures().saturating_add(inner.remote.successive_failures),
             tripped_for,
             calls: inner.calls,
             errors: inner.errors,
@@ -564,16 +488,18 @@ impl Stats {
                 if self.expire_in_flight(&mut inner, second) {
                     inner.publish(now);
                 }
-                let tripped_for =
-                    inner.tripped_until.max(inner.ejected_until).filter(|until| *until > now).map(|until| until - now);
-                if inner.in_flight_total > 0 || inner.successive_failures > 0 || tripped_for.is_some() {
+                let tripped_for = (inner.breaker.tripped_until().max(inner.ejected_until))
+                    .filter(|until| *until > now)
+                    .map(|until| until - now);
+                let (in_flight, failures) = (inner.in_flight.total(), inner.breaker.successive_failures());
+                if in_flight > 0 || failures > 0 || tripped_for.is_some() {
                     loads.push(LocalLoad {
                         service: service.key().clone(),
                         id: instance.key().clone(),
-                        in_flight: inner.in_flight_total,
-                        successive_failures: inner.successive_failures,
+                        in_flight,
+                        successive_failures: failures,
                         tripped_for,
-                        latency_ms: inner.ewma_ms,
+                        latency_ms: inner.latency.ms(),
                     });
                 }
             }
@@ -622,69 +548,12 @@ impl Stats {
 
     /// Drops the in-flight picks older than the timeout; whether any were.
     fn expire_in_flight(&self, inner: &mut Inner, second: u64) -> bool {
-        let timeout = self.config.in_flight_timeout.as_secs().max(1);
-        let width = self.bucket_width();
-        let mut expired = false;
-        while let Some(&(bucket, count)) = inner.in_flight.front() {
-            // Measured from the bucket's last second: no pick stops counting early.
-            let last = bucket * width + width - 1;
-            if second.saturating_sub(last) < timeout {
-                break;
-            }
-            inner.in_flight_total -= u64::from(count);
-            inner.in_flight.pop_front();
-            expired = true;
-        }
-        expired
-    }
-
-    /// Retires the oldest outstanding pick, if any: only the count matters, not which pick.
-    fn retire_oldest_pick(inner: &mut Inner) {
-        let retired = inner.in_flight.front_mut().map(|(_, count)| {
-            *count -= 1;
-            *count == 0
-        });
-        if let Some(emptied) = retired {
-            inner.in_flight_total -= 1;
-            if emptied {
-                inner.in_flight.pop_front();
-            }
-        }
-    }
-
-    fn sample_latency(&self, inner: &mut Inner, now: Instant, latency: Duration) {
-        let sample = latency.as_secs_f64() * 1000.0;
-        inner.ewma_ms = Some(match (inner.ewma_ms, inner.last_sample) {
-            (Some(previous), Some(last)) => {
-                let elapsed = now.duration_since(last).as_secs_f64();
-                let decay = self.config.latency_decay.as_secs_f64().max(f64::EPSILON);
-                let weight = (1.0 - (-elapsed / decay).exp()).max(MIN_SAMPLE_WEIGHT);
-                previous + (sample - previous) * weight
-            }
-            _ => sample,
-        });
-        inner.last_sample = Some(now);
+        inner.in_flight.expire(second, self.config.in_flight_timeout.as_secs().max(1), self.bucket_width())
     }
 
     fn bucket(&self, now: Instant) -> u64 {
         let width = (self.config.count_window.as_millis() as u64 / COUNT_BUCKETS).max(1);
         now.duration_since(self.origin).as_millis() as u64 / width
-    }
-
-    fn count(&self, inner: &mut Inner, now: Instant, outcome: Outcome) {
-        let bucket = self.bucket(now);
-        while inner.counts.front().is_some_and(|(b, _, _)| bucket.saturating_sub(*b) >= COUNT_BUCKETS) {
-            inner.counts.pop_front();
-        }
-        if inner.counts.back().is_none_or(|(b, _, _)| *b != bucket) {
-            inner.counts.push_back((bucket, 0, 0));
-        }
-        if let Some((_, ok, fail)) = inner.counts.back_mut() {
-            match outcome {
-                Outcome::Success => *ok += 1,
-                Outcome::Failure => *fail += 1,
-            }
-        }
     }
 }
 

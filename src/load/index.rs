@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::Excluded;
 use crate::registry::{Instance, Subset};
 
 /// Members of a borrowed index that may be missing from the subset reading it; beyond, the
@@ -194,9 +193,10 @@ impl LoadIndex {
         self.lock().load(position, now)
     }
 
-    /// Runs `query` on the index as it is at `now`, with the `excluded` candidates masked out.
-    pub fn query<T>(&self, now: Instant, excluded: Excluded<'_>, query: impl FnOnce(&Query<'_>) -> T) -> T {
-        self.masked_query(now, excluded.positions(), None, query)
+    /// Runs `query` on the index as it is at `now`, with the `excluded` candidates (positions,
+    /// ascending) masked out.
+    pub fn query<T>(&self, now: Instant, excluded: &[usize], query: impl FnOnce(&Query<'_>) -> T) -> T {
+        self.masked_query(now, excluded, None, query)
     }
 
     /// Runs `query` with the positions in `masked` (sorted) masked out; positions go in and out
@@ -273,12 +273,13 @@ impl LoadTable {
         self.index.is_for(subset)
     }
 
-    /// Runs `query` for `subset` (the reader) at `now`, with its `excluded` candidates masked.
+    /// Runs `query` for `subset` (the reader) at `now`, with its `excluded` candidates
+    /// (positions, ascending) masked.
     pub fn query<T>(
         &self,
         subset: &Subset,
         now: Instant,
-        excluded: Excluded<'_>,
+        excluded: &[usize],
         query: impl FnOnce(&Query<'_>) -> T,
     ) -> T {
         if self.is_for(subset) {
@@ -286,7 +287,7 @@ impl LoadTable {
         }
         let remap = Remap { built: &self.index.members, current: &subset.members };
         let mut masked: smallvec::SmallVec<[usize; 32]> = self.departed.iter().copied().collect();
-        masked.extend(excluded.positions().iter().filter_map(|&position| remap.in_built(position)));
+        masked.extend(excluded.iter().filter_map(|&position| remap.in_built(position)));
         masked.sort_unstable();
         masked.dedup();
         self.index.masked_query(now, &masked, Some(remap), query)
@@ -437,9 +438,9 @@ impl Query<'_> {
     /// Zones sorted by name with their totals; empty when all candidates share one zone.
     /// Excluded candidates are left out of the counts (and so are, in an index built for other
     /// members, those the reader does not have).
-    pub fn zones(&self, excluded: Excluded<'_>) -> Zones<'_> {
+    pub fn zones(&self, excluded: &[usize]) -> Zones<'_> {
         let inner = self.inner;
-        let excluded = if self.remap.is_some() { Excluded::new(self.masked) } else { excluded };
+        let excluded = if self.remap.is_some() { self.masked } else { excluded };
         let mut zones: Zones<'_> = inner
             .zones
             .iter()
@@ -450,7 +451,7 @@ impl Query<'_> {
                 in_flight: zone.in_flight,
             })
             .collect();
-        for &position in excluded.positions() {
+        for &position in excluded {
             let Some(zone) = zones.get_mut(inner.zone_of.get(position).copied().unwrap_or(u32::MAX) as usize) else {
                 continue;
             };
@@ -709,7 +710,7 @@ mod tests {
             let from = (ticket as usize) % n;
             let expect_under = usable.iter().copied().filter(|&p| p >= from).find(|&p| loads[p].0 < limit)
                 .or_else(|| usable.iter().copied().find(|&p| loads[p].0 < limit));
-            let (nth, least, under, total) = index.query(now, Excluded::new(&excluded), |q| {
+            let (nth, least, under, total) = index.query(now, &excluded, |q| {
                 (q.nth_available(ticket), q.least_loaded(ticket), q.next_under(from, limit), q.total_in_flight())
             });
             prop_assert_eq!(total, loads.iter().map(|l| l.0).sum::<u64>(), "every leaf, excluded ones too");
@@ -718,7 +719,7 @@ mod tests {
             prop_assert_eq!(under, expect_under);
             // The mask is lifted after the query.
             let all_untripped = loads.iter().filter(|l| !l.1).count();
-            prop_assert_eq!(index.query(now, Excluded::default(), |q| q.available()), all_untripped);
+            prop_assert_eq!(index.query(now, &[], |q| q.available()), all_untripped);
         }
     }
 
@@ -740,7 +741,7 @@ mod tests {
             let excluded: Vec<usize> = excluded.into_iter().filter(|&e| e < n).collect();
             let accepted: Vec<usize> = (0..n).filter(|p| !excluded.contains(p)).collect();
             let known: Vec<f64> = accepted.iter().filter_map(|&p| latencies[p]).collect();
-            let found = index.query(now, Excluded::new(&excluded), |q| q.by_latency_weight(point));
+            let found = index.query(now, &excluded, |q| q.by_latency_weight(point));
             if known.is_empty() {
                 prop_assert_eq!(found, None);
                 return Ok(());
@@ -814,7 +815,7 @@ mod tests {
             type Answers = (Option<usize>, Option<usize>, Option<usize>, Option<usize>, Option<usize>, Vec<(String, u64, u64, u64)>);
             let ask = |q: &Query<'_>, excluded: &[usize], from: usize| -> Answers {
                 let zones = if q.has_zones() {
-                    q.zones(Excluded::new(excluded))
+                    q.zones(excluded)
                         .iter()
                         .filter(|z| z.instances > 0)
                         .map(|z| (z.zone.to_owned(), z.instances, z.tripped, z.in_flight))
@@ -831,19 +832,19 @@ mod tests {
                     zones,
                 )
             };
-            let got = table.query(&subset, now, Excluded::new(&excluded), |q| ask(q, &excluded, from));
-            let want = reference.query(now, Excluded::new(&reference_excluded), |q| ask(q, &reference_excluded, reference_from));
+            let got = table.query(&subset, now, &excluded, |q| ask(q, &excluded, from));
+            let want = reference.query(now, &reference_excluded, |q| ask(q, &reference_excluded, reference_from));
             prop_assert_eq!(by_id(got.0, &current), by_id(want.0, &common), "nth_available");
             prop_assert_eq!(by_id(got.1, &current), by_id(want.1, &common), "least_loaded");
             prop_assert_eq!(by_id(got.2, &current), by_id(want.2, &common), "next_under");
             prop_assert_eq!(by_id(got.3, &current), by_id(want.3, &common), "by_latency_weight");
             // Zones the members that left took with them are not compared.
-            if reference.query(now, Excluded::default(), |q| q.has_zones()) {
+            if reference.query(now, &[], |q| q.has_zones()) {
                 prop_assert_eq!(by_id(got.4, &current), by_id(want.4, &common), "nth_available_in");
                 prop_assert_eq!(got.5, want.5, "zones");
             }
             for (position, member) in current.iter().enumerate() {
-                let load = table.query(&subset, now, Excluded::default(), |q| q.load(position));
+                let load = table.query(&subset, now, &[], |q| q.load(position));
                 let expected = common_at(&member.id).map_or_else(Load::default, |p| reference.load(p, now));
                 prop_assert_eq!(load, expected, "load of {}", member.id);
             }
@@ -863,10 +864,10 @@ mod tests {
         let now = Instant::now();
         let index = LoadIndex::new(instances(3).into());
         index.set(1, LoadSample { tripped_until: Some(now + Duration::from_secs(10)), ..sample(0) }, now);
-        assert_eq!(index.query(now, Excluded::default(), |q| q.available()), 2);
+        assert_eq!(index.query(now, &[], |q| q.available()), 2);
         assert!(index.load(1, now).tripped);
         let later = now + Duration::from_secs(10);
-        assert_eq!(index.query(later, Excluded::default(), |q| q.available()), 3);
+        assert_eq!(index.query(later, &[], |q| q.available()), 3);
         assert!(!index.load(1, later).tripped);
     }
 
@@ -883,8 +884,8 @@ mod tests {
         index.set(1, sample(4), now);
         index.set(3, LoadSample { tripped_until: Some(now + Duration::from_secs(1)), ..sample(1) }, now);
         let excluded = [2];
-        index.query(now, Excluded::new(&excluded), |q| {
-            let zones = q.zones(Excluded::new(&excluded));
+        index.query(now, &excluded, |q| {
+            let zones = q.zones(&excluded);
             let totals: Vec<_> = zones.iter().map(|z| (z.zone, z.instances, z.tripped, z.in_flight)).collect();
             assert_eq!(totals, [("east", 1, 0, 0), ("north", 1, 1, 1), ("west", 1, 0, 4)]);
             assert_eq!(q.available_in("east"), 1);

@@ -944,31 +944,36 @@ async fn under_load_a_replica_dies_and_the_survivor_fails_no_pick_and_drops_only
     wait_instances(&two, "survive", &["a", "b", "c"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    for mut client in clients(&[&two, &two, &two]).await {
-        let stop = stop.clone();
+    // Three consumers on the survivor, one on the replica that dies (it stops at its first error).
+    for (n, mut client) in clients(&[&two, &two, &two, &one]).await.into_iter().enumerate() {
+        let (stop, doomed) = (stop.clone(), n == 3);
         tasks.push(tokio::spawn(async move {
-            let mut failures = Vec::new();
-            let mut picks = 0usize;
+            let (mut tickets, mut failures) = (Vec::new(), Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 match client.pick("survive", PickOptions::rule("round_robin")).await {
-                    Ok(_) => picks += 1,
+                    Ok(pick) => tickets.push(pick.into_response().ticket),
+                    Err(_) if doomed => break,
                     Err(error) => failures.push(error.to_string()),
                 }
             }
-            (picks, failures)
+            (tickets, failures)
         }));
     }
     // Replica one dies: its sharing stops without a word to Redis.
     drop(one);
     wait_instances(&two, "survive", &["b", "c"]).await;
     stop.store(true, Ordering::Relaxed);
-    let mut total = 0;
+    let mut tickets = Vec::new();
     for task in tasks {
-        let (picks, failures) = task.await.expect("consumer");
+        let (theirs, failures) = task.await.expect("consumer");
         assert!(failures.is_empty(), "the survivor failed picks: {failures:?}");
-        total += picks;
+        tickets.extend(theirs);
     }
-    assert!(total > 0, "no pick was made while the replica died");
+    assert!(!tickets.is_empty(), "no pick was made while the replica died");
+    let drawn = tickets.len();
+    tickets.sort_unstable();
+    tickets.dedup();
+    assert_eq!(tickets.len(), drawn, "a ticket of the shared rotation was handed out twice across the replicas");
     let ids = picked_sorted(&two, "survive", "round_robin", 4).await;
     assert_eq!(ids, ["b", "b", "c", "c"], "only the dead replica's instance left");
 }
@@ -1042,32 +1047,39 @@ async fn under_load_a_killed_replica_process_costs_the_survivor_no_pick_and_only
     let mut ids = BTreeSet::new();
     let mut seen = watch_until(&mut events, &mut ids, &["a", "b"], PATIENCE).await;
 
-    // Consumers pick from the survivor in a loop; each reports its first pick before the kill.
+    // Consumers pick in a loop, three from the survivor and one from the replica about to be
+    // killed (it stops at its first error); each reports its first pick before the kill.
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
-    let (started_tx, mut started) = tokio::sync::mpsc::channel(3);
+    let (started_tx, mut started) = tokio::sync::mpsc::channel(4);
     let mut tasks = Vec::new();
-    for _ in 0..3 {
-        let mut client = RotaClient::connect(&survivor.endpoint).await.expect("client connects");
+    for endpoint in [&survivor.endpoint, &survivor.endpoint, &survivor.endpoint, &doomed.endpoint] {
+        let mut client = RotaClient::connect(endpoint).await.expect("client connects");
         let (stop, answered, started_tx) = (stop.clone(), answered.clone(), started_tx.clone());
+        let on_doomed = *endpoint == doomed.endpoint;
         tasks.push(tokio::spawn(async move {
-            let (mut picked, mut failures) = (Vec::new(), Vec::new());
+            let (mut picked, mut tickets, mut failures) = (Vec::new(), Vec::new(), Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 match client.pick("killed", PickOptions::rule("round_robin")).await {
                     Ok(pick) => {
-                        picked.push(picked_id(&pick.into_response()));
-                        answered.fetch_add(1, Ordering::Relaxed);
+                        let response = pick.into_response();
+                        tickets.push(response.ticket);
+                        if !on_doomed {
+                            picked.push(picked_id(&response));
+                            answered.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
+                    Err(_) if on_doomed => break,
                     Err(error) => failures.push(error.to_string()),
                 }
-                if picked.len() + failures.len() == 1 {
+                if tickets.len() + failures.len() == 1 {
                     let _ = started_tx.send(()).await;
                 }
             }
-            (picked, failures)
+            (picked, tickets, failures)
         }));
     }
-    for _ in 0..3 {
+    for _ in 0..4 {
         tokio::time::timeout(PATIENCE, started.recv()).await.expect("every consumer picked").expect("consumer");
     }
 
@@ -1077,12 +1089,18 @@ async fn under_load_a_killed_replica_process_costs_the_survivor_no_pick_and_only
     seen.extend(watch_until(&mut events, &mut ids, &["b"], REPLICA_LEASE + PATIENCE).await);
     stop.store(true, Ordering::Relaxed);
     assert!(answered.load(Ordering::Relaxed) > at_kill, "no pick was answered while the replica's lease ran out");
+    let mut all_tickets = Vec::new();
     for task in tasks {
-        let (picked, failures) =
+        let (picked, tickets, failures) =
             tokio::time::timeout(PATIENCE, task).await.expect("the consumer stops").expect("consumer");
         assert!(failures.is_empty(), "the survivor failed picks: {failures:?}");
         assert!(picked.iter().all(|id| id == "a" || id == "b"), "{picked:?}");
+        all_tickets.extend(tickets);
     }
+    let drawn = all_tickets.len();
+    all_tickets.sort_unstable();
+    all_tickets.dedup();
+    assert_eq!(all_tickets.len(), drawn, "a ticket of the shared rotation was handed out twice across the replicas");
     // The survivor's own instance was never removed nor changed, and is all it answers now.
     let touched: Vec<_> = seen
         .iter()

@@ -159,7 +159,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
             Some(error) => format!("{failed} failed of {}; first: {error}", picks + failed),
         },
     ));
-    report.check(Check::new(
+    report.check(Check::bound(
         "slowest pick under churn once the first table is built",
         worst <= WORST_PICK && first_answer < window,
         format!(
@@ -182,7 +182,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         (Some(middle), Some(last)) => {
             let bound = middle + middle / 10 + (64 << 20);
             report.figure("server RSS, middle / last third peak", format!("{} / {}", mib(middle), mib(last)));
-            report.check(Check::new(
+            report.check(Check::bound(
                 "memory levels off under churn",
                 last <= bound,
                 format!("last third peaked at {}, middle third at {} (bound {})", mib(last), mib(middle), mib(bound)),

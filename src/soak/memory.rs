@@ -103,11 +103,15 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
 pub fn plateau(samples: &[u64]) -> Check {
     const NAME: &str = "RSS levels off";
     if samples.len() < 6 {
-        return Check::new(NAME, false, format!("only {} RSS samples; the run was too short to judge", samples.len()));
+        return Check::bound(
+            NAME,
+            false,
+            format!("only {} RSS samples; the run was too short to judge", samples.len()),
+        );
     }
     let [_, middle, last] = peaks_by_third(samples).expect("enough samples");
     let allowed = middle + (middle as f64 * MARGIN_RATIO) as u64 + MARGIN_BYTES;
-    Check::new(
+    Check::bound(
         NAME,
         last <= allowed,
         format!(

@@ -109,7 +109,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     report.figure("pick p50 / p99 / max", format!("{} / {} / {worst_text}", quantile(0.5), quantile(0.99)));
     report.key = format!("{instances} instances registered in {}, worst pick {worst_text}", ms(took));
     report.figure("picks over 50 ms", count_above(&histogram, 50_000));
-    report.check(Check::new(
+    report.check(Check::bound(
         "worst pick while housekeeping runs",
         worst <= WORST_PICK && !histogram.is_empty(),
         format!(

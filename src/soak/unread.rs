@@ -185,7 +185,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
         report.figure("server RSS", format!("{} before, {} at the peak", mib(before), mib(rss_peak)));
         let allowance = ALLOWANCE + PER_WATCH * (connections * watches_per_connection) as u64;
         let bound = PER_PEER_BUDGET + allowance;
-        report.check(Check::new(
+        report.check(Check::bound(
             "unread answers stay within the address's budget",
             grown <= bound,
             format!(

@@ -360,12 +360,54 @@ def test_a_registration_heartbeats_retries_and_reconnects() -> None:
     assert state.reconnected(state.reannouncement(), ack(2, ["a"], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
     assert (state.lease_id, state.reconnects, state.backoff.attempt) == (2, 1, 0)
     assert state.next_step(stream_ended=False) == RETRY_PENDING
-    assert {i.id for i in state.reannouncement()} == {"a", "b"}, "a new stream announces the pending too"
+    assert [i.id for i in state.reannouncement()] == ["a", "b"], "a new stream announces the pending too"
     retry = state.retry()
     assert [i.id for i in retry.request.announce.instances] == ["b"]
     retry.record(ack(2, ["b"]))
     assert state.next_step(stream_ended=False) == HEARTBEAT
     assert [i.id for i in state.desired.instances()] == ["a", "b"]
+
+
+def test_an_instance_refused_for_now_is_pending_not_registered() -> None:
+    state = RegistrationState(ack_timeout=5.0)
+    state.opened([inst("a"), inst("b"), inst("c")], ack(1, ["a", "b", "c"]))
+    announced = state.reannouncement()
+    assert state.reconnected(
+        announced, ack(2, ["a"], [("b", grpc.StatusCode.UNAVAILABLE), ("c", grpc.StatusCode.ALREADY_EXISTS)])
+    )
+    assert [i.id for i in state.desired.instances()] == ["a"], "only what rota acknowledged"
+    assert [i.id for i in state.desired.pending.values()] == ["b", "c"]
+    assert [i.id for i in state.reannouncement()] == ["a", "b", "c"], "each instance once"
+
+    # The next stream is refused "b" again: it stays pending, and is still announced once.
+    assert state.reconnected(state.reannouncement(), ack(3, ["a", "c"], [("b", grpc.StatusCode.UNAVAILABLE)]))
+    assert [i.id for i in state.desired.instances()] == ["a", "c"]
+    assert [i.id for i in state.desired.pending.values()] == ["b"]
+    assert [i.id for i in state.reannouncement()] == ["a", "c", "b"]
+    retry = state.retry()
+    assert [i.id for i in retry.request.announce.instances] == ["b"]
+    retry.record(ack(3, [], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
+    assert [i.id for i in state.desired.instances()] == ["a", "c"] and list(state.desired.pending) == [
+        InstanceRef(SERVICE, "b")
+    ]
+    retry.record(ack(3, ["b"]))
+    assert [i.id for i in state.desired.instances()] == ["a", "c", "b"] and not state.desired.pending
+
+    # Refused for good after being pending: neither registered nor retried.
+    state.reconnected(state.reannouncement(), ack(4, ["a", "b"], [("c", grpc.StatusCode.UNAVAILABLE)]))
+    state.retry().record(ack(4, [], [("c", grpc.StatusCode.PERMISSION_DENIED)]))
+    assert [i.id for i in state.desired.instances()] == ["a", "b"] and not state.desired.pending
+    assert state.next_step(stream_ended=False) == HEARTBEAT
+
+
+def test_withdrawing_a_pending_instance_stops_its_retries() -> None:
+    state = RegistrationState(ack_timeout=5.0)
+    state.opened([inst("a"), inst("b")], ack(1, ["a", "b"]))
+    state.reconnected(state.reannouncement(), ack(2, ["a"], [("b", grpc.StatusCode.ALREADY_EXISTS)]))
+    # rota does not hold "b" on this lease, so it refuses to withdraw it.
+    state.withdraw([InstanceRef(SERVICE, "b")]).record(ack(2, [], [("b", grpc.StatusCode.NOT_FOUND)]))
+    assert not state.desired.pending and state.next_step(stream_ended=False) == HEARTBEAT
+    assert [i.id for i in state.reannouncement()] == ["a"]
 
 
 def test_changes_are_recorded_only_as_rota_accepted_them() -> None:

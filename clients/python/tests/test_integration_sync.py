@@ -324,6 +324,38 @@ def test_reconnects_and_announces_again_after_rota_drops_the_stream(
         assert rota.list_instances(service_name).ids == []
 
 
+def test_an_instance_taken_meanwhile_is_pending_until_rota_accepts_it(
+    private_server: Callable[..., RotaServer], service_name: str
+) -> None:
+    """The lease expires, another provider takes "b", and the re-announcement is refused "b"
+    (ALREADY_EXISTS): the registration lists only "a" until "b" is free and its retry accepted."""
+    server = private_server("--heartbeat-timeout", "1s")
+    with RotaClient(server.address) as rota, RotaClient(server.address) as other:
+        registration = rota.register(instance(service_name, "a", 9001), instance(service_name, "b", 9002))
+        reopen = threading.Event()
+        open_stream = registration._open
+
+        def gated_open(instances: list[Instance]) -> Any:
+            reopen.wait(10)
+            return open_stream(instances)
+
+        registration._open = gated_open  # type: ignore[method-assign]
+        registration._send_heartbeat = lambda stream: None  # type: ignore[method-assign]
+        assert wait_until(lambda: rota.list_instances(service_name).ids == [], timeout=10), server.log()
+        del registration._send_heartbeat
+        taker = other.register(instance(service_name, "b", 9003))
+        reopen.set()
+        assert wait_until(lambda: registration.reconnects >= 1, timeout=10)
+        assert [i.id for i in registration.instances] == ["a"]
+        assert [i.port for i in rota.list_instances(service_name).instances] == [9001, 9003]
+
+        taker.close()
+        assert wait_until(lambda: [i.id for i in registration.instances] == ["a", "b"], timeout=10)
+        assert [i.port for i in rota.list_instances(service_name).instances] == [9001, 9002]
+        ack = registration.close()
+        assert ack is not None and sorted(r.id for r in ack.accepted) == ["a", "b"]
+
+
 @pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
 def test_registers_again_after_rota_restarts_on_the_same_port(
     private_server: Callable[..., RotaServer], service_name: str, stop: str

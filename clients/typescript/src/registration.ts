@@ -86,6 +86,11 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   readonly #retryBackoff: Backoff;
   /** The instances this registration holds, as announced, by service and id. */
   readonly #held = new Map<string, InstanceSpec>();
+  /**
+   * Instances whose re-announcement rota refused for now, by service and id: announced again
+   * until rota accepts them. An instance is held or retried, never both.
+   */
+  readonly #retrying = new Map<string, InstanceSpec>();
   readonly #inflight = new Map<bigint, InFlight>();
   #stream: RegisterStream | undefined;
   #live = false;
@@ -150,7 +155,10 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     return this.#closed;
   }
 
-  /** The instances this registration holds (announces again after a reconnection). */
+  /**
+   * The instances this registration holds (announces again after a reconnection); one whose
+   * re-announcement rota refused for now is left out until rota accepts it.
+   */
   get instances(): InstanceRef[] {
     return [...this.#held.values()].map((spec) => ({ service: spec.service, id: instanceId(spec) }));
   }
@@ -354,11 +362,12 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       return;
     }
     let ack: Ack;
-    const connecting = this.#connect([...this.#held.values()]);
+    const announced = [...this.#held.values(), ...this.#retrying.values()];
+    const connecting = this.#connect(announced);
     this.#reconnecting = connecting;
     try {
       ack = await connecting;
-      if (this.#held.size > 0 && ack.accepted.length === 0 && ack.refused.some((r) => r.code === status.UNAVAILABLE)) {
+      if (announced.length > 0 && ack.accepted.length === 0 && ack.refused.some((r) => r.code === status.UNAVAILABLE)) {
         // A draining rota acknowledges the announcement with a refusal and closes the stream:
         // that is no reconnection, and no reason to start the backoff over.
         const refusal = ack.refused.find((r) => r.code === status.UNAVAILABLE);
@@ -395,27 +404,29 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
    * provider not yet expired) are announced again with backoff; the others are given up.
    */
   #keepRetrying(ack: Ack): void {
-    const retry: InstanceSpec[] = [];
     for (const refusal of ack.refused) {
-      const spec = this.#held.get(key(refusal.instance));
+      const k = key(refusal.instance);
+      const spec = this.#held.get(k) ?? this.#retrying.get(k);
       if (spec === undefined) {
         continue;
       }
+      this.#held.delete(k);
       if (RETRYABLE_REFUSALS.has(refusal.code)) {
-        retry.push(spec);
+        this.#retrying.set(k, spec);
       } else {
-        this.#held.delete(key(refusal.instance));
+        this.#retrying.delete(k);
         this.#logger.warn(
           `rota: ${refusal.instance.service}/${refusal.instance.id} refused on re-announcement (${refusal.message}); dropped`,
         );
       }
     }
     const stream = this.#stream;
-    if (retry.length === 0 || stream === undefined) {
+    if (this.#retrying.size === 0 || stream === undefined) {
       return;
     }
     this.#retryTimer = setTimeout(() => {
-      if (this.#stream !== stream || !this.#live || this.#closed) {
+      const retry = [...this.#retrying.values()];
+      if (this.#stream !== stream || !this.#live || this.#closed || retry.length === 0) {
         return;
       }
       this.#send(stream, { announce: { instances: retry.map(instanceToMessage) } }, this.#ackTimeoutMs, (a) => this.#hold(retry, a))
@@ -431,6 +442,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
       const spec = byKey.get(key(ref));
       if (spec !== undefined) {
         this.#held.set(key(ref), { ...spec, id: ref.id });
+        this.#retrying.delete(key(ref));
       }
     }
   }
@@ -438,10 +450,16 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
   #release(refs: readonly InstanceRef[], ack: Ack): void {
     if (refs.length === 0) {
       this.#held.clear();
+      this.#retrying.clear();
       return;
     }
     for (const ref of ack.accepted) {
       this.#held.delete(key(ref));
+    }
+    // rota holds no retried instance on this stream (so it refuses to withdraw one); it is no
+    // longer wanted all the same.
+    for (const ref of refs) {
+      this.#retrying.delete(key(ref));
     }
   }
 
@@ -474,6 +492,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     const stream = this.#stream;
     if (stream === undefined) {
       this.#held.clear();
+      this.#retrying.clear();
       this.emit('close');
       return;
     }
@@ -498,6 +517,7 @@ export class Registration extends EventEmitter<RegistrationEvents> implements As
     }
     this.#onLost(stream, closedError());
     this.#held.clear();
+    this.#retrying.clear();
     this.emit('close');
   }
 }

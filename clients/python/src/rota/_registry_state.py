@@ -34,7 +34,8 @@ class Desired:
 
     Only changes that rota accepted are recorded, so that after a reconnection the provider
     announces exactly what it had. ``pending`` holds instances whose re-announcement was refused
-    for a transient reason; they are announced again until rota accepts them.
+    for a transient reason; they are announced again until rota accepts them. An instance is
+    either registered (:meth:`instances`) or pending, never both.
     """
 
     def __init__(self) -> None:
@@ -61,6 +62,7 @@ class Desired:
             if instance is None:
                 continue
             if refusal.code in RETRYABLE_REFUSALS:
+                self._instances.pop(refusal.instance, None)
                 self.pending[refusal.instance] = instance
                 log.warning(
                     "rota refused to re-register %s/%s for now (%s); retrying",
@@ -106,6 +108,9 @@ class Desired:
             return
         for ref in ack.accepted:
             self._instances.pop(ref, None)
+        # rota holds no pending instance on this lease (so it refuses to withdraw one); it is
+        # no longer wanted all the same.
+        for ref in refs:
             self.pending.pop(ref, None)
 
 
@@ -228,7 +233,8 @@ class RegistrationState:
         return self.backoff.next_delay()
 
     def reannouncement(self) -> list[Instance]:
-        """What a new stream announces: every instance registered, and the pending ones."""
+        """What a new stream announces: every instance registered, then the pending ones (each
+        instance once)."""
         return self.desired.instances() + list(self.desired.pending.values())
 
     def reconnect_failed(self, error: Exception) -> None:

@@ -395,7 +395,8 @@ class AsyncRegistration:
 
     @property
     def instances(self) -> list[Instance]:
-        """The instances this registration keeps registered."""
+        """The instances rota acknowledged and holds on this registration's stream; one whose
+        re-announcement rota refused for now is left out until rota accepts it."""
         return self._state.desired.instances()
 
     @property

@@ -340,11 +340,16 @@ class Registration:
         instances = list(instances)
         self._stream, ack = self._open(instances)
         self._state.opened(instances, ack)
-        self.ack: Ack = ack
+        self._ack = ack
         self._keeper = threading.Thread(target=self._keep_alive, name="rota-registration", daemon=True)
         self._keeper.start()
 
     # -- public ----------------------------------------------------------------------------
+
+    @property
+    def ack(self) -> Ack:
+        """rota's answer to the first announcement."""
+        return self._ack
 
     @property
     def lease_id(self) -> int:
@@ -358,7 +363,8 @@ class Registration:
 
     @property
     def instances(self) -> list[Instance]:
-        """The instances this registration keeps registered."""
+        """The instances rota acknowledged and holds on this registration's stream; one whose
+        re-announcement rota refused for now is left out until rota accepts it."""
         with self._lock:
             return self._state.desired.instances()
 

@@ -7,10 +7,8 @@ import java.util.ArrayList;
 import java.util.Collection;
 import java.util.Deque;
 import java.util.LinkedHashMap;
-import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
@@ -70,8 +68,11 @@ public final class Registration implements AutoCloseable {
     private final List<Instance> initial;
     /** Registered instances by "service/id", as they should be announced again after a reconnect. */
     private final Map<String, Instance> instances = new LinkedHashMap<>();
-    /** Instances that a re-announcement found still owned by the lost stream; retried with heartbeats. */
-    private final Set<String> unconfirmed = new LinkedHashSet<>();
+    /**
+     * Instances by "service/id" that a re-announcement found still owned by the lost stream;
+     * retried with heartbeats. An instance is in {@link #instances} or here, never both.
+     */
+    private final Map<String, Instance> unconfirmed = new LinkedHashMap<>();
     private final CompletableFuture<Ack> firstAck = new CompletableFuture<>();
     private Stream current;
     private boolean closed;
@@ -124,7 +125,10 @@ public final class Registration implements AutoCloseable {
         }
     }
 
-    /** The instances registered now (accepted, not withdrawn), as they would be announced again. */
+    /**
+     * The instances registered now (accepted, not withdrawn), as they would be announced again;
+     * one whose re-announcement rota refused for now is left out until rota accepts it.
+     */
     public List<Instance> instances() {
         synchronized (lock) {
             return List.copyOf(instances.values());
@@ -260,7 +264,8 @@ public final class Registration implements AutoCloseable {
                 firstAck.complete(ack);
             });
         } else {
-            List<Instance> all = List.copyOf(instances.values());
+            List<Instance> all = new ArrayList<>(instances.values());
+            all.addAll(unconfirmed.values());
             stream.send(announcement(all), ack -> remember(all, ack, true));
         }
     }
@@ -356,13 +361,7 @@ public final class Registration implements AutoCloseable {
             }
             if (!unconfirmed.isEmpty()) {
                 // Announcing counts as a heartbeat too.
-                List<Instance> retrying = new ArrayList<>();
-                for (String key : unconfirmed) {
-                    Instance instance = instances.get(key);
-                    if (instance != null) {
-                        retrying.add(instance);
-                    }
-                }
+                List<Instance> retrying = List.copyOf(unconfirmed.values());
                 stream.send(announcement(retrying), ack -> remember(retrying, ack, true));
             } else {
                 stream.send(RegisterRequest.newBuilder().setHeartbeat(Heartbeat.getDefaultInstance()).build(), null);
@@ -435,11 +434,17 @@ public final class Registration implements AutoCloseable {
             }
             for (Refusal refusal : ack.refused()) {
                 String key = key(refusal.instance().service(), refusal.instance().id());
+                Instance instance = instances.remove(key);
+                if (instance == null) {
+                    instance = unconfirmed.remove(key);
+                }
+                if (instance == null) {
+                    continue;
+                }
                 if (refusal.code() == Status.Code.ALREADY_EXISTS) {
                     // Most likely still held by the lease of the stream that was lost: retry.
-                    unconfirmed.add(key);
-                } else if (instances.remove(key) != null) {
-                    unconfirmed.remove(key);
+                    unconfirmed.put(key, instance);
+                } else {
                     LOG.log(Level.WARNING, "rota refused to register " + key + " again: " + refusal.message());
                 }
             }
@@ -469,9 +474,12 @@ public final class Registration implements AutoCloseable {
                 return;
             }
             for (InstanceRef ref : ack.accepted()) {
-                String key = key(ref.service(), ref.id());
-                instances.remove(key);
-                unconfirmed.remove(key);
+                instances.remove(key(ref.service(), ref.id()));
+            }
+            // rota holds no unconfirmed instance on this stream (so it refuses to withdraw one);
+            // it is no longer wanted all the same.
+            for (InstanceRef ref : refs) {
+                unconfirmed.remove(key(ref.service(), ref.id()));
             }
         }
     }

@@ -270,7 +270,7 @@ impl Server {
         ));
         let mut background = Vec::new();
         if let Some(link) = balancer.state().link() {
-            background.extend(crate::replicas::spawn(&balancer, &policies, link));
+            background.extend(crate::replicas::spawn(balancer.registry(), balancer.stats(), &policies, link));
         }
         let policy_reloads = config.policy_file.as_ref().map(|path| {
             let reloads = watch::Sender::new(PolicyReloads::default());
@@ -320,7 +320,8 @@ impl Server {
         .max_decoding_message_size(limits.max_message_bytes);
         let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
             .max_decoding_message_size(limits.max_message_bytes);
-        let xds_hub = crate::xds::Hub::new(balancer.clone(), limits.xds, warmup_length, warmup.settle());
+        let overview = crate::balancer::Overview::new(balancer.clone());
+        let xds_hub = crate::xds::Hub::new(overview, limits.xds, warmup_length, warmup.settle());
         background.push(xds_hub.spawn());
         let xds_service = AggregatedDiscoveryServiceServer::new(
             XdsService::new(xds_hub.clone(), consumers, streams.clone(), drain.subscribe())
@@ -371,11 +372,16 @@ impl Server {
         let (admin_stop, admin_stopped) = watch::channel(false);
         let (admin_addr, admin_task) = match admin_listener {
             Some((listener, addr)) => {
-                let state = AdminState::new(balancer.clone(), grpc_metrics, admin_stopped, drain.subscribe())
-                    .with_auth(config.auth.clone())
-                    .with_limits(admission, streams, answers)
-                    .with_xds(xds_hub)
-                    .with_policy_reloads(policy_reloads.clone());
+                let state = AdminState::new(
+                    crate::balancer::Overview::new(balancer.clone()),
+                    grpc_metrics,
+                    admin_stopped,
+                    drain.subscribe(),
+                )
+                .with_auth(config.auth.clone())
+                .with_limits(admission, streams, answers)
+                .with_xds(xds_hub)
+                .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
             }

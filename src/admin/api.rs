@@ -60,7 +60,7 @@ pub fn error(status: StatusCode, message: String) -> Response {
 }
 
 pub async fn services(State(state): State<AdminState>) -> Json<serde_json::Value> {
-    let catalog = state.balancer.registry().catalog();
+    let catalog = state.overview.catalog();
     let mut services: Vec<ServiceSummary> = catalog
         .snapshots()
         .map(|s| ServiceSummary {
@@ -83,20 +83,20 @@ pub async fn service(State(state): State<AdminState>, Path(name): Path<String>) 
 
 /// One service as operators see it, or `None` if it has never been registered.
 pub fn service_view(state: &AdminState, name: &str) -> Option<ServiceView> {
-    let snapshot = state.balancer.registry().service(name)?;
-    let counters = state.balancer.counters();
-    let policies = state.balancer.policies().load();
+    let snapshot = state.overview.service(name)?;
+    let counters = state.overview.counters();
+    let policies = state.overview.policies();
     let policy = policies.for_service(name);
     // One pass over the tallies, grouped by instance: the view is linear in the instances.
     let mut per_instance: HashMap<Arc<str>, BTreeMap<String, u64>> = HashMap::new();
-    for tally in state.balancer.instance_picks(name) {
+    for tally in state.overview.instance_picks(name) {
         per_instance.entry(tally.instance).or_default().insert(tally.rule.to_string(), tally.count);
     }
     let instances = snapshot
         .instances
         .iter()
         .map(|instance| {
-            let report = state.balancer.instance_stats(name, &instance.id);
+            let report = state.overview.instance_stats(name, &instance.id);
             let picks_by_rule = per_instance.remove(&instance.id).unwrap_or_default();
             InstanceView {
                 instance: InstanceRecord::of(instance),
@@ -144,7 +144,7 @@ pub(super) fn policy_json(service: Option<&str>, policy: &Policy, source: Policy
 }
 
 pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value> {
-    let set = state.balancer.policies().load();
+    let set = state.overview.policies();
     let mut names: Vec<&String> = set.services.keys().collect();
     names.sort();
     let services: Vec<_> =

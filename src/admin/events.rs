@@ -67,7 +67,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::AdminState;
 use super::api::{ServiceView, policy_json, service_view};
 use super::streams::{EventSlot, EventStreams, Peer};
-use crate::balancer::Balancer;
+use crate::balancer::Overview;
 use crate::registry::{Change, Instance, ServiceSnapshot, diff};
 
 /// How often a snapshot is pushed when nothing changes.
@@ -240,7 +240,7 @@ pub struct Cursor {
 
 /// The recent history of up to [`MAX_SAMPLED_SERVICES`] services (see the module docs).
 pub struct History {
-    balancer: Arc<Balancer>,
+    overview: Overview,
     origin: Instant,
     next_generation: AtomicU64,
     rings: Mutex<HashMap<Arc<str>, Ring>>,
@@ -280,16 +280,16 @@ fn clamp_u32(n: u64) -> u32 {
 }
 
 impl History {
-    pub fn new(balancer: Arc<Balancer>) -> Self {
-        Self { balancer, origin: Instant::now(), next_generation: AtomicU64::new(1), rings: Mutex::default() }
+    pub fn new(overview: Overview) -> Self {
+        Self { overview, origin: Instant::now(), next_generation: AtomicU64::new(1), rings: Mutex::default() }
     }
 
     /// A history for the admin listener, sampled by a task on the current runtime (if any)
     /// until the listener stops or the history is dropped.
     pub fn start(state: &AdminState) -> Arc<Self> {
-        let history = Arc::new(Self::new(state.balancer.clone()));
+        let history = Arc::new(Self::new(state.overview.clone()));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let published = state.balancer.registry().published();
+            let published = state.overview.published();
             runtime.spawn(sampler(Arc::downgrade(&history), published, state.stopping.clone()));
         }
         history
@@ -334,7 +334,7 @@ impl History {
     fn totals(&self, service: &str) -> Vec<(Arc<str>, u64)> {
         let mut totals: Vec<(Arc<str>, u64)> = Vec::new();
         // Tallies come sorted by instance, then rule.
-        for tally in self.balancer.instance_picks(service) {
+        for tally in self.overview.instance_picks(service) {
             match totals.last_mut() {
                 Some((id, total)) if *id == tally.instance => *total += tally.count,
                 _ => totals.push((tally.instance, tally.count)),
@@ -346,7 +346,7 @@ impl History {
     /// Follows `service`: gives it a ring if it has none (taking the one least recently
     /// watched when all are in use). `None` when it is not registered or every ring is watched.
     pub fn watch(self: &Arc<Self>, service: &str) -> Option<Watching> {
-        let snapshot = self.balancer.registry().service(service)?;
+        let snapshot = self.overview.service(service)?;
         let mut rings = self.lock();
         if !rings.contains_key(service) {
             if rings.len() >= MAX_SAMPLED_SERVICES {
@@ -412,7 +412,7 @@ impl History {
     /// changed. A service registered while there is room gets a ring, its first instances
     /// marked as registered.
     pub fn published(&self, names: &[Arc<str>]) {
-        let catalog = self.balancer.registry().catalog();
+        let catalog = self.overview.catalog();
         let (now, t) = self.now();
         let mut rings = self.lock();
         for name in names {
@@ -471,7 +471,7 @@ impl History {
     /// Takes one sample of every service with a ring, first giving rings to registered
     /// services while there is room and dropping those of services the registry forgot.
     pub fn sample(&self) {
-        let catalog = self.balancer.registry().catalog();
+        let catalog = self.overview.catalog();
         let names: Vec<Arc<str>> = {
             let now = Instant::now();
             let mut rings = self.lock();
@@ -512,7 +512,7 @@ impl History {
             // A total lower than the last reading was counted again from zero.
             let picks = ring.totals.get(&instance.id).map_or(0, |&before| total.checked_sub(before).unwrap_or(total));
             next_totals.insert(instance.id.clone(), total);
-            let report = self.balancer.instance_stats(&snapshot.name, &instance.id);
+            let report = self.overview.instance_stats(&snapshot.name, &instance.id);
             if report.load.tripped {
                 if !ring.tripped.contains(&instance.id) {
                     opened.push(instance.id.clone());
@@ -647,7 +647,7 @@ impl Feed {
                         return None;
                     }
                     // Another service's change is not this page's news: wait for the tick.
-                    let epoch = self.state.balancer.registry().service(&self.service).map_or(0, |s| s.epoch);
+                    let epoch = self.state.overview.service(&self.service).map_or(0, |s| s.epoch);
                     if epoch != self.pushed_epoch {
                         break;
                     }
@@ -667,7 +667,7 @@ impl Feed {
                 instances: Vec::new(),
                 picks_by_rule: Default::default(),
             });
-            let policies = state.balancer.policies().load();
+            let policies = state.overview.policies();
             let policy = policy_json(Some(&service), policies.for_service(&service), policies.source(&service));
             let update = Update { view, policy, history: history.since(&service, &mut cursor) };
             if !update.history.kept {
@@ -695,7 +695,7 @@ pub async fn stream(
     let slot = streams.acquire(peer.map(|Extension(Peer(ip))| ip)).map_err(|e| (StatusCode::TOO_MANY_REQUESTS, e))?;
     let mut ticker = tokio::time::interval(PUSH_INTERVAL);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut changes = state.balancer.registry().changes();
+    let mut changes = state.overview.changes();
     changes.borrow_and_update();
     let stopping = state.stopping.clone();
     let feed = Feed {
@@ -720,7 +720,7 @@ pub async fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::{CallOutcome, CallResult, PickQuery};
+    use crate::balancer::{Balancer, CallOutcome, CallResult, PickQuery};
     use crate::registry::{InstanceSpec, Lease, Registry, RegistryConfig};
 
     fn spec(service: &str, id: &str, version: &str) -> InstanceSpec {
@@ -741,7 +741,7 @@ mod tests {
 
     fn history() -> (Arc<History>, Arc<Balancer>) {
         let balancer = Arc::new(Balancer::with_defaults(Registry::spawn(RegistryConfig::default())));
-        (Arc::new(History::new(balancer.clone())), balancer)
+        (Arc::new(History::new(Overview::new(balancer.clone()))), balancer)
     }
 
     async fn pick(balancer: &Balancer, service: &str, version: &str, exclude: &[String], n: usize) {

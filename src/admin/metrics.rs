@@ -77,9 +77,8 @@ fn render_xds(state: &AdminState, out: &mut String) {
 }
 
 fn render_policies(state: &AdminState, out: &mut String) {
-    let policies = state.balancer.policies();
     header(out, "rota_policy_overrides", "gauge", "Runtime policy overrides in force (SetPolicy).");
-    let _ = writeln!(out, "rota_policy_overrides {}", policies.runtime_overrides());
+    let _ = writeln!(out, "rota_policy_overrides {}", state.overview.runtime_overrides());
     header(out, "rota_policy_overrides_limit", "gauge", "The cap on runtime policy overrides.");
     let _ = writeln!(out, "rota_policy_overrides_limit {}", crate::policy::MAX_RUNTIME_OVERRIDES);
     if let Some(reloads) = &state.policy_reloads {
@@ -91,7 +90,7 @@ fn render_policies(state: &AdminState, out: &mut String) {
 }
 
 fn render_limits(state: &AdminState, out: &mut String) {
-    let sticky = state.balancer.state().sticky_usage();
+    let sticky = state.overview.sticky_usage();
     header(out, "rota_sticky_entries", "gauge", "Sticky assignments held.");
     let _ = writeln!(out, "rota_sticky_entries {}", sticky.entries);
     header(out, "rota_sticky_bytes", "gauge", "Memory held by sticky assignments, as accounted against its budget.");
@@ -157,7 +156,7 @@ fn render_limits(state: &AdminState, out: &mut String) {
 }
 
 fn render_picks(state: &AdminState, out: &mut String) {
-    let counters = state.balancer.counters();
+    let counters = state.overview.counters();
     header(out, "rota_picks_total", "counter", "Picks and leases by service, rule and result.");
     for pick in counters.picks() {
         let _ = writeln!(
@@ -176,8 +175,7 @@ fn render_picks(state: &AdminState, out: &mut String) {
 }
 
 fn render_catalog(state: &AdminState, out: &mut String) {
-    let registry = state.balancer.registry();
-    let catalog = registry.catalog();
+    let catalog = state.overview.catalog();
     let mut services: Vec<_> = catalog.snapshots().collect();
     services.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -194,13 +192,13 @@ fn render_catalog(state: &AdminState, out: &mut String) {
         }
     }
     header(out, "rota_registration_streams", "gauge", "Open Register streams.");
-    let _ = writeln!(out, "rota_registration_streams {}", registry.open_leases());
+    let _ = writeln!(out, "rota_registration_streams {}", state.overview.open_leases());
 
     // The in-process backend cannot be unreachable; a shared backend reports its link here.
     header(out, "rota_state_backend_up", "gauge", "1 while the state backend answers.");
-    let backend = state.balancer.state();
-    let _ = writeln!(out, "rota_state_backend_up{{backend=\"{}\"}} {}", backend.name(), u8::from(backend.is_up()));
-    if let Some(link) = backend.link() {
+    let (backend, up) = state.overview.state_backend();
+    let _ = writeln!(out, "rota_state_backend_up{{backend=\"{backend}\"}} {}", u8::from(up));
+    if let Some(link) = state.overview.link() {
         header(
             out,
             "rota_state_data_losses_total",
@@ -213,7 +211,7 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");
     let reports: Vec<Vec<_>> = services
         .iter()
-        .map(|s| s.instances.iter().map(|i| state.balancer.instance_stats(&s.name, &i.id)).collect())
+        .map(|s| s.instances.iter().map(|i| state.overview.instance_stats(&s.name, &i.id)).collect())
         .collect();
     let each = |out: &mut String, write: &dyn Fn(&mut String, &str, &crate::load::InstanceReport)| {
         for (snapshot, reports) in services.iter().zip(&reports) {

@@ -43,7 +43,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::Authenticator;
-use crate::balancer::Balancer;
+use crate::balancer::Overview;
 use crate::grpc::answers::UnreadAnswers;
 use crate::grpc::metrics::GrpcMetrics;
 use crate::grpc::streams::OpenStreams;
@@ -62,7 +62,7 @@ pub enum AdminError {
 /// What the handlers read.
 #[derive(Clone)]
 pub struct AdminState {
-    balancer: Arc<Balancer>,
+    overview: Overview,
     grpc: Arc<GrpcMetrics>,
     /// `true` once the server is stopping; a dropped sender means the same.
     stopping: watch::Receiver<bool>,
@@ -83,12 +83,12 @@ impl AdminState {
     /// `draining` turns true when a graceful shutdown begins (readiness goes false while the
     /// listener keeps serving metrics); `stopping` when the listener itself must stop.
     pub fn new(
-        balancer: Arc<Balancer>,
+        overview: Overview,
         grpc: Arc<GrpcMetrics>,
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { balancer, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None, xds: None }
+        Self { overview, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None, xds: None }
     }
 
     /// Reports the connection caps, open streams and unread answers in `/metrics`.
@@ -306,7 +306,7 @@ async fn healthz() -> &'static str {
 async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, &'static str) {
     if state.is_stopping() {
         (StatusCode::SERVICE_UNAVAILABLE, "stopping")
-    } else if !state.balancer.state().is_up() {
+    } else if !state.overview.state_backend().1 {
         (StatusCode::OK, "ready (degraded: state backend unreachable, answering from local state)")
     } else {
         (StatusCode::OK, "ready")

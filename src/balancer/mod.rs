@@ -12,6 +12,7 @@
 pub mod counters;
 mod error;
 mod lease;
+mod overview;
 mod randomness;
 mod report;
 mod retry;
@@ -32,6 +33,7 @@ pub use crate::load::InstancePicks;
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{Leased, LeasedPick, MAX_LEASE};
+pub use overview::Overview;
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 pub use view::{ServiceView, SubsetView, Views};
 

@@ -23,8 +23,9 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use crate::balancer::Balancer;
+use crate::load::Stats;
 use crate::policy::Policies;
+use crate::registry::Registry;
 use crate::state::redis::Link;
 
 pub use loads::LoadSharing;
@@ -32,15 +33,20 @@ pub use policies::PolicySharing;
 pub use table::TableSharing;
 
 /// Starts sharing this replica's table, statistics and policies through `link`.
-pub fn spawn(balancer: &Arc<Balancer>, policies: &Arc<Policies>, link: &Arc<Link>) -> Vec<JoinHandle<()>> {
+/// `registry` is the table shared, `stats` the statistics, `policies` the runtime overrides.
+pub fn spawn(
+    registry: &Registry,
+    stats: &Arc<Stats>,
+    policies: &Arc<Policies>,
+    link: &Arc<Link>,
+) -> Vec<JoinHandle<()>> {
     let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
     tracing::info!(%replica, target = %link.target(), "sharing state, instances, statistics and policies through Redis");
-    let registry = balancer.registry();
     let liveness = table::Liveness::new(replica.clone());
     registry.claim_ids_through(Arc::new(claims::IdClaims::new(link.clone(), liveness.clone())));
     let mut tasks = vec![
-        TableSharing::spawn(balancer.registry().clone(), link.clone(), liveness),
-        LoadSharing::spawn(balancer.stats().clone(), link.clone(), replica),
+        TableSharing::spawn(registry.clone(), link.clone(), liveness),
+        LoadSharing::spawn(stats.clone(), link.clone(), replica),
     ];
     tasks.extend(PolicySharing::spawn(policies.clone(), link.clone()));
     tasks

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::resources::{self, ServiceResources};
-use crate::balancer::Balancer;
+use crate::balancer::Overview;
 use crate::policy::Policy;
 
 /// How often the hub looks for changes no publication announces.
@@ -99,7 +99,7 @@ pub struct Built {
 }
 
 pub struct Hub {
-    balancer: Arc<Balancer>,
+    overview: Overview,
     limits: XdsLimits,
     /// Until then, a service this server has not seen yet is withheld, not reported absent:
     /// a restarted rota must not make clients drop resources their providers are bringing back.
@@ -140,9 +140,9 @@ pub enum Lookup {
 }
 
 impl Hub {
-    pub fn new(balancer: Arc<Balancer>, limits: XdsLimits, warmup: Duration, settle: Duration) -> Arc<Self> {
+    pub fn new(overview: Overview, limits: XdsLimits, warmup: Duration, settle: Duration) -> Arc<Self> {
         Arc::new(Self {
-            balancer,
+            overview,
             limits,
             warmup_ends: Instant::now() + warmup,
             settle,
@@ -154,8 +154,10 @@ impl Hub {
         })
     }
 
-    pub fn balancer(&self) -> &Arc<Balancer> {
-        &self.balancer
+    /// The balancer behind the overview, for tests that pick, report or set policies.
+    #[cfg(test)]
+    pub fn balancer(&self) -> &Arc<crate::balancer::Balancer> {
+        self.overview.balancer()
     }
 
     pub fn limits(&self) -> XdsLimits {
@@ -220,13 +222,13 @@ impl Hub {
 
     /// What `service`'s resources would be built from now; `None` while it was never seen.
     fn fingerprint(&self, service: &str) -> Option<(Arc<crate::registry::ServiceSnapshot>, Fingerprint)> {
-        let snapshot = self.balancer.registry().service(service).filter(|s| s.epoch > 0)?;
-        let policy = self.balancer.policies().load().for_service(service).clone();
+        let snapshot = self.overview.service(service).filter(|s| s.epoch > 0)?;
+        let policy = self.overview.policies().for_service(service).clone();
         let now = Instant::now();
         let mut ejected = Vec::new();
         let mut ejection_ends = None;
         if policy.ejection.enabled {
-            let ejections = self.balancer.stats().ejections(&snapshot.name);
+            let ejections = self.overview.ejections(&snapshot.name);
             if !ejections.is_empty() {
                 ejection_ends = ejections.next_end(now);
                 ejected = snapshot
@@ -253,8 +255,8 @@ impl Hub {
     pub fn refresh(&self) {
         let services: Vec<Arc<str>> = self.lock().keys().cloned().collect();
         let mut watched = self.lock_watched();
-        watched.policies = Some(self.balancer.policies().load_full());
-        watched.ejection_changes = self.balancer.stats().ejection_changes();
+        watched.policies = Some(self.overview.policies_full());
+        watched.ejection_changes = self.overview.ejection_changes();
         watched.next_end = None;
         drop(watched);
         let changed = self.refresh_services(&services);
@@ -303,9 +305,9 @@ impl Hub {
         let now = Instant::now();
         let due = {
             let watched = self.lock_watched();
-            let policies = self.balancer.policies().load();
+            let policies = self.overview.policies();
             !watched.policies.as_ref().is_some_and(|seen| Arc::ptr_eq(seen, &policies))
-                || watched.ejection_changes != self.balancer.stats().ejection_changes()
+                || watched.ejection_changes != self.overview.ejection_changes()
                 || watched.next_end.is_some_and(|end| end <= now)
                 || now >= self.warmup_ends && !self.warmup_over.load(Ordering::Relaxed)
         };
@@ -343,7 +345,7 @@ impl Hub {
     /// publication changed at once, the rest at every [`POLL`].
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let hub = Arc::downgrade(self);
-        let mut published = self.balancer.registry().published();
+        let mut published = self.overview.published();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(POLL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

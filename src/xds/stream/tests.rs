@@ -31,7 +31,8 @@ async fn hub_with(specs: Vec<InstanceSpec>, limits: XdsLimits, warmup: Duration)
         assert!(outcome.refused.is_empty(), "{outcome:?}");
     }
     // The server's default settle period: a fifth of the warm-up.
-    let hub = Hub::new(Arc::new(Balancer::with_defaults(registry)), limits, warmup, warmup / 5);
+    let overview = crate::balancer::Overview::new(Arc::new(Balancer::with_defaults(registry)));
+    let hub = Hub::new(overview, limits, warmup, warmup / 5);
     (hub, lease)
 }
 

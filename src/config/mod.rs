@@ -30,46 +30,9 @@ use crate::state::redis::MAX_TICKET_BLOCK;
 use crate::state::{DEFAULT_STICKY_MEMORY_BYTES, StateConfig};
 use crate::tls::TlsFiles;
 
-/// A setting given on the command line or in the environment (clap merges those two).
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    pub listen: Option<String>,
-    pub admin_listen: Option<String>,
-    pub heartbeat_timeout: Option<String>,
-    pub warmup: Option<String>,
-    pub warmup_settle: Option<String>,
-    pub max_instances_per_stream: Option<String>,
-    pub shutdown_grace: Option<String>,
-    pub in_flight_timeout: Option<String>,
-    pub latency_decay: Option<String>,
-    /// `Some(true)` when `--insecure` / `ROTA_INSECURE` was given.
-    pub insecure: Option<bool>,
-    pub max_registrations_per_peer: Option<String>,
-    pub max_consumer_streams_per_peer: Option<String>,
-    pub max_xds_names_per_stream: Option<String>,
-    pub max_xds_subscriptions: Option<String>,
-    pub max_message_bytes: Option<String>,
-    pub max_concurrent_requests_per_connection: Option<String>,
-    pub max_streams_per_connection: Option<String>,
-    pub max_connections: Option<String>,
-    pub max_connections_per_peer: Option<String>,
-    pub handshake_timeout: Option<String>,
-    pub idle_timeout: Option<String>,
-    pub max_open_streams: Option<String>,
-    pub max_unread_bytes: Option<String>,
-    pub max_unread_bytes_per_peer: Option<String>,
-    pub sticky_memory_bytes: Option<String>,
-    pub state: Option<String>,
-    pub ticket_block: Option<String>,
-    pub state_timeout: Option<String>,
-    pub housekeeping_interval: Option<String>,
-    pub service_idle_timeout: Option<String>,
-    pub max_services: Option<String>,
-    pub max_services_per_token: Option<String>,
-    pub tls_cert: Option<String>,
-    pub tls_key: Option<String>,
-    pub tls_client_ca: Option<String>,
-}
+mod settings;
+use settings::ServerTable;
+pub use settings::{Overrides, SETTINGS, Setting};
 
 /// Everything `rota serve` needs, resolved.
 #[derive(Debug, Clone)]
@@ -123,46 +86,6 @@ struct TokenEntry {
 
 /// Shortest accepted token, so a guessable one is refused at start.
 pub const MIN_TOKEN_LEN: usize = 16;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ServerTable {
-    listen: Option<String>,
-    admin_listen: Option<String>,
-    heartbeat_timeout: Option<String>,
-    warmup: Option<String>,
-    warmup_settle: Option<String>,
-    max_instances_per_stream: Option<u64>,
-    shutdown_grace: Option<String>,
-    in_flight_timeout: Option<String>,
-    latency_decay: Option<String>,
-    insecure: Option<bool>,
-    max_registrations_per_peer: Option<u64>,
-    max_consumer_streams_per_peer: Option<u64>,
-    max_xds_names_per_stream: Option<u64>,
-    max_xds_subscriptions: Option<u64>,
-    max_message_bytes: Option<u64>,
-    max_concurrent_requests_per_connection: Option<u64>,
-    max_streams_per_connection: Option<u64>,
-    max_connections: Option<u64>,
-    max_connections_per_peer: Option<u64>,
-    handshake_timeout: Option<String>,
-    idle_timeout: Option<String>,
-    max_open_streams: Option<u64>,
-    max_unread_bytes: Option<u64>,
-    max_unread_bytes_per_peer: Option<u64>,
-    sticky_memory_bytes: Option<u64>,
-    state: Option<String>,
-    ticket_block: Option<u64>,
-    state_timeout: Option<String>,
-    housekeeping_interval: Option<String>,
-    service_idle_timeout: Option<String>,
-    max_services: Option<u64>,
-    max_services_per_token: Option<u64>,
-    tls_cert: Option<String>,
-    tls_key: Option<String>,
-    tls_client_ca: Option<String>,
-}
 
 const FLAGS: &str = "command line / environment";
 
@@ -430,7 +353,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         pick(&overrides.tls_client_ca, table.tls_client_ca.clone()),
     )?;
     // Without authentication, rota is only reachable from this machine unless told otherwise.
-    let insecure = overrides.insecure.or(table.insecure).unwrap_or(false);
+    let insecure = overrides.insecure || table.insecure.unwrap_or(false);
     if !insecure && auth.is_none() {
         let exposed = [("server.listen", Some(listen)), ("server.admin_listen", admin_listen)];
         if let Some((key, Some(addr))) =

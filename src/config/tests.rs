@@ -101,7 +101,7 @@ fn non_loopback_addresses_need_insecure() {
     let error = resolve(None, &public).unwrap_err();
     assert_eq!(error.key, "server.listen");
     assert!(error.problem.starts_with("0.0.0.0:50051 is not a loopback address and no authentication is configured"));
-    let allowed = Overrides { insecure: Some(true), ..public };
+    let allowed = Overrides { insecure: true, ..public };
     assert!(resolve(None, &allowed).unwrap().insecure);
     let admin = Overrides { admin_listen: Some("10.1.2.3:9090".into()), ..Default::default() };
     assert_eq!(resolve(None, &admin).unwrap_err().key, "server.admin_listen");
@@ -243,4 +243,78 @@ fn xds_bounds_are_bounded_and_round_trip() {
     let printed = file(&settings.to_toml());
     let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
     assert_eq!(again.serve.limits.xds, settings.serve.limits.xds);
+}
+
+/// The rows of docs/config.md's `[server]` table: (key, variable, flag).
+fn documented_settings() -> Vec<(String, String, String)> {
+    let docs = include_str!("../../docs/config.md");
+    docs.lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let unquote = |cell: &str| cell.strip_prefix('`')?.strip_suffix('`').map(str::to_owned);
+            if cells.len() < 5 || !cells[2].starts_with("`ROTA_") {
+                return None;
+            }
+            Some((unquote(cells[1])?, unquote(cells[2])?, unquote(cells[3])?))
+        })
+        .collect()
+}
+
+/// Every declared setting has its row in docs/config.md (key, variable, flag), and every row
+/// names a declared setting: the page and the code cannot drift apart.
+#[test]
+fn docs_config_md_documents_exactly_the_declared_settings() {
+    let declared: Vec<(String, String, String)> =
+        SETTINGS.iter().map(|s| (s.key.to_owned(), s.env.to_owned(), s.flag())).collect();
+    let documented = documented_settings();
+    for setting in &declared {
+        assert!(documented.contains(setting), "docs/config.md has no row {setting:?}");
+    }
+    for row in &documented {
+        assert!(declared.contains(row), "docs/config.md documents {row:?}, which is not a setting");
+    }
+    assert_eq!(documented.len(), declared.len(), "a setting documented twice");
+}
+
+/// `--print-config` writes every setting (the TLS files when they are given), so a file it
+/// printed sets everything explicitly.
+#[test]
+fn print_config_writes_every_declared_setting() {
+    let printed = resolve(None, &Overrides::default()).expect("the defaults resolve").to_toml();
+    let keys: Vec<&str> = printed.lines().filter_map(|line| line.split(" = ").next()).collect();
+    for setting in SETTINGS.iter().filter(|s| !s.key.starts_with("tls_")) {
+        assert!(keys.contains(&setting.key), "--print-config lacks {}:\n{printed}", setting.key);
+    }
+}
+
+/// Each declared setting is a flag of `rota serve` with its variable, and a key of the file.
+#[test]
+fn every_declared_setting_is_a_flag_a_variable_and_a_file_key() {
+    use clap::CommandFactory;
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        settings: Overrides,
+    }
+    let command = Serve::command();
+    for setting in SETTINGS {
+        let arg = command.get_arguments().find(|a| a.get_long() == Some(&setting.flag()[2..]));
+        let arg = arg.unwrap_or_else(|| panic!("no flag {}", setting.flag()));
+        assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(setting.env), "{}", setting.key);
+        let value = if setting.key == "insecure" { "true" } else { "\"x\"" };
+        let file = format!("[server]\n{} = {value}\n", setting.key);
+        let parsed: Result<FileConfigProbe, _> = toml::from_str(&file);
+        assert!(
+            parsed.is_ok() || !format!("{:?}", parsed.as_ref().err()).contains("unknown field"),
+            "[server] {} is not a key of the file: {parsed:?}",
+            setting.key
+        );
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct FileConfigProbe {
+    server: settings::ServerTable,
 }

@@ -56,6 +56,8 @@ type step struct {
 	StopRota    bool        `json:"stop_rota"`
 	RestartRota bool        `json:"restart_rota"`
 	AwaitLeases bool        `json:"await_leases"`
+	// Draw: tickets the runner leases out of band, with rota's own stub, before later steps.
+	Draw int `json:"draw"`
 }
 
 type expectInfo struct {
@@ -123,6 +125,9 @@ type run struct {
 	log     *echo.Log
 	conn    *grpc.ClientConn
 	target  string
+	service string
+	// drawn: the tickets drawn out of band (draw steps) so far in this scenario.
+	drawn uint64
 }
 
 func runScenario(t *testing.T, sc scenario) {
@@ -170,6 +175,7 @@ func runScenario(t *testing.T, sc scenario) {
 			t.Fatalf("setting the policy of %s: %v", service, err)
 		}
 	}
+	r.service = service
 	r.target = "rota:///" + service
 	conn, err := grpc.NewClient(r.target, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(NewResolver(WithServer(r.rota.addr), WithRule(sc.Rule), WithLogger(quietLogger()), WithTicketHeader(true),
@@ -266,9 +272,33 @@ func (r *run) step(ctx context.Context, i int, s step) {
 			}
 			return false
 		})
+	case s.Draw > 0:
+		if err := r.draw(ctx, s.Draw); err != nil {
+			t.Fatalf("step %d: drawing %d tickets out of band: %v", i, s.Draw, err)
+		}
 	default:
 		t.Fatalf("step %d: no action", i)
 	}
+}
+
+// draw leases n tickets of the channel's service and rule, without a version, over a
+// connection of its own with the generated Balancer stub: neither the client library nor the
+// channel takes part. The channel's later tickets must come after them.
+func (r *run) draw(ctx context.Context, n int) error {
+	conn, err := grpc.NewClient(r.rota.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := rotapb.NewBalancerClient(conn).Lease(ctx, &rotapb.LeaseRequest{Service: r.service, Rule: r.sc.Rule, Count: uint32(n)})
+	if err != nil {
+		return err
+	}
+	if resp.GetCount() != uint32(n) || len(resp.GetPicks()) > 0 {
+		return fmt.Errorf("rota leased %d tickets from %d (%d picks), want a range of %d", resp.GetCount(), resp.GetFirstTicket(), len(resp.GetPicks()), n)
+	}
+	r.drawn += uint64(n)
+	return nil
 }
 
 // calls runs a calls step: consumer 1 here, the others as processes, at the same time.
@@ -324,7 +354,7 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 		}
 	}
 	t.Logf("step %d: %d calls, %d failed, answered %v", i, len(results), failed, answered)
-	if err := checkExpect(r.sc.Rule, s.Expect, weights, results, calls); err != nil {
+	if err := checkExpect(r.sc.Rule, s.Expect, weights, r.drawn, results, calls); err != nil {
 		t.Fatalf("step %d (%d calls by %d consumers): %v", i, s.Calls, max(s.Consumers, 1), err)
 	}
 	if s.Expect != nil && s.Expect.Reported {
@@ -453,8 +483,9 @@ func (r *run) checkReported(ctx context.Context) (map[string]uint64, error) {
 }
 
 // checkExpect checks a calls step's expectations against what the consumers saw (results)
-// and what the instances answered (calls).
-func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, results []echo.Result, calls []echo.Call) error {
+// and what the instances answered (calls); drawn is the number of tickets drawn out of band
+// before the step.
+func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, drawn uint64, results []echo.Result, calls []echo.Call) error {
 	if e == nil {
 		return nil
 	}
@@ -536,7 +567,7 @@ func checkExpect(ruleName string, e *expectInfo, weights map[string]uint64, resu
 		}
 	}
 	if len(e.Rotation) > 0 {
-		if err := checkRotation(ruleName, e.Rotation, weights, calls); err != nil {
+		if err := checkRotation(ruleName, e.Rotation, weights, drawn, calls); err != nil {
 			return err
 		}
 	}
@@ -609,8 +640,9 @@ func closedPort(t *testing.T) int {
 	return port
 }
 
-// checkRotation: every call has a distinct ticket and reached the instance the rule maps it to.
-func checkRotation(ruleName string, ids []string, weightOf map[string]uint64, calls []echo.Call) error {
+// checkRotation: every call has a distinct ticket, none of the tickets drawn out of band before
+// the step (0..drawn-1), and reached the instance the rule maps its ticket to.
+func checkRotation(ruleName string, ids []string, weightOf map[string]uint64, drawn uint64, calls []echo.Call) error {
 	sorted := append([]string(nil), ids...)
 	sort.Strings(sorted)
 	canonical := ruleName
@@ -633,6 +665,9 @@ func checkRotation(ruleName string, ids []string, weightOf map[string]uint64, ca
 	for _, c := range calls {
 		if c.Ticket < 0 {
 			return fmt.Errorf("a call to %s carried no ticket", c.Instance)
+		}
+		if uint64(c.Ticket) < drawn {
+			return fmt.Errorf("a call to %s carried ticket %d, one of the %d tickets drawn out of band before the step", c.Instance, c.Ticket, drawn)
 		}
 		if other, dup := seen[c.Ticket]; dup {
 			return fmt.Errorf("ticket %d was used twice (%s and %s): the consumers do not share one rotation", c.Ticket, other, c.Instance)

@@ -7,21 +7,53 @@ import (
 	"github.com/rota-lb/rota/clients/go/channel/echo"
 )
 
-// The runner refuses unknown keys, also inside a policy and an expectation.
+// The runner refuses unknown keys anywhere (top level, instances, steps, expectations, the
+// policy), naming the key.
 func TestScenarioUnknownKeysAreRefused(t *testing.T) {
-	for _, raw := range []string{
-		`{"name": "x", "rule": "round_robin", "instances": [], "steps": [], "polcy": {}}`,
-		`{"name": "x", "rule": "round_robin", "instances": [], "steps": [], "policy": {"grey": {}}}`,
-		`{"name": "x", "rule": "round_robin", "instances": [], "steps": [{"calls": 1, "expect": {"count": {"a": 1}}}]}`,
+	for _, c := range []struct{ raw, key string }{
+		{`{"name": "x", "rule": "round_robin", "instances": [], "steps": [], "polcy": {}}`, "polcy"},
+		{`{"name": "x", "rule": "round_robin", "instances": [], "steps": [], "policy": {"grey": {}}}`, "grey"},
+		{`{"name": "x", "rule": "round_robin", "instances": [{"id": "a", "wieght": 1}], "steps": []}`, "wieght"},
+		{`{"name": "x", "rule": "round_robin", "instances": [], "steps": [{"drwa": 7}]}`, "drwa"},
+		{`{"name": "x", "rule": "round_robin", "instances": [], "steps": [{"calls": 1, "expect": {"count": {"a": 1}}}]}`, "count"},
 	} {
-		if _, err := decodeScenario([]byte(raw)); err == nil {
-			t.Errorf("accepted %s", raw)
+		_, err := decodeScenario([]byte(c.raw))
+		if err == nil || !strings.Contains(err.Error(), `"`+c.key+`"`) {
+			t.Errorf("%s: %v, want an error naming %q", c.raw, err, c.key)
 		}
 	}
 	sc, err := decodeScenario([]byte(`{"name": "x", "rule": "round_robin", "instances": [], "policy": {"gray": {"unversioned": 2, "versions": {"v2": 1}}},
-		"steps": [{"calls": 1, "expect": {"counts": {"a": 1}}}]}`))
-	if err != nil || sc.Policy == nil || sc.Steps[0].Expect.Counts["a"] != 1 {
+		"steps": [{"draw": 7}, {"calls": 1, "expect": {"counts": {"a": 1}}}]}`))
+	if err != nil || sc.Policy == nil || sc.Steps[0].Draw != 7 || sc.Steps[1].Expect.Counts["a"] != 1 {
 		t.Fatalf("a valid scenario: %+v, %v", sc, err)
+	}
+}
+
+// rotation fails when a call carries a ticket drawn out of band before the step, as a channel
+// counting tickets of its own from 0 would send, even though that ticket maps to the instance.
+func TestRotationRefusesTicketsDrawnOutOfBand(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	var calls []echo.Call
+	for ticket := int64(7); ticket < 13; ticket++ {
+		calls = append(calls, echo.Call{Instance: ids[ticket%3], Ticket: ticket})
+	}
+	if err := checkRotation("round_robin", ids, nil, 7, calls); err != nil {
+		t.Fatalf("tickets 7..12 after 7 drawn: %v", err)
+	}
+	low := append([]echo.Call{{Instance: "c", Ticket: 5}}, calls...)
+	err := checkRotation("round_robin", ids, nil, 7, low)
+	if err == nil || !strings.Contains(err.Error(), "ticket 5, one of the 7 tickets drawn out of band") {
+		t.Fatalf("ticket 5 after 7 drawn: %v", err)
+	}
+	results := make([]echo.Result, len(low))
+	for i, c := range low {
+		results[i] = echo.Result{Instance: c.Instance}
+	}
+	if err := checkExpect("round_robin", &expectInfo{Rotation: ids}, nil, 7, results, low); err == nil {
+		t.Fatal("the rotation expectation held with ticket 5 after 7 drawn")
+	}
+	if err := checkExpect("round_robin", &expectInfo{Rotation: ids}, nil, 5, results, low); err != nil {
+		t.Fatalf("ticket 5 after 5 drawn: %v", err)
 	}
 }
 
@@ -43,7 +75,7 @@ func TestCountsExpectation(t *testing.T) {
 		{map[string]int{"a": 2, "b": 1, "v": 1, "w": 0}, ""},
 		{map[string]int{"a": 2, "b": 1, "v": 1, "w": 1}, "0 calls reached w, want 1"},
 	} {
-		err := checkExpect("round_robin", &expectInfo{Counts: c.counts}, nil, results, calls)
+		err := checkExpect("round_robin", &expectInfo{Counts: c.counts}, nil, 0, results, calls)
 		switch {
 		case c.fails == "" && err != nil:
 			t.Errorf("counts %v: %v", c.counts, err)
@@ -89,7 +121,7 @@ func TestBalancedExpectationAndTheUnusableInstanceKeys(t *testing.T) {
 		for _, r := range reached {
 			calls = append(calls, echo.Call{Instance: r.Instance})
 		}
-		err := checkExpect("round_robin", &expectInfo{Only: only, Balanced: true}, nil, reached, calls)
+		err := checkExpect("round_robin", &expectInfo{Only: only, Balanced: true}, nil, 0, reached, calls)
 		switch {
 		case c.fails == "" && err != nil:
 			t.Errorf("%v: %v", c.counts, err)

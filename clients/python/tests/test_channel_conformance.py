@@ -50,6 +50,7 @@ STEP_KEYS = {
     "stop_rota": {"stop_rota"},
     "restart_rota": {"restart_rota"},
     "await_leases": {"await_leases", "within_ms"},
+    "draw": {"draw"},
 }
 EXPECT_KEYS = {
     "failures",
@@ -120,6 +121,28 @@ def validate(
 
 def leased(r: Received) -> int | None:
     return None if r.ticket is None or r.ticket.startswith("L") else int(r.ticket)
+
+
+def check_rotation(
+    rule: str,
+    ids: list[str],
+    weights: dict[str, int | None],
+    calls: list[tuple[int | None, str]],
+    seen: set[int],
+    drawn: int,
+) -> None:
+    """``rotation`` over calls, each (leased ticket or None, instance): every call carried a
+    ticket, none of the ``drawn`` tickets drawn out of band before the step (0..drawn-1), none
+    used twice (``seen`` holds the tickets of earlier checks and gains these), and each reached
+    the instance the rule maps its ticket to over ``ids`` in id order."""
+    ids = sorted(ids)
+    mapping = TicketMapping(rule, [weights.get(i) or 100 for i in ids])
+    for ticket, instance in calls:
+        assert ticket is not None, f"call to {instance} without a leased ticket"
+        assert ticket >= drawn, f"call to {instance} carried ticket {ticket}, one of the {drawn} drawn out of band"
+        assert ticket not in seen, f"ticket {ticket} used twice"
+        seen.add(ticket)
+        assert ids[mapping.map(ticket)] == instance, (ticket, instance)
 
 
 class Consumer(Protocol):
@@ -223,6 +246,8 @@ class Runner:
         if "policy" in scenario:
             self.set_policy(scenario["policy"])
         self.seen: set[int] = set()
+        #: Tickets drawn out of band (draw steps) so far.
+        self.drawn = 0
         self.target = f"rota://{self.server.address}/{self.service}"
         self.consumer = self.open_consumer()
 
@@ -298,8 +323,20 @@ class Runner:
                     return
                 assert time.monotonic() - started < step["within_ms"] / 1000, "no leased ticket in time"
                 time.sleep(0.02)
+        elif "draw" in step:
+            self.draw(step["draw"])
         else:
             raise AssertionError(f"unknown step {step}")
+
+    def draw(self, n: int) -> None:
+        """Leases n tickets of the channel's service and rule, without a version, with the
+        generated Balancer stub on a connection of its own: neither the client library nor the
+        channel takes part."""
+        request = pb.LeaseRequest(service=self.service, rule=self.scenario["rule"], count=n)
+        with grpc.insecure_channel(self.server.address) as ch:
+            response = pb_grpc.BalancerStub(ch).Lease(request, timeout=10)
+        assert response.count == n and not response.picks, f"rota leased {response.count} tickets, not {n}"
+        self.drawn += n
 
     def listed(self) -> list[str]:
         try:
@@ -380,13 +417,8 @@ class Runner:
         if expect.get("leased") is False:
             assert all(t is None for t in tickets)
         if "rotation" in expect:
-            ids = sorted(expect["rotation"])
-            mapping = TicketMapping(self.scenario["rule"], [self.weights.get(i) or 100 for i in ids])
-            for r, t in zip(received, tickets, strict=True):
-                assert t is not None, f"call to {r.instance} without a leased ticket"
-                assert t not in self.seen, f"ticket {t} used twice"
-                self.seen.add(t)
-                assert ids[mapping.map(t)] == r.instance, (t, r.instance)
+            calls = [(t, r.instance) for r, t in zip(received, tickets, strict=True)]
+            check_rotation(self.scenario["rule"], expect["rotation"], self.weights, calls, self.seen, self.drawn)
         if "runs" in expect:
             size = expect["runs"]
             by_ticket = {t: r.instance for r, t in zip(received, tickets, strict=True) if t is not None}
@@ -453,12 +485,30 @@ def test_every_scenario_is_run_or_listed() -> None:
         ({"steps": [{"calls": 1, "expect": {"report": True}}]}, "report"),
         ({"policy": {"gray": {"weights": 1}}}, "policy"),
         ({"policy": {"service": "echo"}}, "service"),
+        ({"steps": [{"drwa": 7}]}, "drwa"),
+        ({"steps": [{"draw": 7, "calls": 1}]}, "not one"),
+        ({"steps": [{"draw": 7, "within_ms": 1}]}, "within_ms"),
     ],
 )
 def test_unknown_keys_are_refused(change: dict[str, Any], message: str) -> None:
     scenario = {"name": "x", "rule": "round_robin", "instances": [], "steps": [], **change}
     with pytest.raises(ScenarioError, match=message):
         validate(scenario)
+
+
+def test_a_draw_step_is_known() -> None:
+    validate({"name": "x", "rule": "round_robin", "instances": [], "steps": [{"draw": 7}]})
+
+
+def test_rotation_refuses_tickets_drawn_out_of_band() -> None:
+    # Tickets 7..12 after 7 drawn out of band follow round robin over three ids; ticket 5, which
+    # a channel counting from 0 by itself would send, maps to its instance but was drawn already.
+    ids = ["a", "b", "c"]
+    calls: list[tuple[int | None, str]] = [(t, ids[t % 3]) for t in range(7, 13)]
+    check_rotation("round_robin", ids, {}, calls, set(), 7)
+    with pytest.raises(AssertionError, match="ticket 5, one of the 7 drawn out of band"):
+        check_rotation("round_robin", ids, {}, [(5, "c"), *calls], set(), 7)
+    check_rotation("round_robin", ids, {}, [(5, "c"), *calls], set(), 5)
 
 
 @pytest.mark.timeout(120)

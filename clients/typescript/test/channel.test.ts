@@ -18,7 +18,7 @@ import { viewOf } from '../src/channel/lease.js';
 import { rotaV1 } from '../src/proto.js';
 import { echoCalls, echoPackage, type EchoResult } from './echo.js';
 import { RotaServer, packageDir, repoRoot, silentLogger, waitFor } from './harness.js';
-import { Fleet, checkExpect, checkKeys, checkReported, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
+import { Fleet, checkExpect, checkKeys, checkReported, checkRotation, drawOutOfBand, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
 
 function letters(rule: string, weights: number[], tickets: number, excluded?: (p: number) => boolean): string {
   const map = new TicketMap(parseLeasedRule(rule), weights);
@@ -327,6 +327,7 @@ interface Step {
   stop_rota?: boolean;
   restart_rota?: boolean;
   await_leases?: boolean;
+  draw?: number;
 }
 
 interface Scenario {
@@ -353,6 +354,7 @@ const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   stop_rota: new Set(['stop_rota']),
   restart_rota: new Set(['restart_rota']),
   await_leases: new Set(['await_leases', 'within_ms']),
+  draw: new Set(['draw']),
 };
 
 /** Fails on a key the channel scenario format does not define, anywhere in the scenario. */
@@ -366,7 +368,7 @@ function checkScenario(sc: Scenario): void {
   }
   for (const [i, step] of sc.steps.entries()) {
     const actions = Object.keys(step).filter((k) => k in STEP_KEYS);
-    assert.equal(actions.length, 1, `step ${i} has ${actions.length} actions (${actions.join(', ')}), want one of ${Object.keys(STEP_KEYS).join(', ')}`);
+    assert.equal(actions.length, 1, `step ${i} has ${actions.length} actions (${actions.join(', ')}), want one of ${Object.keys(STEP_KEYS).join(', ')}; its keys: ${Object.keys(step).map((k) => `"${k}"`).join(', ')}`);
     checkKeys(`step ${i}`, step, STEP_KEYS[actions[0]!]!);
     checkKeys(`step ${i} expect`, step.expect, EXPECT_KEYS);
   }
@@ -425,6 +427,8 @@ async function runScenario(sc: Scenario): Promise<void> {
   const fleet = await Fleet.start(sc.instances, { service, ...(sc.policy !== undefined ? { policy: sc.policy } : {}) });
   const log = fleet.log;
   let client: grpc.Client | undefined;
+  // The tickets drawn out of band (draw steps) so far.
+  let drawn = 0n;
   try {
     client = new (echoPackage().Echo)(`rota:///${service}`, grpc.credentials.createInsecure(), {
       [OPTION_SERVER]: fleet.server.target,
@@ -447,7 +451,7 @@ async function runScenario(sc: Scenario): Promise<void> {
         }
         const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
         try {
-          checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before));
+          checkExpect(sc.rule, s.expect, weights, [...mine, ...theirs.flat()], log.slice(before), drawn);
           if (s.expect?.reported === true) {
             await checkReported(fleet.server.admin, sc.instances, log);
           }
@@ -502,6 +506,8 @@ async function runScenario(sc: Scenario): Promise<void> {
           },
           { timeoutMs: s.within_ms ?? 20_000, what: 'a leased call' },
         );
+      } else if (s.draw !== undefined) {
+        drawn += BigInt(await drawOutOfBand(fleet.server.target, service, sc.rule, s.draw));
       } else {
         assert.fail(`step ${i}: no action`);
       }
@@ -538,6 +544,21 @@ describe('channel scenario runner self-checks', { timeout: 120_000 }, () => {
     await assert.rejects(runScenario(misspelt({ steps: [{ cals: 2 }] })), /step 0 has 0 actions/);
     await assert.rejects(runScenario(misspelt({ policy: { gray: { unversioned: 1, version: { v2: 1 } } } })), /unknown key "version" in policy\.gray/);
     await assert.rejects(runScenario(misspelt({ policy: { service: 'echo' } })), /policy names its service/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ drwa: 7 }] })), /step 0 has 0 actions .*its keys: "drwa"/);
+    await assert.rejects(runScenario(misspelt({ steps: [{ draw: 7, within_ms: 5 }] })), /unknown key "within_ms" in step 0/);
+  });
+
+  it('fails a rotation expectation with a ticket drawn out of band before the step', () => {
+    // Tickets 7..12 after 7 drawn out of band follow round robin over three ids; ticket 5, which
+    // a channel counting from 0 by itself would send, maps to its instance but was drawn already.
+    const ids = ['a', 'b', 'c'];
+    const calls = [7n, 8n, 9n, 10n, 11n, 12n].map((ticket) => ({ instance: ids[Number(ticket % 3n)]!, ticket }));
+    checkRotation('round_robin', ids, new Map(), calls, 7n);
+    const low = [{ instance: 'c', ticket: 5n }, ...calls];
+    assert.throws(() => checkRotation('round_robin', ids, new Map(), low, 7n), /carried ticket 5, one of the 7 tickets drawn out of band/);
+    const results = low.map((c) => ({ instance: c.instance }));
+    assert.throws(() => checkExpect('round_robin', { rotation: ids }, new Map(), results, low, 7n), /one of the 7 tickets drawn out of band/);
+    checkExpect('round_robin', { rotation: ids }, new Map(), results, low, 5n);
   });
 
   it('reads proto JSON policies: proto and JSON field names, map keys as they are', () => {

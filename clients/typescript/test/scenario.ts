@@ -107,7 +107,51 @@ function sortedRecord(r: Record<string, number>): Record<string, number> {
   return Object.fromEntries(Object.entries(r).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
 }
 
-export function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[]): void {
+/**
+ * `rotation` over calls: every call carried a ticket, none of the `drawn` tickets drawn out of
+ * band before the step (0..drawn-1), none used twice, and each reached the instance the rule
+ * maps its ticket to over `rotation` in id order.
+ */
+export function checkRotation(rule: string, rotation: readonly string[], weights: ReadonlyMap<string, number>, calls: readonly EchoCall[], drawn: bigint): void {
+  const ids = [...rotation].sort();
+  const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map((id) => weights.get(id) ?? 100));
+  const seen = new Map<bigint, string>();
+  for (const c of calls) {
+    assert.ok(c.ticket >= 0n, `a call to ${c.instance} carried no ticket`);
+    assert.ok(c.ticket >= drawn, `a call to ${c.instance} carried ticket ${c.ticket}, one of the ${drawn} tickets drawn out of band before the step`);
+    assert.ok(!seen.has(c.ticket), `ticket ${c.ticket} was used twice (${seen.get(c.ticket)} and ${c.instance}): no shared rotation`);
+    seen.set(c.ticket, c.instance);
+    assert.equal(c.instance, ids[map.position(c.ticket)!], `ticket ${c.ticket}`);
+  }
+  assert.ok(seen.size > 0, 'no call to check');
+}
+
+/**
+ * Leases `count` tickets of a service's rotation under `rule`, without a version, with the
+ * generated Balancer stub on a client of its own: neither the client library nor a channel
+ * under test takes part. Resolves to the number of tickets leased.
+ */
+export async function drawOutOfBand(target: string, service: string, rule: string, count: number): Promise<number> {
+  const balancer = new (rotaV1().Balancer)(target, grpc.credentials.createInsecure());
+  try {
+    return await new Promise<number>((resolve, reject) => {
+      balancer.Lease({ service, rule, count }, { deadline: Date.now() + 10_000 }, (error, response) => {
+        if (error !== null || response === undefined) {
+          reject(new Error(`Lease of ${count} tickets of ${service}: ${error?.details ?? 'no response'}`));
+        } else if (response.count !== count || response.picks.length > 0) {
+          reject(new Error(`rota leased ${response.count} tickets (${response.picks.length} picks), not ${count}`));
+        } else {
+          resolve(count);
+        }
+      });
+    });
+  } finally {
+    balancer.close();
+  }
+}
+
+/** Checks a calls step's expectations; `drawn` is the number of tickets drawn out of band before the step. */
+export function checkExpect(rule: string, e: Expect | undefined, weights: ReadonlyMap<string, number>, results: EchoResult[], calls: EchoCall[], drawn = 0n): void {
   if (e === undefined) {
     return;
   }
@@ -162,16 +206,7 @@ export function checkExpect(rule: string, e: Expect | undefined, weights: Readon
     }
   }
   if (e.rotation !== undefined) {
-    const ids = [...e.rotation].sort();
-    const map = new TicketMap(parseLeasedRule(rule === 'repeat' ? 'repeat(n=3)' : rule), ids.map((id) => weights.get(id) ?? 100));
-    const seen = new Map<bigint, string>();
-    for (const c of calls) {
-      assert.ok(c.ticket >= 0n, `a call to ${c.instance} carried no ticket`);
-      assert.ok(!seen.has(c.ticket), `ticket ${c.ticket} was used twice (${seen.get(c.ticket)} and ${c.instance}): no shared rotation`);
-      seen.set(c.ticket, c.instance);
-      assert.equal(c.instance, ids[map.position(c.ticket)!], `ticket ${c.ticket}`);
-    }
-    assert.ok(seen.size > 0, 'no call to check');
+    checkRotation(rule, e.rotation, weights, calls, drawn);
   }
   if (e.runs !== undefined) {
     const n = BigInt(e.runs);

@@ -79,7 +79,8 @@ class ChannelConformanceTest {
             "hang", Set.of("hang"),
             "stop_rota", Set.of("stop_rota"),
             "restart_rota", Set.of("restart_rota"),
-            "await_leases", Set.of("await_leases", "within_ms"));
+            "await_leases", Set.of("await_leases", "within_ms"),
+            "draw", Set.of("draw"));
     private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "leased", "rotation", "runs", "only",
             "never", "spread", "counts", "balanced", "reported");
 
@@ -94,7 +95,8 @@ class ChannelConformanceTest {
         scenario.path("instances").forEach(i -> known(i, INSTANCE_KEYS, "an instance"));
         for (JsonNode step : scenario.path("steps")) {
             String action = STEP_KEYS.keySet().stream().filter(step::has).findFirst()
-                    .orElseThrow(() -> new AssertionError("a step with no action: " + step));
+                    .orElseThrow(() -> new AssertionError("a step with no action, keys " + step.properties().stream()
+                            .map(e -> "\"" + e.getKey() + "\"").toList() + ": " + step));
             known(step, STEP_KEYS.get(action), "a " + action + " step");
             if (step.has("expect")) {
                 known(step.get("expect"), EXPECT_KEYS, "an expectation");
@@ -116,9 +118,69 @@ class ChannelConformanceTest {
                 "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"unreachble\": true}], \"steps\": []}",
                 "{\"rule\": \"round_robin\", \"steps\": [{\"hang\": \"a\", \"within_ms\": 5}]}",
                 "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"balance\": true}}]}",
-                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"report\": true}}]}")) {
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"report\": true}}]}",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"draw\": 7, \"within_ms\": 5}]}")) {
             JsonNode scenario = JSON.readTree(bad);
             org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
+        }
+        checkKeys(JSON.readTree("{\"rule\": \"round_robin\", \"steps\": [{\"draw\": 7}]}"));
+    }
+
+    @org.junit.jupiter.api.Test
+    void anUnknownKeyIsNamed() throws IOException {
+        Map<String, String> named = Map.of(
+                "{\"rule\": \"round_robin\", \"polcy\": {}, \"steps\": []}", "polcy",
+                "{\"rule\": \"round_robin\", \"instances\": [{\"id\": \"a\", \"wieght\": 1}], \"steps\": []}", "wieght",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"draw\": 7, \"deadline_ms\": 1}]}", "deadline_ms",
+                "{\"rule\": \"round_robin\", \"steps\": [{\"calls\": 1, \"expect\": {\"rotaton\": []}}]}", "rotaton");
+        for (Map.Entry<String, String> e : named.entrySet()) {
+            JsonNode scenario = JSON.readTree(e.getKey());
+            AssertionError error = org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(scenario));
+            assertTrue(error.getMessage().contains("\"" + e.getValue() + "\""), error.getMessage());
+        }
+        // A step whose only key is misspelt has no action, and says which keys it has.
+        JsonNode misspelt = JSON.readTree("{\"rule\": \"round_robin\", \"steps\": [{\"drwa\": 7}]}");
+        AssertionError error = org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class, () -> checkKeys(misspelt));
+        assertTrue(error.getMessage().contains("drwa"), error.getMessage());
+    }
+
+    @org.junit.jupiter.api.Test
+    void rotationRefusesTicketsDrawnOutOfBand() {
+        // Tickets 7..12 after 7 drawn out of band follow round robin over three ids; ticket 5,
+        // which a channel counting from 0 by itself would send, maps to its instance but was
+        // drawn already.
+        List<String> ids = List.of("a", "b", "c");
+        Map<String, Integer> weights = Map.of("a", 100, "b", 100, "c", 100);
+        List<EchoFleet.Received> calls = new ArrayList<>();
+        for (long t = 7; t < 13; t++) {
+            calls.add(new EchoFleet.Received(ids.get((int) (t % 3)), Long.toString(t), 0, false));
+        }
+        checkRotation("round_robin", ids, weights, calls, new HashSet<>(), 7);
+        List<EchoFleet.Received> low = new ArrayList<>(calls);
+        low.add(0, new EchoFleet.Received("c", "5", 0, false));
+        AssertionError error = org.junit.jupiter.api.Assertions.assertThrows(AssertionError.class,
+                () -> checkRotation("round_robin", ids, weights, low, new HashSet<>(), 7));
+        assertTrue(error.getMessage().contains("ticket 5, one of the 7 drawn out of band"), error.getMessage());
+        checkRotation("round_robin", ids, weights, low, new HashSet<>(), 5);
+    }
+
+    /**
+     * {@code rotation} over {@code received}: every call carried a ticket, none of the
+     * {@code drawn} tickets drawn out of band before the step (0..drawn-1), none used twice
+     * ({@code seen} holds the tickets of earlier checks and gains these), and each reached the
+     * instance the rule maps its ticket to over {@code rotation} in id order.
+     */
+    static void checkRotation(String rule, List<String> rotation, Map<String, Integer> weights, List<EchoFleet.Received> received,
+            Set<Long> seen, long drawn) {
+        List<String> ids = new ArrayList<>(new TreeSet<>(rotation));
+        TicketMapping mapping = TicketMapping.of(rule, ids.stream().mapToInt(weights::get).toArray());
+        for (EchoFleet.Received r : received) {
+            Long t = leased(r);
+            assertNotNull(t, "call to " + r.instance() + " without a leased ticket");
+            assertTrue(Long.compareUnsigned(t, drawn) >= 0,
+                    "call to " + r.instance() + " carried ticket " + t + ", one of the " + drawn + " drawn out of band");
+            assertTrue(seen.add(t), "ticket " + t + " used twice");
+            assertEquals(ids.get(mapping.map(t, null)), r.instance(), "ticket " + t);
         }
     }
 
@@ -138,6 +200,8 @@ class ChannelConformanceTest {
         final ManagedChannel channel;
         final Set<Long> seen = new HashSet<>();
         final String service;
+        /** Tickets drawn out of band (draw steps) so far. */
+        long drawn;
 
         Runner(JsonNode scenario) throws Exception {
             this.scenario = scenario;
@@ -247,9 +311,30 @@ class ChannelConformanceTest {
                     assertTrue(System.nanoTime() < deadline, "no leased ticket in time");
                     Thread.sleep(20);
                 }
+            } else if (step.has("draw")) {
+                draw(step.get("draw").asInt());
             } else {
                 throw new AssertionError("unknown step " + step);
             }
+        }
+
+        /**
+         * Leases {@code n} tickets of the channel's service and rule, without a version, with the
+         * generated Balancer stub on a channel of its own: neither the client library nor the
+         * channel under test takes part.
+         */
+        void draw(int n) throws InterruptedException {
+            ManagedChannel own = ManagedChannelBuilder.forTarget(rota.target()).usePlaintext().build();
+            try {
+                io.rota.v1.LeaseResponse response = io.rota.v1.BalancerGrpc.newBlockingStub(own)
+                        .withDeadlineAfter(10, TimeUnit.SECONDS)
+                        .lease(io.rota.v1.LeaseRequest.newBuilder().setService(service).setRule(rule).setCount(n).build());
+                assertTrue(response.getCount() == n && response.getPicksCount() == 0,
+                        "rota leased " + response.getCount() + " tickets, not " + n);
+            } finally {
+                own.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+            }
+            drawn += n;
         }
 
         void calls(JsonNode step) throws Exception {
@@ -364,14 +449,7 @@ class ChannelConformanceTest {
             Set<String> reached = new HashSet<>();
             received.forEach(r -> reached.add(r.instance()));
             if (expect.has("rotation")) {
-                List<String> ids = new ArrayList<>(new TreeSet<>(strings(expect.get("rotation"))));
-                TicketMapping mapping = TicketMapping.of(rule, ids.stream().mapToInt(weights::get).toArray());
-                for (EchoFleet.Received r : received) {
-                    Long t = leased(r);
-                    assertNotNull(t, "call to " + r.instance() + " without a leased ticket");
-                    assertTrue(seen.add(t), "ticket " + t + " used twice");
-                    assertEquals(ids.get(mapping.map(t, null)), r.instance(), "ticket " + t);
-                }
+                checkRotation(rule, strings(expect.get("rotation")), weights, received, seen, drawn);
             }
             if (expect.has("runs")) {
                 int size = expect.get("runs").asInt();

@@ -27,6 +27,7 @@
 
 pub mod api;
 pub mod events;
+pub mod history;
 pub mod metrics;
 pub mod streams;
 
@@ -139,7 +140,7 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AdminEr
 }
 
 pub fn router(state: AdminState) -> Router {
-    let history = events::History::start(&state);
+    let history = history::History::start(&state);
     Router::new()
         .route("/", get(dashboard))
         .route("/favicon.ico", get(api::favicon))

@@ -436,11 +436,10 @@ impl Query<'_> {
     }
 
     /// Zones sorted by name with their totals; empty when all candidates share one zone.
-    /// Excluded candidates are left out of the counts (and so are, in an index built for other
-    /// members, those the reader does not have).
-    pub fn zones(&self, excluded: &[usize]) -> Zones<'_> {
+    /// The candidates the query masks (the excluded ones and, in an index built for other
+    /// members, those the reader does not have) are left out of the counts.
+    pub fn zones(&self) -> Zones<'_> {
         let inner = self.inner;
-        let excluded = if self.remap.is_some() { self.masked } else { excluded };
         let mut zones: Zones<'_> = inner
             .zones
             .iter()
@@ -451,7 +450,7 @@ impl Query<'_> {
                 in_flight: zone.in_flight,
             })
             .collect();
-        for &position in excluded {
+        for &position in self.masked {
             let Some(zone) = zones.get_mut(inner.zone_of.get(position).copied().unwrap_or(u32::MAX) as usize) else {
                 continue;
             };
@@ -813,9 +812,9 @@ mod tests {
             let reference_from = current.get(from).map_or(0, |m| common.partition_point(|i| i.id < m.id));
             let by_id = |found: Option<usize>, list: &[Arc<Instance>]| found.map(|p| list[p].id.clone());
             type Answers = (Option<usize>, Option<usize>, Option<usize>, Option<usize>, Option<usize>, Vec<(String, u64, u64, u64)>);
-            let ask = |q: &Query<'_>, excluded: &[usize], from: usize| -> Answers {
+            let ask = |q: &Query<'_>, from: usize| -> Answers {
                 let zones = if q.has_zones() {
-                    q.zones(excluded)
+                    q.zones()
                         .iter()
                         .filter(|z| z.instances > 0)
                         .map(|z| (z.zone.to_owned(), z.instances, z.tripped, z.in_flight))
@@ -832,8 +831,8 @@ mod tests {
                     zones,
                 )
             };
-            let got = table.query(&subset, now, &excluded, |q| ask(q, &excluded, from));
-            let want = reference.query(now, &reference_excluded, |q| ask(q, &reference_excluded, reference_from));
+            let got = table.query(&subset, now, &excluded, |q| ask(q, from));
+            let want = reference.query(now, &reference_excluded, |q| ask(q, reference_from));
             prop_assert_eq!(by_id(got.0, &current), by_id(want.0, &common), "nth_available");
             prop_assert_eq!(by_id(got.1, &current), by_id(want.1, &common), "least_loaded");
             prop_assert_eq!(by_id(got.2, &current), by_id(want.2, &common), "next_under");
@@ -885,7 +884,7 @@ mod tests {
         index.set(3, LoadSample { tripped_until: Some(now + Duration::from_secs(1)), ..sample(1) }, now);
         let excluded = [2];
         index.query(now, &excluded, |q| {
-            let zones = q.zones(&excluded);
+            let zones = q.zones();
             let totals: Vec<_> = zones.iter().map(|z| (z.zone, z.instances, z.tripped, z.in_flight)).collect();
             assert_eq!(totals, [("east", 1, 0, 0), ("north", 1, 1, 1), ("west", 1, 0, 4)]);
             assert_eq!(q.available_in("east"), 1);

@@ -66,7 +66,7 @@ fn choose(draw: &Draw<'_>, loads: &Query<'_>) -> Option<usize> {
     if !loads.has_zones() {
         return loads.nth_available(draw.ticket);
     }
-    let mut zones = loads.zones(draw.excluded.positions());
+    let mut zones = loads.zones();
     zones.retain(|zone| zone.instances > 0);
     let present = zones.len();
     let allowed = available_zones(&mut zones);

@@ -56,6 +56,7 @@ pub mod replicas;
 pub mod rules;
 pub mod server;
 pub mod soak;
+pub mod sources;
 pub mod state;
 pub mod tls;
 pub mod xds;

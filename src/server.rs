@@ -107,6 +107,8 @@ pub struct ServeConfig {
     /// How long a seen service's arrivals must pause before the warm-up serves it; `None` is
     /// [`default_settle`](crate::grpc::warmup::default_settle), zero serves a seen service at once.
     pub warmup_settle: Option<Duration>,
+    /// Registries rota follows (`[[source]]`, `--source`).
+    pub sources: Vec<crate::sources::SourceSpec>,
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -168,6 +170,7 @@ impl Default for ServeConfig {
             auth: None,
             warmup: None,
             warmup_settle: None,
+            sources: Vec::new(),
         }
     }
 }
@@ -269,6 +272,8 @@ impl Server {
             config.stats,
         ));
         let mut background = Vec::new();
+        let (sources, source_tasks) = crate::sources::spawn(&registry, &config.sources);
+        background.extend(source_tasks);
         if let Some(link) = balancer.state().link() {
             background.extend(crate::replicas::spawn(balancer.registry(), balancer.stats(), &policies, link));
         }
@@ -381,6 +386,7 @@ impl Server {
                 .with_auth(config.auth.clone())
                 .with_limits(admission, streams, answers)
                 .with_xds(xds_hub)
+                .with_sources(sources)
                 .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))

@@ -153,6 +153,12 @@ pub async fn policies(State(state): State<AdminState>) -> Json<serde_json::Value
     Json(serde_json::json!({ "defaults": defaults, "services": services }))
 }
 
+/// The registries rota follows: each one's state (`up` false when its last read failed), what
+/// rota holds of it, and its last error.
+pub async fn sources(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "sources": state.sources.views() }))
+}
+
 /// A small icon for the browser tab (a ring with a marked position), so that the browser's
 /// request for `/favicon.ico` is answered.
 const FAVICON: &str = concat!(

@@ -42,7 +42,48 @@ pub fn render(state: &AdminState) -> String {
     render_limits(state, &mut out);
     render_policies(state, &mut out);
     render_xds(state, &mut out);
+    render_sources(state, &mut out);
     out
+}
+
+fn render_sources(state: &AdminState, out: &mut String) {
+    let views = state.sources.views();
+    if views.is_empty() {
+        return;
+    }
+    header(out, "rota_source_up", "gauge", "1 when a followed registry's last read succeeded, 0 while it is stale.");
+    for v in &views {
+        let _ =
+            writeln!(out, "rota_source_up{{source=\"{}\",kind=\"{}\"}} {}", escape(&v.name), v.kind, u8::from(v.up));
+    }
+    header(out, "rota_source_instances", "gauge", "Instances rota holds of a followed registry.");
+    for v in &views {
+        let _ = writeln!(out, "rota_source_instances{{source=\"{}\"}} {}", escape(&v.name), v.instances);
+    }
+    header(
+        out,
+        "rota_source_refused",
+        "gauge",
+        "Entries of a registry's last listing rota refused (malformed, invalid, over max_instances).",
+    );
+    for v in &views {
+        let _ = writeln!(out, "rota_source_refused{{source=\"{}\"}} {}", escape(&v.name), v.refused);
+    }
+    header(
+        out,
+        "rota_source_held_back",
+        "gauge",
+        "Services whose removals rota holds back (more than protect_threshold at once).",
+    );
+    for v in &views {
+        let _ = writeln!(out, "rota_source_held_back{{source=\"{}\"}} {}", escape(&v.name), v.held_back.len());
+    }
+    header(out, "rota_source_reads_total", "counter", "Reads of a followed registry, by result.");
+    for v in &views {
+        let name = escape(&v.name);
+        let _ = writeln!(out, "rota_source_reads_total{{source=\"{name}\",result=\"ok\"}} {}", v.reads);
+        let _ = writeln!(out, "rota_source_reads_total{{source=\"{name}\",result=\"failed\"}} {}", v.failures);
+    }
 }
 
 fn render_xds(state: &AdminState, out: &mut String) {

@@ -78,6 +78,8 @@ pub struct AdminState {
     policy_reloads: Option<watch::Receiver<PolicyReloads>>,
     /// The xDS server's subscriptions, when serving.
     xds: Option<Arc<crate::xds::Hub>>,
+    /// The registries rota follows.
+    sources: crate::sources::Sources,
 }
 
 impl AdminState {
@@ -89,7 +91,17 @@ impl AdminState {
         stopping: watch::Receiver<bool>,
         draining: watch::Receiver<bool>,
     ) -> Self {
-        Self { overview, grpc, stopping, draining, auth: None, limits: None, policy_reloads: None, xds: None }
+        Self {
+            overview,
+            grpc,
+            stopping,
+            draining,
+            auth: None,
+            limits: None,
+            policy_reloads: None,
+            xds: None,
+            sources: Default::default(),
+        }
     }
 
     /// Reports the connection caps, open streams and unread answers in `/metrics`.
@@ -106,6 +118,12 @@ impl AdminState {
     /// Reports the xDS server's streams and subscriptions in `/metrics`.
     pub fn with_xds(mut self, hub: Arc<crate::xds::Hub>) -> Self {
         self.xds = Some(hub);
+        self
+    }
+
+    /// Reports the sources rota follows in `/metrics`, `/readyz` and `/api/sources`.
+    pub fn with_sources(mut self, sources: crate::sources::Sources) -> Self {
+        self.sources = sources;
         self
     }
 
@@ -150,6 +168,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/services", get(api::services))
         .route("/api/services/{name}", get(api::service))
         .route("/api/policies", get(api::policies))
+        .route("/api/sources", get(api::sources))
         .route("/api/events", get(events::stream))
         .layer(axum::Extension(Arc::new(streams::EventStreams::default())))
         .layer(axum::middleware::from_fn_with_state(state.clone(), require_admin))
@@ -303,13 +322,23 @@ async fn healthz() -> &'static str {
 }
 
 /// Ready unless stopping. A replica whose state backend is unreachable stays ready (it answers
-/// picks from local state, which beats not answering) and says so in the body.
-async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, &'static str) {
+/// picks from local state, which beats not answering) and says so in the body; so does one
+/// with a stale source (it answers from the source's last listing).
+async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, String) {
     if state.is_stopping() {
-        (StatusCode::SERVICE_UNAVAILABLE, "stopping")
-    } else if !state.overview.state_backend().1 {
-        (StatusCode::OK, "ready (degraded: state backend unreachable, answering from local state)")
+        return (StatusCode::SERVICE_UNAVAILABLE, "stopping".into());
+    }
+    let mut degraded = Vec::new();
+    if !state.overview.state_backend().1 {
+        degraded.push("state backend unreachable, answering from local state".to_owned());
+    }
+    let stale = state.sources.stale();
+    if !stale.is_empty() {
+        degraded.push(format!("sources stale, answering from their last listing: {}", stale.join(", ")));
+    }
+    if degraded.is_empty() {
+        (StatusCode::OK, "ready".into())
     } else {
-        (StatusCode::OK, "ready")
+        (StatusCode::OK, format!("ready (degraded: {})", degraded.join("; ")))
     }
 }

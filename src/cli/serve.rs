@@ -21,6 +21,10 @@ pub struct ServeArgs {
     /// Log lines as text or as JSON objects (one per line, on stderr).
     #[arg(long, env = "ROTA_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// A registry to follow, as a URL (repeatable; beside the file's `[[source]]` tables), e.g.
+    /// `eureka+http://127.0.0.1:8761/eureka?services=orders` (see docs/sources.md).
+    #[arg(long = "source", value_name = "URL")]
+    pub sources: Vec<String>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -33,7 +37,8 @@ pub enum LogFormat {
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
-    let settings = config::resolve(args.config.as_deref(), &args.settings)?;
+    let mut settings = config::resolve(args.config.as_deref(), &args.settings)?;
+    settings.add_source_flags(&args.sources)?;
     // The policy part is validated here too, so a bad file never gets as far as binding.
     let policies = match settings.policy_file() {
         Some(path) => Some(crate::policy::file::load(path).map_err(crate::server::ServeError::from)?),

@@ -65,6 +65,9 @@ struct FileConfig {
     _defaults: Option<toml::Value>,
     #[serde(default, rename = "services")]
     _services: Option<toml::Value>,
+    /// Registries rota follows (`crate::sources`).
+    #[serde(default, rename = "source")]
+    sources: Vec<crate::sources::spec::SourceTable>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -96,6 +99,11 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         None => (FileConfig::default(), String::new()),
     };
     let auth = resolve_auth(&file_config.auth, &file_name)?;
+    let sources = crate::sources::spec::check_all(file_config.sources).map_err(|(i, e)| ConfigError {
+        source_name: file_name.clone(),
+        key: format!("source[{i}].{}", e.key),
+        problem: e.problem,
+    })?;
     let table = file_config.server;
     // Each setting: the override if given, else the file's value, else the default.
     let pick = |over: &Option<String>, from_file: Option<String>| -> Option<(String, String)> {
@@ -413,6 +421,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             auth,
             warmup: Some(warmup),
             warmup_settle: Some(warmup_settle),
+            sources,
         },
         shutdown_grace,
     })
@@ -550,7 +559,42 @@ impl Settings {
                 toml.push_str(&format!("tls_client_ca = {}\n", path(ca)));
             }
         }
+        for source in &self.serve.sources {
+            toml.push('\n');
+            toml.push_str(&source.to_toml());
+        }
         toml
+    }
+
+    /// Adds the sources given as `--source URL` flags after the file's; a name both use is
+    /// refused.
+    pub fn add_source_flags(&mut self, flags: &[String]) -> Result<(), ConfigError> {
+        let first = self.serve.sources.len();
+        let mut tables = Vec::with_capacity(flags.len());
+        for (i, flag) in flags.iter().enumerate() {
+            let table = crate::sources::spec::SourceTable::from_flag(flag).map_err(|e| ConfigError {
+                source_name: FLAGS.into(),
+                key: format!("--source[{i}] {}", e.key),
+                problem: e.problem,
+            })?;
+            tables.push(table);
+        }
+        let added = crate::sources::spec::check_all(tables).map_err(|(i, e)| ConfigError {
+            source_name: FLAGS.into(),
+            key: format!("--source[{i}] {}", e.key),
+            problem: e.problem,
+        })?;
+        for spec in added {
+            if let Some(i) = self.serve.sources.iter().position(|s| s.name == spec.name) {
+                return Err(ConfigError {
+                    source_name: FLAGS.into(),
+                    key: format!("--source[{}] name", self.serve.sources.len() - first),
+                    problem: format!("is {:?}, as the file's source[{i}]'s is; give one a `name`", spec.name),
+                });
+            }
+            self.serve.sources.push(spec);
+        }
+        Ok(())
     }
 
     pub fn policy_file(&self) -> Option<&PathBuf> {

@@ -15,13 +15,39 @@ pub(crate) type LeaseId = u64;
 
 /// One request to the registry task.
 pub(crate) enum Command {
-    Open { lease: LeaseId, token: Option<Arc<str>>, limit: usize, expired: oneshot::Sender<()> },
-    Announce { lease: LeaseId, instances: Vec<Instance>, reply: oneshot::Sender<Outcome> },
-    Update { lease: LeaseId, update: ValidUpdate, reply: oneshot::Sender<Outcome> },
-    Withdraw { lease: LeaseId, refs: Vec<InstanceRef>, reply: oneshot::Sender<Outcome> },
-    Touch { lease: LeaseId },
-    Close { lease: LeaseId },
-    Subscribe { service: Arc<str>, reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>> },
+    /// `expires`: the lease is dropped after a heartbeat timeout without a message.
+    Open {
+        lease: LeaseId,
+        token: Option<Arc<str>>,
+        limit: usize,
+        expires: bool,
+        expired: oneshot::Sender<()>,
+    },
+    Announce {
+        lease: LeaseId,
+        instances: Vec<Instance>,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Update {
+        lease: LeaseId,
+        update: ValidUpdate,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Withdraw {
+        lease: LeaseId,
+        refs: Vec<InstanceRef>,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Touch {
+        lease: LeaseId,
+    },
+    Close {
+        lease: LeaseId,
+    },
+    Subscribe {
+        service: Arc<str>,
+        reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>>,
+    },
 }
 
 /// Names one instance of one service, as the provider sent it.

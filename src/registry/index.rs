@@ -48,7 +48,8 @@ struct LeaseEntry {
     token: Option<Arc<str>>,
     /// Instances the lease may hold at once.
     limit: usize,
-    deadline: Instant,
+    /// `None` for a lease that never expires (a source's, which lives as long as its task).
+    deadline: Option<Instant>,
     /// Ordered, so a withdraw-all acknowledges instances in a stable order.
     owned: BTreeSet<(Arc<str>, Arc<str>)>,
     expired: Option<oneshot::Sender<()>>,
@@ -147,9 +148,11 @@ impl Index {
 
     fn apply(&mut self, command: Command) {
         match command {
-            Command::Open { lease, token, limit, expired } => {
-                let deadline = Instant::now() + self.config.heartbeat_timeout;
-                self.deadlines.insert((deadline, lease));
+            Command::Open { lease, token, limit, expires, expired } => {
+                let deadline = expires.then(|| Instant::now() + self.config.heartbeat_timeout);
+                if let Some(deadline) = deadline {
+                    self.deadlines.insert((deadline, lease));
+                }
                 let entry = LeaseEntry { token, limit, deadline, owned: BTreeSet::new(), expired: Some(expired) };
                 self.leases.insert(lease, entry);
             }
@@ -181,9 +184,11 @@ impl Index {
 
     fn touch(&mut self, lease: LeaseId) {
         let Some(entry) = self.leases.get_mut(&lease) else { return };
-        self.deadlines.remove(&(entry.deadline, lease));
-        entry.deadline = Instant::now() + self.config.heartbeat_timeout;
-        self.deadlines.insert((entry.deadline, lease));
+        let Some(deadline) = entry.deadline else { return };
+        self.deadlines.remove(&(deadline, lease));
+        let deadline = Instant::now() + self.config.heartbeat_timeout;
+        entry.deadline = Some(deadline);
+        self.deadlines.insert((deadline, lease));
     }
 
     fn announce(&mut self, lease: LeaseId, instances: Vec<Instance>) -> Outcome {
@@ -392,7 +397,9 @@ impl Index {
 
     fn close(&mut self, lease: LeaseId, why: &'static str) {
         let Some(entry) = self.leases.get(&lease) else { return };
-        self.deadlines.remove(&(entry.deadline, lease));
+        if let Some(deadline) = entry.deadline {
+            self.deadlines.remove(&(deadline, lease));
+        }
         // Removed while the lease is still known, so its token's services are released.
         let owned: Vec<_> = entry.owned.iter().cloned().collect();
         for key in &owned {
@@ -511,7 +518,7 @@ mod tests {
         );
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (expired, mut expiry) = oneshot::channel();
-        index.apply(Command::Open { lease: 1, token: None, limit: 1000, expired });
+        index.apply(Command::Open { lease: 1, token: None, limit: 1000, expires: true, expired });
         tokio::time::advance(RegistryConfig::default().heartbeat_timeout * 2).await;
         tx.send(Command::Touch { lease: 1 }).unwrap();
         index.on_deadline(&mut rx, Instant::now());

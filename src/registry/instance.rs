@@ -62,6 +62,9 @@ pub struct InstanceRecord {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
     pub status: String,
+    /// The source it was followed from, if rota followed it from a registry (`[[source]]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl InstanceRecord {
@@ -75,6 +78,7 @@ impl InstanceRecord {
             weight: instance.weight,
             metadata: instance.metadata.clone(),
             status: instance.status.as_str().to_owned(),
+            source: instance.source.as_deref().map(str::to_owned),
         }
     }
 
@@ -112,6 +116,9 @@ pub struct Instance {
     /// and for instances validated outside the registry). Rules that ramp traffic up after a
     /// start read it (`slow_start`).
     pub up_since: Option<tokio::time::Instant>,
+    /// The source rota followed this instance from (`[[source]]`), `None` for one a
+    /// registration stream (or another replica) holds.
+    pub source: Option<Arc<str>>,
 }
 
 impl Instance {
@@ -207,6 +214,7 @@ impl InstanceSpec {
             metadata: self.metadata,
             status,
             up_since: None,
+            source: None,
         })
     }
 }

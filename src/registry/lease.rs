@@ -47,10 +47,24 @@ pub enum Claim {
 /// The claims a lease asks, set once the replicas share their table.
 pub(crate) type ClaimsSlot = Arc<OnceLock<Arc<dyn Claims>>>;
 
+/// The id prefixes kept for the sources rota follows (`NAME:` for each), which a registration
+/// stream may not announce.
+pub(crate) type ReservedPrefixes = Arc<std::sync::RwLock<Vec<Arc<str>>>>;
+
+/// Who holds a lease, and so what its announcements may do.
+#[derive(Clone)]
+pub(crate) enum Holder {
+    /// A registration stream: claims its ids across replicas, may not use a source's prefix.
+    Stream { claims: ClaimsSlot, reserved: ReservedPrefixes },
+    /// The registry's copy of another replica's instances.
+    Mirror,
+    /// A source rota follows: its instances are marked with its name.
+    Source(Arc<str>),
+}
+
 pub struct Lease {
     id: LeaseId,
-    /// `None` for the registry's copies of other replicas' instances, which claim nothing.
-    claims: Option<ClaimsSlot>,
+    holder: Holder,
     tx: mpsc::UnboundedSender<Command>,
     expired: Option<oneshot::Receiver<()>>,
     heartbeat_timeout: Duration,
@@ -62,7 +76,7 @@ pub struct Lease {
 impl Lease {
     pub(crate) fn open(
         id: LeaseId,
-        claims: Option<ClaimsSlot>,
+        holder: Holder,
         token: Option<Arc<str>>,
         tx: mpsc::UnboundedSender<Command>,
         heartbeat_timeout: Duration,
@@ -70,10 +84,12 @@ impl Lease {
         open_leases: Arc<AtomicUsize>,
     ) -> Self {
         let (expired_tx, expired) = oneshot::channel();
+        // A source's lease lives as long as its task, which drops it on stopping.
+        let expires = !matches!(holder, Holder::Source(_));
         // If the registry has stopped, `expired` resolves at once and the stream ends.
-        let _ = tx.send(Command::Open { lease: id, token, limit: max_instances, expired: expired_tx });
+        let _ = tx.send(Command::Open { lease: id, token, limit: max_instances, expires, expired: expired_tx });
         open_leases.fetch_add(1, Ordering::Relaxed);
-        Self { id, claims, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
+        Self { id, holder, tx, expired: Some(expired), heartbeat_timeout, max_instances, open_leases }
     }
 
     pub fn id(&self) -> u64 {
@@ -102,12 +118,16 @@ impl Lease {
         let mut valid = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
             let reference = raw_ref(&spec);
-            match spec.validate(&format!("announce.instances[{i}]")) {
+            let field = format!("announce.instances[{i}]");
+            match spec.validate(&field).and_then(|instance| self.stamp(instance, &field)) {
                 Ok(instance) => valid.push(instance),
                 Err(problem) => outcome.refused.push((reference, problem.into())),
             }
         }
-        let claims = self.claims.as_ref().and_then(|slot| slot.get()).cloned();
+        let claims = match &self.holder {
+            Holder::Stream { claims, .. } => claims.get().cloned(),
+            Holder::Mirror | Holder::Source(_) => None,
+        };
         let mut claimed = Vec::new();
         if let Some(claims) = &claims {
             (valid, claimed) = claim(&**claims, valid, &mut outcome).await;
@@ -135,6 +155,25 @@ impl Lease {
         outcome.accepted = applied.accepted;
         outcome.refused.extend(applied.refused);
         Ok(outcome)
+    }
+
+    /// Marks a source's instance with its name; refuses a stream's id in a source's namespace.
+    fn stamp(&self, mut instance: Instance, field: &str) -> Result<Instance, InvalidField> {
+        match &self.holder {
+            Holder::Source(name) => instance.source = Some(name.clone()),
+            Holder::Stream { reserved, .. } => {
+                let reserved = reserved.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if let Some(prefix) = reserved.iter().find(|prefix| instance.id.starts_with(&***prefix)) {
+                    let source = &prefix[..prefix.len() - 1];
+                    return Err(InvalidField::new(
+                        format!("{field}.id"),
+                        format!("starts with {prefix:?}, which is kept for the instances of source {source:?}"),
+                    ));
+                }
+            }
+            Holder::Mirror => {}
+        }
+        Ok(instance)
     }
 
     pub async fn update(&self, update: InstanceUpdate) -> Result<Outcome, RegistryClosed> {

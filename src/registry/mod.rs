@@ -28,6 +28,8 @@ pub use instance::{
     validate_service_name,
 };
 pub use lease::{Claim, Claims, Lease};
+
+use lease::{Holder, ReservedPrefixes};
 pub use snapshot::{ANY_LABEL, Catalog, Change, ServiceSnapshot, Subset, UNVERSIONED_LABEL, diff};
 
 use command::Command;
@@ -87,6 +89,7 @@ struct Shared {
     published: broadcast::Sender<Arc<[Arc<str>]>>,
     hooks: Hooks,
     claims: lease::ClaimsSlot,
+    reserved: ReservedPrefixes,
 }
 
 /// Work that must see a publication before the registry acknowledges the changes in it, such
@@ -144,6 +147,7 @@ impl Registry {
                 published,
                 hooks,
                 claims: Arc::default(),
+                reserved: Arc::default(),
             }),
         }
     }
@@ -193,7 +197,8 @@ impl Registry {
     /// Opens a lease for one registration stream authenticated as `token` (its name), whose
     /// services count against that token's limit.
     pub fn open_lease_for(&self, token: Option<Arc<str>>) -> Lease {
-        self.open(Some(self.shared.claims.clone()), token, self.shared.config.max_instances_per_stream)
+        let holder = Holder::Stream { claims: self.shared.claims.clone(), reserved: self.shared.reserved.clone() };
+        self.open(holder, token, self.shared.config.max_instances_per_stream)
     }
 
     /// From now on, registration streams claim their ids through `claims` before announcing
@@ -205,14 +210,28 @@ impl Registry {
     /// Opens a lease that may hold up to `max_instances` instances: the registry's own copy of
     /// instances another rota replica holds, which are not limited like one provider's stream.
     pub fn open_mirror_lease(&self, max_instances: usize) -> Lease {
-        self.open(None, None, max_instances)
+        self.open(Holder::Mirror, None, max_instances)
     }
 
-    fn open(&self, claims: Option<lease::ClaimsSlot>, token: Option<Arc<str>>, max_instances: usize) -> Lease {
+    /// Opens the lease of a source rota follows (`[[source]]` named `source`), holding up to
+    /// `max_instances`: it never expires (it lives as long as the source's task), its instances
+    /// are marked with the source's name, and from now on no registration stream may announce
+    /// an id starting with `source:`, the source's namespace.
+    pub fn open_source_lease(&self, source: &str, max_instances: usize) -> Lease {
+        let prefix: Arc<str> = format!("{source}:").into();
+        let mut reserved = self.shared.reserved.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !reserved.contains(&prefix) {
+            reserved.push(prefix);
+        }
+        drop(reserved);
+        self.open(Holder::Source(source.into()), None, max_instances)
+    }
+
+    fn open(&self, holder: Holder, token: Option<Arc<str>>, max_instances: usize) -> Lease {
         let id = self.shared.next_lease.fetch_add(1, Ordering::Relaxed);
         Lease::open(
             id,
-            claims,
+            holder,
             token,
             self.shared.tx.clone(),
             self.shared.config.heartbeat_timeout,

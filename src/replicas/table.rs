@@ -283,7 +283,8 @@ impl TableSharing {
                 snapshot
                     .instances
                     .iter()
-                    .filter(|i| !mirrored.contains(&*i.id))
+                    // A source's instances are followed by every replica itself.
+                    .filter(|i| i.source.is_none() && !mirrored.contains(&*i.id))
                     .map(|i| (i.id.clone(), InstanceRecord::of(i)))
                     .collect()
             })

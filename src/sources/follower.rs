@@ -1,0 +1,288 @@
+//! The task that follows one source: read it, plan, apply through the source's lease, report.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::listing::{Held, Holding, Listing, plan};
+use super::{Follow, SourceSpec, SourceStatus};
+use crate::registry::{InstanceRecord, InstanceRef, Lease, RegistryClosed};
+
+/// The first wait after a failure, doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Refusals logged one by one per listing; the rest are counted.
+const LOGGED_REFUSALS: usize = 8;
+
+/// Follows `spec` into `lease` until the registry stops (or the task is aborted, which drops
+/// the lease and with it the source's instances).
+pub async fn run(spec: Arc<SourceSpec>, mut follow: impl Follow, lease: Lease, status: Arc<SourceStatus>) {
+    let mut mirror = Mirror::new(lease, spec.clone());
+    let mut backoff = FIRST_BACKOFF;
+    info!(source = %spec.name, url = %spec.url, "following source");
+    loop {
+        match follow.next().await {
+            Ok(listing) => {
+                backoff = FIRST_BACKOFF;
+                match mirror.apply(listing, Instant::now()).await {
+                    Ok(report) => status.synced(report),
+                    Err(RegistryClosed) => return,
+                }
+            }
+            Err(error) => {
+                warn!(source = %spec.name, %error, retry_in = ?backoff, "source failed; keeping its last listing");
+                status.failed(error.to_string());
+                follow.reset();
+                // Jittered, so replicas that lost a source together do not come back in step.
+                let wait = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);
+                tokio::time::sleep(wait).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// What one applied listing left, for the status board.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Instances rota holds of the source.
+    pub instances: usize,
+    /// Entries of this listing rota refused (malformed, invalid, over the limit).
+    pub refused: usize,
+    /// Services whose removals are held back.
+    pub held_back: Vec<String>,
+}
+
+/// The source's instances as rota's table holds them.
+pub struct Mirror {
+    lease: Lease,
+    spec: Arc<SourceSpec>,
+    held: Held,
+    /// Records rota refused, kept until the source changes or drops them.
+    refused: HashMap<(String, String), InstanceRecord>,
+    holding: Holding,
+}
+
+impl Mirror {
+    pub fn new(lease: Lease, spec: Arc<SourceSpec>) -> Self {
+        Self { lease, spec, held: Held::new(), refused: HashMap::new(), holding: Holding::new() }
+    }
+
+    /// Makes rota's table say what `listing` says (bar held-back removals).
+    pub async fn apply(&mut self, listing: Listing, now: Instant) -> Result<Report, RegistryClosed> {
+        let name = &self.spec.name;
+        let malformed = listing.malformed.len();
+        for problem in listing.malformed.iter().take(LOGGED_REFUSALS) {
+            warn!(source = %name, %problem, "source entry refused");
+        }
+        let listed: HashSet<(String, String)> = listing
+            .services
+            .iter()
+            .flat_map(|(service, instances)| {
+                instances.iter().map(move |i| (service.clone(), format!("{name}:{}", i.id)))
+            })
+            .collect();
+        self.refused.retain(|key, _| listed.contains(key));
+        let plan = plan(&self.spec, &self.held, &self.refused, listing, &mut self.holding, now);
+        if plan.over_limit > 0 {
+            warn!(source = %name, left_out = plan.over_limit, limit = self.spec.max_instances, "source lists more instances than its max_instances");
+        }
+        for (service, removing, of) in &plan.held_back {
+            warn!(source = %name, %service, removing, of, protect_for = ?self.spec.protect_for, "source would remove too much of a service at once; held back");
+        }
+        for service in &plan.released {
+            warn!(source = %name, %service, "held-back removal applied: the source still asks for it after protect_for");
+        }
+        if !plan.withdraw.is_empty() {
+            let refs = plan
+                .withdraw
+                .iter()
+                .map(|(service, id)| InstanceRef { service: service.clone(), id: id.clone() })
+                .collect();
+            self.lease.withdraw(refs).await?;
+            for (service, id) in &plan.withdraw {
+                if let Some(instances) = self.held.get_mut(service) {
+                    instances.remove(id);
+                    if instances.is_empty() {
+                        self.held.remove(service);
+                    }
+                }
+            }
+        }
+        if !plan.announce.is_empty() {
+            let mut sent: HashMap<(String, String), InstanceRecord> = HashMap::with_capacity(plan.announce.len());
+            let specs = plan
+                .announce
+                .into_iter()
+                .map(|(service, instance)| {
+                    sent.insert((service.clone(), instance.id.clone()), instance.clone());
+                    instance.spec(&service)
+                })
+                .collect();
+            let outcome = self.lease.announce(specs).await?;
+            for accepted in outcome.accepted {
+                let key = (accepted.service, accepted.id);
+                if let Some(instance) = sent.remove(&key) {
+                    self.refused.remove(&key);
+                    self.held.entry(key.0).or_default().insert(key.1, instance);
+                }
+            }
+            for (i, (instance, why)) in outcome.refused.into_iter().enumerate() {
+                if i < LOGGED_REFUSALS {
+                    warn!(source = %name, service = %instance.service, id = %instance.id, %why, "source entry refused");
+                }
+                let key = (instance.service, instance.id);
+                // A refused change to a held instance leaves the held one as it was.
+                if let Some(record) = sent.remove(&key) {
+                    self.refused.insert(key, record);
+                }
+            }
+        }
+        let instances = self.held.values().map(|i| i.len()).sum();
+        // Refused now, or before and unchanged since.
+        let refused = malformed + plan.over_limit + self.refused.len();
+        let held_back = plan.held_back.into_iter().map(|(service, _, _)| service).collect();
+        Ok(Report { instances, refused, held_back })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, VecDeque};
+
+    use super::*;
+    use crate::registry::{InstanceSpec, Registry, RegistryConfig};
+    use crate::sources::SourceError;
+    use crate::sources::spec::SourceTable;
+
+    fn spec() -> Arc<SourceSpec> {
+        Arc::new(SourceTable { url: "eureka+http://127.0.0.1:1/eureka".into(), ..Default::default() }.check().unwrap())
+    }
+
+    fn record(id: &str, port: u16) -> InstanceRecord {
+        InstanceRecord {
+            id: id.into(),
+            host: "127.0.0.1".into(),
+            port,
+            version: String::new(),
+            zone: String::new(),
+            weight: 100,
+            metadata: BTreeMap::new(),
+            status: "UP".into(),
+            source: None,
+        }
+    }
+
+    fn listing(records: Vec<InstanceRecord>) -> Listing {
+        Listing { services: [("demo".to_owned(), records)].into(), malformed: vec![] }
+    }
+
+    async fn ids(registry: &Registry) -> Vec<(String, Option<String>)> {
+        registry
+            .subscribe("demo")
+            .await
+            .unwrap()
+            .borrow()
+            .instances
+            .iter()
+            .map(|i| (i.id.to_string(), i.source.as_deref().map(str::to_owned)))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_listing_is_mirrored_marked_with_its_source_and_an_invalid_entry_is_refused_alone() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let spec = spec();
+        let mut mirror = Mirror::new(registry.open_source_lease(&spec.name, spec.max_instances), spec);
+        let report = mirror
+            .apply(listing(vec![record("a", 1), record("b", 0), record("bad id", 3)]), Instant::now())
+            .await
+            .unwrap();
+        assert_eq!((report.instances, report.refused), (1, 2));
+        assert_eq!(ids(&registry).await, [("eureka:a".to_owned(), Some("eureka".to_owned()))]);
+        // The same listing again: nothing is announced, the refusals still count.
+        let again = mirror
+            .apply(listing(vec![record("a", 1), record("b", 0), record("bad id", 3)]), Instant::now())
+            .await
+            .unwrap();
+        assert_eq!(again, report);
+        // Fixed at the source: taken.
+        let fixed = mirror.apply(listing(vec![record("a", 1), record("b", 2)]), Instant::now()).await.unwrap();
+        assert_eq!((fixed.instances, fixed.refused), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn a_registration_stream_may_not_announce_an_id_in_a_sources_namespace() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let _source = registry.open_source_lease("eureka", 10);
+        let stream = registry.open_lease();
+        let spec = |id: &str| InstanceSpec {
+            id: id.into(),
+            service: "demo".into(),
+            host: "127.0.0.1".into(),
+            port: 1,
+            ..Default::default()
+        };
+        let outcome = stream.announce(vec![spec("eureka:a"), spec("eurekaa")]).await.unwrap();
+        assert_eq!(outcome.accepted.len(), 1);
+        let (refused, why) = &outcome.refused[0];
+        assert_eq!(refused.id, "eureka:a");
+        assert!(why.to_string().contains("kept for the instances of source \"eureka\""), "{why}");
+    }
+
+    /// Answers from a script, one a second, then waits for ever.
+    struct Scripted(VecDeque<Result<Listing, SourceError>>, Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Follow for Scripted {
+        async fn next(&mut self) -> Result<Listing, SourceError> {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match self.0.pop_front() {
+                Some(answer) => answer,
+                None => std::future::pending().await,
+            }
+        }
+
+        fn reset(&mut self) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_source_keeps_its_listing_goes_stale_and_recovers() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let spec = spec();
+        let status = Arc::new(SourceStatus::new(&spec));
+        let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let script = VecDeque::from([
+            Ok(listing(vec![record("a", 1), record("b", 2)])),
+            Err(SourceError::new("timed out")),
+            Err(SourceError::new("timed out")),
+            Ok(listing(vec![record("a", 1)])),
+        ]);
+        let lease = registry.open_source_lease(&spec.name, spec.max_instances);
+        let task = tokio::spawn(run(spec, Scripted(script, resets.clone()), lease, status.clone()));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(status.view().up);
+        assert_eq!(ids(&registry).await.len(), 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stale = status.view();
+        assert!(!stale.up);
+        assert_eq!(stale.last_error.as_deref(), Some("timed out"));
+        assert_eq!(ids(&registry).await.len(), 2, "a failed read removes nothing");
+        // Two failures with backoff in between, then the fourth answer.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let back = status.view();
+        assert!(back.up, "{back:?}");
+        assert_eq!((back.reads, back.failures, back.instances), (2, 2, 1));
+        assert_eq!(resets.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(ids(&registry).await.len(), 1);
+        // Stopping the task drops the lease, and the source's instances with it.
+        task.abort();
+        let _ = task.await;
+        let mut changes = registry.subscribe("demo").await.unwrap();
+        changes.wait_for(|s| s.instances.is_empty()).await.unwrap();
+    }
+}

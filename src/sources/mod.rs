@@ -1,4 +1,4 @@
-//! Registries rota follows but does not own: Eureka (and, as they land, etcd and DNS).
+//! Registries rota follows but does not own: Eureka and DNS names.
 //!
 //! A *source* is one `[[source]]` table of the config file (or one `--source URL` flag). Its
 //! task ([`follower`]) asks the registry the source names for the instances of the services it
@@ -24,6 +24,7 @@
 //!
 //! docs/sources.md says how each kind is configured.
 
+pub mod dns;
 pub mod eureka;
 pub mod follower;
 pub mod http;
@@ -75,6 +76,10 @@ pub fn spawn(registry: &Registry, specs: &[SourceSpec]) -> (Sources, Vec<JoinHan
         tasks.push(match &spec.kind {
             Kind::Eureka(endpoint) => {
                 let follow = eureka::Eureka::new(endpoint.clone(), &spec);
+                tokio::spawn(follower::run(spec, follow, lease, status))
+            }
+            Kind::Dns { question, resolver } => {
+                let follow = dns::Dns::new(question.clone(), *resolver, &spec);
                 tokio::spawn(follower::run(spec, follow, lease, status))
             }
         });

@@ -17,14 +17,18 @@
 //! 'eureka+http://127.0.0.1:8761/eureka?name=main&services=orders,users&interval=2s'`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::dns::Question;
 use super::http::Endpoint;
 use crate::registry::validate_service_name;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest wait between two questions of a DNS source, whatever the TTL.
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_INSTANCES: usize = 10_000;
 pub const DEFAULT_MAX_BYTES: usize = 32 << 20;
@@ -39,12 +43,16 @@ const MAX_SOURCES: usize = 64;
 pub enum Kind {
     /// `eureka+http://HOST:PORT/PATH`: Eureka's REST API under `PATH` (usually `/eureka`).
     Eureka(Endpoint),
+    /// `dns+srv://NAME` (SRV records) or `dns://NAME:PORT` (A and AAAA records), asked of
+    /// `resolver` (`None`: the system's).
+    Dns { question: Question, resolver: Option<SocketAddr> },
 }
 
 impl Kind {
     pub fn as_str(&self) -> &'static str {
         match self {
             Kind::Eureka(_) => "eureka",
+            Kind::Dns { .. } => "dns",
         }
     }
 }
@@ -59,7 +67,10 @@ pub struct SourceSpec {
     pub url: String,
     /// `None`: every service the source lists.
     pub services: Option<BTreeSet<String>>,
+    /// Between reads (Eureka); the longest wait between questions (DNS).
     pub interval: Duration,
+    /// The shortest wait between questions (DNS, whose TTLs decide between the two).
+    pub min_interval: Duration,
     pub timeout: Duration,
     pub max_instances: usize,
     pub max_bytes: usize,
@@ -75,7 +86,10 @@ pub struct SourceTable {
     pub name: Option<String>,
     pub services: Option<Vec<String>>,
     pub interval: Option<String>,
+    pub min_interval: Option<String>,
     pub timeout: Option<String>,
+    /// DNS: the server asked, `IP:PORT`.
+    pub resolver: Option<String>,
     pub max_instances: Option<u64>,
     pub max_bytes: Option<u64>,
     pub protect_threshold: Option<f64>,
@@ -110,6 +124,8 @@ impl SourceTable {
                 "name" => table.name = Some(value),
                 "services" => table.services = Some(value.split(',').map(str::to_owned).collect()),
                 "interval" => table.interval = Some(value),
+                "min_interval" => table.min_interval = Some(value),
+                "resolver" => table.resolver = Some(value),
                 "timeout" => table.timeout = Some(value),
                 "max_instances" => table.max_instances = Some(number("max_instances")?),
                 "max_bytes" => table.max_bytes = Some(number("max_bytes")?),
@@ -123,8 +139,8 @@ impl SourceTable {
                     return Err(SpecError::new(
                         "url",
                         format!(
-                            "has the query key {key:?}; known: name, services, interval, timeout, max_instances, \
-                             max_bytes, protect_threshold, protect_for"
+                            "has the query key {key:?}; known: name, services, interval, min_interval, timeout, \
+                             resolver, max_instances, max_bytes, protect_threshold, protect_for"
                         ),
                     ));
                 }
@@ -134,7 +150,16 @@ impl SourceTable {
     }
 
     pub fn check(self) -> Result<SourceSpec, SpecError> {
-        let kind = parse_url(&self.url)?;
+        let resolver = match &self.resolver {
+            None => None,
+            Some(text) => Some(text.parse::<SocketAddr>().map_err(|_| {
+                SpecError::new("resolver", format!("is {text:?}; expected IP:PORT, e.g. 127.0.0.1:53 or [::1]:53"))
+            })?),
+        };
+        let kind = parse_url(&self.url, resolver)?;
+        if resolver.is_some() && !matches!(kind, Kind::Dns { .. }) {
+            return Err(SpecError::new("resolver", "is for DNS sources only"));
+        }
         let name = self.name.unwrap_or_else(|| kind.as_str().to_owned());
         if name.is_empty()
             || name.len() > 64
@@ -152,10 +177,23 @@ impl SourceTable {
                     validate_service_name("services", service)
                         .map_err(|e| SpecError::new("services", e.to_string()))?;
                 }
-                Some(list.into_iter().collect())
+                Some(list.into_iter().collect::<BTreeSet<_>>())
             }
         };
+        if matches!(kind, Kind::Dns { .. }) && services.as_ref().is_none_or(|s| s.len() != 1) {
+            return Err(SpecError::new(
+                "services",
+                "must name exactly one service: the one a DNS name's records are instances of",
+            ));
+        }
         let interval = duration("interval", self.interval, DEFAULT_INTERVAL, INTERVALS)?;
+        let min_interval = duration("min_interval", self.min_interval, DEFAULT_MIN_INTERVAL.min(interval), INTERVALS)?;
+        if min_interval > interval {
+            return Err(SpecError::new(
+                "min_interval",
+                format!("is longer than interval ({})", humantime::format_duration(interval)),
+            ));
+        }
         let timeout =
             duration("timeout", self.timeout, DEFAULT_TIMEOUT, (Duration::from_millis(10), Duration::from_secs(300)))?;
         let max_instances = bounded("max_instances", self.max_instances, DEFAULT_MAX_INSTANCES, 1, 1_000_000)?;
@@ -180,6 +218,7 @@ impl SourceTable {
             url,
             services,
             interval,
+            min_interval,
             timeout,
             max_instances,
             max_bytes,
@@ -210,16 +249,33 @@ pub fn check_all(tables: Vec<SourceTable>) -> Result<Vec<SourceSpec>, (usize, Sp
     Ok(specs)
 }
 
-fn parse_url(url: &str) -> Result<Kind, SpecError> {
+fn parse_url(url: &str, resolver: Option<SocketAddr>) -> Result<Kind, SpecError> {
     let bad = |problem: String| SpecError::new("url", format!("{url:?} {problem}"));
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(bad("is not a URL; expected eureka+http://HOST:PORT/PATH".into()));
+        return Err(bad(
+            "is not a URL; expected eureka+http://HOST:PORT/PATH, dns+srv://NAME or dns://NAME:PORT".into()
+        ));
     };
     match scheme {
         "eureka+http" => Ok(Kind::Eureka(endpoint(rest).map_err(bad)?)),
         "eureka+https" => Err(bad("uses https, which rota's Eureka source does not speak yet; use eureka+http".into())),
-        _ => Err(bad(format!("has the scheme {scheme:?}; known: eureka+http"))),
+        "dns+srv" => {
+            dns_name(rest).map_err(bad)?;
+            Ok(Kind::Dns { question: Question::Srv(rest.trim_end_matches('.').to_owned()), resolver })
+        }
+        "dns" => {
+            let (name, port) = rest.rsplit_once(':').ok_or_else(|| bad("needs NAME:PORT".into()))?;
+            dns_name(name).map_err(bad)?;
+            let port: u16 =
+                port.parse().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("has the port {port:?}")))?;
+            Ok(Kind::Dns { question: Question::Addresses(name.trim_end_matches('.').to_owned(), port), resolver })
+        }
+        _ => Err(bad(format!("has the scheme {scheme:?}; known: eureka+http, dns+srv, dns"))),
     }
+}
+
+fn dns_name(name: &str) -> Result<(), String> {
+    super::dns::wire::query(0, name, super::dns::wire::TYPE_A).map(drop).map_err(|e| format!("has a name that {e}"))
 }
 
 /// `HOST:PORT/PATH` (an IPv6 host in brackets).
@@ -280,6 +336,12 @@ impl SourceSpec {
             out.push_str(&format!("services = [{}]\n", list.join(", ")));
         }
         out.push_str(&format!("interval = \"{}\"\n", humantime::format_duration(self.interval)));
+        if let Kind::Dns { resolver, .. } = &self.kind {
+            out.push_str(&format!("min_interval = \"{}\"\n", humantime::format_duration(self.min_interval)));
+            if let Some(resolver) = resolver {
+                out.push_str(&format!("resolver = \"{resolver}\"\n"));
+            }
+        }
         out.push_str(&format!("timeout = \"{}\"\n", humantime::format_duration(self.timeout)));
         out.push_str(&format!("max_instances = {}\n", self.max_instances));
         out.push_str(&format!("max_bytes = {}\n", self.max_bytes));
@@ -344,6 +406,53 @@ mod tests {
             (SourceTable { max_instances: Some(0), ..table("eureka+http://h:1") }, "max_instances"),
             (SourceTable { max_bytes: Some(1), ..table("eureka+http://h:1") }, "max_bytes"),
             (SourceTable { protect_threshold: Some(1.5), ..table("eureka+http://h:1") }, "protect_threshold"),
+        ];
+        for (table, key) in cases {
+            let err = table.check().expect_err(key);
+            assert_eq!(err.key, key, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn dns_urls_name_one_service_and_may_name_their_resolver() {
+        let srv = SourceTable {
+            services: Some(vec!["orders".into()]),
+            resolver: Some("127.0.0.1:5353".into()),
+            ..table("dns+srv://_grpc._tcp.orders.default.svc.cluster.local.")
+        }
+        .check()
+        .unwrap();
+        let question = Question::Srv("_grpc._tcp.orders.default.svc.cluster.local".into());
+        assert_eq!(srv.kind, Kind::Dns { question, resolver: Some("127.0.0.1:5353".parse().unwrap()) });
+        assert_eq!((srv.name.as_str(), srv.min_interval), ("dns", DEFAULT_MIN_INTERVAL));
+        let a =
+            SourceTable { services: Some(vec!["orders".into()]), ..table("dns://orders.test:9000") }.check().unwrap();
+        assert_eq!(a.kind, Kind::Dns { question: Question::Addresses("orders.test".into(), 9000), resolver: None });
+        let cases = [
+            (table("dns://orders.test:9000"), "services"),
+            (
+                SourceTable { services: Some(vec!["a".into(), "b".into()]), ..table("dns://orders.test:9000") },
+                "services",
+            ),
+            (SourceTable { services: Some(vec!["a".into()]), ..table("dns://orders.test") }, "url"),
+            (SourceTable { services: Some(vec!["a".into()]), ..table("dns+srv://bad name") }, "url"),
+            (
+                SourceTable {
+                    services: Some(vec!["a".into()]),
+                    resolver: Some("localhost".into()),
+                    ..table("dns://o.test:1")
+                },
+                "resolver",
+            ),
+            (SourceTable { resolver: Some("127.0.0.1:53".into()), ..table("eureka+http://h:1") }, "resolver"),
+            (
+                SourceTable {
+                    services: Some(vec!["a".into()]),
+                    min_interval: Some("10s".into()),
+                    ..table("dns://o.test:1")
+                },
+                "min_interval",
+            ),
         ];
         for (table, key) in cases {
             let err = table.check().expect_err(key);

@@ -17,6 +17,7 @@ mod replicas;
 mod rotation;
 mod rules;
 mod shutdown;
+mod sources;
 mod tls;
 mod unread;
 mod warmup;

@@ -118,8 +118,10 @@ export ROTA_BIN="$root/target/debug/rota"
 step redis-install scripts/install-redis.sh
 
 if [ "$run_rust" = 1 ]; then
-  # The source tests follow real registries: dnsmasq for DNS names.
+  # The source tests follow real registries: dnsmasq for DNS names, and a Eureka server with
+  # Spring Boot apps (tests/sources/eureka, built once with Maven).
   step dnsmasq-install scripts/install-dnsmasq.sh
+  step eureka-build scripts/build-eureka.sh
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings && RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps'
   step rust rust_tests
 fi

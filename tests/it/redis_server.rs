@@ -17,7 +17,7 @@ pub struct RedisServer {
     binary: &'static str,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("a free loopback port").local_addr().unwrap().port()
 }
 

@@ -287,3 +287,226 @@ async fn a_dns_name_with_a_port_follows_its_addresses_and_one_that_vanishes_is_h
     // …and applied once protect_for has passed with the name still gone.
     wait_listed(&server, "api", "the removal applied after protect_for", |l| l.is_empty()).await;
 }
+
+/// A Java process of the Eureka fixture (tests/sources/eureka); killed when dropped.
+struct Jvm {
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+fn fixture_jar(variable: &str, file: &str) -> String {
+    std::env::var(variable).unwrap_or_else(|_| format!("{}/target/eureka/{file}", env!("CARGO_MANIFEST_DIR")))
+}
+
+impl Jvm {
+    fn spawn(jar: &str, args: Vec<String>) -> Self {
+        assert!(Path::new(jar).exists(), "{jar} is missing: scripts/build-eureka.sh builds it");
+        let mut jvm = Self { child: None, args: [jar.to_owned()].into_iter().chain(args).collect() };
+        jvm.start();
+        jvm
+    }
+
+    fn start(&mut self) {
+        let child = Command::new("java")
+            .args(["-XX:TieredStopAtLevel=1", "-Xshare:auto", "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-jar"])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("java starts");
+        self.child = Some(child);
+    }
+
+    /// SIGTERM, and waits for the process to end (Spring deregisters from Eureka on the way).
+    fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: a plain signal to a child this test started and has not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Jvm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One HTTP/1.0 exchange with a loopback server: (status, body).
+async fn http(addr: SocketAddr, method: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!(
+            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\nContent-Length: 0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        Some((head.split(' ').nth(1)?.parse().ok()?, body.to_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange).await.ok().flatten()
+}
+
+/// JVMs start slowly on two busy cores.
+const JVM_PATIENCE: Duration = Duration::from_secs(120);
+
+async fn wait_http(addr: SocketAddr, path: &str, what: &str, check: impl Fn(&str) -> bool) {
+    let waited = tokio::time::timeout(JVM_PATIENCE, async {
+        loop {
+            if let Some((200, body)) = http(addr, "GET", path).await
+                && check(&body)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what}: GET {path} on {addr} never answered as expected");
+}
+
+struct EurekaServer {
+    addr: SocketAddr,
+    jvm: Jvm,
+}
+
+impl EurekaServer {
+    async fn start() -> Self {
+        let port = crate::redis_server::free_port();
+        let jvm = Jvm::spawn(
+            &fixture_jar("ROTA_EUREKA_SERVER_JAR", "eureka-server.jar"),
+            vec![format!("--server.port={port}")],
+        );
+        let server = Self { addr: ([127, 0, 0, 1], port).into(), jvm };
+        server.ready().await;
+        server
+    }
+
+    async fn ready(&self) {
+        wait_http(self.addr, "/eureka/apps", "the Eureka server", |_| true).await;
+    }
+
+    fn url(&self) -> String {
+        format!("eureka+http://{}/eureka", self.addr)
+    }
+
+    /// Waits until `app`'s instance `id` shows `status` (`None`: is gone).
+    async fn wait_instance(&self, app: &str, id: &str, status: Option<&str>) {
+        let path = format!("/eureka/apps/{}", app.to_ascii_uppercase());
+        let status = status.map(|s| format!("\"status\":\"{s}\""));
+        wait_http(self.addr, &path, "the app's registration", |body| {
+            let section = body.split("\"instanceId\"").find(|part| part.contains(&format!("\"{id}\"")));
+            match (&status, section) {
+                (Some(status), Some(section)) => {
+                    section.split("\"port\"").next().is_some_and(|head| head.contains(status))
+                }
+                _ => false,
+            }
+        })
+        .await;
+    }
+}
+
+/// A Spring Boot app with the Eureka client, unmodified: registers `name` at a free port.
+struct EurekaApp {
+    port: u16,
+    jvm: Jvm,
+}
+
+impl EurekaApp {
+    async fn start(eureka: &EurekaServer, name: &str, version: Option<&str>) -> Self {
+        let port = crate::redis_server::free_port();
+        let mut args = vec![
+            format!("--server.port={port}"),
+            format!("--eureka.client.service-url.defaultZone=http://{}/eureka/", eureka.addr),
+            format!("--spring.application.name={name}"),
+        ];
+        if let Some(version) = version {
+            args.push(format!("--eureka.instance.metadata-map.version={version}"));
+        }
+        let app = Self { port, jvm: Jvm::spawn(&fixture_jar("ROTA_EUREKA_APP_JAR", "eureka-app.jar"), args) };
+        eureka.wait_instance(name, &app.instance_id(name), Some("UP")).await;
+        app
+    }
+
+    fn instance_id(&self, name: &str) -> String {
+        format!("127.0.0.1:{name}:{}", self.port)
+    }
+}
+
+async fn pick(server: &TestServer, options: rota::client::PickOptions) -> pb::PickResponse {
+    server.client().await.pick("demo", options).await.expect("pick").into_response()
+}
+
+#[tokio::test]
+async fn a_spring_cloud_eureka_fleet_is_picked_with_version_isolation_through_stops_and_a_dead_server() {
+    use rota::client::PickOptions;
+    let mut eureka = EurekaServer::start().await;
+    let plain = EurekaApp::start(&eureka, "demo", None).await;
+    let mut zlt = EurekaApp::start(&eureka, "demo", Some("zlt")).await;
+    let spec = source(&eureka.url(), |t| {
+        t.services = Some(vec!["demo".into()]);
+        t.interval = Some("500ms".into());
+        t.timeout = Some("2s".into());
+    });
+    let server = TestServer::start_with(|c| c.sources = vec![spec]).await;
+    let (plain_id, zlt_id) =
+        (format!("eureka:{}", plain.instance_id("demo")), format!("eureka:{}", zlt.instance_id("demo")));
+    let both = wait_listed(&server, "demo", "both apps", |l| l.len() == 2).await;
+    assert_eq!(both[&plain_id], (format!("127.0.0.1:{}", plain.port), UP, 100));
+
+    // Plain requests never reach the developer's `zlt` instance; `zlt` requests do. Each pick
+    // is an address that answers.
+    for _ in 0..6 {
+        let picked = pick(&server, PickOptions::rule("round_robin")).await;
+        let instance = picked.instance.expect("an instance");
+        assert_eq!(instance.id, plain_id);
+        let (status, body) =
+            http(([127, 0, 0, 1], instance.port as u16).into(), "GET", "/").await.expect("the app answers");
+        assert_eq!((status, body.as_str()), (200, "demo"));
+        let picked = pick(&server, PickOptions::rule("round_robin").version("zlt")).await;
+        assert_eq!((crate::harness::picked_id(&picked), picked.fallback.as_str()), (zlt_id.clone(), ""));
+    }
+
+    // OUT_OF_SERVICE, set through Eureka's own API, is DRAINING in rota; lifting it brings it back.
+    let status_path = format!("/eureka/apps/DEMO/{}/status?value=OUT_OF_SERVICE", plain.instance_id("demo"));
+    assert_eq!(http(eureka.addr, "PUT", &status_path).await.map(|a| a.0), Some(200));
+    let draining = pb::InstanceStatus::Draining as i32;
+    wait_listed(&server, "demo", "plain out of service", |l| l.get(&plain_id).is_some_and(|i| i.1 == draining)).await;
+    let lift = format!("/eureka/apps/DEMO/{}/status?value=UP", plain.instance_id("demo"));
+    assert_eq!(http(eureka.addr, "DELETE", &lift).await.map(|a| a.0), Some(200));
+    wait_listed(&server, "demo", "plain back in service", |l| l.get(&plain_id).is_some_and(|i| i.1 == UP)).await;
+
+    // The `zlt` app stopped cleanly leaves, and its requests fall back to the plain instances.
+    zlt.jvm.terminate();
+    wait_listed(&server, "demo", "zlt gone", |l| l.len() == 1 && l.contains_key(&plain_id)).await;
+    let fell_back = pick(&server, PickOptions::rule("round_robin").version("zlt")).await;
+    assert_eq!(crate::harness::picked_id(&fell_back), plain_id);
+    assert_eq!(fell_back.fallback, "no instance with version \"zlt\"; picked from instances with no version");
+
+    // The Eureka server dies: picks go on from the last listing, and the source is stale…
+    eureka.jvm.kill();
+    let stale = wait_source_up(&server, false).await;
+    assert!(stale["sources"][0]["last_error"].as_str().unwrap().contains("cannot connect"), "{stale}");
+    assert_eq!(crate::harness::picked_id(&pick(&server, PickOptions::rule("round_robin")).await), plain_id);
+    // …until it is back. It restarts empty and the app registers again at its next renewal; an
+    // empty listing read in between would remove every instance at once, so it is held back.
+    eureka.jvm.start();
+    eureka.ready().await;
+    eureka.wait_instance("demo", &plain.instance_id("demo"), Some("UP")).await;
+    wait_source_up(&server, true).await;
+    let back = wait_listed(&server, "demo", "after the restart", |l| l.len() == 1 && l.contains_key(&plain_id)).await;
+    assert_eq!(back[&plain_id].1, UP);
+    let views = source_views(&server).await;
+    assert_eq!(views["sources"][0]["held_back"], serde_json::json!([]), "{views}");
+}

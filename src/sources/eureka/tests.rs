@@ -178,3 +178,73 @@ async fn an_answer_over_max_bytes_or_not_ok_fails_the_read_and_reset_fetches_who
     assert!(err.to_string().contains("404"), "{err}");
     server.abort();
 }
+
+/// Answers a real Eureka server gave (tests/sources/eureka/samples), in the order it gave them.
+mod recorded {
+    use super::*;
+
+    const TWO_UP: &str = include_str!("../../../tests/sources/eureka/samples/apps-two-up.json");
+    const DELTA_OUT_OF_SERVICE: &str =
+        include_str!("../../../tests/sources/eureka/samples/delta-b-out-of-service.json");
+    const DELTA_STOPPED: &str = include_str!("../../../tests/sources/eureka/samples/delta-after-a-stopped.json");
+    const APPS_STOPPED: &str = include_str!("../../../tests/sources/eureka/samples/apps-after-a-stopped.json");
+    const EMPTY: &str = include_str!("../../../tests/sources/eureka/samples/apps-empty.json");
+
+    fn copy(body: &str) -> BTreeMap<String, BTreeMap<String, Entry>> {
+        let mut apps: BTreeMap<String, BTreeMap<String, Entry>> = BTreeMap::new();
+        for (app, id, entry, _) in parse(body.as_bytes()).unwrap().entries {
+            apps.entry(app).or_default().insert(id, entry);
+        }
+        apps
+    }
+
+    fn apply(apps: &mut BTreeMap<String, BTreeMap<String, Entry>>, delta: &str) -> String {
+        let parsed = parse(delta.as_bytes()).unwrap();
+        for (app, id, entry, action) in parsed.entries {
+            if action == "DELETED" {
+                apps.get_mut(&app).map(|i| i.remove(&id));
+                apps.retain(|_, i| !i.is_empty());
+            } else {
+                apps.entry(app).or_default().insert(id, entry);
+            }
+        }
+        parsed.hash_code
+    }
+
+    #[test]
+    fn a_full_listing_reads_every_instance_with_its_metadata() {
+        let apps = copy(TWO_UP);
+        assert_eq!(hash_code(&apps), parse(TWO_UP.as_bytes()).unwrap().hash_code);
+        let records: Vec<InstanceRecord> =
+            apps.values().flat_map(BTreeMap::values).map(|e| e.record.clone().unwrap()).collect();
+        assert_eq!(records.len(), 2);
+        assert!(records.iter().all(|r| r.host == "127.0.0.1" && r.status == "UP" && r.port > 1024));
+        let versions: Vec<&str> = records.iter().map(|r| r.version.as_str()).collect();
+        assert!(versions.contains(&"zlt") && versions.contains(&""), "{versions:?}");
+        assert!(parse(EMPTY.as_bytes()).unwrap().entries.is_empty());
+    }
+
+    #[test]
+    fn recorded_deltas_leave_a_copy_that_matches_the_servers_hash_code() {
+        let mut apps = copy(TWO_UP);
+        let hash = apply(&mut apps, DELTA_OUT_OF_SERVICE);
+        assert_eq!(hash_code(&apps), hash);
+        let drained: Vec<&InstanceRecord> = apps
+            .values()
+            .flat_map(BTreeMap::values)
+            .filter_map(|e| e.record.as_ref().ok())
+            .filter(|r| r.status == "DRAINING")
+            .collect();
+        assert_eq!(drained.len(), 1, "OUT_OF_SERVICE is DRAINING");
+        // The app stopped: its delta against the copy agrees with the full listing then.
+        let mut apps = copy(TWO_UP);
+        let hash = apply(&mut apps, DELTA_STOPPED);
+        let full = copy(APPS_STOPPED);
+        assert_eq!(hash_code(&full), parse(APPS_STOPPED.as_bytes()).unwrap().hash_code);
+        assert_eq!(hash_code(&apps), hash);
+        let ids = |apps: &BTreeMap<String, BTreeMap<String, Entry>>| -> Vec<String> {
+            apps.values().flat_map(BTreeMap::keys).cloned().collect()
+        };
+        assert_eq!(ids(&apps), ids(&full));
+    }
+}

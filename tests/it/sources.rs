@@ -510,3 +510,50 @@ async fn a_spring_cloud_eureka_fleet_is_picked_with_version_isolation_through_st
     let views = source_views(&server).await;
     assert_eq!(views["sources"][0]["held_back"], serde_json::json!([]), "{views}");
 }
+
+#[tokio::test]
+async fn every_replica_follows_a_source_itself_and_none_writes_its_instances_to_the_shared_table() {
+    let redis = crate::redis_server::RedisServer::start().await;
+    let dns = Dnsmasq::start("local=/orders.test/\n", "127.0.0.1 api.orders.test\n127.0.0.2 api.orders.test\n").await;
+    let spec = source("dns://api.orders.test:7000", |t| {
+        t.services = Some(vec!["api".into()]);
+        t.resolver = Some(dns.resolver().to_string());
+        t.min_interval = Some("100ms".into());
+        t.interval = Some("1s".into());
+    });
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let state = rota::state::StateConfig::parse(&redis.url(), 1, Duration::from_secs(5)).unwrap();
+        let spec = spec.clone();
+        replicas.push(
+            TestServer::start_with(|c| {
+                c.state = state;
+                c.sources = vec![spec];
+            })
+            .await,
+        );
+    }
+    for replica in &replicas {
+        wait_listed(replica, "api", "both addresses on each replica", |l| l.len() == 2).await;
+    }
+    // A provider's own stream on one replica is shared as usual (and shows where the table is).
+    let _held = replicas[0].register(vec![crate::harness::instance("api", "own", 9)]).await;
+    wait_listed(&replicas[1], "api", "the stream's instance copied over", |l| l.contains_key("own")).await;
+    let keys: Vec<String> = redis.query(&["KEYS", "rota:{api}:instances:*"]).await.unwrap();
+    assert_eq!(keys.len(), 1, "one replica's stream, no source: {keys:?}");
+    let fields: Vec<String> = redis.query(&["HKEYS", &keys[0]]).await.unwrap();
+    assert!(
+        fields.iter().all(|f| !f.starts_with("dns:")),
+        "a source's instances stay out of the shared table: {fields:?}"
+    );
+    // Each replica's copy follows the source on its own: a change reaches both.
+    dns.hosts("127.0.0.1 api.orders.test\n127.0.0.3 api.orders.test\n");
+    for replica in &replicas {
+        wait_listed(replica, "api", "the new address on each replica", |l| l.contains_key("dns:127.0.0.3:7000")).await;
+    }
+    // And no stream, on either replica, may take an id in the source's namespace.
+    let mut client = replicas[1].client().await;
+    let refused = client.register(vec![crate::harness::instance("api", "dns:127.0.0.1:7000", 7000)]).await.unwrap();
+    let message = refused.require_all_accepted().unwrap_err().to_string();
+    assert!(message.contains("kept for the instances of source \"dns\""), "{message}");
+}

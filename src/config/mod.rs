@@ -589,7 +589,7 @@ impl Settings {
                 return Err(ConfigError {
                     source_name: FLAGS.into(),
                     key: format!("--source[{}] name", self.serve.sources.len() - first),
-                    problem: format!("is {:?}, as the file's source[{i}]'s is; give one a `name`", spec.name),
+                    problem: format!("is {:?}, as source[{i}]'s is; give one a `name`", spec.name),
                 });
             }
             self.serve.sources.push(spec);

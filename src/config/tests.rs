@@ -318,3 +318,27 @@ fn every_declared_setting_is_a_flag_a_variable_and_a_file_key() {
 struct FileConfigProbe {
     server: settings::ServerTable,
 }
+
+#[test]
+fn sources_come_from_the_file_and_the_flags_and_survive_print_config() {
+    let config = file(
+        "[[source]]\nurl = \"eureka+http://127.0.0.1:8761/eureka\"\nservices = [\"orders\"]\ninterval = \"2s\"\n\n\
+         [[source]]\nname = \"orders-dns\"\nurl = \"dns+srv://_grpc._tcp.orders.test\"\nservices = [\"orders\"]\nresolver = \"127.0.0.1:5353\"\n",
+    );
+    let mut settings = resolve(Some(&config.0), &Overrides::default()).expect("valid sources");
+    settings.add_source_flags(&["dns://api.test:9000?name=api&services=api".to_owned()]).expect("a valid flag");
+    let names: Vec<&str> = settings.serve.sources.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["eureka", "orders-dns", "api"]);
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.sources, settings.serve.sources);
+
+    let bad = file("[[source]]\nurl = \"eureka+http://127.0.0.1:8761/eureka\"\ninterval = \"1ms\"\n");
+    let error = resolve(Some(&bad.0), &Overrides::default()).unwrap_err();
+    assert_eq!(error.key, "source[0].interval");
+    let unknown = file("[[source]]\nurl = \"eureka+http://127.0.0.1:8761/eureka\"\ncolour = \"red\"\n");
+    assert!(resolve(Some(&unknown.0), &Overrides::default()).is_err());
+    let error = settings.add_source_flags(&["dns://api.test:9000?name=api&services=api".to_owned()]).unwrap_err();
+    assert_eq!(error.key, "--source[0] name");
+    assert!(error.problem.contains("source[2]"), "{error}");
+}

@@ -47,6 +47,7 @@ pub mod client;
 pub mod config;
 pub mod grpc;
 pub mod hash;
+pub mod health;
 pub mod listener;
 pub mod load;
 pub mod loadgen;

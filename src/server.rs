@@ -274,6 +274,8 @@ impl Server {
         let mut background = Vec::new();
         let (sources, source_tasks) = crate::sources::spawn(&registry, &config.sources);
         background.extend(source_tasks);
+        let (health_checks, prober) = crate::health::spawn(registry.clone(), policies.clone());
+        background.push(prober);
         if let Some(link) = balancer.state().link() {
             background.extend(crate::replicas::spawn(balancer.registry(), balancer.stats(), &policies, link));
         }
@@ -387,6 +389,7 @@ impl Server {
                 .with_limits(admission, streams, answers)
                 .with_xds(xds_hub)
                 .with_sources(sources)
+                .with_health_checks(health_checks)
                 .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))

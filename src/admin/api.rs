@@ -140,6 +140,14 @@ pub(super) fn policy_json(service: Option<&str>, policy: &Policy, source: Policy
             "blackout_base_ms": policy.breaker.blackout_base.as_millis() as u64,
             "blackout_max_ms": policy.breaker.blackout_max.as_millis() as u64,
         },
+        "health_check": policy.health_check.as_ref().map(|check| serde_json::json!({
+            "kind": check.kind.name(),
+            "path": check.kind.path(),
+            "interval_ms": check.interval.as_millis() as u64,
+            "timeout_ms": check.timeout.as_millis() as u64,
+            "unhealthy_after": check.unhealthy_after,
+            "healthy_after": check.healthy_after,
+        })),
     })
 }
 

@@ -43,7 +43,31 @@ pub fn render(state: &AdminState) -> String {
     render_policies(state, &mut out);
     render_xds(state, &mut out);
     render_sources(state, &mut out);
+    render_health_checks(state, &mut out);
     out
+}
+
+fn render_health_checks(state: &AdminState, out: &mut String) {
+    let Some(counters) = &state.health_checks else { return };
+    header(
+        out,
+        "rota_health_checked_instances",
+        "gauge",
+        "Instances rota's active health checks ask (announced UP, in a service with a health_check).",
+    );
+    let _ = writeln!(out, "rota_health_checked_instances {}", counters.checked.load(Ordering::Relaxed));
+    header(
+        out,
+        "rota_health_failing_instances",
+        "gauge",
+        "Checked instances failing their health check: published DOWN, no picks.",
+    );
+    let _ = writeln!(out, "rota_health_failing_instances {}", counters.failing.load(Ordering::Relaxed));
+    header(out, "rota_health_checks_in_flight", "gauge", "Health checks running now (at most 256).");
+    let _ = writeln!(out, "rota_health_checks_in_flight {}", counters.in_flight.load(Ordering::Relaxed));
+    header(out, "rota_health_checks_total", "counter", "Health checks finished, by result.");
+    let _ = writeln!(out, "rota_health_checks_total{{result=\"pass\"}} {}", counters.passed.load(Ordering::Relaxed));
+    let _ = writeln!(out, "rota_health_checks_total{{result=\"fail\"}} {}", counters.failed.load(Ordering::Relaxed));
 }
 
 fn render_sources(state: &AdminState, out: &mut String) {

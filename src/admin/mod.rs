@@ -80,6 +80,8 @@ pub struct AdminState {
     xds: Option<Arc<crate::xds::Hub>>,
     /// The registries rota follows.
     sources: crate::sources::Sources,
+    /// The active health checks' counts, when they run.
+    health_checks: Option<Arc<crate::health::HealthCounters>>,
 }
 
 impl AdminState {
@@ -101,6 +103,7 @@ impl AdminState {
             policy_reloads: None,
             xds: None,
             sources: Default::default(),
+            health_checks: None,
         }
     }
 
@@ -124,6 +127,12 @@ impl AdminState {
     /// Reports the sources rota follows in `/metrics`, `/readyz` and `/api/sources`.
     pub fn with_sources(mut self, sources: crate::sources::Sources) -> Self {
         self.sources = sources;
+        self
+    }
+
+    /// Reports the active health checks in `/metrics`.
+    pub fn with_health_checks(mut self, counters: Arc<crate::health::HealthCounters>) -> Self {
+        self.health_checks = Some(counters);
         self
     }
 

@@ -240,6 +240,7 @@ mod tests {
                 failure_rate_percent: 50,
                 failure_rate_min_calls: 20,
             }),
+            health_check: None,
         };
         let row = row(&policy);
         let columns: Vec<&str> = row.split_whitespace().collect();

@@ -56,6 +56,7 @@ pub async fn run(args: RegisterArgs) -> Result<(), CliError> {
         weight: args.weight,
         metadata: args.metadata.into_iter().collect(),
         status: pb::InstanceStatus::Up.into(),
+        ..Default::default()
     };
     let client = args.server.connect().await?;
     let mut registration = client.keep_registered(vec![instance]).await?;

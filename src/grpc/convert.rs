@@ -52,6 +52,15 @@ pub fn instance(instance: &Instance) -> pb::Instance {
         weight: Some(instance.weight),
         metadata: instance.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         status: status(instance.status).into(),
+        announced_status: match &instance.conditions {
+            Some(c) if c.announced_status != instance.status => status(c.announced_status).into(),
+            _ => pb::InstanceStatus::Unspecified.into(),
+        },
+        health: match instance.conditions.as_ref().and_then(|c| c.health.as_ref()) {
+            None => String::new(),
+            Some(crate::registry::Health::Passing) => "passing".to_owned(),
+            Some(crate::registry::Health::Failing(why)) => format!("failing: {why}"),
+        },
     }
 }
 

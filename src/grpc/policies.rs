@@ -6,7 +6,9 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::pb;
-use crate::policy::{EjectionSpec, GraySpec, IsolationFallback, Policies, Policy, PolicySource, PolicySpec};
+use crate::policy::{
+    EjectionSpec, GraySpec, HealthCheckSpec, IsolationFallback, Policies, Policy, PolicySource, PolicySpec,
+};
 use crate::registry::{InvalidField, validate_service_name};
 
 pub struct PoliciesService {
@@ -50,6 +52,14 @@ fn to_pb(service: &str, policy: &Policy, source: PolicySource) -> pb::Policy {
             failure_rate_percent: policy.ejection.failure_rate_percent,
             failure_rate_min_calls: policy.ejection.failure_rate_min_calls,
         }),
+        health_check: policy.health_check.as_ref().map(|check| pb::HealthCheck {
+            kind: check.kind.name().to_owned(),
+            path: check.kind.path().to_owned(),
+            interval_ms: check.interval.as_millis() as u64,
+            timeout_ms: check.timeout.as_millis() as u64,
+            unhealthy_after: check.unhealthy_after,
+            healthy_after: check.healthy_after,
+        }),
     }
 }
 
@@ -66,7 +76,16 @@ fn spec(policy: &pb::Policy) -> Result<PolicySpec, Status> {
     };
     let breaker = policy.breaker.unwrap_or_default();
     let nonzero_ms = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+    let health_check = policy.health_check.as_ref().map(|h| HealthCheckSpec {
+        kind: h.kind.clone(),
+        path: Some(h.path.clone()).filter(|p| !p.is_empty()),
+        interval: nonzero_ms(h.interval_ms),
+        timeout: nonzero_ms(h.timeout_ms),
+        unhealthy_after: Some(h.unhealthy_after).filter(|n| *n > 0),
+        healthy_after: Some(h.healthy_after).filter(|n| *n > 0),
+    });
     Ok(PolicySpec {
+        health_check,
         rule: Some(policy.rule.clone()).filter(|r| !r.is_empty()),
         isolation_fallback,
         gray: policy.gray.as_ref().map(|g| GraySpec {

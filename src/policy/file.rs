@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
-use super::{EjectionSpec, GraySpec, IsolationFallback, Policies, PolicySet, PolicySpec};
+use super::{EjectionSpec, GraySpec, HealthCheckSpec, IsolationFallback, Policies, PolicySet, PolicySpec};
 use crate::config::files::{self, OffRuntime, modified};
 
 /// How often the file's modification time is checked.
@@ -62,6 +62,18 @@ struct PolicyToml {
     gray: Option<GrayToml>,
     breaker: Option<BreakerToml>,
     ejection: Option<EjectionToml>,
+    health_check: Option<HealthCheckToml>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthCheckToml {
+    kind: String,
+    path: Option<String>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    unhealthy_after: Option<u32>,
+    healthy_after: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -109,7 +121,28 @@ impl PolicyToml {
                 .transpose()
         };
         let breaker = self.breaker.as_ref();
+        let check_duration = |name: &str, value: &Option<String>| -> Result<Option<Duration>, String> {
+            value
+                .as_deref()
+                .map(|text| {
+                    humantime::parse_duration(text)
+                        .map_err(|e| format!("{field}.health_check.{name}: {text:?} is not a duration ({e})"))
+                })
+                .transpose()
+        };
+        let health_check = match &self.health_check {
+            None => None,
+            Some(h) => Some(HealthCheckSpec {
+                kind: h.kind.clone(),
+                path: h.path.clone(),
+                interval: check_duration("interval", &h.interval)?,
+                timeout: check_duration("timeout", &h.timeout)?,
+                unhealthy_after: h.unhealthy_after,
+                healthy_after: h.healthy_after,
+            }),
+        };
         Ok(PolicySpec {
+            health_check,
             rule: self.rule.clone(),
             isolation_fallback: self.isolation_fallback.map(|f| match f {
                 FallbackToml::Fail => IsolationFallback::Fail,
@@ -178,6 +211,24 @@ pub fn spec_to_toml(spec: &PolicySpec) -> String {
     }
     if !keys.is_empty() {
         let _ = writeln!(out, "ejection = {{ {} }}", keys.join(", "));
+    }
+    if let Some(check) = &spec.health_check {
+        let d = |d: Duration| format!("\"{}\"", humantime::format_duration(d));
+        let mut keys = vec![format!("kind = {}", toml_string(&check.kind))];
+        if let Some(path) = &check.path {
+            keys.push(format!("path = {}", toml_string(path)));
+        }
+        for (name, value) in [("interval", check.interval), ("timeout", check.timeout)] {
+            if let Some(value) = value {
+                keys.push(format!("{name} = {}", d(value)));
+            }
+        }
+        for (name, value) in [("unhealthy_after", check.unhealthy_after), ("healthy_after", check.healthy_after)] {
+            if let Some(value) = value {
+                keys.push(format!("{name} = {value}"));
+            }
+        }
+        let _ = writeln!(out, "health_check = {{ {} }}", keys.join(", "));
     }
     out
 }
@@ -293,6 +344,15 @@ pub fn to_toml(set: &PolicySet) -> String {
             humantime::format_duration(breaker.blackout_base),
             humantime::format_duration(breaker.blackout_max)
         );
+        match &policy.health_check {
+            Some(check) => {
+                let _ = writeln!(out, "health_check = {}", check.to_toml());
+            }
+            None if is_service && set.defaults.health_check.is_some() => {
+                let _ = writeln!(out, "health_check = {{ kind = \"off\" }}");
+            }
+            None => {}
+        }
         let ejection = &policy.ejection;
         let _ = writeln!(
             out,

@@ -10,6 +10,7 @@
 
 pub mod file;
 mod gray;
+pub mod health;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,8 @@ use crate::hash::Map;
 use crate::load::{BreakerConfig, EjectionConfig};
 use crate::registry::{InvalidField, validate_service_name};
 use crate::rules::{self, ParsedRule};
+
+pub use health::{CheckKind, HealthCheck, HealthCheckSpec};
 
 pub use gray::GrayRelease;
 pub use store::{MAX_RUNTIME_OVERRIDES, OverrideConflict, Policies, PolicyError, RuntimeChange};
@@ -73,6 +76,8 @@ pub struct Policy {
     pub breaker: BreakerConfig,
     /// Outlier ejection: which failing instances every rule skips.
     pub ejection: EjectionConfig,
+    /// The active health check of every instance, if any (`crate::health` runs it).
+    pub health_check: Option<HealthCheck>,
 }
 
 impl Default for Policy {
@@ -83,6 +88,7 @@ impl Default for Policy {
             gray: None,
             breaker: BreakerConfig::default(),
             ejection: EjectionConfig::default(),
+            health_check: None,
         }
     }
 }
@@ -97,6 +103,8 @@ pub struct PolicySpec {
     pub blackout_base: Option<Duration>,
     pub blackout_max: Option<Duration>,
     pub ejection: EjectionSpec,
+    /// `None` inherits the base's check; `kind = "off"` turns it off.
+    pub health_check: Option<HealthCheckSpec>,
 }
 
 /// Outlier-ejection settings as written; unset ones inherit.
@@ -178,6 +186,10 @@ impl PolicySpec {
             gray,
             breaker,
             ejection: self.ejection.resolve(&base.ejection, field)?,
+            health_check: match &self.health_check {
+                None => base.health_check.clone(),
+                Some(spec) => spec.resolve(&format!("{field}.health_check"))?,
+            },
         })
     }
 }

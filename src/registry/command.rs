@@ -48,6 +48,12 @@ pub(crate) enum Command {
         service: Arc<str>,
         reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>>,
     },
+    /// The active health check's verdict on a registered instance (`None`: no verdict).
+    SetHealth {
+        service: Arc<str>,
+        id: Arc<str>,
+        health: Option<super::layers::Health>,
+    },
 }
 
 /// Names one instance of one service, as the provider sent it.

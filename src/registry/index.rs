@@ -81,6 +81,8 @@ pub(crate) struct Index {
     published_names: broadcast::Sender<Arc<[Arc<str>]>>,
     /// Told of each publication before its acknowledgements go out.
     hooks: super::Hooks,
+    /// What rota lays over announced instances (health verdicts).
+    layers: super::layers::Layers,
 }
 
 impl Index {
@@ -107,6 +109,7 @@ impl Index {
             generation,
             published_names,
             hooks,
+            layers: Default::default(),
         }
     }
 
@@ -178,6 +181,13 @@ impl Index {
                 // command sent before it subscribed.
                 self.publish();
                 let _ = reply.send(self.subscribe(service));
+            }
+            Command::SetHealth { service, id, health } => {
+                // Only a registered instance has a verdict, so the verdicts stay bounded.
+                let registered = self.services.get(&service).is_some_and(|s| s.instances.contains_key(&id));
+                if registered && self.layers.set_health(&service, &id, health) {
+                    self.dirty.insert(service);
+                }
             }
         }
     }
@@ -340,6 +350,7 @@ impl Index {
         let Some(service) = self.services.get_mut(&key.0) else { return };
         if service.instances.get(&key.1).is_some_and(|owned| owned.lease == lease) {
             service.instances.remove(&key.1);
+            self.layers.forget(&key.0, &key.1);
             self.dirty.insert(key.0.clone());
             info!(service = %key.0, id = %key.1, lease, why, "deregistered");
             if service.instances.is_empty() {
@@ -453,7 +464,11 @@ impl Index {
         for name in std::mem::take(&mut self.dirty) {
             let Some(entry) = self.services.get_mut(&name) else { continue };
             entry.epoch += 1;
-            let instances = entry.instances.values().map(|owned| owned.instance.clone()).collect();
+            let instances = if self.layers.touches(&name) {
+                entry.instances.values().map(|owned| self.layers.apply(&owned.instance)).collect()
+            } else {
+                entry.instances.values().map(|owned| owned.instance.clone()).collect()
+            };
             let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
             changed.push(name.clone());
             if let Some(watcher) = self.watchers.get(&name) {

@@ -48,7 +48,7 @@ impl Status {
 /// One instance's own fields as rota writes them out in JSON: in the table replicas share
 /// through Redis, and (with its statistics beside them) in the admin API. The service is the
 /// key it is filed under, so it is not repeated.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceRecord {
     pub id: String,
     pub host: String,
@@ -65,6 +65,12 @@ pub struct InstanceRecord {
     /// The source it was followed from, if rota followed it from a registry (`[[source]]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The status its provider announced, when rota publishes another (a failing health check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced_status: Option<String>,
+    /// The active health check's verdict: `passing`, or `failing: WHY`; absent without checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
 }
 
 impl InstanceRecord {
@@ -79,6 +85,15 @@ impl InstanceRecord {
             metadata: instance.metadata.clone(),
             status: instance.status.as_str().to_owned(),
             source: instance.source.as_deref().map(str::to_owned),
+            announced_status: instance
+                .conditions
+                .as_ref()
+                .filter(|c| c.announced_status != instance.status)
+                .map(|c| c.announced_status.as_str().to_owned()),
+            health: instance.conditions.as_ref().and_then(|c| c.health.as_ref()).map(|health| match health {
+                super::layers::Health::Passing => "passing".to_owned(),
+                super::layers::Health::Failing(why) => format!("failing: {why}"),
+            }),
         }
     }
 
@@ -119,6 +134,9 @@ pub struct Instance {
     /// The source rota followed this instance from (`[[source]]`), `None` for one a
     /// registration stream (or another replica) holds.
     pub source: Option<Arc<str>>,
+    /// What rota laid over the announced instance (a failing health check), when anything:
+    /// `status` is then the effective one and this says what was announced, and why.
+    pub conditions: Option<Arc<super::layers::Conditions>>,
 }
 
 impl Instance {
@@ -215,6 +233,7 @@ impl InstanceSpec {
             status,
             up_since: None,
             source: None,
+            conditions: None,
         })
     }
 }

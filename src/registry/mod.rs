@@ -10,6 +10,7 @@ mod command;
 mod error;
 mod index;
 mod instance;
+mod layers;
 mod lease;
 mod snapshot;
 
@@ -27,6 +28,7 @@ pub use instance::{
     MAX_METADATA_VALUE_LEN, MAX_NAME_LEN, RequestedStatus, Status, default_id, truncate, validate_optional_name,
     validate_service_name,
 };
+pub use layers::{Conditions, Health};
 pub use lease::{Claim, Claims, Lease};
 
 use lease::{Holder, ReservedPrefixes};
@@ -238,6 +240,13 @@ impl Registry {
             max_instances,
             self.shared.open_leases.clone(),
         )
+    }
+
+    /// Records the active health check's verdict on a registered instance (`None` clears it):
+    /// a failing UP instance is published DOWN until it passes again. Ignored for an instance
+    /// not registered (any more).
+    pub fn set_health(&self, service: &Arc<str>, id: &Arc<str>, health: Option<Health>) {
+        let _ = self.shared.tx.send(Command::SetHealth { service: service.clone(), id: id.clone(), health });
     }
 
     /// Follows one service's snapshots. The receiver starts at the current snapshot (an empty

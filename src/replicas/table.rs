@@ -285,7 +285,8 @@ impl TableSharing {
                     .iter()
                     // A source's instances are followed by every replica itself.
                     .filter(|i| i.source.is_none() && !mirrored.contains(&*i.id))
-                    .map(|i| (i.id.clone(), InstanceRecord::of(i)))
+                    // What the provider announced: each replica lays its own checks over it.
+                    .map(|i| (i.id.clone(), InstanceRecord::of(&i.announced())))
                     .collect()
             })
             .unwrap_or_default();

@@ -214,7 +214,7 @@ fn instance(ip: IpAddr, port: u16, weight: u32, status: Status, target: Option<&
         weight,
         metadata,
         status: status.as_str().to_owned(),
-        source: None,
+        ..Default::default()
     }
 }
 

@@ -277,7 +277,7 @@ fn record(id: &str, status: &str, instance: &Value) -> Result<InstanceRecord, St
         weight,
         metadata,
         status: status.as_str().to_owned(),
-        source: None,
+        ..Default::default()
     })
 }
 

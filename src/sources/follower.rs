@@ -172,7 +172,7 @@ mod tests {
             weight: 100,
             metadata: BTreeMap::new(),
             status: "UP".into(),
-            source: None,
+            ..Default::default()
         }
     }
 

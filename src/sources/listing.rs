@@ -125,7 +125,7 @@ mod tests {
             weight: 100,
             metadata: BTreeMap::new(),
             status: "UP".into(),
-            source: None,
+            ..Default::default()
         }
     }
 

@@ -246,6 +246,7 @@ impl InstanceJson {
             weight: self.weight,
             metadata: self.metadata.clone().into_iter().collect(),
             status: status.into(),
+            ..Default::default()
         }
     }
 }

@@ -7,6 +7,7 @@ mod companions;
 mod conformance;
 mod errors;
 mod harness;
+mod health;
 mod hostile;
 mod limits;
 mod policy;

@@ -1,0 +1,298 @@
+//! Active health checks: rota asks every instance of a service whose policy sets a
+//! `health_check` whether it answers, once for the whole fleet (not once per consumer or per
+//! proxy), and an instance failing its checks gets no picks until it passes again.
+//!
+//! - One task holds a schedule of every checked instance (those announced UP), each checked
+//!   every `interval`, the first time at a random point of the first interval so a fleet's
+//!   checks spread out. At most [`MAX_IN_FLIGHT`] checks run at once; one due beyond that waits
+//!   for a free slot.
+//! - `unhealthy_after` failures in a row publish the instance DOWN (the registry lays the
+//!   verdict over what was announced: `crate::registry::Health`); `healthy_after` passes in a
+//!   row publish it UP again. The verdict shows in `rota ls`, Watch, `/api/services`, the
+//!   metrics and the dashboard, beside the status the provider announced.
+//! - The schedule follows the registry's publications and the policies: a new instance is
+//!   checked, one that leaves (or is announced DRAINING or DOWN) is no longer, and a policy
+//!   change applies to the next check.
+//! - A check connects only to the address the instance announced, follows no redirect, and
+//!   returns nothing it read to anyone ([`probe`]).
+
+pub mod probe;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::policy::{HealthCheck, Policies, PolicySet};
+use crate::registry::{Health, Registry, Status};
+
+/// Checks running at once, fleet-wide.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// How often the policies are looked at for a change.
+const POLICY_LOOK: Duration = Duration::from_secs(1);
+
+/// What the checks did, for the metrics.
+#[derive(Debug, Default)]
+pub struct HealthCounters {
+    pub passed: AtomicU64,
+    pub failed: AtomicU64,
+    pub in_flight: AtomicUsize,
+    /// Instances checked now.
+    pub checked: AtomicUsize,
+    /// Instances failing now (getting no picks).
+    pub failing: AtomicUsize,
+}
+
+type Key = (Arc<str>, Arc<str>);
+
+struct Target {
+    host: String,
+    port: u16,
+    check: Arc<HealthCheck>,
+    /// Tells this target's schedule entries and results from those of a target it replaced.
+    generation: u64,
+    fails: u32,
+    passes: u32,
+    /// `None` until the first result.
+    failing: Option<bool>,
+    running: bool,
+}
+
+struct Prober {
+    registry: Registry,
+    policies: Arc<Policies>,
+    counters: Arc<HealthCounters>,
+    targets: HashMap<Arc<str>, HashMap<Arc<str>, Target>>,
+    schedule: BinaryHeap<Reverse<(Instant, u64, Key)>>,
+    running: JoinSet<(Key, u64, Result<(), String>)>,
+    next_generation: u64,
+    /// The policies last applied.
+    seen: Arc<PolicySet>,
+}
+
+/// Starts checking; the task ends when the registry stops.
+pub fn spawn(registry: Registry, policies: Arc<Policies>) -> (Arc<HealthCounters>, JoinHandle<()>) {
+    let counters = Arc::new(HealthCounters::default());
+    let seen = policies.load_full();
+    let prober = Prober {
+        registry,
+        policies,
+        counters: counters.clone(),
+        targets: HashMap::new(),
+        schedule: BinaryHeap::new(),
+        running: JoinSet::new(),
+        next_generation: 0,
+        seen,
+    };
+    (counters, tokio::spawn(prober.run()))
+}
+
+impl Prober {
+    async fn run(mut self) {
+        let mut published = self.registry.published();
+        self.resync_all();
+        let mut policy_look = tokio::time::interval(POLICY_LOOK);
+        policy_look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let due = self.schedule.peek().map(|Reverse((at, _, _))| *at);
+            let room = self.running.len() < MAX_IN_FLIGHT;
+            tokio::select! {
+                names = published.recv() => match names {
+                    Ok(names) => {
+                        for name in names.iter() {
+                            self.resync(name);
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => self.resync_all(),
+                    Err(RecvError::Closed) => return,
+                },
+                _ = policy_look.tick() => {
+                    let now = self.policies.load_full();
+                    if !Arc::ptr_eq(&now, &self.seen) {
+                        self.seen = now;
+                        self.resync_all();
+                    }
+                }
+                () = sleep_until(due), if room => self.start_due(),
+                Some(done) = self.running.join_next(), if !self.running.is_empty() => {
+                    if let Ok((key, generation, verdict)) = done {
+                        self.finished(key, generation, verdict);
+                    }
+                    self.counters.in_flight.store(self.running.len(), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn resync_all(&mut self) {
+        let mut names: Vec<Arc<str>> = self.targets.keys().cloned().collect();
+        names.extend(self.registry.catalog().snapshots().map(|snapshot| snapshot.name.clone()));
+        names.sort();
+        names.dedup();
+        for name in names {
+            self.resync(&name);
+        }
+    }
+
+    /// Makes the schedule of `service` match its instances and its policy.
+    fn resync(&mut self, service: &Arc<str>) {
+        let check = self.seen.for_service(service).health_check.clone();
+        if check.is_none() && !self.targets.contains_key(service) {
+            return;
+        }
+        let snapshot = self.registry.service(service);
+        let wanted: HashMap<Arc<str>, (String, u16)> = match (&check, &snapshot) {
+            (Some(_), Some(snapshot)) => snapshot
+                .instances
+                .iter()
+                .filter(|i| i.conditions.as_ref().map_or(i.status, |c| c.announced_status) == Status::Up)
+                .map(|i| (i.id.clone(), (i.host.clone(), i.port)))
+                .collect(),
+            _ => HashMap::new(),
+        };
+        let mut gone = Vec::new();
+        if let Some(targets) = self.targets.get_mut(service) {
+            targets.retain(|id, target| {
+                let keep = wanted.get(id).is_some_and(|(host, port)| *host == target.host && *port == target.port);
+                if !keep {
+                    gone.push((id.clone(), target.failing.is_some()));
+                }
+                keep
+            });
+        }
+        for (id, had_verdict) in gone {
+            if had_verdict {
+                self.registry.set_health(service, &id, None);
+            }
+        }
+        let Some(check) = check else {
+            self.targets.remove(service);
+            self.count();
+            return;
+        };
+        let check = Arc::new(check);
+        let targets = self.targets.entry(service.clone()).or_default();
+        let mut new = Vec::new();
+        for (id, (host, port)) in wanted {
+            match targets.get_mut(&id) {
+                Some(target) => {
+                    if *target.check != *check {
+                        target.check = check.clone();
+                    }
+                }
+                None => {
+                    self.next_generation += 1;
+                    let generation = self.next_generation;
+                    targets.insert(
+                        id.clone(),
+                        Target {
+                            host,
+                            port,
+                            check: check.clone(),
+                            generation,
+                            fails: 0,
+                            passes: 0,
+                            failing: None,
+                            running: false,
+                        },
+                    );
+                    new.push((id, generation));
+                }
+            }
+        }
+        if targets.is_empty() {
+            self.targets.remove(service);
+        }
+        let now = Instant::now();
+        for (id, generation) in new {
+            let offset = check.interval.mul_f64(fastrand::f64());
+            self.schedule.push(Reverse((now + offset, generation, (service.clone(), id))));
+        }
+        self.count();
+    }
+
+    fn count(&self) {
+        let checked = self.targets.values().map(HashMap::len).sum();
+        let failing = self.targets.values().flat_map(HashMap::values).filter(|t| t.failing == Some(true)).count();
+        self.counters.checked.store(checked, Ordering::Relaxed);
+        self.counters.failing.store(failing, Ordering::Relaxed);
+    }
+
+    /// Starts the checks that are due, while there is room.
+    fn start_due(&mut self) {
+        let now = Instant::now();
+        while self.running.len() < MAX_IN_FLIGHT {
+            let Some(Reverse((at, _, _))) = self.schedule.peek() else { break };
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, generation, key))) = self.schedule.pop() else { break };
+            let Some(target) = self.targets.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { continue };
+            if target.generation != generation || target.running {
+                continue;
+            }
+            target.running = true;
+            let (host, port, check) = (target.host.clone(), target.port, target.check.clone());
+            self.running.spawn(async move {
+                let verdict = probe::check(&check.kind, &host, port, check.timeout).await;
+                (key, generation, verdict)
+            });
+        }
+        self.counters.in_flight.store(self.running.len(), Ordering::Relaxed);
+    }
+
+    fn finished(&mut self, key: Key, generation: u64, verdict: Result<(), String>) {
+        let counter = if verdict.is_ok() { &self.counters.passed } else { &self.counters.failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let Some(target) = self.targets.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
+        if target.generation != generation {
+            return;
+        }
+        target.running = false;
+        let check = target.check.clone();
+        let health = match verdict {
+            Ok(()) => {
+                target.passes += 1;
+                target.fails = 0;
+                match target.failing {
+                    None => Some(Health::Passing),
+                    Some(true) if target.passes >= check.healthy_after => Some(Health::Passing),
+                    _ => None,
+                }
+            }
+            Err(why) => {
+                target.fails += 1;
+                target.passes = 0;
+                let failing = target.failing == Some(true);
+                if !failing && target.fails >= check.unhealthy_after {
+                    tracing::warn!(service = %key.0, id = %key.1, %why, "health check failing: no picks until it passes");
+                    Some(Health::Failing(why.into()))
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some(health) = health {
+            let failing = matches!(health, Health::Failing(_));
+            if target.failing == Some(true) && !failing {
+                tracing::info!(service = %key.0, id = %key.1, "health check passing again");
+            }
+            target.failing = Some(failing);
+            self.registry.set_health(&key.0, &key.1, Some(health));
+            self.count();
+        }
+        self.schedule.push(Reverse((Instant::now() + check.interval, generation, key)));
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -23,10 +23,10 @@
 //!   connection is noticed, the prefix is counted (a range with `count_only`, bounded by
 //!   `timeout`) each `interval` the watch stays silent; a failed count fails the read.
 //! - Bounds: one range answer and one watch line are at most `max_bytes`; at most
-//!   `max_instances` keys are read and held (a key past that is counted as refused, and read
-//!   by the next range once there is room).
+//!   `max_instances` keys are read and held (the keys past that are one refusal saying how
+//!   many, and are read by the next range once there is room).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -58,8 +58,11 @@ struct State {
     /// The revision the copy is at.
     revision: i64,
     watch: Lines,
-    /// Keys left out for want of room; a range reads them once there is room.
+    /// Keys the last range left out for want of room.
     left_out: usize,
+    /// Keys the watch put since, left out for want of room (at most `max_instances` of them
+    /// remembered; the rest counted in `left_out`). A range reads them once there is room.
+    skipped: BTreeSet<Vec<u8>>,
     /// Why the watch cannot go on, seen while a batch was read: the next read fails with it.
     broken: Option<SourceError>,
 }
@@ -118,7 +121,7 @@ impl Etcd {
                 return Err(SourceError::new("/v3/watch: events before etcd said the watch was created"));
             }
         }
-        self.state = Some(State { keys, revision, watch, left_out, broken: None });
+        self.state = Some(State { keys, revision, watch, left_out, skipped: BTreeSet::new(), broken: None });
         Ok(())
     }
 
@@ -175,11 +178,14 @@ impl Etcd {
                         match event {
                             Event::Delete(key) => {
                                 state.keys.remove(&key);
+                                state.skipped.remove(&key);
                             }
                             Event::Put(key, entry) => {
                                 if state.keys.contains_key(&key) || state.keys.len() < max_instances {
                                     state.keys.insert(key, entry);
-                                } else {
+                                } else if state.skipped.len() < max_instances {
+                                    state.skipped.insert(key);
+                                } else if !state.skipped.contains(&key) {
                                     state.left_out += 1;
                                 }
                             }
@@ -190,7 +196,8 @@ impl Etcd {
             }
         }
         // Keys were left out and there is room now: read them with a range.
-        Ok(!(state.left_out > 0 && state.keys.len() < max_instances))
+        let left_out = state.left_out + state.skipped.len();
+        Ok(!(left_out > 0 && state.keys.len() < max_instances))
     }
 
     fn listing(&self) -> Listing {
@@ -202,10 +209,11 @@ impl Etcd {
                 Err(problem) => listing.malformed.push(problem.clone()),
             }
         }
-        if state.left_out > 0 {
+        let left_out = state.left_out + state.skipped.len();
+        if left_out > 0 {
             listing.malformed.push(format!(
-                "{} keys under {:?} left out: the source's max_instances is {}",
-                state.left_out, self.prefix, self.max_instances
+                "{left_out} keys under {:?} left out: the source's max_instances is {}",
+                self.prefix, self.max_instances
             ));
         }
         listing

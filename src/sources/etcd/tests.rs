@@ -273,6 +273,42 @@ async fn a_watch_line_over_max_bytes_or_a_dead_server_fails_the_read() {
     assert!(error.to_string().contains("cannot connect"), "{error}");
 }
 
+#[tokio::test]
+async fn keys_past_max_instances_are_left_out_and_read_once_there_is_room() {
+    let fake = Fake::default();
+    let three = [("svc/echo/a", "127.0.0.1:1"), ("svc/echo/b", "127.0.0.1:2"), ("svc/echo/c", "127.0.0.1:3")];
+    *fake.range.lock().unwrap() = range_of(5, &three);
+    let delete_a = format!(
+        r#"{{"result":{{"header":{{"revision":"7"}},"events":[{{"type":"DELETE","kv":{{"key":"{}"}}}}]}}}}"#,
+        base64_encode(b"svc/echo/a")
+    );
+    *fake.watch.lock().unwrap() = format!("{CREATED}\n{}\n{delete_a}\n", put(6, "svc/echo/d", "127.0.0.1:4"));
+    let (endpoint, server) = serve(fake.clone()).await;
+    let spec = SourceTable {
+        url: "etcd://127.0.0.1:1/svc".into(),
+        interval: Some("100ms".into()),
+        max_instances: Some(2),
+        ..Default::default()
+    }
+    .check()
+    .unwrap();
+    let mut etcd = Etcd::new(endpoint, "svc", &spec);
+    let first = etcd.next().await.unwrap();
+    assert_eq!(ports(&first), [1, 2]);
+    assert_eq!(first.malformed, ["1 keys under \"svc/\" left out: the source's max_instances is 2"]);
+    // d is put while full; a deleted makes room: the prefix is read again, whole.
+    *fake.range.lock().unwrap() = range_of(7, &three[1..]);
+    *fake.watch.lock().unwrap() = format!("{CREATED}\n");
+    let mut listing = etcd.next().await.unwrap();
+    if fake.ranges.load(Ordering::SeqCst) == 1 {
+        // d's put and a's delete arrived in two batches.
+        listing = etcd.next().await.unwrap();
+    }
+    assert_eq!((ports(&listing), listing.malformed.len()), (vec![2, 3], 0));
+    assert_eq!(fake.ranges.load(Ordering::SeqCst), 2);
+    server.abort();
+}
+
 proptest::proptest! {
     #[test]
     fn any_bytes_parse_or_fail_without_panicking(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..400)) {

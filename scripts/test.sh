@@ -118,10 +118,14 @@ export ROTA_BIN="$root/target/debug/rota"
 step redis-install scripts/install-redis.sh
 
 if [ "$run_rust" = 1 ]; then
-  # The source tests follow real registries: dnsmasq for DNS names, and a Eureka server with
-  # Spring Boot apps (tests/sources/eureka, built once with Maven).
+  # The source tests follow real registries: dnsmasq for DNS names, a Eureka server with
+  # Spring Boot apps (tests/sources/eureka, built once with Maven), and etcd with a Go program
+  # that registers endpoints as grpc-go and go-zero do (tests/sources/etcd).
   step dnsmasq-install scripts/install-dnsmasq.sh
   step eureka-build scripts/build-eureka.sh
+  step etcd-install scripts/install-etcd.sh
+  step etcd-endpoints-lint bash -c 'cd tests/sources/etcd && test -z "$(gofmt -l .)" && go vet ./...'
+  step etcd-endpoints-build scripts/build-etcd-endpoints.sh
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings && RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps'
   step rust rust_tests
 fi

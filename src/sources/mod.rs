@@ -1,4 +1,4 @@
-//! Registries rota follows but does not own: Eureka and DNS names.
+//! Registries rota follows but does not own: Eureka, DNS names and etcd prefixes.
 //!
 //! A *source* is one `[[source]]` table of the config file (or one `--source URL` flag). Its
 //! task ([`follower`]) asks the registry the source names for the instances of the services it
@@ -25,6 +25,7 @@
 //! docs/sources.md says how each kind is configured.
 
 pub mod dns;
+pub mod etcd;
 pub mod eureka;
 pub mod follower;
 pub mod http;
@@ -80,6 +81,10 @@ pub fn spawn(registry: &Registry, specs: &[SourceSpec]) -> (Sources, Vec<JoinHan
             }
             Kind::Dns { question, resolver } => {
                 let follow = dns::Dns::new(question.clone(), *resolver, &spec);
+                tokio::spawn(follower::run(spec, follow, lease, status))
+            }
+            Kind::Etcd { endpoint, prefix } => {
+                let follow = etcd::Etcd::new(endpoint.clone(), prefix, &spec);
                 tokio::spawn(follower::run(spec, follow, lease, status))
             }
         });

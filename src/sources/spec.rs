@@ -46,6 +46,9 @@ pub enum Kind {
     /// `dns+srv://NAME` (SRV records) or `dns://NAME:PORT` (A and AAAA records), asked of
     /// `resolver` (`None`: the system's).
     Dns { question: Question, resolver: Option<SocketAddr> },
+    /// `etcd://HOST:PORT/PREFIX`: every key under `PREFIX/`, through etcd's JSON gateway at
+    /// `HOST:PORT` (an empty prefix: every key).
+    Etcd { endpoint: Endpoint, prefix: String },
 }
 
 impl Kind {
@@ -53,6 +56,7 @@ impl Kind {
         match self {
             Kind::Eureka(_) => "eureka",
             Kind::Dns { .. } => "dns",
+            Kind::Etcd { .. } => "etcd",
         }
     }
 }
@@ -252,9 +256,9 @@ pub fn check_all(tables: Vec<SourceTable>) -> Result<Vec<SourceSpec>, (usize, Sp
 fn parse_url(url: &str, resolver: Option<SocketAddr>) -> Result<Kind, SpecError> {
     let bad = |problem: String| SpecError::new("url", format!("{url:?} {problem}"));
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(bad(
-            "is not a URL; expected eureka+http://HOST:PORT/PATH, dns+srv://NAME or dns://NAME:PORT".into()
-        ));
+        return Err(bad("is not a URL; expected eureka+http://HOST:PORT/PATH, dns+srv://NAME, dns://NAME:PORT or \
+             etcd://HOST:PORT/PREFIX"
+            .into()));
     };
     match scheme {
         "eureka+http" => Ok(Kind::Eureka(endpoint(rest).map_err(bad)?)),
@@ -270,7 +274,16 @@ fn parse_url(url: &str, resolver: Option<SocketAddr>) -> Result<Kind, SpecError>
                 port.parse().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("has the port {port:?}")))?;
             Ok(Kind::Dns { question: Question::Addresses(name.trim_end_matches('.').to_owned(), port), resolver })
         }
-        _ => Err(bad(format!("has the scheme {scheme:?}; known: eureka+http, dns+srv, dns"))),
+        "etcd" => {
+            let endpoint = endpoint(rest).map_err(bad)?;
+            let prefix = endpoint.path.trim_start_matches('/').to_owned();
+            if prefix.contains("//") {
+                return Err(bad(format!("has the prefix {prefix:?}, with an empty segment")));
+            }
+            Ok(Kind::Etcd { endpoint: Endpoint { path: String::new(), ..endpoint }, prefix })
+        }
+        "etcd+https" | "etcds" => Err(bad("uses TLS, which rota's etcd source does not speak yet; use etcd://".into())),
+        _ => Err(bad(format!("has the scheme {scheme:?}; known: eureka+http, dns+srv, dns, etcd"))),
     }
 }
 
@@ -458,6 +471,38 @@ mod tests {
             let err = table.check().expect_err(key);
             assert_eq!(err.key, key, "{err:?}");
         }
+    }
+
+    #[test]
+    fn etcd_urls_give_the_gateway_and_the_key_prefix() {
+        let etcd = |host: &str, port: u16, prefix: &str| Kind::Etcd {
+            endpoint: Endpoint { host: host.into(), port, path: String::new() },
+            prefix: prefix.into(),
+        };
+        let spec = table("etcd://127.0.0.1:2379/services").check().unwrap();
+        assert_eq!((spec.kind, spec.name.as_str()), (etcd("127.0.0.1", 2379, "services"), "etcd"));
+        assert_eq!(table("etcd://127.0.0.1:2379/svc/echo/").check().unwrap().kind, etcd("127.0.0.1", 2379, "svc/echo"));
+        assert_eq!(table("etcd://[::1]:2379").check().unwrap().kind, etcd("::1", 2379, ""));
+        assert_eq!(table("etcd://h:1/").check().unwrap().kind, etcd("h", 1, ""));
+        let flag = SourceTable::from_flag("etcd://h:1/svc?name=grpc&interval=2s").unwrap().check().unwrap();
+        assert_eq!((flag.kind, flag.name.as_str(), flag.url.as_str()), (etcd("h", 1, "svc"), "grpc", "etcd://h:1/svc"));
+        let cases = [
+            table("etcd://h/svc"),
+            table("etcd://h:0/svc"),
+            table("etcd://:1/svc"),
+            table("etcd://h:1/a//b"),
+            table("etcd://h:1/svc#x"),
+            table("etcd+https://h:1/svc"),
+            table("etcd:/h:1/svc"),
+        ];
+        for table in cases {
+            let url = table.url.clone();
+            let err = table.check().expect_err(&url);
+            assert_eq!(err.key, "url", "{err:?}");
+            assert!(err.problem.contains(&url), "{err:?}");
+        }
+        let err = SourceTable { resolver: Some("127.0.0.1:53".into()), ..table("etcd://h:1/svc") }.check().unwrap_err();
+        assert_eq!(err.key, "resolver");
     }
 
     #[test]

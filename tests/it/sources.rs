@@ -1,5 +1,6 @@
 //! Registries rota follows (`crate::sources`), each a real server started here on loopback:
-//! Debian's `dnsmasq` for DNS names and a Spring Boot Eureka server for Eureka.
+//! Debian's `dnsmasq` for DNS names, a Spring Boot Eureka server for Eureka, and Debian's
+//! etcd (`sources/etcd.rs`) for etcd.
 //! `scripts/test.sh` installs and builds them.
 
 use std::collections::BTreeMap;
@@ -557,3 +558,5 @@ async fn every_replica_follows_a_source_itself_and_none_writes_its_instances_to_
     let message = refused.require_all_accepted().unwrap_err().to_string();
     assert!(message.contains("kept for the instances of source \"dns\""), "{message}");
 }
+
+mod etcd;

@@ -182,7 +182,7 @@ impl Etcd {
                             }
                             Event::Put(key, entry) => {
                                 if state.keys.contains_key(&key) || state.keys.len() < max_instances {
-                                    state.keys.insert(key, entry);
+                                    state.keys.insert(key, *entry);
                                 } else if state.skipped.len() < max_instances {
                                     state.skipped.insert(key);
                                 } else if !state.skipped.contains(&key) {
@@ -306,7 +306,7 @@ pub enum WatchAnswer {
 
 #[derive(Debug, PartialEq)]
 pub enum Event {
-    Put(Vec<u8>, Entry),
+    Put(Vec<u8>, Box<Entry>),
     Delete(Vec<u8>),
 }
 
@@ -342,7 +342,7 @@ pub fn parse_watch(line: &[u8], prefix: &str) -> Result<WatchAnswer, String> {
                 match event.get("type").and_then(Value::as_str) {
                     None | Some("PUT") => {
                         let (key, entry) = read_kv(kv, prefix)?;
-                        events.push(Event::Put(key, entry));
+                        events.push(Event::Put(key, Box::new(entry)));
                     }
                     Some("DELETE") => events.push(Event::Delete(key_of(kv)?)),
                     Some(other) => return Err(format!("an event of type {other:?}")),
@@ -463,7 +463,7 @@ pub fn entry(key: &[u8], value: &[u8], lease: Option<i64>, prefix: &str) -> Entr
             weight,
             metadata,
             status: Status::Up.as_str().to_owned(),
-            source: None,
+            ..Default::default()
         },
     ))
 }

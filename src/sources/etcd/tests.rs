@@ -110,7 +110,8 @@ fn watch_answers_read_as_the_gateway_writes_them() {
     );
     let WatchAnswer::Events { revision, events } = parse_watch(put.as_bytes(), "svc/").unwrap() else { panic!() };
     assert_eq!(revision, 10);
-    let Event::Put(key, Ok((service, record))) = &events[0] else { panic!("{events:?}") };
+    let Event::Put(key, entry) = &events[0] else { panic!("{events:?}") };
+    let Ok((service, record)) = &**entry else { panic!("{entry:?}") };
     assert_eq!((key.as_slice(), service.as_str(), record.port), (b"svc/echo/a".as_slice(), "echo", 9001));
     let delete = br#"{"result":{"header":{"revision":"13"},"events":[{"type":"DELETE","kv":{"key":"c3ZjL2VjaG8vYQ==","mod_revision":"13"},"prev_kv":{}}]}}"#;
     assert_eq!(

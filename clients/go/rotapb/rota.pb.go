@@ -260,8 +260,14 @@ type Instance struct {
 	// Unset means 100; 0 means never picked by weighted rules.
 	Weight *uint32 `protobuf:"varint,7,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
 	// At most 64 entries; keys at most 128 bytes, values at most 512 bytes.
-	Metadata      map[string]string `protobuf:"bytes,8,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Status        InstanceStatus    `protobuf:"varint,9,opt,name=status,proto3,enum=rota.v1.InstanceStatus" json:"status,omitempty"`
+	Metadata map[string]string `protobuf:"bytes,8,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Status   InstanceStatus    `protobuf:"varint,9,opt,name=status,proto3,enum=rota.v1.InstanceStatus" json:"status,omitempty"`
+	// In rota's answers: the status the provider announced, when rota publishes another (an
+	// active health check failing); unset otherwise. Ignored in announcements.
+	AnnouncedStatus InstanceStatus `protobuf:"varint,10,opt,name=announced_status,json=announcedStatus,proto3,enum=rota.v1.InstanceStatus" json:"announced_status,omitempty"`
+	// In rota's answers: the active health check's verdict, "passing" or "failing: WHY"; empty
+	// when the service has no check (or none has finished yet). Ignored in announcements.
+	Health        string `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -357,6 +363,20 @@ func (x *Instance) GetStatus() InstanceStatus {
 		return x.Status
 	}
 	return InstanceStatus_INSTANCE_STATUS_UNSPECIFIED
+}
+
+func (x *Instance) GetAnnouncedStatus() InstanceStatus {
+	if x != nil {
+		return x.AnnouncedStatus
+	}
+	return InstanceStatus_INSTANCE_STATUS_UNSPECIFIED
+}
+
+func (x *Instance) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
 }
 
 // Names one instance of one service.
@@ -1278,7 +1298,10 @@ type Policy struct {
 	// Ignored in SetPolicy.
 	Source PolicySource `protobuf:"varint,7,opt,name=source,proto3,enum=rota.v1.PolicySource" json:"source,omitempty"`
 	// Absent = the defaults.
-	Ejection      *Ejection `protobuf:"bytes,8,opt,name=ejection,proto3" json:"ejection,omitempty"`
+	Ejection *Ejection `protobuf:"bytes,8,opt,name=ejection,proto3" json:"ejection,omitempty"`
+	// Absent = the defaults' (off unless they set one). In SetPolicy, `kind = "off"` turns a check
+	// the defaults set off for this service.
+	HealthCheck   *HealthCheck `protobuf:"bytes,9,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1369,6 +1392,107 @@ func (x *Policy) GetEjection() *Ejection {
 	return nil
 }
 
+func (x *Policy) GetHealthCheck() *HealthCheck {
+	if x != nil {
+		return x.HealthCheck
+	}
+	return nil
+}
+
+// An active health check: rota asks every instance of the service, once for the whole fleet, and
+// an instance failing `unhealthy_after` checks in a row gets no picks until it passes
+// `healthy_after` in a row. Zero fields take the defaults.
+type HealthCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "grpc" (grpc.health.v1.Health/Check, passes on SERVING), "http" (GET, passes on 2xx; a
+	// redirect is not followed), "tcp" (passes once a connection is accepted), or "off".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// http: the path (default "/"); grpc: the service asked (default "", the server as a whole).
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Between two checks of one instance (default 5000).
+	IntervalMs uint64 `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// One check, whole (default 1000, at most the interval).
+	TimeoutMs uint64 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Default 3.
+	UnhealthyAfter uint32 `protobuf:"varint,5,opt,name=unhealthy_after,json=unhealthyAfter,proto3" json:"unhealthy_after,omitempty"`
+	// Default 2.
+	HealthyAfter  uint32 `protobuf:"varint,6,opt,name=healthy_after,json=healthyAfter,proto3" json:"healthy_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthCheck) Reset() {
+	*x = HealthCheck{}
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthCheck) ProtoMessage() {}
+
+func (x *HealthCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
+func (*HealthCheck) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HealthCheck) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *HealthCheck) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *HealthCheck) GetIntervalMs() uint64 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetTimeoutMs() uint64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetUnhealthyAfter() uint32 {
+	if x != nil {
+		return x.UnhealthyAfter
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetHealthyAfter() uint32 {
+	if x != nil {
+		return x.HealthyAfter
+	}
+	return 0
+}
+
 type GetPolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -1378,7 +1502,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1514,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1527,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetPolicyRequest) GetService() string {
@@ -1423,7 +1547,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1559,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1572,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *Policy {
@@ -1466,7 +1590,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1602,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1615,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
 }
 
 type ResetPolicyRequest struct {
@@ -1503,7 +1627,7 @@ type ResetPolicyRequest struct {
 
 func (x *ResetPolicyRequest) Reset() {
 	*x = ResetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1639,7 @@ func (x *ResetPolicyRequest) String() string {
 func (*ResetPolicyRequest) ProtoMessage() {}
 
 func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1652,7 @@ func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ResetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResetPolicyRequest) GetService() string {
@@ -1548,7 +1672,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1684,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1697,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListPoliciesResponse) GetDefaults() *Policy {
@@ -1606,7 +1730,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1742,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1755,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegisterRequest) GetMsg() isRegisterRequest_Msg {
@@ -1716,7 +1840,7 @@ type Announce struct {
 
 func (x *Announce) Reset() {
 	*x = Announce{}
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1852,7 @@ func (x *Announce) String() string {
 func (*Announce) ProtoMessage() {}
 
 func (x *Announce) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1865,7 @@ func (x *Announce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announce.ProtoReflect.Descriptor instead.
 func (*Announce) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Announce) GetInstances() []*Instance {
@@ -1759,7 +1883,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1895,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1908,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
 }
 
 // Changes one instance owned by this stream. Fields left unset keep their value.
@@ -1800,7 +1924,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1936,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1949,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Update) GetInstance() *InstanceRef {
@@ -1865,7 +1989,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +2001,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +2014,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Metadata) GetEntries() map[string]string {
@@ -1910,7 +2034,7 @@ type Withdraw struct {
 
 func (x *Withdraw) Reset() {
 	*x = Withdraw{}
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2046,7 @@ func (x *Withdraw) String() string {
 func (*Withdraw) ProtoMessage() {}
 
 func (x *Withdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2059,7 @@ func (x *Withdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
 func (*Withdraw) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Withdraw) GetInstances() []*InstanceRef {
@@ -1958,7 +2082,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2094,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2107,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegisterResponse) GetMsg() isRegisterResponse_Msg {
@@ -2045,7 +2169,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2181,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2194,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Ack) GetLeaseId() uint64 {
@@ -2121,7 +2245,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2257,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2270,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Refusal) GetInstance() *InstanceRef {
@@ -2180,7 +2304,7 @@ type Closing struct {
 
 func (x *Closing) Reset() {
 	*x = Closing{}
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2192,7 +2316,7 @@ func (x *Closing) String() string {
 func (*Closing) ProtoMessage() {}
 
 func (x *Closing) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2205,7 +2329,7 @@ func (x *Closing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closing.ProtoReflect.Descriptor instead.
 func (*Closing) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Closing) GetReason() string {
@@ -2223,7 +2347,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2359,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2372,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
 }
 
 type ListServicesResponse struct {
@@ -2260,7 +2384,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2396,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2409,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListServicesResponse) GetServices() []*ServiceSummary {
@@ -2307,7 +2431,7 @@ type ServiceSummary struct {
 
 func (x *ServiceSummary) Reset() {
 	*x = ServiceSummary{}
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2319,7 +2443,7 @@ func (x *ServiceSummary) String() string {
 func (*ServiceSummary) ProtoMessage() {}
 
 func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2332,7 +2456,7 @@ func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSummary.ProtoReflect.Descriptor instead.
 func (*ServiceSummary) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ServiceSummary) GetName() string {
@@ -2372,7 +2496,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2508,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2521,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListInstancesRequest) GetService() string {
@@ -2417,7 +2541,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2553,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2566,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2468,7 +2592,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2604,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2617,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2520,7 +2644,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[36]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2656,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[36]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2669,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{36}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2636,7 +2760,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[37]
+	mi := &file_rota_v1_rota_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2772,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[37]
+	mi := &file_rota_v1_rota_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2785,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{37}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -2675,7 +2799,7 @@ var File_rota_v1_rota_proto protoreflect.FileDescriptor
 
 const file_rota_v1_rota_proto_rawDesc = "" +
 	"\n" +
-	"\x12rota/v1/rota.proto\x12\arota.v1\"\xdd\x02\n" +
+	"\x12rota/v1/rota.proto\x12\arota.v1\"\xb9\x03\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
@@ -2685,7 +2809,10 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x04zone\x18\x06 \x01(\tR\x04zone\x12\x1b\n" +
 	"\x06weight\x18\a \x01(\rH\x00R\x06weight\x88\x01\x01\x12;\n" +
 	"\bmetadata\x18\b \x03(\v2\x1f.rota.v1.Instance.MetadataEntryR\bmetadata\x12/\n" +
-	"\x06status\x18\t \x01(\x0e2\x17.rota.v1.InstanceStatusR\x06status\x1a;\n" +
+	"\x06status\x18\t \x01(\x0e2\x17.rota.v1.InstanceStatusR\x06status\x12B\n" +
+	"\x10announced_status\x18\n" +
+	" \x01(\x0e2\x17.rota.v1.InstanceStatusR\x0fannouncedStatus\x12\x16\n" +
+	"\x06health\x18\v \x01(\tR\x06health\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
@@ -2756,7 +2883,7 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\bdisabled\x18\x01 \x01(\bR\bdisabled\x12.\n" +
 	"\x13max_ejected_percent\x18\x02 \x01(\rR\x11maxEjectedPercent\x120\n" +
 	"\x14failure_rate_percent\x18\x03 \x01(\rR\x12failureRatePercent\x123\n" +
-	"\x16failure_rate_min_calls\x18\x04 \x01(\rR\x13failureRateMinCalls\"\xd4\x02\n" +
+	"\x16failure_rate_min_calls\x18\x04 \x01(\rR\x13failureRateMinCalls\"\x8d\x03\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12I\n" +
@@ -2766,7 +2893,17 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\n" +
 	"is_default\x18\x06 \x01(\bR\tisDefault\x12-\n" +
 	"\x06source\x18\a \x01(\x0e2\x15.rota.v1.PolicySourceR\x06source\x12-\n" +
-	"\bejection\x18\b \x01(\v2\x11.rota.v1.EjectionR\bejection\",\n" +
+	"\bejection\x18\b \x01(\v2\x11.rota.v1.EjectionR\bejection\x127\n" +
+	"\fhealth_check\x18\t \x01(\v2\x14.rota.v1.HealthCheckR\vhealthCheck\"\xc3\x01\n" +
+	"\vHealthCheck\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
+	"\vinterval_ms\x18\x03 \x01(\x04R\n" +
+	"intervalMs\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\x04R\ttimeoutMs\x12'\n" +
+	"\x0funhealthy_after\x18\x05 \x01(\rR\x0eunhealthyAfter\x12#\n" +
+	"\rhealthy_after\x18\x06 \x01(\rR\fhealthyAfter\",\n" +
 	"\x10GetPolicyRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\";\n" +
 	"\x10SetPolicyRequest\x12'\n" +
@@ -2893,7 +3030,7 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 }
 
 var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_rota_v1_rota_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: rota.v1.InstanceStatus
 	(CallResult)(0),               // 1: rota.v1.CallResult
@@ -2914,102 +3051,105 @@ var file_rota_v1_rota_proto_goTypes = []any{
 	(*Breaker)(nil),               // 16: rota.v1.Breaker
 	(*Ejection)(nil),              // 17: rota.v1.Ejection
 	(*Policy)(nil),                // 18: rota.v1.Policy
-	(*GetPolicyRequest)(nil),      // 19: rota.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 20: rota.v1.SetPolicyRequest
-	(*ListPoliciesRequest)(nil),   // 21: rota.v1.ListPoliciesRequest
-	(*ResetPolicyRequest)(nil),    // 22: rota.v1.ResetPolicyRequest
-	(*ListPoliciesResponse)(nil),  // 23: rota.v1.ListPoliciesResponse
-	(*RegisterRequest)(nil),       // 24: rota.v1.RegisterRequest
-	(*Announce)(nil),              // 25: rota.v1.Announce
-	(*Heartbeat)(nil),             // 26: rota.v1.Heartbeat
-	(*Update)(nil),                // 27: rota.v1.Update
-	(*Metadata)(nil),              // 28: rota.v1.Metadata
-	(*Withdraw)(nil),              // 29: rota.v1.Withdraw
-	(*RegisterResponse)(nil),      // 30: rota.v1.RegisterResponse
-	(*Ack)(nil),                   // 31: rota.v1.Ack
-	(*Refusal)(nil),               // 32: rota.v1.Refusal
-	(*Closing)(nil),               // 33: rota.v1.Closing
-	(*ListServicesRequest)(nil),   // 34: rota.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 35: rota.v1.ListServicesResponse
-	(*ServiceSummary)(nil),        // 36: rota.v1.ServiceSummary
-	(*ListInstancesRequest)(nil),  // 37: rota.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil), // 38: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),          // 39: rota.v1.WatchRequest
-	(*WatchEvent)(nil),            // 40: rota.v1.WatchEvent
-	(*InstanceList)(nil),          // 41: rota.v1.InstanceList
-	nil,                           // 42: rota.v1.Instance.MetadataEntry
-	nil,                           // 43: rota.v1.GrayRelease.VersionsEntry
-	nil,                           // 44: rota.v1.Metadata.EntriesEntry
+	(*HealthCheck)(nil),           // 19: rota.v1.HealthCheck
+	(*GetPolicyRequest)(nil),      // 20: rota.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 21: rota.v1.SetPolicyRequest
+	(*ListPoliciesRequest)(nil),   // 22: rota.v1.ListPoliciesRequest
+	(*ResetPolicyRequest)(nil),    // 23: rota.v1.ResetPolicyRequest
+	(*ListPoliciesResponse)(nil),  // 24: rota.v1.ListPoliciesResponse
+	(*RegisterRequest)(nil),       // 25: rota.v1.RegisterRequest
+	(*Announce)(nil),              // 26: rota.v1.Announce
+	(*Heartbeat)(nil),             // 27: rota.v1.Heartbeat
+	(*Update)(nil),                // 28: rota.v1.Update
+	(*Metadata)(nil),              // 29: rota.v1.Metadata
+	(*Withdraw)(nil),              // 30: rota.v1.Withdraw
+	(*RegisterResponse)(nil),      // 31: rota.v1.RegisterResponse
+	(*Ack)(nil),                   // 32: rota.v1.Ack
+	(*Refusal)(nil),               // 33: rota.v1.Refusal
+	(*Closing)(nil),               // 34: rota.v1.Closing
+	(*ListServicesRequest)(nil),   // 35: rota.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 36: rota.v1.ListServicesResponse
+	(*ServiceSummary)(nil),        // 37: rota.v1.ServiceSummary
+	(*ListInstancesRequest)(nil),  // 38: rota.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil), // 39: rota.v1.ListInstancesResponse
+	(*WatchRequest)(nil),          // 40: rota.v1.WatchRequest
+	(*WatchEvent)(nil),            // 41: rota.v1.WatchEvent
+	(*InstanceList)(nil),          // 42: rota.v1.InstanceList
+	nil,                           // 43: rota.v1.Instance.MetadataEntry
+	nil,                           // 44: rota.v1.GrayRelease.VersionsEntry
+	nil,                           // 45: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	42, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	43, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
-	4,  // 2: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
-	8,  // 3: rota.v1.LeaseResponse.picks:type_name -> rota.v1.LeasedPick
-	4,  // 4: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
-	14, // 5: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
-	1,  // 6: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
-	11, // 7: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
-	43, // 8: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
-	2,  // 9: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
-	15, // 10: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
-	16, // 11: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
-	3,  // 12: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
-	17, // 13: rota.v1.Policy.ejection:type_name -> rota.v1.Ejection
-	18, // 14: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
-	18, // 15: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
-	18, // 16: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
-	25, // 17: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
-	26, // 18: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
-	27, // 19: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
-	29, // 20: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
-	4,  // 21: rota.v1.Announce.instances:type_name -> rota.v1.Instance
-	5,  // 22: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
-	0,  // 23: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
-	28, // 24: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	44, // 25: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
-	5,  // 26: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
-	31, // 27: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
-	33, // 28: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
-	5,  // 29: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
-	32, // 30: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
-	5,  // 31: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
-	36, // 32: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
-	4,  // 33: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	41, // 34: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	4,  // 35: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	4,  // 36: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	5,  // 37: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	4,  // 38: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	9,  // 39: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	9,  // 40: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	12, // 41: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	6,  // 42: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
-	19, // 43: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	20, // 44: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	21, // 45: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	22, // 46: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
-	24, // 47: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	34, // 48: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	37, // 49: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	39, // 50: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	10, // 51: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	10, // 52: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	13, // 53: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	7,  // 54: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
-	18, // 55: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	18, // 56: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	23, // 57: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	18, // 58: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
-	30, // 59: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	35, // 60: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	38, // 61: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	40, // 62: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	51, // [51:63] is the sub-list for method output_type
-	39, // [39:51] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	0,  // 2: rota.v1.Instance.announced_status:type_name -> rota.v1.InstanceStatus
+	4,  // 3: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
+	8,  // 4: rota.v1.LeaseResponse.picks:type_name -> rota.v1.LeasedPick
+	4,  // 5: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
+	14, // 6: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
+	1,  // 7: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
+	11, // 8: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
+	44, // 9: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	2,  // 10: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
+	15, // 11: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
+	16, // 12: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
+	3,  // 13: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
+	17, // 14: rota.v1.Policy.ejection:type_name -> rota.v1.Ejection
+	19, // 15: rota.v1.Policy.health_check:type_name -> rota.v1.HealthCheck
+	18, // 16: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
+	18, // 17: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
+	18, // 18: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
+	26, // 19: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
+	27, // 20: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
+	28, // 21: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
+	30, // 22: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
+	4,  // 23: rota.v1.Announce.instances:type_name -> rota.v1.Instance
+	5,  // 24: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
+	0,  // 25: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
+	29, // 26: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
+	45, // 27: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	5,  // 28: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
+	32, // 29: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
+	34, // 30: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
+	5,  // 31: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
+	33, // 32: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
+	5,  // 33: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
+	37, // 34: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
+	4,  // 35: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
+	42, // 36: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	4,  // 37: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	4,  // 38: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	5,  // 39: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	4,  // 40: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	9,  // 41: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	9,  // 42: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	12, // 43: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	6,  // 44: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	20, // 45: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	21, // 46: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	22, // 47: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	23, // 48: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
+	25, // 49: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	35, // 50: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	38, // 51: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	40, // 52: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	10, // 53: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	10, // 54: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	13, // 55: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	7,  // 56: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	18, // 57: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	18, // 58: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	24, // 59: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	18, // 60: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
+	31, // 61: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	36, // 62: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	39, // 63: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	41, // 64: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	53, // [53:65] is the sub-list for method output_type
+	41, // [41:53] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -3018,18 +3158,18 @@ func file_rota_v1_rota_proto_init() {
 		return
 	}
 	file_rota_v1_rota_proto_msgTypes[0].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[20].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[21].OneofWrappers = []any{
 		(*RegisterRequest_Announce)(nil),
 		(*RegisterRequest_Heartbeat)(nil),
 		(*RegisterRequest_Update)(nil),
 		(*RegisterRequest_Withdraw)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[23].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[26].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[24].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[27].OneofWrappers = []any{
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[36].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[37].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -3041,7 +3181,7 @@ func file_rota_v1_rota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -50,7 +50,7 @@ POLICY_SOURCE_FILE: PolicySource
 POLICY_SOURCE_RUNTIME: PolicySource
 
 class Instance(_message.Message):
-    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status")
+    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status", "announced_status", "health")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class Instance(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    ANNOUNCED_STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     id: str
     service: str
     host: str
@@ -76,7 +78,9 @@ class Instance(_message.Message):
     weight: int
     metadata: _containers.ScalarMap[str, str]
     status: InstanceStatus
-    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ...) -> None: ...
+    announced_status: InstanceStatus
+    health: str
+    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ..., announced_status: _Optional[_Union[InstanceStatus, str]] = ..., health: _Optional[str] = ...) -> None: ...
 
 class InstanceRef(_message.Message):
     __slots__ = ("service", "id")
@@ -234,7 +238,7 @@ class Ejection(_message.Message):
     def __init__(self, disabled: _Optional[bool] = ..., max_ejected_percent: _Optional[int] = ..., failure_rate_percent: _Optional[int] = ..., failure_rate_min_calls: _Optional[int] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default", "source", "ejection")
+    __slots__ = ("service", "rule", "isolation_fallback", "gray", "breaker", "is_default", "source", "ejection", "health_check")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FALLBACK_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +247,7 @@ class Policy(_message.Message):
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     EJECTION_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_FIELD_NUMBER: _ClassVar[int]
     service: str
     rule: str
     isolation_fallback: IsolationFallback
@@ -251,7 +256,24 @@ class Policy(_message.Message):
     is_default: bool
     source: PolicySource
     ejection: Ejection
-    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ..., source: _Optional[_Union[PolicySource, str]] = ..., ejection: _Optional[_Union[Ejection, _Mapping]] = ...) -> None: ...
+    health_check: HealthCheck
+    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., isolation_fallback: _Optional[_Union[IsolationFallback, str]] = ..., gray: _Optional[_Union[GrayRelease, _Mapping]] = ..., breaker: _Optional[_Union[Breaker, _Mapping]] = ..., is_default: _Optional[bool] = ..., source: _Optional[_Union[PolicySource, str]] = ..., ejection: _Optional[_Union[Ejection, _Mapping]] = ..., health_check: _Optional[_Union[HealthCheck, _Mapping]] = ...) -> None: ...
+
+class HealthCheck(_message.Message):
+    __slots__ = ("kind", "path", "interval_ms", "timeout_ms", "unhealthy_after", "healthy_after")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    path: str
+    interval_ms: int
+    timeout_ms: int
+    unhealthy_after: int
+    healthy_after: int
+    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., unhealthy_after: _Optional[int] = ..., healthy_after: _Optional[int] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ("service",)

@@ -325,8 +325,9 @@ impl Server {
                 .with_answers(answers.clone()),
         )
         .max_decoding_message_size(limits.max_message_bytes);
-        let policies_service = pb::policies_server::PoliciesServer::new(PoliciesService::new(policies))
-            .max_decoding_message_size(limits.max_message_bytes);
+        let policies_service =
+            pb::policies_server::PoliciesServer::new(PoliciesService::new(policies, balancer.registry().clone()))
+                .max_decoding_message_size(limits.max_message_bytes);
         let overview = crate::balancer::Overview::new(balancer.clone());
         let xds_hub = crate::xds::Hub::new(overview, limits.xds, warmup_length, warmup.settle());
         background.push(xds_hub.spawn());

@@ -6,6 +6,7 @@ mod bench_backends;
 mod bench_publish;
 mod bench_xds;
 mod demo;
+mod instance;
 mod pick;
 mod policy;
 pub(crate) mod redis_process;
@@ -42,6 +43,8 @@ pub enum Command {
     Watch(WatchArgs),
     /// Show the policies in force; set or reset (drop) a service's runtime override.
     Policy(policy::PolicyArgs),
+    /// Drain, disable, enable or re-weight one instance over what its provider says.
+    Instance(instance::InstanceArgs),
     /// Start an embedded server with three providers and show the rules at work; with
     /// `--replicas N`, N replicas sharing their state through a local redis-server.
     Demo(demo::DemoArgs),
@@ -156,6 +159,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ls(args) => show::ls(args).await,
         Command::Watch(args) => show::watch(args).await,
         Command::Policy(args) => policy::run(args).await,
+        Command::Instance(args) => instance::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) if args.backends => bench_backends::run(args).await,
         Command::Bench(args) if args.publication => bench_publish::run(args).await,

@@ -349,6 +349,20 @@ impl RotaClient {
         Ok(self.policies.reset_policy(self.request(request)).await?.into_inner())
     }
 
+    /// Changes an operator's override of one instance (admin scope).
+    pub async fn set_instance_override(
+        &mut self,
+        request: pb::SetInstanceOverrideRequest,
+    ) -> Result<pb::InstanceOverride, ClientError> {
+        Ok(self.policies.set_instance_override(self.request(request)).await?.into_inner())
+    }
+
+    /// Every operator override (admin scope).
+    pub async fn list_instance_overrides(&mut self) -> Result<Vec<pb::InstanceOverride>, ClientError> {
+        let request = self.request(pb::ListInstanceOverridesRequest {});
+        Ok(self.policies.list_instance_overrides(request).await?.into_inner().overrides)
+    }
+
     pub async fn list_policies(&mut self) -> Result<pb::ListPoliciesResponse, ClientError> {
         Ok(self.policies.list_policies(self.request(pb::ListPoliciesRequest {})).await?.into_inner())
     }

@@ -61,6 +61,10 @@ pub fn instance(instance: &Instance) -> pb::Instance {
             Some(crate::registry::Health::Passing) => "passing".to_owned(),
             Some(crate::registry::Health::Failing(why)) => format!("failing: {why}"),
         },
+        operator: match instance.conditions.as_ref().and_then(|c| c.operator) {
+            None => String::new(),
+            Some(operator) => operator.describe(),
+        },
     }
 }
 

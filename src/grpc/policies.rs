@@ -13,11 +13,13 @@ use crate::registry::{InvalidField, validate_service_name};
 
 pub struct PoliciesService {
     policies: Arc<Policies>,
+    /// Where operators' instance overrides are kept.
+    registry: crate::registry::Registry,
 }
 
 impl PoliciesService {
-    pub fn new(policies: Arc<Policies>) -> Self {
-        Self { policies }
+    pub fn new(policies: Arc<Policies>, registry: crate::registry::Registry) -> Self {
+        Self { policies, registry }
     }
 }
 
@@ -142,5 +144,69 @@ impl pb::policies_server::Policies for PoliciesService {
         let (policy, source) = self.policies.reset_service(service)?;
         tracing::info!(service = %service, now = %source, "policy override dropped");
         Ok(Response::new(to_pb(service, &policy, source)))
+    }
+
+    async fn set_instance_override(
+        &self,
+        request: Request<pb::SetInstanceOverrideRequest>,
+    ) -> Result<Response<pb::InstanceOverride>, Status> {
+        use crate::registry::{OverrideChange, OverrideRefused};
+        let request = request.into_inner();
+        validate_service_name("service", &request.service)?;
+        if request.id.is_empty() {
+            return Err(InvalidField::new("id", "must not be empty").into());
+        }
+        if request.id.len() > crate::registry::MAX_NAME_LEN {
+            return Err(
+                InvalidField::new("id", format!("is longer than {} bytes", crate::registry::MAX_NAME_LEN)).into()
+            );
+        }
+        let change = match pb::OverrideAction::try_from(request.action) {
+            Ok(pb::OverrideAction::Drain) => OverrideChange::Drain,
+            Ok(pb::OverrideAction::Disable) => OverrideChange::Disable,
+            Ok(pb::OverrideAction::Enable) => OverrideChange::Enable,
+            Ok(pb::OverrideAction::Weight) => OverrideChange::Weight(request.weight),
+            Ok(pb::OverrideAction::Clear) => OverrideChange::Clear,
+            Ok(pb::OverrideAction::Unspecified) | Err(_) => {
+                let problem = format!("is {}; expected DRAIN, DISABLE, ENABLE, WEIGHT or CLEAR", request.action);
+                return Err(InvalidField::new("action", problem).into());
+            }
+        };
+        let answer = self
+            .registry
+            .change_override(&request.service, &request.id, change)
+            .await
+            .map_err(|_| Status::unavailable("the registry is shutting down"))?;
+        match answer {
+            Ok((now, registered)) => Ok(Response::new(override_pb(&request.service, &request.id, now, registered))),
+            Err(refused @ OverrideRefused::TooMany) => Err(Status::resource_exhausted(refused.to_string())),
+            Err(refused @ OverrideRefused::NothingToClear { .. }) => Err(Status::not_found(refused.to_string())),
+        }
+    }
+
+    async fn list_instance_overrides(
+        &self,
+        _request: Request<pb::ListInstanceOverridesRequest>,
+    ) -> Result<Response<pb::ListInstanceOverridesResponse>, Status> {
+        let overrides =
+            self.registry.overrides().await.map_err(|_| Status::unavailable("the registry is shutting down"))?;
+        let overrides =
+            overrides.into_iter().map(|(service, id, value)| override_pb(&service, &id, value, false)).collect();
+        Ok(Response::new(pb::ListInstanceOverridesResponse { overrides }))
+    }
+}
+
+fn override_pb(service: &str, id: &str, value: crate::registry::Override, registered: bool) -> pb::InstanceOverride {
+    use crate::registry::OperatorStatus;
+    pb::InstanceOverride {
+        service: service.to_owned(),
+        id: id.to_owned(),
+        status: match value.status {
+            Some(OperatorStatus::Drain) => "drain".into(),
+            Some(OperatorStatus::Disable) => "disable".into(),
+            None => String::new(),
+        },
+        weight: value.weight,
+        registered,
     }
 }

@@ -48,6 +48,18 @@ pub(crate) enum Command {
         service: Arc<str>,
         reply: oneshot::Sender<watch::Receiver<Arc<ServiceSnapshot>>>,
     },
+    /// An operator's change to an instance's override: the override now, and whether the
+    /// instance is registered.
+    ChangeOverride {
+        service: Arc<str>,
+        id: Arc<str>,
+        change: super::layers::OverrideChange,
+        reply: oneshot::Sender<Result<(super::layers::Override, bool), super::layers::OverrideRefused>>,
+    },
+    /// Every operator override.
+    ListOverrides {
+        reply: oneshot::Sender<super::layers::OverrideList>,
+    },
     /// The active health check's verdict on a registered instance (`None`: no verdict).
     SetHealth {
         service: Arc<str>,

@@ -182,6 +182,15 @@ impl Index {
                 self.publish();
                 let _ = reply.send(self.subscribe(service));
             }
+            Command::ChangeOverride { service, id, change, reply } => {
+                let answer = self.change_override(&service, &id, change);
+                // Published before the answer, so that every pick after it sees the change.
+                self.publish();
+                let _ = reply.send(answer);
+            }
+            Command::ListOverrides { reply } => {
+                let _ = reply.send(self.layers.overrides());
+            }
             Command::SetHealth { service, id, health } => {
                 // Only a registered instance has a verdict, so the verdicts stay bounded.
                 let registered = self.services.get(&service).is_some_and(|s| s.instances.contains_key(&id));
@@ -190,6 +199,32 @@ impl Index {
                 }
             }
         }
+    }
+
+    fn change_override(
+        &mut self,
+        service: &Arc<str>,
+        id: &Arc<str>,
+        change: super::layers::OverrideChange,
+    ) -> Result<(super::layers::Override, bool), super::layers::OverrideRefused> {
+        use super::layers::{OverrideChange, OverrideRefused};
+        let before = self.layers.operator(service, id);
+        let nothing = match change {
+            OverrideChange::Enable if before.status.is_none() => Some("status"),
+            OverrideChange::Clear if before.is_empty() => Some("operator"),
+            _ => None,
+        };
+        if let Some(what) = nothing {
+            return Err(OverrideRefused::NothingToClear { service: service.to_string(), id: id.to_string(), what });
+        }
+        let after = before.changed(change);
+        self.layers.set_override(service, id, after).ok_or(OverrideRefused::TooMany)?;
+        let registered = self.services.get(service).is_some_and(|s| s.instances.contains_key(id));
+        if registered && after != before {
+            info!(%service, %id, operator = %after.describe(), "operator override");
+            self.dirty.insert(service.clone());
+        }
+        Ok((after, registered))
     }
 
     fn touch(&mut self, lease: LeaseId) {

@@ -71,6 +71,9 @@ pub struct InstanceRecord {
     /// The active health check's verdict: `passing`, or `failing: WHY`; absent without checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<String>,
+    /// An operator's override (`drain`, `disable`, `weight=N`), absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
 }
 
 impl InstanceRecord {
@@ -94,6 +97,7 @@ impl InstanceRecord {
                 super::layers::Health::Passing => "passing".to_owned(),
                 super::layers::Health::Failing(why) => format!("failing: {why}"),
             }),
+            operator: instance.conditions.as_ref().and_then(|c| c.operator).map(|o| o.describe()),
         }
     }
 

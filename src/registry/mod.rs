@@ -28,7 +28,9 @@ pub use instance::{
     MAX_METADATA_VALUE_LEN, MAX_NAME_LEN, RequestedStatus, Status, default_id, truncate, validate_optional_name,
     validate_service_name,
 };
-pub use layers::{Conditions, Health};
+pub use layers::{
+    Conditions, Health, MAX_OVERRIDES, OperatorStatus, Override, OverrideChange, OverrideList, OverrideRefused,
+};
 pub use lease::{Claim, Claims, Lease};
 
 use lease::{Holder, ReservedPrefixes};
@@ -247,6 +249,28 @@ impl Registry {
     /// not registered (any more).
     pub fn set_health(&self, service: &Arc<str>, id: &Arc<str>, health: Option<Health>) {
         let _ = self.shared.tx.send(Command::SetHealth { service: service.clone(), id: id.clone(), health });
+    }
+
+    /// Changes an operator's override of one instance (registered or not: it applies whenever
+    /// the instance is), published before this returns. Answers the override now and whether
+    /// the instance is registered.
+    pub async fn change_override(
+        &self,
+        service: &str,
+        id: &str,
+        change: OverrideChange,
+    ) -> Result<Result<(Override, bool), OverrideRefused>, RegistryClosed> {
+        let (reply, answer) = oneshot::channel();
+        let command = Command::ChangeOverride { service: service.into(), id: id.into(), change, reply };
+        self.shared.tx.send(command).map_err(|_| RegistryClosed)?;
+        answer.await.map_err(|_| RegistryClosed)
+    }
+
+    /// Every operator override, by service then id.
+    pub async fn overrides(&self) -> Result<OverrideList, RegistryClosed> {
+        let (reply, answer) = oneshot::channel();
+        self.shared.tx.send(Command::ListOverrides { reply }).map_err(|_| RegistryClosed)?;
+        answer.await.map_err(|_| RegistryClosed)
     }
 
     /// Follows one service's snapshots. The receiver starts at the current snapshot (an empty

@@ -10,6 +10,7 @@ mod harness;
 mod health;
 mod hostile;
 mod limits;
+mod operator;
 mod policy;
 mod processes;
 mod redis_server;

@@ -137,6 +137,69 @@ func (CallResult) EnumDescriptor() ([]byte, []int) {
 	return file_rota_v1_rota_proto_rawDescGZIP(), []int{1}
 }
 
+type OverrideAction int32
+
+const (
+	OverrideAction_OVERRIDE_ACTION_UNSPECIFIED OverrideAction = 0
+	// No new picks: an UP instance is published DRAINING.
+	OverrideAction_OVERRIDE_ACTION_DRAIN OverrideAction = 1
+	// Published DOWN.
+	OverrideAction_OVERRIDE_ACTION_DISABLE OverrideAction = 2
+	// Drops the drain or disable; a weight override stays.
+	OverrideAction_OVERRIDE_ACTION_ENABLE OverrideAction = 3
+	// Publishes the instance with `weight`.
+	OverrideAction_OVERRIDE_ACTION_WEIGHT OverrideAction = 4
+	// Drops the whole override.
+	OverrideAction_OVERRIDE_ACTION_CLEAR OverrideAction = 5
+)
+
+// Enum value maps for OverrideAction.
+var (
+	OverrideAction_name = map[int32]string{
+		0: "OVERRIDE_ACTION_UNSPECIFIED",
+		1: "OVERRIDE_ACTION_DRAIN",
+		2: "OVERRIDE_ACTION_DISABLE",
+		3: "OVERRIDE_ACTION_ENABLE",
+		4: "OVERRIDE_ACTION_WEIGHT",
+		5: "OVERRIDE_ACTION_CLEAR",
+	}
+	OverrideAction_value = map[string]int32{
+		"OVERRIDE_ACTION_UNSPECIFIED": 0,
+		"OVERRIDE_ACTION_DRAIN":       1,
+		"OVERRIDE_ACTION_DISABLE":     2,
+		"OVERRIDE_ACTION_ENABLE":      3,
+		"OVERRIDE_ACTION_WEIGHT":      4,
+		"OVERRIDE_ACTION_CLEAR":       5,
+	}
+)
+
+func (x OverrideAction) Enum() *OverrideAction {
+	p := new(OverrideAction)
+	*p = x
+	return p
+}
+
+func (x OverrideAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OverrideAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_rota_v1_rota_proto_enumTypes[2].Descriptor()
+}
+
+func (OverrideAction) Type() protoreflect.EnumType {
+	return &file_rota_v1_rota_proto_enumTypes[2]
+}
+
+func (x OverrideAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OverrideAction.Descriptor instead.
+func (OverrideAction) EnumDescriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{2}
+}
+
 type IsolationFallback int32
 
 const (
@@ -172,11 +235,11 @@ func (x IsolationFallback) String() string {
 }
 
 func (IsolationFallback) Descriptor() protoreflect.EnumDescriptor {
-	return file_rota_v1_rota_proto_enumTypes[2].Descriptor()
+	return file_rota_v1_rota_proto_enumTypes[3].Descriptor()
 }
 
 func (IsolationFallback) Type() protoreflect.EnumType {
-	return &file_rota_v1_rota_proto_enumTypes[2]
+	return &file_rota_v1_rota_proto_enumTypes[3]
 }
 
 func (x IsolationFallback) Number() protoreflect.EnumNumber {
@@ -185,7 +248,7 @@ func (x IsolationFallback) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IsolationFallback.Descriptor instead.
 func (IsolationFallback) EnumDescriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{2}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{3}
 }
 
 // Where the policy in force for a service came from.
@@ -229,11 +292,11 @@ func (x PolicySource) String() string {
 }
 
 func (PolicySource) Descriptor() protoreflect.EnumDescriptor {
-	return file_rota_v1_rota_proto_enumTypes[3].Descriptor()
+	return file_rota_v1_rota_proto_enumTypes[4].Descriptor()
 }
 
 func (PolicySource) Type() protoreflect.EnumType {
-	return &file_rota_v1_rota_proto_enumTypes[3]
+	return &file_rota_v1_rota_proto_enumTypes[4]
 }
 
 func (x PolicySource) Number() protoreflect.EnumNumber {
@@ -242,7 +305,7 @@ func (x PolicySource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PolicySource.Descriptor instead.
 func (PolicySource) EnumDescriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{3}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{4}
 }
 
 type Instance struct {
@@ -267,7 +330,10 @@ type Instance struct {
 	AnnouncedStatus InstanceStatus `protobuf:"varint,10,opt,name=announced_status,json=announcedStatus,proto3,enum=rota.v1.InstanceStatus" json:"announced_status,omitempty"`
 	// In rota's answers: the active health check's verdict, "passing" or "failing: WHY"; empty
 	// when the service has no check (or none has finished yet). Ignored in announcements.
-	Health        string `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
+	Health string `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
+	// In rota's answers: an operator's override of the instance ("drain", "disable",
+	// "weight=N", joined by ","), empty without one. Ignored in announcements.
+	Operator      string `protobuf:"bytes,12,opt,name=operator,proto3" json:"operator,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +441,13 @@ func (x *Instance) GetAnnouncedStatus() InstanceStatus {
 func (x *Instance) GetHealth() string {
 	if x != nil {
 		return x.Health
+	}
+	return ""
+}
+
+func (x *Instance) GetOperator() string {
+	if x != nil {
+		return x.Operator
 	}
 	return ""
 }
@@ -1087,6 +1160,234 @@ func (x *PickError) GetMessage() string {
 	return ""
 }
 
+type SetInstanceOverrideRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Action  OverrideAction         `protobuf:"varint,3,opt,name=action,proto3,enum=rota.v1.OverrideAction" json:"action,omitempty"`
+	// For OVERRIDE_ACTION_WEIGHT.
+	Weight        uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetInstanceOverrideRequest) Reset() {
+	*x = SetInstanceOverrideRequest{}
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetInstanceOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetInstanceOverrideRequest) ProtoMessage() {}
+
+func (x *SetInstanceOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetInstanceOverrideRequest.ProtoReflect.Descriptor instead.
+func (*SetInstanceOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetInstanceOverrideRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SetInstanceOverrideRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetInstanceOverrideRequest) GetAction() OverrideAction {
+	if x != nil {
+		return x.Action
+	}
+	return OverrideAction_OVERRIDE_ACTION_UNSPECIFIED
+}
+
+func (x *SetInstanceOverrideRequest) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type InstanceOverride struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// "drain", "disable", or empty.
+	Status string  `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	Weight *uint32 `protobuf:"varint,4,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
+	// In SetInstanceOverride's answer: whether the instance is registered now (an override of
+	// one that is not applies once it registers).
+	Registered    bool `protobuf:"varint,5,opt,name=registered,proto3" json:"registered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceOverride) Reset() {
+	*x = InstanceOverride{}
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceOverride) ProtoMessage() {}
+
+func (x *InstanceOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceOverride.ProtoReflect.Descriptor instead.
+func (*InstanceOverride) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *InstanceOverride) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *InstanceOverride) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InstanceOverride) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *InstanceOverride) GetWeight() uint32 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
+}
+
+func (x *InstanceOverride) GetRegistered() bool {
+	if x != nil {
+		return x.Registered
+	}
+	return false
+}
+
+type ListInstanceOverridesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstanceOverridesRequest) Reset() {
+	*x = ListInstanceOverridesRequest{}
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstanceOverridesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstanceOverridesRequest) ProtoMessage() {}
+
+func (x *ListInstanceOverridesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstanceOverridesRequest.ProtoReflect.Descriptor instead.
+func (*ListInstanceOverridesRequest) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
+}
+
+type ListInstanceOverridesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Overrides     []*InstanceOverride    `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstanceOverridesResponse) Reset() {
+	*x = ListInstanceOverridesResponse{}
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstanceOverridesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstanceOverridesResponse) ProtoMessage() {}
+
+func (x *ListInstanceOverridesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstanceOverridesResponse.ProtoReflect.Descriptor instead.
+func (*ListInstanceOverridesResponse) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListInstanceOverridesResponse) GetOverrides() []*InstanceOverride {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
 type GrayRelease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Weight of instances with no version.
@@ -1099,7 +1400,7 @@ type GrayRelease struct {
 
 func (x *GrayRelease) Reset() {
 	*x = GrayRelease{}
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1412,7 @@ func (x *GrayRelease) String() string {
 func (*GrayRelease) ProtoMessage() {}
 
 func (x *GrayRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[11]
+	mi := &file_rota_v1_rota_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1425,7 @@ func (x *GrayRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrayRelease.ProtoReflect.Descriptor instead.
 func (*GrayRelease) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{11}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GrayRelease) GetUnversioned() uint32 {
@@ -1155,7 +1456,7 @@ type Breaker struct {
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1468,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[12]
+	mi := &file_rota_v1_rota_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1481,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{12}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Breaker) GetFailureThreshold() uint32 {
@@ -1227,7 +1528,7 @@ type Ejection struct {
 
 func (x *Ejection) Reset() {
 	*x = Ejection{}
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1540,7 @@ func (x *Ejection) String() string {
 func (*Ejection) ProtoMessage() {}
 
 func (x *Ejection) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[13]
+	mi := &file_rota_v1_rota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1553,7 @@ func (x *Ejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ejection.ProtoReflect.Descriptor instead.
 func (*Ejection) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{13}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Ejection) GetDisabled() bool {
@@ -1308,7 +1609,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1621,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[14]
+	mi := &file_rota_v1_rota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1634,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{14}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Policy) GetService() string {
@@ -1423,7 +1724,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1736,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[15]
+	mi := &file_rota_v1_rota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1749,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{15}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HealthCheck) GetKind() string {
@@ -1502,7 +1803,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1815,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[16]
+	mi := &file_rota_v1_rota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1828,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{16}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetPolicyRequest) GetService() string {
@@ -1547,7 +1848,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1860,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[17]
+	mi := &file_rota_v1_rota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1873,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{17}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *Policy {
@@ -1590,7 +1891,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1602,7 +1903,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[18]
+	mi := &file_rota_v1_rota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +1916,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{18}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
 }
 
 type ResetPolicyRequest struct {
@@ -1627,7 +1928,7 @@ type ResetPolicyRequest struct {
 
 func (x *ResetPolicyRequest) Reset() {
 	*x = ResetPolicyRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1940,7 @@ func (x *ResetPolicyRequest) String() string {
 func (*ResetPolicyRequest) ProtoMessage() {}
 
 func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[19]
+	mi := &file_rota_v1_rota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1953,7 @@ func (x *ResetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ResetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{19}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResetPolicyRequest) GetService() string {
@@ -1672,7 +1973,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1985,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[20]
+	mi := &file_rota_v1_rota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1998,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{20}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPoliciesResponse) GetDefaults() *Policy {
@@ -1730,7 +2031,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +2043,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[21]
+	mi := &file_rota_v1_rota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +2056,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{21}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterRequest) GetMsg() isRegisterRequest_Msg {
@@ -1840,7 +2141,7 @@ type Announce struct {
 
 func (x *Announce) Reset() {
 	*x = Announce{}
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +2153,7 @@ func (x *Announce) String() string {
 func (*Announce) ProtoMessage() {}
 
 func (x *Announce) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[22]
+	mi := &file_rota_v1_rota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2166,7 @@ func (x *Announce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announce.ProtoReflect.Descriptor instead.
 func (*Announce) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{22}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Announce) GetInstances() []*Instance {
@@ -1883,7 +2184,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2196,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[23]
+	mi := &file_rota_v1_rota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2209,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{23}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
 }
 
 // Changes one instance owned by this stream. Fields left unset keep their value.
@@ -1924,7 +2225,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2237,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[24]
+	mi := &file_rota_v1_rota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2250,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{24}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Update) GetInstance() *InstanceRef {
@@ -1989,7 +2290,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2302,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[25]
+	mi := &file_rota_v1_rota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2315,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{25}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Metadata) GetEntries() map[string]string {
@@ -2034,7 +2335,7 @@ type Withdraw struct {
 
 func (x *Withdraw) Reset() {
 	*x = Withdraw{}
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2347,7 @@ func (x *Withdraw) String() string {
 func (*Withdraw) ProtoMessage() {}
 
 func (x *Withdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[26]
+	mi := &file_rota_v1_rota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2360,7 @@ func (x *Withdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Withdraw.ProtoReflect.Descriptor instead.
 func (*Withdraw) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{26}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Withdraw) GetInstances() []*InstanceRef {
@@ -2082,7 +2383,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2395,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[27]
+	mi := &file_rota_v1_rota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2408,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{27}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegisterResponse) GetMsg() isRegisterResponse_Msg {
@@ -2169,7 +2470,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2482,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[28]
+	mi := &file_rota_v1_rota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2495,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{28}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Ack) GetLeaseId() uint64 {
@@ -2245,7 +2546,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2558,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[29]
+	mi := &file_rota_v1_rota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2571,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{29}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Refusal) GetInstance() *InstanceRef {
@@ -2304,7 +2605,7 @@ type Closing struct {
 
 func (x *Closing) Reset() {
 	*x = Closing{}
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2617,7 @@ func (x *Closing) String() string {
 func (*Closing) ProtoMessage() {}
 
 func (x *Closing) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[30]
+	mi := &file_rota_v1_rota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2630,7 @@ func (x *Closing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closing.ProtoReflect.Descriptor instead.
 func (*Closing) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{30}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Closing) GetReason() string {
@@ -2347,7 +2648,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2660,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[31]
+	mi := &file_rota_v1_rota_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2673,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{31}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
 }
 
 type ListServicesResponse struct {
@@ -2384,7 +2685,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2697,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[32]
+	mi := &file_rota_v1_rota_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2710,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{32}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListServicesResponse) GetServices() []*ServiceSummary {
@@ -2431,7 +2732,7 @@ type ServiceSummary struct {
 
 func (x *ServiceSummary) Reset() {
 	*x = ServiceSummary{}
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2744,7 @@ func (x *ServiceSummary) String() string {
 func (*ServiceSummary) ProtoMessage() {}
 
 func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[33]
+	mi := &file_rota_v1_rota_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2757,7 @@ func (x *ServiceSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSummary.ProtoReflect.Descriptor instead.
 func (*ServiceSummary) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{33}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ServiceSummary) GetName() string {
@@ -2496,7 +2797,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2809,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[34]
+	mi := &file_rota_v1_rota_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2822,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{34}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListInstancesRequest) GetService() string {
@@ -2541,7 +2842,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2854,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[35]
+	mi := &file_rota_v1_rota_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2867,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{35}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2592,7 +2893,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[36]
+	mi := &file_rota_v1_rota_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2905,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[36]
+	mi := &file_rota_v1_rota_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2918,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{36}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2644,7 +2945,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[37]
+	mi := &file_rota_v1_rota_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2957,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[37]
+	mi := &file_rota_v1_rota_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2970,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{37}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2760,7 +3061,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[38]
+	mi := &file_rota_v1_rota_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +3073,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[38]
+	mi := &file_rota_v1_rota_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +3086,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{38}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -2799,7 +3100,7 @@ var File_rota_v1_rota_proto protoreflect.FileDescriptor
 
 const file_rota_v1_rota_proto_rawDesc = "" +
 	"\n" +
-	"\x12rota/v1/rota.proto\x12\arota.v1\"\xb9\x03\n" +
+	"\x12rota/v1/rota.proto\x12\arota.v1\"\xd5\x03\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
@@ -2812,7 +3113,8 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x06status\x18\t \x01(\x0e2\x17.rota.v1.InstanceStatusR\x06status\x12B\n" +
 	"\x10announced_status\x18\n" +
 	" \x01(\x0e2\x17.rota.v1.InstanceStatusR\x0fannouncedStatus\x12\x16\n" +
-	"\x06health\x18\v \x01(\tR\x06health\x1a;\n" +
+	"\x06health\x18\v \x01(\tR\x06health\x12\x1a\n" +
+	"\boperator\x18\f \x01(\tR\boperator\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
@@ -2868,7 +3170,24 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\aignored\x18\x02 \x01(\rR\aignored\"9\n" +
 	"\tPickError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xac\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x8f\x01\n" +
+	"\x1aSetInstanceOverrideRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12/\n" +
+	"\x06action\x18\x03 \x01(\x0e2\x17.rota.v1.OverrideActionR\x06action\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\"\x9c\x01\n" +
+	"\x10InstanceOverride\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\tR\x06status\x12\x1b\n" +
+	"\x06weight\x18\x04 \x01(\rH\x00R\x06weight\x88\x01\x01\x12\x1e\n" +
+	"\n" +
+	"registered\x18\x05 \x01(\bR\n" +
+	"registeredB\t\n" +
+	"\a_weight\"\x1e\n" +
+	"\x1cListInstanceOverridesRequest\"X\n" +
+	"\x1dListInstanceOverridesResponse\x127\n" +
+	"\toverrides\x18\x01 \x03(\v2\x19.rota.v1.InstanceOverrideR\toverrides\"\xac\x01\n" +
 	"\vGrayRelease\x12 \n" +
 	"\vunversioned\x18\x01 \x01(\rR\vunversioned\x12>\n" +
 	"\bversions\x18\x02 \x03(\v2\".rota.v1.GrayRelease.VersionsEntryR\bversions\x1a;\n" +
@@ -2988,7 +3307,14 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x17CALL_RESULT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eCALL_RESULT_OK\x10\x01\x12\x1f\n" +
 	"\x1bCALL_RESULT_CONNECT_FAILURE\x10\x02\x12\x15\n" +
-	"\x11CALL_RESULT_ERROR\x10\x03*p\n" +
+	"\x11CALL_RESULT_ERROR\x10\x03*\xbc\x01\n" +
+	"\x0eOverrideAction\x12\x1f\n" +
+	"\x1bOVERRIDE_ACTION_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15OVERRIDE_ACTION_DRAIN\x10\x01\x12\x1b\n" +
+	"\x17OVERRIDE_ACTION_DISABLE\x10\x02\x12\x1a\n" +
+	"\x16OVERRIDE_ACTION_ENABLE\x10\x03\x12\x1a\n" +
+	"\x16OVERRIDE_ACTION_WEIGHT\x10\x04\x12\x19\n" +
+	"\x15OVERRIDE_ACTION_CLEAR\x10\x05*p\n" +
 	"\x11IsolationFallback\x12\"\n" +
 	"\x1eISOLATION_FALLBACK_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ISOLATION_FALLBACK_FAIL\x10\x01\x12\x1a\n" +
@@ -3003,12 +3329,14 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\n" +
 	"PickStream\x12\x14.rota.v1.PickRequest\x1a\x15.rota.v1.PickResponse(\x010\x01\x129\n" +
 	"\x06Report\x12\x16.rota.v1.ReportRequest\x1a\x17.rota.v1.ReportResponse\x126\n" +
-	"\x05Lease\x12\x15.rota.v1.LeaseRequest\x1a\x16.rota.v1.LeaseResponse2\x86\x02\n" +
+	"\x05Lease\x12\x15.rota.v1.LeaseRequest\x1a\x16.rota.v1.LeaseResponse2\xc5\x03\n" +
 	"\bPolicies\x127\n" +
 	"\tGetPolicy\x12\x19.rota.v1.GetPolicyRequest\x1a\x0f.rota.v1.Policy\x127\n" +
 	"\tSetPolicy\x12\x19.rota.v1.SetPolicyRequest\x1a\x0f.rota.v1.Policy\x12K\n" +
 	"\fListPolicies\x12\x1c.rota.v1.ListPoliciesRequest\x1a\x1d.rota.v1.ListPoliciesResponse\x12;\n" +
-	"\vResetPolicy\x12\x1b.rota.v1.ResetPolicyRequest\x1a\x0f.rota.v1.Policy2\xa3\x02\n" +
+	"\vResetPolicy\x12\x1b.rota.v1.ResetPolicyRequest\x1a\x0f.rota.v1.Policy\x12U\n" +
+	"\x13SetInstanceOverride\x12#.rota.v1.SetInstanceOverrideRequest\x1a\x19.rota.v1.InstanceOverride\x12f\n" +
+	"\x15ListInstanceOverrides\x12%.rota.v1.ListInstanceOverridesRequest\x1a&.rota.v1.ListInstanceOverridesResponse2\xa3\x02\n" +
 	"\bRegistry\x12C\n" +
 	"\bRegister\x12\x18.rota.v1.RegisterRequest\x1a\x19.rota.v1.RegisterResponse(\x010\x01\x12K\n" +
 	"\fListServices\x12\x1c.rota.v1.ListServicesRequest\x1a\x1d.rota.v1.ListServicesResponse\x12N\n" +
@@ -3029,127 +3357,138 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 	return file_rota_v1_rota_proto_rawDescData
 }
 
-var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_rota_v1_rota_proto_goTypes = []any{
-	(InstanceStatus)(0),           // 0: rota.v1.InstanceStatus
-	(CallResult)(0),               // 1: rota.v1.CallResult
-	(IsolationFallback)(0),        // 2: rota.v1.IsolationFallback
-	(PolicySource)(0),             // 3: rota.v1.PolicySource
-	(*Instance)(nil),              // 4: rota.v1.Instance
-	(*InstanceRef)(nil),           // 5: rota.v1.InstanceRef
-	(*LeaseRequest)(nil),          // 6: rota.v1.LeaseRequest
-	(*LeaseResponse)(nil),         // 7: rota.v1.LeaseResponse
-	(*LeasedPick)(nil),            // 8: rota.v1.LeasedPick
-	(*PickRequest)(nil),           // 9: rota.v1.PickRequest
-	(*PickResponse)(nil),          // 10: rota.v1.PickResponse
-	(*CallOutcome)(nil),           // 11: rota.v1.CallOutcome
-	(*ReportRequest)(nil),         // 12: rota.v1.ReportRequest
-	(*ReportResponse)(nil),        // 13: rota.v1.ReportResponse
-	(*PickError)(nil),             // 14: rota.v1.PickError
-	(*GrayRelease)(nil),           // 15: rota.v1.GrayRelease
-	(*Breaker)(nil),               // 16: rota.v1.Breaker
-	(*Ejection)(nil),              // 17: rota.v1.Ejection
-	(*Policy)(nil),                // 18: rota.v1.Policy
-	(*HealthCheck)(nil),           // 19: rota.v1.HealthCheck
-	(*GetPolicyRequest)(nil),      // 20: rota.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 21: rota.v1.SetPolicyRequest
-	(*ListPoliciesRequest)(nil),   // 22: rota.v1.ListPoliciesRequest
-	(*ResetPolicyRequest)(nil),    // 23: rota.v1.ResetPolicyRequest
-	(*ListPoliciesResponse)(nil),  // 24: rota.v1.ListPoliciesResponse
-	(*RegisterRequest)(nil),       // 25: rota.v1.RegisterRequest
-	(*Announce)(nil),              // 26: rota.v1.Announce
-	(*Heartbeat)(nil),             // 27: rota.v1.Heartbeat
-	(*Update)(nil),                // 28: rota.v1.Update
-	(*Metadata)(nil),              // 29: rota.v1.Metadata
-	(*Withdraw)(nil),              // 30: rota.v1.Withdraw
-	(*RegisterResponse)(nil),      // 31: rota.v1.RegisterResponse
-	(*Ack)(nil),                   // 32: rota.v1.Ack
-	(*Refusal)(nil),               // 33: rota.v1.Refusal
-	(*Closing)(nil),               // 34: rota.v1.Closing
-	(*ListServicesRequest)(nil),   // 35: rota.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 36: rota.v1.ListServicesResponse
-	(*ServiceSummary)(nil),        // 37: rota.v1.ServiceSummary
-	(*ListInstancesRequest)(nil),  // 38: rota.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil), // 39: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),          // 40: rota.v1.WatchRequest
-	(*WatchEvent)(nil),            // 41: rota.v1.WatchEvent
-	(*InstanceList)(nil),          // 42: rota.v1.InstanceList
-	nil,                           // 43: rota.v1.Instance.MetadataEntry
-	nil,                           // 44: rota.v1.GrayRelease.VersionsEntry
-	nil,                           // 45: rota.v1.Metadata.EntriesEntry
+	(InstanceStatus)(0),                   // 0: rota.v1.InstanceStatus
+	(CallResult)(0),                       // 1: rota.v1.CallResult
+	(OverrideAction)(0),                   // 2: rota.v1.OverrideAction
+	(IsolationFallback)(0),                // 3: rota.v1.IsolationFallback
+	(PolicySource)(0),                     // 4: rota.v1.PolicySource
+	(*Instance)(nil),                      // 5: rota.v1.Instance
+	(*InstanceRef)(nil),                   // 6: rota.v1.InstanceRef
+	(*LeaseRequest)(nil),                  // 7: rota.v1.LeaseRequest
+	(*LeaseResponse)(nil),                 // 8: rota.v1.LeaseResponse
+	(*LeasedPick)(nil),                    // 9: rota.v1.LeasedPick
+	(*PickRequest)(nil),                   // 10: rota.v1.PickRequest
+	(*PickResponse)(nil),                  // 11: rota.v1.PickResponse
+	(*CallOutcome)(nil),                   // 12: rota.v1.CallOutcome
+	(*ReportRequest)(nil),                 // 13: rota.v1.ReportRequest
+	(*ReportResponse)(nil),                // 14: rota.v1.ReportResponse
+	(*PickError)(nil),                     // 15: rota.v1.PickError
+	(*SetInstanceOverrideRequest)(nil),    // 16: rota.v1.SetInstanceOverrideRequest
+	(*InstanceOverride)(nil),              // 17: rota.v1.InstanceOverride
+	(*ListInstanceOverridesRequest)(nil),  // 18: rota.v1.ListInstanceOverridesRequest
+	(*ListInstanceOverridesResponse)(nil), // 19: rota.v1.ListInstanceOverridesResponse
+	(*GrayRelease)(nil),                   // 20: rota.v1.GrayRelease
+	(*Breaker)(nil),                       // 21: rota.v1.Breaker
+	(*Ejection)(nil),                      // 22: rota.v1.Ejection
+	(*Policy)(nil),                        // 23: rota.v1.Policy
+	(*HealthCheck)(nil),                   // 24: rota.v1.HealthCheck
+	(*GetPolicyRequest)(nil),              // 25: rota.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),              // 26: rota.v1.SetPolicyRequest
+	(*ListPoliciesRequest)(nil),           // 27: rota.v1.ListPoliciesRequest
+	(*ResetPolicyRequest)(nil),            // 28: rota.v1.ResetPolicyRequest
+	(*ListPoliciesResponse)(nil),          // 29: rota.v1.ListPoliciesResponse
+	(*RegisterRequest)(nil),               // 30: rota.v1.RegisterRequest
+	(*Announce)(nil),                      // 31: rota.v1.Announce
+	(*Heartbeat)(nil),                     // 32: rota.v1.Heartbeat
+	(*Update)(nil),                        // 33: rota.v1.Update
+	(*Metadata)(nil),                      // 34: rota.v1.Metadata
+	(*Withdraw)(nil),                      // 35: rota.v1.Withdraw
+	(*RegisterResponse)(nil),              // 36: rota.v1.RegisterResponse
+	(*Ack)(nil),                           // 37: rota.v1.Ack
+	(*Refusal)(nil),                       // 38: rota.v1.Refusal
+	(*Closing)(nil),                       // 39: rota.v1.Closing
+	(*ListServicesRequest)(nil),           // 40: rota.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),          // 41: rota.v1.ListServicesResponse
+	(*ServiceSummary)(nil),                // 42: rota.v1.ServiceSummary
+	(*ListInstancesRequest)(nil),          // 43: rota.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),         // 44: rota.v1.ListInstancesResponse
+	(*WatchRequest)(nil),                  // 45: rota.v1.WatchRequest
+	(*WatchEvent)(nil),                    // 46: rota.v1.WatchEvent
+	(*InstanceList)(nil),                  // 47: rota.v1.InstanceList
+	nil,                                   // 48: rota.v1.Instance.MetadataEntry
+	nil,                                   // 49: rota.v1.GrayRelease.VersionsEntry
+	nil,                                   // 50: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	43, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	48, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
 	0,  // 2: rota.v1.Instance.announced_status:type_name -> rota.v1.InstanceStatus
-	4,  // 3: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
-	8,  // 4: rota.v1.LeaseResponse.picks:type_name -> rota.v1.LeasedPick
-	4,  // 5: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
-	14, // 6: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
+	5,  // 3: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
+	9,  // 4: rota.v1.LeaseResponse.picks:type_name -> rota.v1.LeasedPick
+	5,  // 5: rota.v1.PickResponse.instance:type_name -> rota.v1.Instance
+	15, // 6: rota.v1.PickResponse.error:type_name -> rota.v1.PickError
 	1,  // 7: rota.v1.CallOutcome.result:type_name -> rota.v1.CallResult
-	11, // 8: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
-	44, // 9: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
-	2,  // 10: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
-	15, // 11: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
-	16, // 12: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
-	3,  // 13: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
-	17, // 14: rota.v1.Policy.ejection:type_name -> rota.v1.Ejection
-	19, // 15: rota.v1.Policy.health_check:type_name -> rota.v1.HealthCheck
-	18, // 16: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
-	18, // 17: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
-	18, // 18: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
-	26, // 19: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
-	27, // 20: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
-	28, // 21: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
-	30, // 22: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
-	4,  // 23: rota.v1.Announce.instances:type_name -> rota.v1.Instance
-	5,  // 24: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
-	0,  // 25: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
-	29, // 26: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	45, // 27: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
-	5,  // 28: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
-	32, // 29: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
-	34, // 30: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
-	5,  // 31: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
-	33, // 32: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
-	5,  // 33: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
-	37, // 34: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
-	4,  // 35: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	42, // 36: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	4,  // 37: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	4,  // 38: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	5,  // 39: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	4,  // 40: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	9,  // 41: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	9,  // 42: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	12, // 43: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	6,  // 44: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
-	20, // 45: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	21, // 46: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	22, // 47: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	23, // 48: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
-	25, // 49: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	35, // 50: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	38, // 51: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	40, // 52: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	10, // 53: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	10, // 54: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	13, // 55: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	7,  // 56: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
-	18, // 57: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	18, // 58: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	24, // 59: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	18, // 60: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
-	31, // 61: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	36, // 62: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	39, // 63: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	41, // 64: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	53, // [53:65] is the sub-list for method output_type
-	41, // [41:53] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	12, // 8: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
+	2,  // 9: rota.v1.SetInstanceOverrideRequest.action:type_name -> rota.v1.OverrideAction
+	17, // 10: rota.v1.ListInstanceOverridesResponse.overrides:type_name -> rota.v1.InstanceOverride
+	49, // 11: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	3,  // 12: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
+	20, // 13: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
+	21, // 14: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
+	4,  // 15: rota.v1.Policy.source:type_name -> rota.v1.PolicySource
+	22, // 16: rota.v1.Policy.ejection:type_name -> rota.v1.Ejection
+	24, // 17: rota.v1.Policy.health_check:type_name -> rota.v1.HealthCheck
+	23, // 18: rota.v1.SetPolicyRequest.policy:type_name -> rota.v1.Policy
+	23, // 19: rota.v1.ListPoliciesResponse.defaults:type_name -> rota.v1.Policy
+	23, // 20: rota.v1.ListPoliciesResponse.services:type_name -> rota.v1.Policy
+	31, // 21: rota.v1.RegisterRequest.announce:type_name -> rota.v1.Announce
+	32, // 22: rota.v1.RegisterRequest.heartbeat:type_name -> rota.v1.Heartbeat
+	33, // 23: rota.v1.RegisterRequest.update:type_name -> rota.v1.Update
+	35, // 24: rota.v1.RegisterRequest.withdraw:type_name -> rota.v1.Withdraw
+	5,  // 25: rota.v1.Announce.instances:type_name -> rota.v1.Instance
+	6,  // 26: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
+	0,  // 27: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
+	34, // 28: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
+	50, // 29: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	6,  // 30: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
+	37, // 31: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
+	39, // 32: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
+	6,  // 33: rota.v1.Ack.accepted:type_name -> rota.v1.InstanceRef
+	38, // 34: rota.v1.Ack.refused:type_name -> rota.v1.Refusal
+	6,  // 35: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
+	42, // 36: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
+	5,  // 37: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
+	47, // 38: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	5,  // 39: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	5,  // 40: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	6,  // 41: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	5,  // 42: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	10, // 43: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	10, // 44: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	13, // 45: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	7,  // 46: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	25, // 47: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	26, // 48: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	27, // 49: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	28, // 50: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
+	16, // 51: rota.v1.Policies.SetInstanceOverride:input_type -> rota.v1.SetInstanceOverrideRequest
+	18, // 52: rota.v1.Policies.ListInstanceOverrides:input_type -> rota.v1.ListInstanceOverridesRequest
+	30, // 53: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	40, // 54: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	43, // 55: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	45, // 56: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	11, // 57: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	11, // 58: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	14, // 59: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	8,  // 60: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	23, // 61: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	23, // 62: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	29, // 63: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	23, // 64: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
+	17, // 65: rota.v1.Policies.SetInstanceOverride:output_type -> rota.v1.InstanceOverride
+	19, // 66: rota.v1.Policies.ListInstanceOverrides:output_type -> rota.v1.ListInstanceOverridesResponse
+	36, // 67: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	41, // 68: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	44, // 69: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	46, // 70: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	57, // [57:71] is the sub-list for method output_type
+	43, // [43:57] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -3158,18 +3497,19 @@ func file_rota_v1_rota_proto_init() {
 		return
 	}
 	file_rota_v1_rota_proto_msgTypes[0].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[21].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[12].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[25].OneofWrappers = []any{
 		(*RegisterRequest_Announce)(nil),
 		(*RegisterRequest_Heartbeat)(nil),
 		(*RegisterRequest_Update)(nil),
 		(*RegisterRequest_Withdraw)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[24].OneofWrappers = []any{}
-	file_rota_v1_rota_proto_msgTypes[27].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[28].OneofWrappers = []any{}
+	file_rota_v1_rota_proto_msgTypes[31].OneofWrappers = []any{
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[37].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[41].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -3180,8 +3520,8 @@ func file_rota_v1_rota_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   42,
+			NumEnums:      5,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

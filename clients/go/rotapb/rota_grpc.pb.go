@@ -258,10 +258,12 @@ var Balancer_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Policies_GetPolicy_FullMethodName    = "/rota.v1.Policies/GetPolicy"
-	Policies_SetPolicy_FullMethodName    = "/rota.v1.Policies/SetPolicy"
-	Policies_ListPolicies_FullMethodName = "/rota.v1.Policies/ListPolicies"
-	Policies_ResetPolicy_FullMethodName  = "/rota.v1.Policies/ResetPolicy"
+	Policies_GetPolicy_FullMethodName             = "/rota.v1.Policies/GetPolicy"
+	Policies_SetPolicy_FullMethodName             = "/rota.v1.Policies/SetPolicy"
+	Policies_ListPolicies_FullMethodName          = "/rota.v1.Policies/ListPolicies"
+	Policies_ResetPolicy_FullMethodName           = "/rota.v1.Policies/ResetPolicy"
+	Policies_SetInstanceOverride_FullMethodName   = "/rota.v1.Policies/SetInstanceOverride"
+	Policies_ListInstanceOverrides_FullMethodName = "/rota.v1.Policies/ListInstanceOverrides"
 )
 
 // PoliciesClient is the client API for Policies service.
@@ -289,6 +291,13 @@ type PoliciesClient interface {
 	// the service, else the defaults). A service without a runtime override is NOT_FOUND and
 	// nothing changes; an invalid service name is INVALID_ARGUMENT.
 	ResetPolicy(ctx context.Context, in *ResetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
+	// Drains, disables, enables or re-weights one instance over what its provider or source
+	// says (`rota instance`). The override is kept until cleared, whether the instance is
+	// registered or not, and applies to every pick answered after this returns. An invalid
+	// service or empty id is INVALID_ARGUMENT; enabling or clearing an instance without such an
+	// override is NOT_FOUND; a new override beyond 10,000 is RESOURCE_EXHAUSTED.
+	SetInstanceOverride(ctx context.Context, in *SetInstanceOverrideRequest, opts ...grpc.CallOption) (*InstanceOverride, error)
+	ListInstanceOverrides(ctx context.Context, in *ListInstanceOverridesRequest, opts ...grpc.CallOption) (*ListInstanceOverridesResponse, error)
 }
 
 type policiesClient struct {
@@ -339,6 +348,26 @@ func (c *policiesClient) ResetPolicy(ctx context.Context, in *ResetPolicyRequest
 	return out, nil
 }
 
+func (c *policiesClient) SetInstanceOverride(ctx context.Context, in *SetInstanceOverrideRequest, opts ...grpc.CallOption) (*InstanceOverride, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstanceOverride)
+	err := c.cc.Invoke(ctx, Policies_SetInstanceOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *policiesClient) ListInstanceOverrides(ctx context.Context, in *ListInstanceOverridesRequest, opts ...grpc.CallOption) (*ListInstanceOverridesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListInstanceOverridesResponse)
+	err := c.cc.Invoke(ctx, Policies_ListInstanceOverrides_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoliciesServer is the server API for Policies service.
 // All implementations must embed UnimplementedPoliciesServer
 // for forward compatibility.
@@ -364,6 +393,13 @@ type PoliciesServer interface {
 	// the service, else the defaults). A service without a runtime override is NOT_FOUND and
 	// nothing changes; an invalid service name is INVALID_ARGUMENT.
 	ResetPolicy(context.Context, *ResetPolicyRequest) (*Policy, error)
+	// Drains, disables, enables or re-weights one instance over what its provider or source
+	// says (`rota instance`). The override is kept until cleared, whether the instance is
+	// registered or not, and applies to every pick answered after this returns. An invalid
+	// service or empty id is INVALID_ARGUMENT; enabling or clearing an instance without such an
+	// override is NOT_FOUND; a new override beyond 10,000 is RESOURCE_EXHAUSTED.
+	SetInstanceOverride(context.Context, *SetInstanceOverrideRequest) (*InstanceOverride, error)
+	ListInstanceOverrides(context.Context, *ListInstanceOverridesRequest) (*ListInstanceOverridesResponse, error)
 	mustEmbedUnimplementedPoliciesServer()
 }
 
@@ -385,6 +421,12 @@ func (UnimplementedPoliciesServer) ListPolicies(context.Context, *ListPoliciesRe
 }
 func (UnimplementedPoliciesServer) ResetPolicy(context.Context, *ResetPolicyRequest) (*Policy, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResetPolicy not implemented")
+}
+func (UnimplementedPoliciesServer) SetInstanceOverride(context.Context, *SetInstanceOverrideRequest) (*InstanceOverride, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetInstanceOverride not implemented")
+}
+func (UnimplementedPoliciesServer) ListInstanceOverrides(context.Context, *ListInstanceOverridesRequest) (*ListInstanceOverridesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListInstanceOverrides not implemented")
 }
 func (UnimplementedPoliciesServer) mustEmbedUnimplementedPoliciesServer() {}
 func (UnimplementedPoliciesServer) testEmbeddedByValue()                  {}
@@ -479,6 +521,42 @@ func _Policies_ResetPolicy_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Policies_SetInstanceOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetInstanceOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoliciesServer).SetInstanceOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Policies_SetInstanceOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoliciesServer).SetInstanceOverride(ctx, req.(*SetInstanceOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Policies_ListInstanceOverrides_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListInstanceOverridesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoliciesServer).ListInstanceOverrides(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Policies_ListInstanceOverrides_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoliciesServer).ListInstanceOverrides(ctx, req.(*ListInstanceOverridesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Policies_ServiceDesc is the grpc.ServiceDesc for Policies service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -501,6 +579,14 @@ var Policies_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResetPolicy",
 			Handler:    _Policies_ResetPolicy_Handler,
+		},
+		{
+			MethodName: "SetInstanceOverride",
+			Handler:    _Policies_SetInstanceOverride_Handler,
+		},
+		{
+			MethodName: "ListInstanceOverrides",
+			Handler:    _Policies_ListInstanceOverrides_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

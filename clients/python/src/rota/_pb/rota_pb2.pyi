@@ -21,6 +21,15 @@ class CallResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_RESULT_CONNECT_FAILURE: _ClassVar[CallResult]
     CALL_RESULT_ERROR: _ClassVar[CallResult]
 
+class OverrideAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OVERRIDE_ACTION_UNSPECIFIED: _ClassVar[OverrideAction]
+    OVERRIDE_ACTION_DRAIN: _ClassVar[OverrideAction]
+    OVERRIDE_ACTION_DISABLE: _ClassVar[OverrideAction]
+    OVERRIDE_ACTION_ENABLE: _ClassVar[OverrideAction]
+    OVERRIDE_ACTION_WEIGHT: _ClassVar[OverrideAction]
+    OVERRIDE_ACTION_CLEAR: _ClassVar[OverrideAction]
+
 class IsolationFallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ISOLATION_FALLBACK_UNSPECIFIED: _ClassVar[IsolationFallback]
@@ -41,6 +50,12 @@ CALL_RESULT_UNSPECIFIED: CallResult
 CALL_RESULT_OK: CallResult
 CALL_RESULT_CONNECT_FAILURE: CallResult
 CALL_RESULT_ERROR: CallResult
+OVERRIDE_ACTION_UNSPECIFIED: OverrideAction
+OVERRIDE_ACTION_DRAIN: OverrideAction
+OVERRIDE_ACTION_DISABLE: OverrideAction
+OVERRIDE_ACTION_ENABLE: OverrideAction
+OVERRIDE_ACTION_WEIGHT: OverrideAction
+OVERRIDE_ACTION_CLEAR: OverrideAction
 ISOLATION_FALLBACK_UNSPECIFIED: IsolationFallback
 ISOLATION_FALLBACK_FAIL: IsolationFallback
 ISOLATION_FALLBACK_ANY: IsolationFallback
@@ -50,7 +65,7 @@ POLICY_SOURCE_FILE: PolicySource
 POLICY_SOURCE_RUNTIME: PolicySource
 
 class Instance(_message.Message):
-    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status", "announced_status", "health")
+    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status", "announced_status", "health", "operator")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +84,7 @@ class Instance(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ANNOUNCED_STATUS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
     id: str
     service: str
     host: str
@@ -80,7 +96,8 @@ class Instance(_message.Message):
     status: InstanceStatus
     announced_status: InstanceStatus
     health: str
-    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ..., announced_status: _Optional[_Union[InstanceStatus, str]] = ..., health: _Optional[str] = ...) -> None: ...
+    operator: str
+    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ..., announced_status: _Optional[_Union[InstanceStatus, str]] = ..., health: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class InstanceRef(_message.Message):
     __slots__ = ("service", "id")
@@ -199,6 +216,42 @@ class PickError(_message.Message):
     code: int
     message: str
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SetInstanceOverrideRequest(_message.Message):
+    __slots__ = ("service", "id", "action", "weight")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    id: str
+    action: OverrideAction
+    weight: int
+    def __init__(self, service: _Optional[str] = ..., id: _Optional[str] = ..., action: _Optional[_Union[OverrideAction, str]] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class InstanceOverride(_message.Message):
+    __slots__ = ("service", "id", "status", "weight", "registered")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    id: str
+    status: str
+    weight: int
+    registered: bool
+    def __init__(self, service: _Optional[str] = ..., id: _Optional[str] = ..., status: _Optional[str] = ..., weight: _Optional[int] = ..., registered: _Optional[bool] = ...) -> None: ...
+
+class ListInstanceOverridesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListInstanceOverridesResponse(_message.Message):
+    __slots__ = ("overrides",)
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    overrides: _containers.RepeatedCompositeFieldContainer[InstanceOverride]
+    def __init__(self, overrides: _Optional[_Iterable[_Union[InstanceOverride, _Mapping]]] = ...) -> None: ...
 
 class GrayRelease(_message.Message):
     __slots__ = ("unversioned", "versions")

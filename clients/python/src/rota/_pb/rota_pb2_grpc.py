@@ -290,6 +290,16 @@ class PoliciesStub:
                 request_serializer=rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.SerializeToString,
                 response_deserializer=rota_dot_v1_dot_rota__pb2.Policy.FromString,
                 _registered_method=True)
+        self.SetInstanceOverride = channel.unary_unary(
+                '/rota.v1.Policies/SetInstanceOverride',
+                request_serializer=rota_dot_v1_dot_rota__pb2.SetInstanceOverrideRequest.SerializeToString,
+                response_deserializer=rota_dot_v1_dot_rota__pb2.InstanceOverride.FromString,
+                _registered_method=True)
+        self.ListInstanceOverrides = channel.unary_unary(
+                '/rota.v1.Policies/ListInstanceOverrides',
+                request_serializer=rota_dot_v1_dot_rota__pb2.ListInstanceOverridesRequest.SerializeToString,
+                response_deserializer=rota_dot_v1_dot_rota__pb2.ListInstanceOverridesResponse.FromString,
+                _registered_method=True)
 
 
 class PoliciesServicer:
@@ -339,6 +349,23 @@ class PoliciesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetInstanceOverride(self, request, context):
+        """Drains, disables, enables or re-weights one instance over what its provider or source
+        says (`rota instance`). The override is kept until cleared, whether the instance is
+        registered or not, and applies to every pick answered after this returns. An invalid
+        service or empty id is INVALID_ARGUMENT; enabling or clearing an instance without such an
+        override is NOT_FOUND; a new override beyond 10,000 is RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListInstanceOverrides(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoliciesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -361,6 +388,16 @@ def add_PoliciesServicer_to_server(servicer, server):
                     servicer.ResetPolicy,
                     request_deserializer=rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.FromString,
                     response_serializer=rota_dot_v1_dot_rota__pb2.Policy.SerializeToString,
+            ),
+            'SetInstanceOverride': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetInstanceOverride,
+                    request_deserializer=rota_dot_v1_dot_rota__pb2.SetInstanceOverrideRequest.FromString,
+                    response_serializer=rota_dot_v1_dot_rota__pb2.InstanceOverride.SerializeToString,
+            ),
+            'ListInstanceOverrides': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInstanceOverrides,
+                    request_deserializer=rota_dot_v1_dot_rota__pb2.ListInstanceOverridesRequest.FromString,
+                    response_serializer=rota_dot_v1_dot_rota__pb2.ListInstanceOverridesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +520,60 @@ class Policies:
             '/rota.v1.Policies/ResetPolicy',
             rota_dot_v1_dot_rota__pb2.ResetPolicyRequest.SerializeToString,
             rota_dot_v1_dot_rota__pb2.Policy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetInstanceOverride(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rota.v1.Policies/SetInstanceOverride',
+            rota_dot_v1_dot_rota__pb2.SetInstanceOverrideRequest.SerializeToString,
+            rota_dot_v1_dot_rota__pb2.InstanceOverride.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInstanceOverrides(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rota.v1.Policies/ListInstanceOverrides',
+            rota_dot_v1_dot_rota__pb2.ListInstanceOverridesRequest.SerializeToString,
+            rota_dot_v1_dot_rota__pb2.ListInstanceOverridesResponse.FromString,
             options,
             channel_credentials,
             insecure,

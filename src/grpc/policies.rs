@@ -156,11 +156,7 @@ impl pb::policies_server::Policies for PoliciesService {
         if request.id.is_empty() {
             return Err(InvalidField::new("id", "must not be empty").into());
         }
-        if request.id.len() > crate::registry::MAX_NAME_LEN {
-            return Err(
-                InvalidField::new("id", format!("is longer than {} bytes", crate::registry::MAX_NAME_LEN)).into()
-            );
-        }
+        crate::registry::validate_optional_name("id", &request.id)?;
         let change = match pb::OverrideAction::try_from(request.action) {
             Ok(pb::OverrideAction::Drain) => OverrideChange::Drain,
             Ok(pb::OverrideAction::Disable) => OverrideChange::Disable,

@@ -56,6 +56,10 @@ pub(crate) enum Command {
         change: super::layers::OverrideChange,
         reply: oneshot::Sender<Result<(super::layers::Override, bool), super::layers::OverrideRefused>>,
     },
+    /// Replaces every operator override (the replicas' shared layer); not told to the feed.
+    ReplaceOverrides {
+        all: super::layers::OverrideList,
+    },
     /// Every operator override.
     ListOverrides {
         reply: oneshot::Sender<super::layers::OverrideList>,

@@ -81,8 +81,10 @@ pub(crate) struct Index {
     published_names: broadcast::Sender<Arc<[Arc<str>]>>,
     /// Told of each publication before its acknowledgements go out.
     hooks: super::Hooks,
-    /// What rota lays over announced instances (health verdicts).
+    /// What rota lays over announced instances (operator overrides, health verdicts).
     layers: super::layers::Layers,
+    /// Told of each operator override changed here (the replicas share them).
+    override_feed: super::OverrideFeed,
 }
 
 impl Index {
@@ -92,6 +94,7 @@ impl Index {
         generation: watch::Sender<u64>,
         published_names: broadcast::Sender<Arc<[Arc<str>]>>,
         hooks: super::Hooks,
+        override_feed: super::OverrideFeed,
     ) -> Self {
         Self {
             config,
@@ -110,6 +113,7 @@ impl Index {
             published_names,
             hooks,
             layers: Default::default(),
+            override_feed,
         }
     }
 
@@ -188,6 +192,13 @@ impl Index {
                 self.publish();
                 let _ = reply.send(answer);
             }
+            Command::ReplaceOverrides { all } => {
+                for service in self.layers.replace_overrides(all) {
+                    if self.services.contains_key(&service) {
+                        self.dirty.insert(service);
+                    }
+                }
+            }
             Command::ListOverrides { reply } => {
                 let _ = reply.send(self.layers.overrides());
             }
@@ -220,6 +231,11 @@ impl Index {
         let after = before.changed(change);
         self.layers.set_override(service, id, after).ok_or(OverrideRefused::TooMany)?;
         let registered = self.services.get(service).is_some_and(|s| s.instances.contains_key(id));
+        if after != before
+            && let Some(feed) = self.override_feed.get()
+        {
+            let _ = feed.send((service.clone(), id.clone(), after));
+        }
         if registered && after != before {
             info!(%service, %id, operator = %after.describe(), "operator override");
             self.dirty.insert(service.clone());
@@ -564,6 +580,7 @@ mod tests {
             Arc::default(),
             generation,
             broadcast::channel(1).0,
+            Default::default(),
             Default::default(),
         );
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -41,6 +41,19 @@ impl Override {
         self.status.is_none() && self.weight.is_none()
     }
 
+    /// Reads what [`Override::describe`] wrote.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut value = Override::default();
+        for part in text.split(',').filter(|p| !p.is_empty()) {
+            match part {
+                "drain" => value.status = Some(OperatorStatus::Drain),
+                "disable" => value.status = Some(OperatorStatus::Disable),
+                _ => value.weight = Some(part.strip_prefix("weight=")?.parse().ok()?),
+            }
+        }
+        Some(value)
+    }
+
     /// `drain`, `disable`, `weight=N`, joined by `,`; empty when nothing is set.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
@@ -142,6 +155,27 @@ impl Layers {
             self.operator.remove(service);
         }
         Some(())
+    }
+
+    /// Replaces every override with `all` (the replicas' shared layer); returns the services
+    /// whose overrides changed. Past [`MAX_OVERRIDES`], the rest are left out.
+    pub(crate) fn replace_overrides(&mut self, all: OverrideList) -> Vec<Arc<str>> {
+        let before = std::mem::take(&mut self.operator);
+        self.overrides = 0;
+        for (service, id, value) in all {
+            if !value.is_empty() && self.set_override(&service, &id, value).is_none() {
+                tracing::warn!(%service, %id, "shared instance override left out: over the limit");
+            }
+        }
+        let mut changed: Vec<Arc<str>> = before
+            .keys()
+            .chain(self.operator.keys())
+            .filter(|s| before.get(*s) != self.operator.get(*s))
+            .cloned()
+            .collect();
+        changed.sort();
+        changed.dedup();
+        changed
     }
 
     pub(crate) fn operator(&self, service: &str, id: &str) -> Override {

@@ -15,7 +15,7 @@ mod lease;
 mod snapshot;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
@@ -94,7 +94,12 @@ struct Shared {
     hooks: Hooks,
     claims: lease::ClaimsSlot,
     reserved: ReservedPrefixes,
+    override_feed: OverrideFeed,
 }
+
+/// Where the registry tells of the operator overrides changed on this replica, once the
+/// replicas share them: (service, id, the override now; empty when cleared).
+pub(crate) type OverrideFeed = Arc<OnceLock<mpsc::UnboundedSender<(Arc<str>, Arc<str>, Override)>>>;
 
 /// Work that must see a publication before the registry acknowledges the changes in it, such
 /// as the balancer's pick views: a provider holding its ack relies on every later pick seeing
@@ -138,7 +143,10 @@ impl Registry {
         let (generation_tx, generation) = watch::channel(0);
         let (published, _) = broadcast::channel(PUBLISHED_BACKLOG);
         let hooks = Hooks::default();
-        tokio::spawn(Index::new(config, catalog.clone(), generation_tx, published.clone(), hooks.clone()).run(rx));
+        let override_feed = OverrideFeed::default();
+        let index =
+            Index::new(config, catalog.clone(), generation_tx, published.clone(), hooks.clone(), override_feed.clone());
+        tokio::spawn(index.run(rx));
         let open_leases = Arc::default();
         Self {
             shared: Arc::new(Shared {
@@ -152,6 +160,7 @@ impl Registry {
                 hooks,
                 claims: Arc::default(),
                 reserved: Arc::default(),
+                override_feed,
             }),
         }
     }
@@ -264,6 +273,20 @@ impl Registry {
         let command = Command::ChangeOverride { service: service.into(), id: id.into(), change, reply };
         self.shared.tx.send(command).map_err(|_| RegistryClosed)?;
         answer.await.map_err(|_| RegistryClosed)
+    }
+
+    /// From now on, tells the returned receiver of every operator override changed here (the
+    /// replicas share them). `None` when something follows them already.
+    pub fn follow_override_changes(&self) -> Option<mpsc::UnboundedReceiver<(Arc<str>, Arc<str>, Override)>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared.override_feed.set(tx).ok()?;
+        Some(rx)
+    }
+
+    /// Replaces every operator override with `all` (what the replicas share), at most
+    /// [`MAX_OVERRIDES`]; not told to the follower of changes.
+    pub fn replace_overrides(&self, all: OverrideList) {
+        let _ = self.shared.tx.send(Command::ReplaceOverrides { all });
     }
 
     /// Every operator override, by service then id.

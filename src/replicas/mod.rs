@@ -9,14 +9,18 @@
 //! - [`claims`]: one owner per instance id fleet-wide, claimed when a stream announces it;
 //! - [`loads`]: each replica's picks in flight, failures, breakers and latencies, merged into
 //!   every other replica's statistics;
-//! - [`policies`]: runtime policy overrides (`SetPolicy`, `ResetPolicy`) made on any replica.
+//! - [`policies`]: runtime policy overrides (`SetPolicy`, `ResetPolicy`) made on any replica;
+//! - [`overrides`]: operators' instance overrides (`rota instance`) made on any replica;
+//!   both through [`stamped`], a layer every replica may change.
 //!
 //! Each replica names itself with a random id at start; the failure behaviour of each piece is
 //! described in its module and in `docs/deploy.md`.
 
 pub mod claims;
 pub mod loads;
+pub mod overrides;
 pub mod policies;
+pub mod stamped;
 pub mod table;
 
 use std::sync::Arc;
@@ -49,5 +53,6 @@ pub fn spawn(
         LoadSharing::spawn(stats.clone(), link.clone(), replica),
     ];
     tasks.extend(PolicySharing::spawn(policies.clone(), link.clone()));
+    tasks.extend(overrides::OverrideSharing::spawn(registry.clone(), link.clone()));
     tasks
 }

@@ -76,6 +76,7 @@ async fn an_override_outlives_a_restart_of_its_instance_and_bad_requests_change_
     let cases = [
         (action("bad name", "x", pb::OverrideAction::Drain, 0), tonic::Code::InvalidArgument, "service"),
         (action("orders", "", pb::OverrideAction::Drain, 0), tonic::Code::InvalidArgument, "id"),
+        (action("orders", "a/b", pb::OverrideAction::Drain, 0), tonic::Code::InvalidArgument, "id"),
         (action("orders", "x", pb::OverrideAction::Unspecified, 0), tonic::Code::InvalidArgument, "action"),
         (
             pb::SetInstanceOverrideRequest { action: 99, ..action("orders", "x", pb::OverrideAction::Drain, 0) },
@@ -112,4 +113,61 @@ fn the_cli_drains_and_lists() {
     let nothing = run(&["instance", "enable", "orders", "b"]);
     assert_eq!(nothing.status.code(), Some(1), "{}", String::from_utf8_lossy(&nothing.stderr));
     assert!(String::from_utf8_lossy(&nothing.stderr).contains("NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn an_override_set_through_one_replica_applies_on_the_other_and_so_does_its_clearing() {
+    let redis = crate::redis_server::RedisServer::start().await;
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let state = rota::state::StateConfig::parse(&redis.url(), 1, std::time::Duration::from_secs(5)).unwrap();
+        replicas.push(TestServer::start_with(|c| c.state = state).await);
+    }
+    let _held = replicas[0].register(vec![instance("orders", "a", 1), instance("orders", "b", 2)]).await;
+    let wait = |replica: usize, status: pb::InstanceStatus, operator: &'static str| {
+        let server = &replicas[replica];
+        async move {
+            let mut last = None;
+            let waited = tokio::time::timeout(crate::harness::PATIENCE, async {
+                loop {
+                    let list =
+                        server.client().await.list_instances("orders").await.map(|l| l.instances).unwrap_or_default();
+                    let b = list.into_iter().find(|i| i.id == "b");
+                    if b.as_ref().is_some_and(|b| b.status == status as i32 && b.operator == operator) {
+                        return;
+                    }
+                    last = b;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            assert!(waited.is_ok(), "replica {replica}: b stayed {last:?}");
+        }
+    };
+    wait(1, pb::InstanceStatus::Up, "").await;
+    let mut admin = replicas[0].client().await;
+    admin.set_instance_override(action("orders", "b", pb::OverrideAction::Drain, 0)).await.unwrap();
+    wait(1, pb::InstanceStatus::Draining, "drain").await;
+    assert_eq!(picked(&replicas[1], "orders", "round_robin", 6).await, ["a".to_owned()].into());
+    // Cleared through the other replica: both see it gone.
+    let mut other = replicas[1].client().await;
+    other.set_instance_override(action("orders", "b", pb::OverrideAction::Clear, 0)).await.unwrap();
+    wait(0, pb::InstanceStatus::Up, "").await;
+    wait(1, pb::InstanceStatus::Up, "").await;
+    // Set while the first replica restarts its view of Redis: a new replica reads it at start.
+    other.set_instance_override(action("orders", "b", pb::OverrideAction::Disable, 0)).await.unwrap();
+    let state = rota::state::StateConfig::parse(&redis.url(), 1, std::time::Duration::from_secs(5)).unwrap();
+    let late = TestServer::start_with(|c| c.state = state).await;
+    let overrides = tokio::time::timeout(crate::harness::PATIENCE, async {
+        loop {
+            let all = late.client().await.list_instance_overrides().await.unwrap();
+            if !all.is_empty() {
+                return all;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the late replica reads the shared overrides");
+    assert_eq!((overrides[0].id.as_str(), overrides[0].status.as_str()), ("b", "disable"));
 }

@@ -25,6 +25,10 @@ pub const POLICIES: &str = "rota:{~fleet}:policies";
 pub const GENERATION: &str = "rota:{~fleet}:generation";
 /// Raised on every change of [`POLICIES`].
 pub const POLICIES_VERSION: &str = "rota:{~fleet}:policies:version";
+/// The operators' instance overrides: field `SERVICE/ID`, value the stamped override.
+pub const OVERRIDES: &str = "rota:{~fleet}:overrides";
+/// Raised on every change of [`OVERRIDES`].
+pub const OVERRIDES_VERSION: &str = "rota:{~fleet}:overrides:version";
 
 /// A rotation counter.
 pub fn counter(key: &CounterKey) -> String {

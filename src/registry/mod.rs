@@ -99,7 +99,11 @@ struct Shared {
 
 /// Where the registry tells of the operator overrides changed on this replica, once the
 /// replicas share them: (service, id, the override now; empty when cleared).
-pub(crate) type OverrideFeed = Arc<OnceLock<mpsc::UnboundedSender<(Arc<str>, Arc<str>, Override)>>>;
+pub(crate) type OverrideFeed = Arc<OnceLock<mpsc::UnboundedSender<OverrideChanged>>>;
+
+/// One operator override changed on this replica: (service, id, the override now; empty when
+/// cleared).
+pub type OverrideChanged = (Arc<str>, Arc<str>, Override);
 
 /// Work that must see a publication before the registry acknowledges the changes in it, such
 /// as the balancer's pick views: a provider holding its ack relies on every later pick seeing
@@ -277,7 +281,7 @@ impl Registry {
 
     /// From now on, tells the returned receiver of every operator override changed here (the
     /// replicas share them). `None` when something follows them already.
-    pub fn follow_override_changes(&self) -> Option<mpsc::UnboundedReceiver<(Arc<str>, Arc<str>, Override)>> {
+    pub fn follow_override_changes(&self) -> Option<mpsc::UnboundedReceiver<OverrideChanged>> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.shared.override_feed.set(tx).ok()?;
         Some(rx)

@@ -45,15 +45,32 @@ pub async fn watch(args: WatchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// One instance: its fields, then why rota publishes another status or weight than was
+/// announced (`announced UP`, `operator drain`, `health failing: …`), when it does.
 fn instance_row(instance: &pb::Instance) -> String {
-    let status = pb::InstanceStatus::try_from(instance.status).map_or("?", |s| s.as_str_name());
-    format!(
+    let name = |status: i32| pb::InstanceStatus::try_from(status).map_or("?", |s| s.as_str_name());
+    let mut row = format!(
         "{:<24} {:<24} {:<10} {:<10} {:<8} {:>6}",
         instance.id,
         format!("{}:{}", instance.host, instance.port),
         if instance.version.is_empty() { "-" } else { &instance.version },
         if instance.zone.is_empty() { "-" } else { &instance.zone },
-        status,
+        name(instance.status),
         instance.weight.unwrap_or(crate::registry::DEFAULT_WEIGHT),
-    )
+    );
+    let mut why = Vec::new();
+    if instance.announced_status != pb::InstanceStatus::Unspecified as i32 {
+        why.push(format!("announced {}", name(instance.announced_status)));
+    }
+    if !instance.operator.is_empty() {
+        why.push(format!("operator {}", instance.operator));
+    }
+    if !instance.health.is_empty() {
+        why.push(format!("health {}", instance.health));
+    }
+    if !why.is_empty() {
+        row.push_str("  ");
+        row.push_str(&why.join("; "));
+    }
+    row
 }

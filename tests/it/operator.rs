@@ -96,6 +96,16 @@ async fn an_override_outlives_a_restart_of_its_instance_and_bad_requests_change_
     assert_eq!(all.len(), 1, "the bad requests left nothing: {all:?}");
 }
 
+/// Kills the child when dropped.
+struct Guard(std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn the_cli_drains_and_lists() {
     let server = serve("127.0.0.1:0", &[]);
@@ -110,6 +120,24 @@ fn the_cli_drains_and_lists() {
     let listing = run(&["instance", "overrides"]);
     let out = String::from_utf8_lossy(&listing.stdout);
     assert!(out.contains("drain,weight=5"), "{out}");
+    let provider = Command::new(BIN)
+        .args(["register", "orders", "127.0.0.1:9", "--id", "a"])
+        .env("ROTA_SERVER", &server.endpoint)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut provider = Guard(provider);
+    let deadline = std::time::Instant::now() + crate::harness::PATIENCE;
+    let shown = loop {
+        let ls = run(&["ls", "orders"]);
+        let out = String::from_utf8_lossy(&ls.stdout).into_owned();
+        if out.contains("operator") || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(shown.contains("DRAINING") && shown.contains("announced UP; operator drain,weight=5"), "{shown}");
+    let _ = provider.0.kill();
     let nothing = run(&["instance", "enable", "orders", "b"]);
     assert_eq!(nothing.status.code(), Some(1), "{}", String::from_utf8_lossy(&nothing.stderr));
     assert!(String::from_utf8_lossy(&nothing.stderr).contains("NOT_FOUND"));

@@ -274,11 +274,14 @@ impl Server {
         let mut background = Vec::new();
         let (sources, source_tasks) = crate::sources::spawn(&registry, &config.sources);
         background.extend(source_tasks);
-        let (health_checks, prober) = crate::health::spawn(registry.clone(), policies.clone());
-        background.push(prober);
+        let mut health_sharing = None;
         if let Some(link) = balancer.state().link() {
-            background.extend(crate::replicas::spawn(balancer.registry(), balancer.stats(), &policies, link));
+            let (tasks, sharing) = crate::replicas::spawn(balancer.registry(), balancer.stats(), &policies, link);
+            background.extend(tasks);
+            health_sharing = Some(sharing);
         }
+        let (health_checks, prober) = crate::health::spawn(registry.clone(), policies.clone(), health_sharing);
+        background.push(prober);
         let policy_reloads = config.policy_file.as_ref().map(|path| {
             let reloads = watch::Sender::new(PolicyReloads::default());
             let receiver = reloads.subscribe();

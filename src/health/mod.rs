@@ -15,6 +15,10 @@
 //!   change applies to the next check.
 //! - A check connects only to the address the instance announced, follows no redirect, and
 //!   returns nothing it read to anyone ([`probe`]).
+//! - With Redis replicas the checks are shared out, not repeated: each instance is checked by
+//!   one live replica, chosen by rendezvous hashing over the live replicas ([`Assignment`]), and
+//!   its verdicts reach the others through Redis (`crate::replicas::health`). A replica cut off
+//!   from Redis checks every instance itself.
 
 pub mod probe;
 
@@ -50,6 +54,63 @@ pub struct HealthCounters {
 
 type Key = (Arc<str>, Arc<str>);
 
+/// Which live replica checks which instance: the one whose hash of (replica, service, id) is
+/// highest, so a replica joining or leaving moves only its share of the instances.
+pub struct Assignment {
+    me: Arc<str>,
+    live: arc_swap::ArcSwap<Vec<Arc<str>>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Assignment {
+    /// Alone until told of others.
+    pub fn new(me: Arc<str>) -> Arc<Self> {
+        let live = arc_swap::ArcSwap::from_pointee(vec![me.clone()]);
+        Arc::new(Self { me, live, changed: tokio::sync::watch::Sender::new(0) })
+    }
+
+    pub fn me(&self) -> &Arc<str> {
+        &self.me
+    }
+
+    /// The live replicas now (this one is always among them).
+    pub fn set_live(&self, mut live: Vec<Arc<str>>) {
+        if !live.contains(&self.me) {
+            live.push(self.me.clone());
+        }
+        live.sort();
+        live.dedup();
+        if **self.live.load() != live {
+            self.live.store(Arc::new(live));
+            self.changed.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// The replica that checks `id` of `service`.
+    pub fn owner(&self, service: &str, id: &str) -> Arc<str> {
+        let live = self.live.load();
+        let score = |replica: &Arc<str>| {
+            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+            for part in [replica.as_bytes(), b"\0", service.as_bytes(), b"\0", id.as_bytes()] {
+                hasher.update(part);
+            }
+            hasher.digest()
+        };
+        live.iter().max_by_key(|replica| score(replica)).cloned().unwrap_or_else(|| self.me.clone())
+    }
+
+    pub fn owns(&self, service: &str, id: &str) -> bool {
+        self.owner(service, id) == self.me
+    }
+}
+
+/// What a prober shares with the other replicas: whom it checks for, and where its verdicts go.
+pub struct Sharing {
+    pub assignment: Arc<Assignment>,
+    /// Each verdict this replica reaches (`None`: the instance is no longer checked here).
+    pub verdicts: tokio::sync::mpsc::UnboundedSender<(Arc<str>, Arc<str>, Option<Health>)>,
+}
+
 struct Target {
     host: String,
     port: u16,
@@ -73,10 +134,16 @@ struct Prober {
     next_generation: u64,
     /// The policies last applied.
     seen: Arc<PolicySet>,
+    sharing: Option<Sharing>,
 }
 
-/// Starts checking; the task ends when the registry stops.
-pub fn spawn(registry: Registry, policies: Arc<Policies>) -> (Arc<HealthCounters>, JoinHandle<()>) {
+/// Starts checking (with replicas, the instances `sharing` assigns to this one); the task ends
+/// when the registry stops.
+pub fn spawn(
+    registry: Registry,
+    policies: Arc<Policies>,
+    sharing: Option<Sharing>,
+) -> (Arc<HealthCounters>, JoinHandle<()>) {
     let counters = Arc::new(HealthCounters::default());
     let seen = policies.load_full();
     let prober = Prober {
@@ -88,6 +155,7 @@ pub fn spawn(registry: Registry, policies: Arc<Policies>) -> (Arc<HealthCounters
         running: JoinSet::new(),
         next_generation: 0,
         seen,
+        sharing,
     };
     (counters, tokio::spawn(prober.run()))
 }
@@ -98,6 +166,10 @@ impl Prober {
         self.resync_all();
         let mut policy_look = tokio::time::interval(POLICY_LOOK);
         policy_look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut assigned = match &self.sharing {
+            Some(sharing) => sharing.assignment.changed.subscribe(),
+            None => tokio::sync::watch::Sender::new(0).subscribe(),
+        };
         loop {
             let due = self.schedule.peek().map(|Reverse((at, _, _))| *at);
             let room = self.running.len() < MAX_IN_FLIGHT;
@@ -118,6 +190,7 @@ impl Prober {
                         self.resync_all();
                     }
                 }
+                Ok(()) = assigned.changed() => self.resync_all(),
                 () = sleep_until(due), if room => self.start_due(),
                 Some(done) = self.running.join_next(), if !self.running.is_empty() => {
                     if let Ok((key, generation, verdict)) = done {
@@ -151,6 +224,7 @@ impl Prober {
                 .instances
                 .iter()
                 .filter(|i| i.conditions.as_ref().map_or(i.status, |c| c.announced_status) == Status::Up)
+                .filter(|i| self.sharing.as_ref().is_none_or(|s| s.assignment.owns(service, &i.id)))
                 .map(|i| (i.id.clone(), (i.host.clone(), i.port)))
                 .collect(),
             _ => HashMap::new(),
@@ -168,6 +242,7 @@ impl Prober {
         for (id, had_verdict) in gone {
             if had_verdict {
                 self.registry.set_health(service, &id, None);
+                self.tell(service, &id, None);
             }
         }
         let Some(check) = check else {
@@ -214,6 +289,13 @@ impl Prober {
             self.schedule.push(Reverse((now + offset, generation, (service.clone(), id))));
         }
         self.count();
+    }
+
+    /// Shares a verdict with the other replicas, when there are any.
+    fn tell(&self, service: &Arc<str>, id: &Arc<str>, health: Option<Health>) {
+        if let Some(sharing) = &self.sharing {
+            let _ = sharing.verdicts.send((service.clone(), id.clone(), health));
+        }
     }
 
     fn count(&self) {
@@ -283,6 +365,7 @@ impl Prober {
                 tracing::info!(service = %key.0, id = %key.1, "health check passing again");
             }
             target.failing = Some(failing);
+            self.tell(&key.0, &key.1, Some(health.clone()));
             self.registry.set_health(&key.0, &key.1, Some(health));
             self.count();
         }

@@ -11,12 +11,15 @@
 //!   every other replica's statistics;
 //! - [`policies`]: runtime policy overrides (`SetPolicy`, `ResetPolicy`) made on any replica;
 //! - [`overrides`]: operators' instance overrides (`rota instance`) made on any replica;
-//!   both through [`stamped`], a layer every replica may change.
+//!   both through [`stamped`], a layer every replica may change;
+//! - [`health`]: the active health checks, shared out (each instance checked by one replica)
+//!   and their verdicts shared.
 //!
 //! Each replica names itself with a random id at start; the failure behaviour of each piece is
 //! described in its module and in `docs/deploy.md`.
 
 pub mod claims;
+pub mod health;
 pub mod loads;
 pub mod overrides;
 pub mod policies;
@@ -36,23 +39,33 @@ pub use loads::LoadSharing;
 pub use policies::PolicySharing;
 pub use table::TableSharing;
 
-/// Starts sharing this replica's table, statistics and policies through `link`.
-/// `registry` is the table shared, `stats` the statistics, `policies` the runtime overrides.
+/// Starts sharing this replica's table, statistics, policies, instance overrides and health
+/// verdicts through `link`. `registry` is the table shared, `stats` the statistics, `policies`
+/// the runtime overrides. Returns the tasks, and what the health prober shares with the others.
 pub fn spawn(
     registry: &Registry,
     stats: &Arc<Stats>,
     policies: &Arc<Policies>,
     link: &Arc<Link>,
-) -> Vec<JoinHandle<()>> {
+) -> (Vec<JoinHandle<()>>, crate::health::Sharing) {
     let replica: Arc<str> = format!("{:016x}", fastrand::u64(..)).into();
     tracing::info!(%replica, target = %link.target(), "sharing state, instances, statistics and policies through Redis");
     let liveness = table::Liveness::new(replica.clone());
     registry.claim_ids_through(Arc::new(claims::IdClaims::new(link.clone(), liveness.clone())));
     let mut tasks = vec![
         TableSharing::spawn(registry.clone(), link.clone(), liveness),
-        LoadSharing::spawn(stats.clone(), link.clone(), replica),
+        LoadSharing::spawn(stats.clone(), link.clone(), replica.clone()),
     ];
     tasks.extend(PolicySharing::spawn(policies.clone(), link.clone()));
     tasks.extend(overrides::OverrideSharing::spawn(registry.clone(), link.clone()));
-    tasks
+    let assignment = crate::health::Assignment::new(replica);
+    let (verdicts, follow) = tokio::sync::mpsc::unbounded_channel();
+    tasks.push(health::HealthSharing::spawn(
+        registry.clone(),
+        policies.clone(),
+        link.clone(),
+        assignment.clone(),
+        follow,
+    ));
+    (tasks, crate::health::Sharing { assignment, verdicts })
 }

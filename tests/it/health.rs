@@ -268,3 +268,64 @@ async fn a_hung_instance_fails_through_the_timeout_and_returns_when_it_answers()
     python.signal(libc::SIGCONT);
     wait_picked(&server, "files", "python answering again", &["python"]).await;
 }
+
+/// `rota_NAME VALUE` from a replica's metrics.
+async fn gauge(server: &TestServer, name: &str) -> u64 {
+    let metrics = crate::harness::metrics(server).await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from the metrics"))
+}
+
+#[tokio::test]
+async fn replicas_share_the_checks_out_and_each_sees_the_others_verdicts() {
+    let redis = crate::redis_server::RedisServer::start().await;
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let state = rota::state::StateConfig::parse(&redis.url(), 1, Duration::from_secs(5)).unwrap();
+        replicas.push(TestServer::start_with(|c| c.state = state).await);
+    }
+    checked_service(&replicas[0], "fleet", check("tcp", "", 300)).await;
+    let (open, _open_task) = listener().await;
+    let closed = crate::redis_server::free_port();
+    let mut instances: Vec<pb::Instance> =
+        (0..24).map(|i| instance("fleet", &format!("i{i:02}"), open.port().into())).collect();
+    instances.push(instance("fleet", "dead", closed.into()));
+    // Registered on the replica that stays (the other's own registrations would leave with it).
+    let _held = replicas[1].register(instances).await;
+    // Each instance is checked by one replica: the two counts add up to the fleet, and both
+    // take a share.
+    let shared = tokio::time::timeout(PATIENCE * 2, async {
+        loop {
+            let (a, b) = (
+                gauge(&replicas[0], "rota_health_checked_instances").await,
+                gauge(&replicas[1], "rota_health_checked_instances").await,
+            );
+            if a + b == 25 && a > 0 && b > 0 {
+                return (a, b);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(shared.is_ok(), "the checks were not shared out");
+    // The dead one is DOWN on both, whichever replica checks it.
+    for replica in &replicas {
+        wait_health(replica, "fleet", "dead", "failing: connect: connection refused").await;
+        assert_eq!(listed(replica, "fleet", "dead").await.status, pb::InstanceStatus::Down as i32);
+        wait_health(replica, "fleet", "i00", "passing").await;
+    }
+    // One replica stops: the other checks the whole fleet.
+    let survivor = replicas.pop().unwrap();
+    drop(replicas);
+    wait_health(&survivor, "fleet", "dead", "failing: connect: connection refused").await;
+    let alone = tokio::time::timeout(PATIENCE * 2, async {
+        while gauge(&survivor, "rota_health_checked_instances").await != 25 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(alone.is_ok(), "the survivor did not take the departed replica's checks over");
+}

@@ -55,6 +55,12 @@ pub fn loads(service: &str, replica: &str) -> String {
     format!("rota:{{{service}}}:loads:{replica}")
 }
 
+/// The active health checks' verdicts on one service's instances: id → `REPLICA|passing` or
+/// `REPLICA|failing|WHY`, written by the replica that checks the instance.
+pub fn health(service: &str) -> String {
+    format!("rota:{{{service}}}:health")
+}
+
 /// Alive while the replica renews it.
 pub fn replica(replica: &str) -> String {
     format!("rota:{{~fleet}}:replica:{replica}")

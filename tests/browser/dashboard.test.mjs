@@ -3,6 +3,11 @@
 // bar widths, the plots after known traffic (lines read back against their labelled axes), the
 // events list, a plain "no instances" for an empty service, and no console error.
 //
+// Then: a service with a TCP health check (one instance at a closed port, one at a listening
+// one, which an operator drains) shows the verdicts, the override and the announced status;
+// of two DNS sources, one whose resolver refuses shows in the sources panel as stale, the other
+// (a loopback resolver in the test) as up, and its instance with its source's badge.
+//
 // Known traffic: service `dash` has a, b, c (no version) and d (version v2) with a gray release
 // of 3 : 1 for requests without a version; `aaa` (first alphabetically) had one instance that
 // left. 8 picks without a version go a, b, d, c twice; 12 picks with version v2 go to d; a and b
@@ -10,6 +15,8 @@
 import { test, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { createSocket } from 'node:dgram';
 import { join } from 'node:path';
 import { PATIENCE_MS, cleanup, openBrowser, startServer } from './harness.mjs';
 
@@ -101,9 +108,14 @@ test('the dashboard opens on a service with instances, shows its traffic and plo
   assert.equal(await page.locator('#service-title').innerText(), 'dash');
   assert.equal(await page.locator('#services li[data-service="aaa"] .count').innerText(), 'no instances');
   assert.equal(await page.locator('#services li[data-service="dash"] .count').innerText(), '4/4 up');
-  assert.deepEqual((await table(page)).map((row) => [row.id, row.version, row.status, row.picks]), [
-    ['a', '—', 'UP', '0'], ['b', '—', 'UP', '0'], ['c', '—', 'UP', '0'], ['d', 'v2', 'UP', '0'],
+  assert.deepEqual((await table(page)).map((row) => [row.id, row.version, row.status, row['checks · overrides'], row.picks]), [
+    ['a', '—', 'UP', '—', '0'], ['b', '—', 'UP', '—', '0'], ['c', '—', 'UP', '—', '0'], ['d', 'v2', 'UP', '—', '0'],
   ]);
+  // Without health checks, overrides or sources their column is left out, and without sources
+  // the sources panel too.
+  assert.equal(await page.locator('#conditions-header').isVisible(), false);
+  assert.equal(await page.locator('#instances td.conditions').first().isVisible(), false);
+  assert.equal(await page.locator('#sources-panel').isVisible(), false);
 
   // "in flight" is labelled for what it counts, and explained.
   const heading = page.locator('#in-flight-header');
@@ -168,7 +180,7 @@ test('the dashboard opens on a service with instances, shows its traffic and plo
   assert.equal((await server.report('dash', 'c', 3, 5, false)).accepted, 3);
   await until(page, 'latencies and the open breaker in the table', () => {
     const cell = (id, n) => document.querySelector(`#instances tr[data-instance-id="${id}"] td:nth-child(${n})`)?.innerText;
-    return cell('a', 8) === '20.0 ms' && cell('b', 8) === '40.0 ms' && cell('c', 9) === 'open · ejected';
+    return cell('a', 9) === '20.0 ms' && cell('b', 9) === '40.0 ms' && cell('c', 10) === 'open · ejected';
   });
   assert.deepEqual((await table(page)).map((row) => [row.id, row['unreported picks'], row['latency (EWMA)'], row.breaker]), [
     ['a', '0', '20.0 ms', 'closed'], ['b', '0', '40.0 ms', 'closed'], ['c', '0', '1000.0 ms', 'open · ejected'], ['d', '14', '—', 'closed'],
@@ -223,3 +235,152 @@ test('a page opened on a service never registered says so', async () => {
   assert.match(await page.locator('#empty-note').innerText(), /nobody has never been registered/);
   assert.equal(await page.locator('#rate-plot .nodata').textContent(), 'No history: the service is not registered.');
 });
+
+/** A TCP listener on a loopback port (closed by `cleanup` via the returned function). */
+function listen() {
+  return new Promise((resolve, reject) => {
+    const server = createServer((socket) => socket.destroy());
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve(server));
+  });
+}
+
+/** A loopback port nothing listens on: bound (TCP or UDP) and closed again. */
+async function closedPort(kind) {
+  if (kind === 'udp') {
+    const socket = createSocket('udp4');
+    await new Promise((resolve) => socket.bind(0, '127.0.0.1', resolve));
+    const { port } = socket.address();
+    await new Promise((resolve) => socket.close(resolve));
+    return port;
+  }
+  const server = await listen();
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+test('health verdicts, operator overrides and announced statuses show in the instance table', async () => {
+  const open = await listen();
+  try {
+    const server = await startServer(
+      '[services.checked]\nhealth_check = { kind = "tcp", interval = "200ms", timeout = "200ms", unhealthy_after = 1 }\n');
+    await server.register('checked', 'live', open.address().port);
+    await server.register('checked', 'dead', await closedPort('tcp'));
+    assert.match(await server.run(['instance', 'drain', 'checked', 'live']), /^checked\s+live\s+drain$/m);
+
+    const page = await openBrowser();
+    const problems = [];
+    page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
+    await page.goto(`http://${server.admin}/?service=checked`);
+    const row = (id) => `#instances tr[data-instance-id="${id}"]`;
+    await until(page, 'the failing check and the drain', () => {
+      const at = (id, selector) => document.querySelector(`#instances tr[data-instance-id="${id}"] ${selector}`) !== null;
+      return at('dead', '[data-health="failing"]') && at('live', '[data-health="passing"]') && at('live', '[data-operator="drain"]');
+    });
+    assert.ok(await page.locator('#conditions-header').isVisible());
+    const rows = Object.fromEntries((await table(page)).map((r) => [r.id, r]));
+    assert.equal(rows.dead.status, 'DOWN (announced UP)');
+    assert.equal(rows.dead['checks · overrides'], 'failing');
+    assert.equal(rows.live.status, 'DRAINING (announced UP)');
+    assert.deepEqual(rows.live['checks · overrides'].split(/\s+/), ['passing', 'drain']);
+    assert.match(await page.locator(`${row('dead')} [data-health="failing"]`).getAttribute('title'), /^health check failing: \S/);
+    assert.equal(await page.locator(`${row('dead')} td.DOWN`).count(), 1, 'the published status is styled as DOWN');
+    assert.match(await page.locator('#summary').innerText(), /^2 instances, 0 UP/);
+
+    // An override of the weight shows as its own badge, beside the drain.
+    assert.match(await server.run(['instance', 'weight', 'checked', 'live', '7']), /drain,weight=7$/m);
+    await until(page, 'the weight override', () =>
+      document.querySelector('#instances tr[data-instance-id="live"] [data-operator="weight=7"]') !== null);
+    assert.equal(await page.locator(`${row('live')} td:nth-child(7)`).innerText(), '7');
+    assert.equal(await page.locator('#sources-panel').isVisible(), false);
+    assert.deepEqual(problems, []);
+    mkdirSync(OUTPUT, { recursive: true });
+    await page.screenshot({ path: join(OUTPUT, 'dashboard-checks.png') });
+  } finally {
+    await new Promise((resolve) => open.close(resolve));
+  }
+});
+
+/**
+ * A loopback DNS server over UDP that answers every A question with 127.0.0.1 (TTL 60) and
+ * every other question with no records; resolves with the socket.
+ */
+async function fakeResolver() {
+  const socket = createSocket('udp4');
+  socket.on('message', (query, peer) => {
+    if (query.length < 12) return;
+    let end = 12;
+    while (end < query.length && query[end] !== 0) end += query[end] + 1;
+    end += 5; // the root label, QTYPE and QCLASS
+    if (end > query.length) return;
+    const isA = query.readUInt16BE(end - 4) === 1;
+    const answer = Buffer.from(query.subarray(0, end));
+    answer.writeUInt16BE(0x8180, 2); // a response, recursion desired and available, NOERROR
+    answer.writeUInt16BE(isA ? 1 : 0, 6);
+    answer.writeUInt16BE(0, 8);
+    answer.writeUInt16BE(0, 10);
+    const record = isA ? Buffer.from([0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 127, 0, 0, 1]) : Buffer.alloc(0);
+    socket.send(Buffer.concat([answer, record]), peer.port, peer.address);
+  });
+  await new Promise((resolve) => socket.bind(0, '127.0.0.1', resolve));
+  return socket;
+}
+
+test('the sources panel marks a source whose registry does not answer stale; a source instance names its source', async () => {
+  const resolver = `127.0.0.1:${await closedPort('udp')}`;
+  const answering = await fakeResolver();
+  try {
+    await sources(resolver, `127.0.0.1:${answering.address().port}`);
+  } finally {
+    await new Promise((resolve) => answering.close(resolve));
+  }
+});
+
+/** The sources test proper: a stale source at `resolver`, an answering one at `answering`. */
+async function sources(resolver, answering) {
+  const server = await startServer('', [
+    '--source', `dns://nothing.invalid:1?services=ghost&resolver=${resolver}`,
+    '--source', `dns://orders.test:7501?name=local&services=orders&resolver=${answering}`,
+  ]);
+  const page = await openBrowser();
+  await page.goto(`http://${server.admin}/?service=orders`);
+  await until(page, 'the sources panel', () => !document.getElementById('sources-panel').hidden
+    && document.querySelector('#sources tr[data-source="dns"] [data-state]') !== null);
+  // The resolver refuses (nothing listens on its port): the panel, polled, shows why.
+  await until(page, 'the last error', (resolver) =>
+    document.querySelector('#sources tr[data-source="dns"] td:last-child').innerText.includes(`asking ${resolver}`), resolver);
+  const shown = await page.$$eval('#sources-table', ([t]) => {
+    const heads = [...t.querySelectorAll('thead th')].map((th) => th.innerText.trim());
+    return [...t.querySelectorAll('tbody tr')].map((tr) =>
+      Object.fromEntries([...tr.children].map((td, i) => [heads[i], td.innerText.trim()])));
+  });
+  assert.deepEqual(shown.map((s) => s.name), ['dns', 'local']);
+  assert.equal(shown[0].name, 'dns');
+  assert.equal(shown[0].kind, 'dns');
+  assert.equal(shown[0].state, 'stale');
+  assert.equal(shown[0].instances, '0');
+  assert.equal(shown[0]['held back'], '—');
+  assert.match(shown[0]['last error'], /^nothing\.invalid: asking 127\.0\.0\.1:\d+/);
+  const badge = page.locator('#sources tr[data-source="dns"] [data-state="stale"]');
+  assert.ok(await badge.isVisible());
+  // Marked visibly: not the colour of a healthy source's badge.
+  const colors = await badge.evaluate((b) => getComputedStyle(b).backgroundColor);
+  assert.notEqual(colors, 'rgba(0, 0, 0, 0)');
+  assert.match(await page.locator('#sources tr[data-source="dns"] td:first-child').getAttribute('title'), /^dns:\/\/nothing\.invalid:1/);
+
+  // The answering source is up with its one instance, and that instance shows its source.
+  await until(page, 'the answering source up', () =>
+    document.querySelector('#sources tr[data-source="local"] [data-state="up"]') !== null
+    && document.querySelector('#sources tr[data-source="local"] td:nth-child(4)').innerText === '1');
+  assert.equal(await page.locator('#sources tr[data-source="local"] td:last-child').innerText(), '—');
+  await until(page, 'the source badge', () =>
+    document.querySelector('#instances tr[data-instance-id="local:127.0.0.1:7501"] [data-source="local"]') !== null);
+  const [row] = await table(page);
+  assert.equal(row.id, 'local:127.0.0.1:7501');
+  assert.equal(row.status, 'UP');
+  assert.equal(row['checks · overrides'], 'local');
+  assert.ok(await page.locator('#conditions-header').isVisible());
+  mkdirSync(OUTPUT, { recursive: true });
+  await page.screenshot({ path: join(OUTPUT, 'dashboard-sources.png') });
+}

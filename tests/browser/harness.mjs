@@ -56,16 +56,18 @@ export function stop(child, signal) {
 }
 
 /**
- * A loopback server with an admin listener; `policy` (TOML) is given as its config file.
- * Resolves with the gRPC and admin addresses and helpers bound to this server.
+ * A loopback server with an admin listener; `policy` (TOML) is given as its config file and
+ * `extra` are more `rota serve` arguments. Resolves with the gRPC and admin addresses and
+ * helpers bound to this server.
  */
-export async function startServer(policy = '') {
+export async function startServer(policy = '', extra = []) {
   const dir = mkdtempSync(join(tmpdir(), 'rota-dashboard-'));
   cleanups.push(async () => rmSync(dir, { recursive: true, force: true }));
   const config = join(dir, 'rota.toml');
   writeFileSync(config, policy);
   const server = await start([
     'serve', '--config', config, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--shutdown-grace', '100ms',
+    ...extra,
   ], 2);
   cleanups.push(() => stop(server.child, 'SIGTERM'));
   const grpcAddr = server.lines[0].match(/^listening on (127\.0\.0\.1:\d+)$/)?.[1];
@@ -88,6 +90,12 @@ export async function startServer(policy = '') {
       env: { ...process.env, ...env }, timeout: PATIENCE_MS,
     });
     return stdout.split('\n').map((line) => line.trim().split(/\s+/)).filter(([ticket]) => /^\d+$/.test(ticket)).map(([, id]) => id);
+  }
+
+  /** `rota ARGS...` as a client of this server (ROTA_SERVER set); resolves with its stdout. */
+  async function run(args) {
+    const { stdout } = await promisify(execFile)(ROTA, args, { env: { ...process.env, ...env }, timeout: PATIENCE_MS });
+    return stdout;
   }
 
   const definition = protoLoader.loadSync('rota/v1/rota.proto', {
@@ -121,7 +129,7 @@ export async function startServer(policy = '') {
     });
   }
 
-  return { admin, grpc: grpcAddr, register, pick, pickOnce, report };
+  return { admin, grpc: grpcAddr, register, pick, pickOnce, report, run };
 }
 
 /** Headless Chromium (Debian's package) with a throw-away profile; resolves with a page. */

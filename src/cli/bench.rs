@@ -77,6 +77,14 @@ pub struct BenchArgs {
     /// ADS stream, with 1, 100 and 1,000 streams, and the server's memory per stream.
     #[arg(long)]
     pub xds: bool,
+    /// Health-check run instead: rota's CPU and memory, the checks' rate and concurrency, and
+    /// pick latency, with `--health-instances` instances checked over TCP every second against
+    /// the same without checks.
+    #[arg(long)]
+    pub health_checks: bool,
+    /// Instances of the --health-checks run.
+    #[arg(long, default_value_t = 10_000)]
+    pub health_instances: usize,
     /// Redis for --backends (`redis://HOST:PORT`, databases 1 to 5 are used); by default a
     /// `redis-server` is started on a free loopback port.
     #[arg(long, requires = "backends")]
@@ -125,6 +133,19 @@ pub async fn floor_server() -> Result<(), CliError> {
 
 /// Starts this binary with `args`, and reads the address from its first line.
 pub(super) fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
+    let (spawned, mut lines) = spawn_lines(args, 1)?;
+    Ok((spawned, lines.remove(0)))
+}
+
+/// Starts `rota serve` with `args` and an admin listener: the gRPC endpoint and the admin
+/// address (the first two lines it prints).
+pub(super) fn spawn_with_admin(args: &[&str]) -> Result<(Spawned, String, String), CliError> {
+    let (spawned, mut lines) = spawn_lines(args, 2)?;
+    let admin = lines.remove(1);
+    Ok((spawned, lines.remove(0), admin))
+}
+
+fn spawn_lines(args: &[&str], count: usize) -> Result<(Spawned, Vec<String>), CliError> {
     let exe = std::env::current_exe()?;
     // The benchmark registers before it picks: no start-up warm-up to wait out.
     let mut child = Command::new(exe)
@@ -136,13 +157,18 @@ pub(super) fn spawn(args: &[&str]) -> Result<(Spawned, String), CliError> {
         .spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| CliError::Usage("no stdout from rota serve".into()))?;
     let spawned = Spawned(child);
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first)?;
-    let addr = first
-        .trim()
-        .strip_prefix("listening on ")
-        .ok_or_else(|| CliError::Usage(format!("unexpected first line from rota {}: {first:?}", args[0])))?;
-    Ok((spawned, format!("http://{addr}")))
+    let mut reader = BufReader::new(stdout);
+    let mut lines = Vec::with_capacity(count);
+    for prefix in ["listening on ", "admin on "].into_iter().take(count) {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let addr = line
+            .trim()
+            .strip_prefix(prefix)
+            .ok_or_else(|| CliError::Usage(format!("unexpected line from rota {}: {line:?}", args[0])))?;
+        lines.push(if prefix.starts_with("listening") { format!("http://{addr}") } else { addr.to_owned() });
+    }
+    Ok((spawned, lines))
 }
 
 /// Registers `count` instances, at most 1000 per stream.

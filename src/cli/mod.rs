@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_backends;
+mod bench_health;
 mod bench_publish;
 mod bench_xds;
 mod demo;
@@ -164,6 +165,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) if args.backends => bench_backends::run(args).await,
         Command::Bench(args) if args.publication => bench_publish::run(args).await,
         Command::Bench(args) if args.xds => bench_xds::run(args).await,
+        Command::Bench(args) if args.health_checks => bench_health::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,
         Command::FloorServer => bench::floor_server().await,

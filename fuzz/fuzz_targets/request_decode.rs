@@ -116,7 +116,7 @@ async fn server() -> Server {
     Server {
         balancer_service: BalancerService::new(balancer.clone(), consumers.clone(), streams.clone()),
         registry_service: RegistryService::new(registry.clone(), drained, 4, consumers, streams),
-        policies_service: PoliciesService::new(balancer.policies().clone()),
+        policies_service: PoliciesService::new(balancer.policies().clone(), registry.clone()),
         registry,
         balancer,
         _owner: owner,

@@ -187,6 +187,21 @@ impl OneOrMany {
     }
 }
 
+/// Reads one answer of Eureka's (a full listing or a delta): the instances rota can use, and a
+/// description of each it cannot; `Err` for a body that is not an applications document.
+pub fn read(body: &[u8]) -> Result<(Vec<InstanceRecord>, Vec<String>), String> {
+    let parsed = parse(body)?;
+    let mut usable = Vec::new();
+    let mut refused = Vec::new();
+    for (app, id, entry, _) in parsed.entries {
+        match entry.record {
+            Ok(record) => usable.push(record),
+            Err(problem) => refused.push(format!("application {app} instance {id}: {problem}")),
+        }
+    }
+    Ok((usable, refused))
+}
+
 fn parse(body: &[u8]) -> Result<Applications, String> {
     let root: Root = serde_json::from_slice(body).map_err(|e| format!("not a Eureka applications document: {e}"))?;
     let mut entries = Vec::new();

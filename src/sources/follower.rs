@@ -151,7 +151,7 @@ impl Mirror {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, VecDeque};
+    use std::collections::VecDeque;
 
     use super::*;
     use crate::registry::{InstanceSpec, Registry, RegistryConfig};
@@ -167,10 +167,7 @@ mod tests {
             id: id.into(),
             host: "127.0.0.1".into(),
             port,
-            version: String::new(),
-            zone: String::new(),
             weight: 100,
-            metadata: BTreeMap::new(),
             status: "UP".into(),
             ..Default::default()
         }

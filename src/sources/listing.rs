@@ -120,10 +120,7 @@ mod tests {
             id: id.into(),
             host: "127.0.0.1".into(),
             port: 8080,
-            version: String::new(),
-            zone: String::new(),
             weight: 100,
-            metadata: BTreeMap::new(),
             status: "UP".into(),
             ..Default::default()
         }

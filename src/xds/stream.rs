@@ -52,6 +52,8 @@ struct TypeState {
     sent: Option<(String, Vec<(String, u64)>)>,
     /// Responses sent of this type: the next `version_info`.
     versions: u64,
+    /// The client answered (ACK or NACK) the last response.
+    answered: bool,
 }
 
 #[derive(Debug)]
@@ -88,11 +90,12 @@ impl Session {
             counters.refused.fetch_add(1, Ordering::Relaxed);
             return Err(StreamRefused::NameTooLong { len: long.len() });
         }
-        let state = &self.types[kind.index()];
-        if let Some((nonce, _)) = &state.sent
-            && !request.response_nonce.is_empty()
-            && *nonce == request.response_nonce
-        {
+        let answers_last = self.types[kind.index()]
+            .sent
+            .as_ref()
+            .is_some_and(|(nonce, _)| !request.response_nonce.is_empty() && *nonce == request.response_nonce);
+        if answers_last {
+            self.types[kind.index()].answered = true;
             match &request.error_detail {
                 Some(error) => {
                     counters.nacks.fetch_add(1, Ordering::Relaxed);
@@ -107,6 +110,7 @@ impl Session {
                 }
             }
         }
+        let state = &self.types[kind.index()];
         let names: BTreeSet<String> = request.resource_names.into_iter().collect();
         if state.requested && names == state.names {
             return Ok(());
@@ -186,11 +190,15 @@ impl Session {
             if !state.dirty && state.sent.as_ref().is_some_and(|(_, sent)| *sent == content) {
                 continue;
             }
+            if self.removal_waits_for_routes(kind, &content) {
+                continue;
+            }
             self.nonces += 1;
             let nonce = self.nonces.to_string();
             let state = &mut self.types[kind.index()];
             state.versions += 1;
             state.dirty = false;
+            state.answered = false;
             state.sent = Some((nonce.clone(), content));
             self.hub.counters.responses.fetch_add(1, Ordering::Relaxed);
             due.push(DiscoveryResponse {
@@ -202,6 +210,25 @@ impl Session {
             });
         }
         due
+    }
+}
+
+impl Session {
+    /// Make before break: a cluster (or its endpoints) the client still asks for is removed
+    /// only once the client has answered the routes sent before, which stopped sending traffic
+    /// to it. Until then the removal waits (the client's answer makes the next responses due),
+    /// so no call is routed to a cluster the client was just told is gone.
+    fn removal_waits_for_routes(&self, kind: Kind, content: &[(String, u64)]) -> bool {
+        if !matches!(kind, Kind::Cluster | Kind::Endpoint) {
+            return false;
+        }
+        let routes = &self.types[Kind::Route.index()];
+        if !routes.requested || routes.sent.is_none() || routes.answered {
+            return false;
+        }
+        let state = &self.types[kind.index()];
+        let Some((_, sent)) = &state.sent else { return false };
+        sent.iter().any(|(name, _)| state.names.contains(name) && !content.iter().any(|(kept, _)| kept == name))
     }
 }
 

@@ -313,3 +313,36 @@ async fn a_change_resends_only_the_types_whose_resources_moved() {
     let resent: Vec<String> = session.responses().into_iter().map(|r| r.type_url).collect();
     assert_eq!(resent, [ENDPOINT_TYPE], "the listener and the cluster did not change");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cluster_still_asked_for_is_removed_only_after_the_routes_away_from_it_are_answered() {
+    use crate::xds::resources::ROUTE_TYPE;
+    let (hub, lease) =
+        hub_with(vec![spec("echo-a", ""), spec("echo-zlt", "zlt")], XdsLimits::default(), Duration::ZERO).await;
+    let mut session = Session::new(hub.clone(), "test".into());
+    session.on_request(ask(ROUTE_TYPE, &["echo"], "")).unwrap();
+    session.on_request(ask(CLUSTER_TYPE, &["echo", "echo/version/zlt"], "")).unwrap();
+    let first = session.responses();
+    assert_eq!(first.len(), 2);
+    for response in &first {
+        session
+            .on_request(ask(
+                &response.type_url,
+                if response.type_url == ROUTE_TYPE { &["echo"] } else { &["echo", "echo/version/zlt"] },
+                &response.nonce,
+            ))
+            .unwrap();
+    }
+    assert!(session.responses().is_empty());
+
+    // The zlt instance leaves: the routes change at once, the cluster waits for their answer.
+    lease.withdraw(vec![InstanceRef { service: "echo".into(), id: "echo-zlt".into() }]).await.unwrap();
+    hub.refresh();
+    let routes: Vec<DiscoveryResponse> = session.responses();
+    assert_eq!(routes.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [ROUTE_TYPE]);
+    assert!(session.responses().is_empty(), "the removal waits");
+    session.on_request(ask(ROUTE_TYPE, &["echo"], &routes[0].nonce)).unwrap();
+    let clusters = session.responses();
+    assert_eq!(clusters.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [CLUSTER_TYPE]);
+    assert_eq!(clusters[0].resources.len(), 1, "only the unversioned cluster is left");
+}

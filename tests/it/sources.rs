@@ -15,8 +15,15 @@ use rota::sources::spec::SourceTable;
 
 use crate::harness::{PATIENCE, TestServer};
 
+/// A loopback port free for both UDP and TCP (dnsmasq binds both, and exits when it cannot).
 fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").expect("a free loopback port").local_addr().unwrap().port()
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = tcp.local_addr().unwrap().port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -41,8 +48,15 @@ impl Dnsmasq {
         std::fs::create_dir_all(dir.join("hosts.d")).unwrap();
         let mut dns = Self { port: free_udp_port(), dir, child: None };
         dns.write(config, hosts);
-        dns.spawn().await;
-        dns
+        // Another process may take the port between its check and dnsmasq's bind: then dnsmasq
+        // exits, and it is started again on another port.
+        for _ in 0..5 {
+            if dns.spawn().await {
+                return dns;
+            }
+            dns.port = free_udp_port();
+        }
+        panic!("dnsmasq did not start on any of five loopback ports");
     }
 
     fn write(&self, config: &str, hosts: &str) {
@@ -61,7 +75,8 @@ impl Dnsmasq {
         ([127, 0, 0, 1], self.port).into()
     }
 
-    async fn spawn(&mut self) {
+    /// Starts dnsmasq and waits until it answers; false when it exited instead (its port taken).
+    async fn spawn(&mut self) -> bool {
         let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
         let dir = |name: &str| self.dir.join(name).display().to_string();
         let child = Command::new(dnsmasq_binary())
@@ -88,17 +103,25 @@ impl Dnsmasq {
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         socket.connect(self.resolver()).await.unwrap();
         let query = rota::sources::dns::wire::query(1, "ready.test", rota::sources::dns::wire::TYPE_A).unwrap();
-        tokio::time::timeout(PATIENCE, async {
+        let child = self.child.as_mut().expect("just started");
+        let answered = tokio::time::timeout(PATIENCE, async {
             loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false;
+                }
                 let _ = socket.send(&query).await;
                 let mut buf = [0u8; 512];
                 if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(100), socket.recv(&mut buf)).await {
-                    return;
+                    return true;
                 }
             }
         })
         .await
-        .expect("dnsmasq answers");
+        .expect("dnsmasq answers or exits");
+        if !answered {
+            self.child = None;
+        }
+        answered
     }
 
     pub fn stop(&mut self) {
@@ -112,7 +135,13 @@ impl Dnsmasq {
     pub async fn restart(&mut self, config: &str, hosts: &str) {
         self.stop();
         self.write(config, hosts);
-        self.spawn().await;
+        for _ in 0..5 {
+            if self.spawn().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("dnsmasq did not start again on port {}", self.port);
     }
 }
 

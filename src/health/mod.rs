@@ -157,10 +157,25 @@ pub fn spawn(
         seen,
         sharing,
     };
-    (counters, tokio::spawn(prober.run()))
+    (counters, tokio::spawn(prober.start_when_needed()))
 }
 
 impl Prober {
+    /// Waits (looking at the policies once a second) until some policy sets a health check,
+    /// then runs: a server without checks has no prober following its registry.
+    async fn start_when_needed(mut self) {
+        let mut look = tokio::time::interval(POLICY_LOOK);
+        loop {
+            look.tick().await;
+            let set = self.policies.load_full();
+            if set.defaults.health_check.is_some() || set.services.values().any(|p| p.health_check.is_some()) {
+                break;
+            }
+        }
+        self.seen = self.policies.load_full();
+        self.run().await
+    }
+
     async fn run(mut self) {
         let mut published = self.registry.published();
         self.resync_all();

@@ -34,6 +34,8 @@ RULES = {
     "weighted": "weighted()",
     "retry-sticky": "retry(rule=sticky)",
     "unbalanced": "retry(rule=repeat(n=2)",
+    # A duration a nanosecond past the end of the range: an error, never an overflow.
+    "ttl-at-the-end": "sticky(ttl=18446744073709551615s 1000000000ns)",
 }
 for name, text in RULES.items():
     write("rule_parse", name, text)

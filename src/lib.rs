@@ -27,6 +27,8 @@
 //! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
 //!   live dashboard (axum; reads what the layers above publish, changes nothing).
 //! - [`config`] — the server's settings: file < environment < flags, validated before binding.
+//! - [`duration`] — the one parser of durations (`500ms`, `1h 30m`) for settings, policies,
+//!   rule parameters and flags.
 //! - [`listener`] — the gRPC listener's front door: connection caps per peer and in total,
 //!   handshake and idle timeouts, `TCP_NODELAY` on every socket.
 //! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
@@ -45,6 +47,7 @@ pub mod balancer;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod duration;
 pub mod grpc;
 pub mod hash;
 pub mod health;

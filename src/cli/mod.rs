@@ -191,7 +191,7 @@ pub fn init_tracing(cli: &Cli) {
 /// Parses `15s`, `500ms`, `1m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration =
-        humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e}); try 15s or 500ms"))?;
+        crate::duration::parse(text).map_err(|e| format!("{text:?} is not a duration ({e}); try 15s or 500ms"))?;
     if duration.is_zero() {
         return Err("must be longer than zero".into());
     }

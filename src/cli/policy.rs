@@ -192,7 +192,7 @@ fn row(policy: &pb::Policy) -> String {
     let breaker = policy.breaker.map_or_else(
         || "-".to_owned(),
         |b| {
-            let ms = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
+            let ms = |ms: u64| crate::duration::format(Duration::from_millis(ms));
             format!("{}x {}..{}", b.failure_threshold, ms(b.blackout_base_ms), ms(b.blackout_max_ms))
         },
     );

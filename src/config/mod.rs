@@ -131,7 +131,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         from_file.clone(),
     ) {
         None => Ok(default),
-        Some((value, source)) => match humantime::parse_duration(&value) {
+        Some((value, source)) => match crate::duration::parse(&value) {
             Ok(d) if !d.is_zero() => Ok(d),
             Ok(_) => {
                 Err(ConfigError { source_name: source, key: key.into(), problem: "must be longer than zero".into() })
@@ -152,7 +152,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
     // Zero is allowed here: no warm-up at all.
     let warmup = match pick(&overrides.warmup, table.warmup.clone()) {
         None => heartbeat_timeout,
-        Some((value, source)) => humantime::parse_duration(&value).map_err(|e| ConfigError {
+        Some((value, source)) => crate::duration::parse(&value).map_err(|e| ConfigError {
             source_name: source,
             key: "server.warmup".into(),
             problem: format!("{value:?} is not a duration ({e}); try 15s, 500ms or 0s"),
@@ -161,7 +161,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
     // Zero is allowed: a seen service is served at once.
     let warmup_settle = match pick(&overrides.warmup_settle, table.warmup_settle.clone()) {
         None => crate::grpc::warmup::default_settle(warmup),
-        Some((value, source)) => humantime::parse_duration(&value).map_err(|e| ConfigError {
+        Some((value, source)) => crate::duration::parse(&value).map_err(|e| ConfigError {
             source_name: source,
             key: "server.warmup_settle".into(),
             problem: format!("{value:?} is not a duration ({e}); try 3s, 500ms or 0s"),
@@ -516,7 +516,7 @@ fn resolve_auth(table: &AuthTable, source: &str) -> Result<Option<Arc<Authentica
 impl Settings {
     /// The effective settings as the `[server]` table of a config file.
     pub fn to_toml(&self) -> String {
-        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let d = crate::duration::format;
         let mut toml = format!(
             "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,

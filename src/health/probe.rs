@@ -14,7 +14,7 @@ use crate::policy::CheckKind;
 pub async fn check(kind: &CheckKind, host: &str, port: u16, timeout: Duration) -> Result<(), String> {
     match tokio::time::timeout(timeout, run(kind, host, port, timeout)).await {
         Ok(verdict) => verdict,
-        Err(_) => Err(format!("no answer within {}", humantime::format_duration(timeout))),
+        Err(_) => Err(format!("no answer within {}", crate::duration::format(timeout))),
     }
 }
 

@@ -115,7 +115,7 @@ impl PolicyToml {
             value
                 .as_deref()
                 .map(|text| {
-                    humantime::parse_duration(text)
+                    crate::duration::parse(text)
                         .map_err(|e| format!("{field}.breaker.{name}: {text:?} is not a duration ({e})"))
                 })
                 .transpose()
@@ -125,7 +125,7 @@ impl PolicyToml {
             value
                 .as_deref()
                 .map(|text| {
-                    humantime::parse_duration(text)
+                    crate::duration::parse(text)
                         .map_err(|e| format!("{field}.health_check.{name}: {text:?} is not a duration ({e})"))
                 })
                 .transpose()
@@ -187,10 +187,10 @@ pub fn spec_to_toml(spec: &PolicySpec) -> String {
         breaker.push(format!("failure_threshold = {threshold}"));
     }
     if let Some(base) = spec.blackout_base {
-        breaker.push(format!("blackout_base = \"{}\"", humantime::format_duration(base)));
+        breaker.push(format!("blackout_base = \"{}\"", crate::duration::format(base)));
     }
     if let Some(max) = spec.blackout_max {
-        breaker.push(format!("blackout_max = \"{}\"", humantime::format_duration(max)));
+        breaker.push(format!("blackout_max = \"{}\"", crate::duration::format(max)));
     }
     if !breaker.is_empty() {
         let _ = writeln!(out, "breaker = {{ {} }}", breaker.join(", "));
@@ -213,7 +213,7 @@ pub fn spec_to_toml(spec: &PolicySpec) -> String {
         let _ = writeln!(out, "ejection = {{ {} }}", keys.join(", "));
     }
     if let Some(check) = &spec.health_check {
-        let d = |d: Duration| format!("\"{}\"", humantime::format_duration(d));
+        let d = |d: Duration| format!("\"{}\"", crate::duration::format(d));
         let mut keys = vec![format!("kind = {}", toml_string(&check.kind))];
         if let Some(path) = &check.path {
             keys.push(format!("path = {}", toml_string(path)));
@@ -341,8 +341,8 @@ pub fn to_toml(set: &PolicySet) -> String {
             out,
             "breaker = {{ failure_threshold = {}, blackout_base = \"{}\", blackout_max = \"{}\" }}",
             breaker.failure_threshold,
-            humantime::format_duration(breaker.blackout_base),
-            humantime::format_duration(breaker.blackout_max)
+            crate::duration::format(breaker.blackout_base),
+            crate::duration::format(breaker.blackout_max)
         );
         match &policy.health_check {
             Some(check) => {

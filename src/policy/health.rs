@@ -144,7 +144,7 @@ impl HealthCheck {
 
     /// As an inline TOML table.
     pub fn to_toml(&self) -> String {
-        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let d = crate::duration::format;
         let path = match &self.kind {
             CheckKind::Tcp => String::new(),
             kind => format!(", path = {}", toml::Value::String(kind.path().to_owned())),

@@ -135,7 +135,7 @@ impl Params<'_> {
         range: RangeInclusive<Duration>,
     ) -> Result<Option<Duration>, RuleError> {
         let Some(value) = self.take(key) else { return Ok(None) };
-        match humantime::parse_duration(&value) {
+        match crate::duration::parse(&value) {
             Ok(d) if range.contains(&d) => Ok(Some(d)),
             _ => {
                 let (low, high) = (short_duration(*range.start()), short_duration(*range.end()));

@@ -40,7 +40,7 @@ impl RuleDef for Sticky {
     }
 
     fn canonical(&self) -> String {
-        format!("sticky(ttl={})", humantime::format_duration(self.ttl))
+        format!("sticky(ttl={})", crate::duration::format(self.ttl))
     }
 
     fn needs(&self) -> Needs {

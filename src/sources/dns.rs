@@ -172,10 +172,7 @@ impl Asker {
     async fn ask(self, name: &str, type_: u16) -> Result<(Vec<Record>, Vec<Record>), SourceError> {
         let Asker { resolver, timeout } = self;
         let answer = tokio::time::timeout(timeout, exchange(resolver, name, type_)).await.map_err(|_| {
-            SourceError::new(format!(
-                "{name}: no answer from {resolver} within {}",
-                humantime::format_duration(timeout)
-            ))
+            SourceError::new(format!("{name}: no answer from {resolver} within {}", crate::duration::format(timeout)))
         })??;
         match answer.rcode {
             Rcode::NoError => Ok((answer.answers, answer.additional)),

@@ -173,7 +173,7 @@ async fn within<T>(
         Ok(answer) => answer,
         Err(_) => Err(SourceError::new(format!(
             "{method} {target}: no whole answer within {}",
-            humantime::format_duration(timeout)
+            crate::duration::format(timeout)
         ))),
     }
 }

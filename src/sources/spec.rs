@@ -195,7 +195,7 @@ impl SourceTable {
         if min_interval > interval {
             return Err(SpecError::new(
                 "min_interval",
-                format!("is longer than interval ({})", humantime::format_duration(interval)),
+                format!("is longer than interval ({})", crate::duration::format(interval)),
             ));
         }
         let timeout =
@@ -320,10 +320,10 @@ fn duration(
     (low, high): (Duration, Duration),
 ) -> Result<Duration, SpecError> {
     let Some(value) = value else { return Ok(default) };
-    let parsed = humantime::parse_duration(&value)
+    let parsed = crate::duration::parse(&value)
         .map_err(|e| SpecError::new(key, format!("is {value:?}: {e} (write e.g. \"5s\" or \"500ms\")")))?;
     if parsed < low || parsed > high {
-        let (low, high) = (humantime::format_duration(low), humantime::format_duration(high));
+        let (low, high) = (crate::duration::format(low), crate::duration::format(high));
         return Err(SpecError::new(key, format!("is {value}; expected {low} to {high}")));
     }
     Ok(parsed)
@@ -348,18 +348,18 @@ impl SourceSpec {
             let list: Vec<String> = services.iter().map(|s| quote(s)).collect();
             out.push_str(&format!("services = [{}]\n", list.join(", ")));
         }
-        out.push_str(&format!("interval = \"{}\"\n", humantime::format_duration(self.interval)));
+        out.push_str(&format!("interval = \"{}\"\n", crate::duration::format(self.interval)));
         if let Kind::Dns { resolver, .. } = &self.kind {
-            out.push_str(&format!("min_interval = \"{}\"\n", humantime::format_duration(self.min_interval)));
+            out.push_str(&format!("min_interval = \"{}\"\n", crate::duration::format(self.min_interval)));
             if let Some(resolver) = resolver {
                 out.push_str(&format!("resolver = \"{resolver}\"\n"));
             }
         }
-        out.push_str(&format!("timeout = \"{}\"\n", humantime::format_duration(self.timeout)));
+        out.push_str(&format!("timeout = \"{}\"\n", crate::duration::format(self.timeout)));
         out.push_str(&format!("max_instances = {}\n", self.max_instances));
         out.push_str(&format!("max_bytes = {}\n", self.max_bytes));
         out.push_str(&format!("protect_threshold = {}\n", self.protect_threshold));
-        out.push_str(&format!("protect_for = \"{}\"\n", humantime::format_duration(self.protect_for)));
+        out.push_str(&format!("protect_for = \"{}\"\n", crate::duration::format(self.protect_for)));
         out
     }
 

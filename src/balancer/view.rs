@@ -6,7 +6,8 @@
 //! pick does one `ArcSwap` load, one hash lookup, and reads.
 //!
 //! Views are built by a [`PublishHook`], on the registry task, before the registry acknowledges
-//! the changes, so a provider holding its ack knows every later pick sees them; only the
+//! the changes or makes them its current catalog, so a provider holding its ack, or a listing
+//! or watch showing them, means every later pick sees them; only the
 //! services a publication changed are rebuilt. A subset's tables are built when a rule first
 //! needs them (that pick waits for the build, which runs on a blocking thread) and from then on
 //! at every publication: inline for subsets up to [`INLINE_BUILD`] members, on a blocking
@@ -193,7 +194,6 @@ type ViewMap =
 /// Every service's pick view, following the registry's publications.
 pub struct Views {
     map: ArcSwap<ViewMap>,
-    registry: Registry,
     stats: Arc<Stats>,
     /// Serialises updates of `map`.
     write: Mutex<()>,
@@ -204,14 +204,14 @@ impl Views {
     pub fn follow(registry: &Registry, stats: Arc<Stats>) -> Arc<Self> {
         let views = Arc::new(Self {
             map: ArcSwap::from_pointee(ViewMap::with_hasher(foldhash::fast::RandomState::default())),
-            registry: registry.clone(),
             stats,
             write: Mutex::new(()),
         });
         let hook: Weak<dyn PublishHook> = Arc::downgrade(&(views.clone() as Arc<dyn PublishHook>));
-        let catalog = registry.add_hook(hook);
-        let names: Vec<Arc<str>> = catalog.snapshots().map(|s| s.name.clone()).collect();
-        views.update(&names);
+        registry.add_hook(hook, |catalog| {
+            let names: Vec<Arc<str>> = catalog.snapshots().map(|s| s.name.clone()).collect();
+            views.update(catalog, &names);
+        });
         views
     }
 
@@ -220,10 +220,10 @@ impl Views {
         self.map.load()
     }
 
-    /// Rebuilds the views of `services` from the registry's current catalog.
-    fn update(&self, services: &[Arc<str>]) {
+    /// Rebuilds the views of `services` from `catalog`, which the registry publishes once the
+    /// views have it.
+    fn update(&self, catalog: &Catalog, services: &[Arc<str>]) {
         let _writing = self.write.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let catalog = self.registry.catalog();
         let mut map = (**self.map.load()).clone();
         for name in services {
             let Some(snapshot) = catalog.get(name) else {
@@ -277,8 +277,8 @@ impl Views {
 }
 
 impl PublishHook for Views {
-    fn published(&self, _catalog: &Catalog, services: &[Arc<str>]) {
-        self.update(services);
+    fn published(&self, catalog: &Catalog, services: &[Arc<str>]) {
+        self.update(catalog, services);
     }
 }
 

@@ -522,16 +522,19 @@ impl Index {
             };
             let snapshot = Arc::new(ServiceSnapshot::build(name.clone(), entry.epoch, instances));
             changed.push(name.clone());
-            if let Some(watcher) = self.watchers.get(&name) {
-                watcher.send_replace(snapshot.clone());
-            }
             self.published.insert(snapshot);
         }
         let catalog = Arc::new(self.published.clone());
-        self.catalog.store(catalog.clone());
         let mut touched = changed.clone();
         touched.extend(forgotten);
-        self.hooks.published(&catalog, &touched);
+        // The pick views first, then the catalog, then the watches: nothing shows a change
+        // (a listing reads the catalog) before every pick sees it.
+        self.hooks.publish(&catalog, &touched, &self.catalog);
+        for name in &changed {
+            if let (Some(watcher), Some(snapshot)) = (self.watchers.get(name), catalog.get(name)) {
+                watcher.send_replace(snapshot.clone());
+            }
+        }
         self.generation.send_modify(|generation| *generation += 1);
         if !changed.is_empty() && self.published_names.receiver_count() > 0 {
             let _ = self.published_names.send(changed.into());

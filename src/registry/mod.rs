@@ -123,15 +123,16 @@ impl Hooks {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn published(&self, catalog: &Catalog, services: &[Arc<str>]) {
-        let live: Vec<Arc<dyn PublishHook>> = {
-            let mut hooks = self.list();
-            hooks.retain(|hook| hook.strong_count() > 0);
-            hooks.iter().filter_map(Weak::upgrade).collect()
-        };
-        for hook in live {
+    /// Tells every hook of `catalog`, then makes it the registry's current catalog, all under
+    /// the list's lock: a hook added meanwhile ([`Registry::add_hook`]) starts either from a
+    /// catalog this publication is in, or before it and is told of it.
+    fn publish(&self, catalog: &Arc<Catalog>, services: &[Arc<str>], current: &ArcSwap<Catalog>) {
+        let mut hooks = self.list();
+        hooks.retain(|hook| hook.strong_count() > 0);
+        for hook in hooks.iter().filter_map(Weak::upgrade) {
             hook.published(catalog, services);
         }
+        current.store(catalog.clone());
     }
 }
 
@@ -179,12 +180,13 @@ impl Registry {
         self.catalog().get(name).cloned()
     }
 
-    /// Tells `hook` of every later publication (until it is dropped) and returns the catalog
-    /// published before: the hook's owner starts from it. A publication racing this call is
-    /// either in that catalog or told to the hook (or both).
-    pub fn add_hook(&self, hook: Weak<dyn PublishHook>) -> Arc<Catalog> {
-        self.shared.hooks.list().push(hook);
-        self.shared.catalog.load_full()
+    /// Tells `hook` of every later publication (until it is dropped), after `start` has run
+    /// with the catalog published before: the hook's owner starts from it. Nothing is published
+    /// between the two, so the hook misses no publication and is told none that `start` saw.
+    pub fn add_hook(&self, hook: Weak<dyn PublishHook>, start: impl FnOnce(&Catalog)) {
+        let mut hooks = self.shared.hooks.list();
+        start(&self.shared.catalog.load());
+        hooks.push(hook);
     }
 
     /// The names of the services each publication changed.

@@ -227,3 +227,39 @@ async fn new_services_beyond_the_registry_and_token_limits_are_refused() {
     assert_eq!(outcome.accepted.len(), 2);
     assert!(matches!(&outcome.refused[0].1, Refused::TooManyServices { key: "max_services", limit: 5, .. }));
 }
+
+/// A hook that records, each time it is told of a publication, what the registry's own
+/// catalog (what a listing reads) shows of `orders` at that moment.
+struct Recorder {
+    registry: Registry,
+    seen: Mutex<Vec<(Vec<String>, Vec<String>)>>,
+}
+
+impl PublishHook for Recorder {
+    fn published(&self, catalog: &Catalog, _services: &[Arc<str>]) {
+        let told = catalog.get("orders").map(|s| s.instances.iter().map(|i| i.id.to_string()).collect());
+        self.seen.lock().unwrap().push((told.unwrap_or_default(), ids(&self.registry, "orders")));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pick_views_are_told_of_a_publication_before_a_listing_can_show_it() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let recorder = Arc::new(Recorder { registry: registry.clone(), seen: Mutex::default() });
+    let mut started = None;
+    registry.add_hook(Arc::downgrade(&(recorder.clone() as Arc<dyn PublishHook>)), |catalog| {
+        started = Some(catalog.snapshots().count());
+    });
+    assert_eq!(started, Some(0), "the hook starts from the catalog published before it");
+
+    let lease = registry.open_lease();
+    lease.announce(vec![spec("orders", "a", 1)]).await.unwrap();
+    drop(lease);
+    settle(&registry).await;
+    assert!(ids(&registry, "orders").is_empty());
+
+    let seen = recorder.seen.lock().unwrap().clone();
+    // Told of the announce while the catalog still lacked it, and of the close while the
+    // catalog still listed the instance: a listing can never run ahead of the picks.
+    assert_eq!(seen, [(vec!["a:1".to_owned()], vec![]), (vec![], vec!["a:1".to_owned()])]);
+}

@@ -23,7 +23,7 @@ use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
-use crate::grpc::{BalancerService, PoliciesService, RegistryService, Warmup, XdsService};
+use crate::grpc::{BalancerRoutes, BalancerService, PoliciesService, RegistryService, Warmup, XdsService};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::load::StatsConfig;
 use crate::pb;
@@ -316,12 +316,13 @@ impl Server {
         let answers = UnreadAnswers::new(limits.max_unread_bytes, limits.max_unread_bytes_per_peer);
         // With tokens configured, each rota service sits behind its scope's interceptor;
         // without, requests skip the interceptor altogether.
-        let balancer_service = pb::balancer_server::BalancerServer::new(
+        balancer.views().encode_answers_with(crate::grpc::convert::encoded_instance);
+        let balancer_service = BalancerRoutes::new(
             BalancerService::new(balancer.clone(), consumers.clone(), streams.clone())
                 .with_warmup(warmup)
                 .with_answers(answers.clone()),
-        )
-        .max_decoding_message_size(limits.max_message_bytes);
+            limits.max_message_bytes,
+        );
         let registry_service = pb::registry_server::RegistryServer::new(
             RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
                 .with_warmup(warmup)

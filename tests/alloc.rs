@@ -1,9 +1,15 @@
 //! The pick path allocates nothing once warm, with or without `exclude`: `Balancer::pick` for
 //! the rotation, hashing and load-aware rules is counted by a wrapping global allocator (deterministic; no
-//! timing involved).
+//! timing involved). Nor does the unary handler around it: the request read in place, the pick,
+//! and the answer written from the bytes encoded at publish (a request naming instances to
+//! exclude owns those names, and a fallback's answer its note).
 
+use bytes::Bytes;
 use futures_util::FutureExt;
+use prost::Message;
 use rota::balancer::{Balancer, PickQuery};
+use rota::grpc::pick_wire::{PickAnswer, PickRequestView};
+use rota::pb;
 use rota::registry::{InstanceSpec, Registry, RegistryConfig};
 
 #[path = "support/counting_alloc.rs"]
@@ -31,7 +37,9 @@ fn warm_picks_do_not_allocate() {
             .collect();
         assert!(lease.announce(specs).await.unwrap().refused.is_empty());
         registry.subscribe("svc").await.unwrap();
-        (Balancer::with_defaults(registry), lease)
+        let balancer = Balancer::with_defaults(registry);
+        balancer.views().encode_answers_with(rota::grpc::convert::encoded_instance);
+        (balancer, lease)
     });
     let keys: Vec<String> = (0..64).map(|k| format!("user-{k}")).collect();
     // Retries name instances already tried: excluding them must not allocate either.
@@ -79,6 +87,37 @@ fn warm_picks_do_not_allocate() {
         let allocations = counting_alloc::allocations() - before;
         let excluding = exclude.len();
         assert_eq!(allocations, 0, "{rule} excluding {excluding}: {allocations} allocations in 1000 warm picks");
+
+        if !exclude.is_empty() {
+            continue;
+        }
+        // The handler as a whole, on the rule's warm rotation.
+        let requests: Vec<Bytes> = keys
+            .iter()
+            .map(|key| {
+                let request = pb::PickRequest {
+                    service: "svc".into(),
+                    rule: rule.into(),
+                    key: key.clone(),
+                    ..Default::default()
+                };
+                Bytes::from(request.encode_to_vec())
+            })
+            .collect();
+        let mut out = Vec::with_capacity(4096);
+        let mut handle = |k: usize| {
+            let view = PickRequestView::decode(requests[k % 64].clone()).expect("a valid request");
+            let picked = balancer.pick(view.query()).now_or_never().expect("in-memory picks complete at once");
+            let answer = PickAnswer::new(picked.expect("pick"));
+            out.clear();
+            answer.encode(&mut out);
+            assert!(!out.is_empty());
+        };
+        (0..1000).for_each(&mut handle);
+        let before = counting_alloc::allocations();
+        (0..1000).for_each(&mut handle);
+        let allocations = counting_alloc::allocations() - before;
+        assert_eq!(allocations, 0, "{rule}: {allocations} allocations in 1000 warm unary handlings");
     }
 }
 

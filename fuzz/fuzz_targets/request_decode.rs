@@ -5,7 +5,7 @@
 //!
 //! | selector % 12 | message               | what rota does with it                          |
 //! |---------------|-----------------------|-------------------------------------------------|
-//! | 0             | `PickRequest`         | `Balancer.Pick` (twice, then reports the pick)  |
+//! | 0             | `PickRequest`         | `Balancer.Pick` as the wire reads it (twice, then reports the pick) |
 //! | 1             | `LeaseRequest`        | `Balancer.Lease`                                |
 //! | 2             | `ReportRequest`       | `Balancer.Report`                               |
 //! | 3             | `RegisterRequest`     | one Register message on a provider's lease      |
@@ -36,6 +36,7 @@ use prost::Message;
 use rota::balancer::Balancer;
 use rota::grpc::peers::PeerStreams;
 use rota::grpc::streams::OpenStreams;
+use rota::grpc::pick_wire::PickRequestView;
 use rota::grpc::{BalancerService, PoliciesService, RegistryService, convert, status};
 use rota::pb::balancer_server::Balancer as _;
 use rota::pb::policies_server::Policies as _;
@@ -105,6 +106,8 @@ async fn server() -> Server {
     owner.withdraw(vec![gone]).await.expect("registry runs");
     let provider = registry.open_lease();
     let balancer = Arc::new(Balancer::with_defaults(registry.clone()));
+    // Answers encoded at publish, as `rota serve` has them.
+    balancer.views().encode_answers_with(convert::encoded_instance);
     let gray = PolicySpec {
         gray: Some(GraySpec { unversioned: 3, versions: BTreeMap::from([("canary".to_owned(), 1)]) }),
         ..PolicySpec::default()
@@ -142,10 +145,20 @@ async fn run(data: &[u8]) {
 async fn record(server: &Server, selector: u8, bytes: &[u8]) {
     match selector {
         0 => {
-            let Ok(request) = pb::PickRequest::decode(bytes) else { return };
+            // The unary Pick reads requests in place: exactly what prost reads, the same fields.
+            let view = PickRequestView::decode(bytes::Bytes::copy_from_slice(bytes));
+            let Ok(request) = pb::PickRequest::decode(bytes) else {
+                assert!(view.is_err(), "the wire Pick read {bytes:?}, which prost refuses");
+                return;
+            };
+            let view = view.expect("prost reads the request, so must the wire Pick");
+            assert_eq!(view.service(), request.service);
             for _ in 0..2 {
-                if let Ok(response) = server.balancer_service.pick(Request::new(request.clone())).await {
-                    let response = response.into_inner();
+                if let Ok(answer) = server.balancer_service.pick_view(&view).await {
+                    let mut wire = Vec::new();
+                    answer.encode(&mut wire);
+                    assert_eq!(wire.len(), answer.encoded_len());
+                    let response = pb::PickResponse::decode(&wire[..]).expect("prost reads the answer");
                     check_pick(server, &request, &response);
                     let outcome = pb::CallOutcome {
                         service: request.service.clone(),

@@ -34,7 +34,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use crate::hash::Map;
 use crate::load::{ServiceEjections, Stats, StatsHandle};
-use crate::registry::{Catalog, PublishHook, Registry, ServiceSnapshot, Subset};
+use crate::registry::{Catalog, Instance, PublishHook, Registry, ServiceSnapshot, Subset};
 use crate::rules::{Candidates, LoadIndex, LoadTable, Needs, Versions};
 use crate::state::RotationCache;
 
@@ -197,7 +197,12 @@ pub struct Views {
     stats: Arc<Stats>,
     /// Serialises updates of `map`.
     write: Mutex<()>,
+    /// Encodes an instance as picks answer it, once set ([`Views::encode_answers_with`]).
+    encode: std::sync::OnceLock<AnswerEncoder>,
 }
+
+/// How the edge that answers picks encodes an instance (the gRPC edge's `Instance` message).
+pub type AnswerEncoder = fn(&Instance) -> bytes::Bytes;
 
 impl Views {
     /// Views of `registry`'s services, kept up to date from now on.
@@ -206,6 +211,7 @@ impl Views {
             map: ArcSwap::from_pointee(ViewMap::with_hasher(foldhash::fast::RandomState::default())),
             stats,
             write: Mutex::new(()),
+            encode: std::sync::OnceLock::new(),
         });
         let hook: Weak<dyn PublishHook> = Arc::downgrade(&(views.clone() as Arc<dyn PublishHook>));
         registry.add_hook(hook, |catalog| {
@@ -213,6 +219,19 @@ impl Views {
             views.update(catalog, &names);
         });
         views
+    }
+
+    /// From now on every instance a pick can return is encoded with `encode` when its
+    /// publication is taken (the instances of the current views at once), and kept with it
+    /// ([`Instance::answer`]): a pick's answer copies those bytes. Set once; a second call is
+    /// ignored.
+    pub fn encode_answers_with(&self, encode: AnswerEncoder) {
+        let _writing = self.write.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.encode.set(encode).is_ok() {
+            for view in self.map.load().values() {
+                encode_pickable(&view.snapshot, encode);
+            }
+        }
     }
 
     /// The current views: one atomic load.
@@ -236,6 +255,9 @@ impl Views {
             let previous = map.get(name).cloned();
             if previous.as_ref().is_some_and(|view| Arc::ptr_eq(&view.snapshot, snapshot)) {
                 continue;
+            }
+            if let Some(encode) = self.encode.get() {
+                encode_pickable(snapshot, *encode);
             }
             let view = Arc::new(ServiceView::new(snapshot.clone(), previous.as_deref(), &self.stats));
             view.lineage.set_newest(Arc::downgrade(&view));
@@ -273,6 +295,14 @@ impl Views {
 
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
+    }
+}
+
+/// Encodes each UP instance of `snapshot` not encoded yet (an instance unchanged since an
+/// earlier publication keeps its bytes).
+fn encode_pickable(snapshot: &ServiceSnapshot, encode: AnswerEncoder) {
+    for instance in snapshot.instances.iter().filter(|i| i.is_up()) {
+        instance.answer.get_or_init(|| encode(instance));
     }
 }
 

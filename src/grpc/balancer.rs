@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::answers::{self, UnreadAnswers};
 use super::convert;
 use super::peers::{PeerSlot, PeerStreams};
+use super::pick_wire::{PickAnswer, PickRequestView};
 use super::streams::{OpenStreams, StreamKind, StreamSlot};
 use super::warmup::Warmup;
 use crate::balancer::{Balancer, MAX_LEASE, PickQuery};
@@ -81,18 +82,27 @@ fn held(balancer: &Balancer, warmup: &Warmup, query: &PickQuery<'_>, count: u32)
 /// One pick as the API answers it, with the balancer's errors refined by the warm-up. A unary
 /// pick is never held back while a seen service's instances arrive: its caller may have no list
 /// to fall back on (leases are, see [`held`]).
-async fn pick(balancer: &Balancer, warmup: &Warmup, request: &pb::PickRequest) -> Result<pb::PickResponse, Status> {
-    let query = PickQuery {
+async fn pick(balancer: &Balancer, warmup: &Warmup, query: PickQuery<'_>) -> Result<crate::balancer::Picked, Status> {
+    let service = query.service;
+    balancer.pick(query).await.map_err(|error| refused(balancer, warmup, service, error))
+}
+
+fn query(request: &pb::PickRequest) -> PickQuery<'_> {
+    PickQuery {
         service: &request.service,
         rule: &request.rule,
         version: &request.version,
         key: &request.key,
         zone: &request.zone,
         exclude: &request.exclude,
-    };
-    match balancer.pick(query).await {
-        Ok(picked) => Ok(convert::picked(picked)),
-        Err(error) => Err(refused(balancer, warmup, &request.service, error)),
+    }
+}
+
+impl BalancerService {
+    /// A unary Pick read in place and answered from the bytes encoded at publish (see
+    /// [`super::pick_wire`]).
+    pub async fn pick_view(&self, request: &PickRequestView) -> Result<PickAnswer, Status> {
+        Ok(PickAnswer::new(pick(&self.balancer, &self.warmup, request.query()).await?))
     }
 }
 
@@ -101,7 +111,8 @@ type PickStream = Pin<Box<dyn Stream<Item = Result<pb::PickResponse, Status>> + 
 #[tonic::async_trait]
 impl pb::balancer_server::Balancer for BalancerService {
     async fn pick(&self, request: Request<pb::PickRequest>) -> Result<Response<pb::PickResponse>, Status> {
-        Ok(Response::new(pick(&self.balancer, &self.warmup, request.get_ref()).await?))
+        let picked = pick(&self.balancer, &self.warmup, query(request.get_ref())).await?;
+        Ok(Response::new(convert::picked(picked)))
     }
 
     async fn report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
@@ -165,8 +176,8 @@ impl pb::balancer_server::Balancer for BalancerService {
             let balancer = balancer.clone();
             async move {
                 let request = request?;
-                Ok(match pick(&balancer, &warmup, &request).await {
-                    Ok(response) => response,
+                Ok(match pick(&balancer, &warmup, query(&request)).await {
+                    Ok(picked) => convert::picked(picked),
                     Err(status) => pb::PickResponse {
                         error: Some(pb::PickError { code: status.code() as i32, message: status.message().to_owned() }),
                         ..Default::default()

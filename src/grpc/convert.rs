@@ -68,6 +68,11 @@ pub fn instance(instance: &Instance) -> pb::Instance {
     }
 }
 
+/// [`instance`], encoded: what a pick's answer carries (see [`super::pick_wire`]).
+pub fn encoded_instance(instance: &Instance) -> bytes::Bytes {
+    prost::Message::encode_to_vec(&self::instance(instance)).into()
+}
+
 pub fn instance_ref(reference: pb::InstanceRef) -> InstanceRef {
     InstanceRef { service: reference.service, id: reference.id }
 }

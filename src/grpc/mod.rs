@@ -5,7 +5,8 @@
 //! `rota.v1.Registry` and `rota.v1.Policies` on top of [`crate::balancer`] and
 //! [`crate::registry`], and xDS ADS on top of [`crate::xds`]. [`metrics`] is the tower layer
 //! that counts every call for the admin listener, and [`answers`] the one that counts the bytes of
-//! answers clients have not read yet.
+//! answers clients have not read yet. [`pick_wire`] serves the unary Pick without protobuf's
+//! per-field work: the request read in place, the answer copied from bytes encoded at publish.
 
 pub mod answers;
 pub mod auth;
@@ -13,6 +14,7 @@ mod balancer;
 pub mod convert;
 pub mod metrics;
 pub mod peers;
+pub mod pick_wire;
 mod policies;
 mod register;
 mod registry;
@@ -22,6 +24,7 @@ pub mod warmup;
 mod xds;
 
 pub use balancer::BalancerService;
+pub use pick_wire::BalancerRoutes;
 pub use policies::PoliciesService;
 pub use registry::RegistryService;
 pub use warmup::Warmup;

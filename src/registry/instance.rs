@@ -141,6 +141,50 @@ pub struct Instance {
     /// What rota laid over the announced instance (a failing health check), when anything:
     /// `status` is then the effective one and this says what was announced, and why.
     pub conditions: Option<Arc<super::layers::Conditions>>,
+    /// The instance as the gRPC edge answers it, encoded once when the balancer's views take
+    /// the publication it is in, so a pick copies bytes instead of encoding fields.
+    pub answer: Encoded,
+}
+
+/// Bytes encoded from the instance they are kept with, by whoever set them (the registry
+/// neither reads nor writes them). A clone starts empty, so an instance changed from a copy
+/// is never answered with its original's bytes; and they take no part in comparisons.
+#[derive(Default)]
+pub struct Encoded(std::sync::OnceLock<bytes::Bytes>);
+
+impl Encoded {
+    /// The bytes, once set.
+    pub fn get(&self) -> Option<&bytes::Bytes> {
+        self.0.get()
+    }
+
+    /// The bytes, set by `encode` the first time.
+    pub fn get_or_init(&self, encode: impl FnOnce() -> bytes::Bytes) -> &bytes::Bytes {
+        self.0.get_or_init(encode)
+    }
+}
+
+impl Clone for Encoded {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for Encoded {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Encoded {}
+
+impl std::fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.get() {
+            Some(bytes) => write!(f, "Encoded({} bytes)", bytes.len()),
+            None => f.write_str("Encoded(none)"),
+        }
+    }
 }
 
 impl Instance {
@@ -238,6 +282,7 @@ impl InstanceSpec {
             up_since: None,
             source: None,
             conditions: None,
+            answer: Encoded::default(),
         })
     }
 }

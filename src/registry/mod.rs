@@ -24,7 +24,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 pub use command::{InstanceRef, InstanceUpdate, Outcome};
 pub use error::{InvalidField, Refused, RegistryClosed};
 pub use instance::{
-    DEFAULT_WEIGHT, Instance, InstanceRecord, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN,
+    DEFAULT_WEIGHT, Encoded, Instance, InstanceRecord, InstanceSpec, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_LEN,
     MAX_METADATA_VALUE_LEN, MAX_NAME_LEN, RequestedStatus, Status, default_id, truncate, validate_optional_name,
     validate_service_name,
 };

@@ -31,8 +31,9 @@ pub struct BenchArgs {
     /// Measuring window per mode.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Modes to run, in order: health, pick, stream, pipelined, lease:K, floor (the health RPC
-    /// on a bare tonic server this command starts: what gRPC itself costs on this machine).
+    /// Modes to run, in order: health, pick, stream, pipelined, lease:K, floor (a raw-bytes
+    /// unary call, no protobuf, on a bare tonic server this command starts: what gRPC itself
+    /// costs on this machine).
     #[arg(long, value_delimiter = ',', default_value = "health,pick,stream,pipelined", value_parser = Mode::parse)]
     pub modes: Vec<Mode>,
     /// Rounds of the modes: every even round runs them in reverse order, so each mode sees
@@ -120,17 +121,16 @@ fn spawn_server(streams: usize) -> Result<(Spawned, String), CliError> {
     spawn(&["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--max-registrations-per-peer", &streams])
 }
 
-/// Serves the floor: the gRPC health service alone on a bare tonic server (no metrics, limits,
-/// interceptors or rota services), with Nagle off as rota's listener has it. Prints
-/// `listening on ADDR` first, like `rota serve`.
+/// Serves the floor: [`loadgen::floor::FloorService`] alone on a bare tonic server (no
+/// protobuf, metrics, limits, interceptors or rota services), with Nagle off as rota's listener
+/// has it. Prints `listening on ADDR` first, like `rota serve`.
 pub async fn floor_server() -> Result<(), CliError> {
     use tonic::transport::server::TcpIncoming;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("listening on {}", listener.local_addr()?);
-    let (_health, service) = tonic_health::server::health_reporter();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(service)
+        .add_service(loadgen::floor::FloorService)
         .serve_with_incoming(incoming)
         .await
         .map_err(|e| CliError::Usage(format!("floor server: {e}")))

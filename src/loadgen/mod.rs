@@ -9,8 +9,11 @@
 //! - `stream` — `Balancer/PickStream`, one request in flight per caller (ping-pong);
 //! - `pipelined` — `Balancer/PickStream` with `window` requests in flight per caller;
 //! - `lease:K` — picks through the Rust client's [`LeasedPicker`](crate::client::LeasedPicker),
-//!   one `Lease` round trip per K picks.
+//!   one `Lease` round trip per K picks;
+//! - `floor` — a unary call of raw bytes on a bare tonic server of its own ([`floor`]): the
+//!   gRPC round trip with nothing on top.
 
+pub mod floor;
 mod report;
 pub mod scale;
 
@@ -39,7 +42,7 @@ pub enum Mode {
     Pipelined,
     /// Leased tickets, K per lease.
     Lease(u32),
-    /// The health RPC on a bare tonic server (`rota bench` starts one): the floor.
+    /// A unary call of raw bytes on a bare tonic server (`rota bench` starts one): the floor.
     Floor,
 }
 
@@ -119,7 +122,8 @@ pub async fn run(config: &LoadConfig, channels: &[Channel], mode: Mode) -> Resul
         callers.push(tokio::spawn(async move {
             let window_bounds = (measure_from, until);
             match mode {
-                Mode::Health | Mode::Floor => unary_health(channel, window_bounds).await,
+                Mode::Health => unary_health(channel, window_bounds).await,
+                Mode::Floor => unary_floor(channel, window_bounds).await,
                 Mode::Pick => unary_pick(channel, request, window_bounds).await,
                 Mode::Stream | Mode::Pipelined => streamed_pick(channel, request, window, window_bounds).await,
                 Mode::Lease(k) => leased_pick(channel, request, k, window_bounds).await,
@@ -188,6 +192,19 @@ async fn unary_health(channel: Channel, window: (Instant, Instant)) -> Result<Ta
     while Instant::now() < window.1 {
         let started = Instant::now();
         match client.check(HealthCheckRequest { service: String::new() }).await {
+            Ok(_) => record(&mut tally, started, window),
+            Err(_) => tally.errors += u64::from(started >= window.0),
+        }
+    }
+    Ok(tally)
+}
+
+async fn unary_floor(channel: Channel, window: (Instant, Instant)) -> Result<Tally, LoadError> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut tally = Tally { histogram: new_histogram(), errors: 0 };
+    while Instant::now() < window.1 {
+        let started = Instant::now();
+        match floor::call(&mut grpc).await {
             Ok(_) => record(&mut tally, started, window),
             Err(_) => tally.errors += u64::from(started >= window.0),
         }

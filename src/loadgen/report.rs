@@ -206,6 +206,9 @@ pub fn print_table(results: &[LoadResult]) {
                 line.push_str(&format!(" (per round: min {low:.3}, median {median:.3}, max {high:.3})"));
             }
             println!("{line}");
+            if let (Some(m), Some(f)) = (measured.server_cpu_us_per_request(), floor.server_cpu_us_per_request()) {
+                println!("Server CPU per request, {label} / floor: {:.3} ({m:.1} µs against {f:.1} µs)", m / f);
+            }
         }
     }
     if let (Some(pipelined), Some(pick)) = (find(Mode::Pipelined), find(Mode::Pick)) {

@@ -49,6 +49,10 @@ pub struct BenchArgs {
     pub instances: usize,
     #[arg(long, default_value = "round_robin")]
     pub rule: String,
+    /// The version every pick asks for; the bench's instances have none, so a version here
+    /// measures the isolation fallback's answer.
+    #[arg(long, default_value = "")]
+    pub version: String,
     #[arg(long, default_value = "bench")]
     pub service: String,
     /// Scale run instead: register --scale-instances over --scale-streams into --scale-services,
@@ -256,6 +260,7 @@ pub(super) fn load_config(args: &BenchArgs, endpoint: &str, service: &str, serve
         request: pb::PickRequest {
             service: service.to_owned(),
             rule: args.rule.clone(),
+            version: args.version.clone(),
             key: "bench-key".to_owned(),
             ..Default::default()
         },

@@ -4,7 +4,9 @@
 //!
 //! The method comes from the request path and is looked up in the fixed table of methods rota
 //! serves, so the counters are plain atomics in an array (no lock, no allocation per call) and
-//! a stray path cannot add series: unknown paths count under `unknown/unknown`. The code is the
+//! a stray path cannot add series: unknown paths count under `unknown/unknown`. The array is
+//! kept in [`SHARDS`] copies, each thread counting in its own, so that the runtime's workers do
+//! not take turns owning the same cache lines on every call; a read adds the copies up. The code is the
 //! `grpc-status` of the response — in the headers of a trailers-only response (how tonic
 //! answers a unary call that fails) or in the trailers. A call is `handled` when its response
 //! body ends; for a stream that is when the stream closes, and the histogram then measures the
@@ -13,7 +15,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -79,10 +81,27 @@ struct MethodCounters {
     sum_nanos: AtomicU64,
 }
 
+/// Copies of the counters: more than the runtime has workers on most machines.
+pub const SHARDS: usize = 8;
+
+/// One copy of every method's counters, on cache lines of its own.
+#[derive(Default)]
+#[repr(align(128))]
+struct Shard {
+    methods: [MethodCounters; METHODS.len()],
+}
+
 /// The counters of every method.
 #[derive(Default)]
 pub struct GrpcMetrics {
-    methods: [MethodCounters; METHODS.len()],
+    shards: [Shard; SHARDS],
+}
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The copy this thread counts in, handed out in turn.
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
 }
 
 /// One method's counters, read for exposition.
@@ -106,8 +125,13 @@ impl GrpcMetrics {
         METHODS[..UNKNOWN_METHOD].iter().position(|(s, m, _)| *s == service && *m == method).unwrap_or(UNKNOWN_METHOD)
     }
 
+    /// This thread's counters of `method`.
+    fn counters(&self, method: usize) -> &MethodCounters {
+        &self.shards[SHARD.with(|shard| *shard)].methods[method]
+    }
+
     fn finish(&self, method: usize, code: usize, started: Instant) {
-        let counters = &self.methods[method];
+        let counters = self.counters(method);
         counters.handled[code].fetch_add(1, Ordering::Relaxed);
         let elapsed = started.elapsed();
         let seconds = elapsed.as_secs_f64();
@@ -119,27 +143,27 @@ impl GrpcMetrics {
     /// Methods that have been called at least once, in table order.
     pub fn snapshot(&self) -> Vec<MethodStats> {
         let mut all = Vec::new();
-        for (counters, (service, method, kind)) in self.methods.iter().zip(METHODS) {
-            let started = counters.started.load(Ordering::Relaxed);
+        for (index, (service, method, kind)) in METHODS.into_iter().enumerate() {
+            let copies = || self.shards.iter().map(move |shard| &shard.methods[index]);
+            let sum = |counter: fn(&MethodCounters) -> &AtomicU64| {
+                copies().map(|counters| counter(counters).load(Ordering::Relaxed)).sum::<u64>()
+            };
+            let started = sum(|c| &c.started);
             if started == 0 {
                 continue;
             }
-            let handled = CODES
-                .iter()
-                .zip(&counters.handled)
-                .map(|(code, n)| (*code, n.load(Ordering::Relaxed)))
+            let handled = (0..CODES.len())
+                .map(|code| (CODES[code], copies().map(|c| c.handled[code].load(Ordering::Relaxed)).sum::<u64>()))
                 .filter(|(_, n)| *n > 0)
                 .collect();
             let mut total = 0;
-            let cumulative = counters
-                .buckets
-                .iter()
-                .map(|n| {
-                    total += n.load(Ordering::Relaxed);
+            let cumulative = (0..=HANDLING_BUCKETS.len())
+                .map(|bucket| {
+                    total += copies().map(|c| c.buckets[bucket].load(Ordering::Relaxed)).sum::<u64>();
                     total
                 })
                 .collect();
-            let sum_seconds = counters.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+            let sum_seconds = sum(|c| &c.sum_nanos) as f64 / 1e9;
             all.push(MethodStats { service, method, kind, started, handled, cumulative, sum_seconds });
         }
         all
@@ -198,7 +222,7 @@ where
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let method = GrpcMetrics::method_index(request.uri().path());
-        self.metrics.methods[method].started.fetch_add(1, Ordering::Relaxed);
+        self.metrics.counters(method).started.fetch_add(1, Ordering::Relaxed);
         let call = Call { metrics: self.metrics.clone(), method, started: Instant::now() };
         MeteredFuture { inner: self.inner.call(request), call: Some(call) }
     }
@@ -317,10 +341,13 @@ mod tests {
     fn finished_calls_fill_codes_and_cumulative_buckets() {
         let metrics = GrpcMetrics::default();
         let pick = GrpcMetrics::method_index("/rota.v1.Balancer/Pick");
-        metrics.methods[pick].started.fetch_add(3, Ordering::Relaxed);
-        for code in [0, 0, 5] {
-            metrics.finish(pick, code, Instant::now());
-        }
+        metrics.counters(pick).started.fetch_add(3, Ordering::Relaxed);
+        // Calls counted on other threads (other copies) add up.
+        std::thread::scope(|scope| {
+            scope.spawn(|| metrics.finish(pick, 0, Instant::now()));
+            scope.spawn(|| metrics.finish(pick, 0, Instant::now()));
+        });
+        metrics.finish(pick, 5, Instant::now());
         let stats = metrics.snapshot();
         assert_eq!(stats.len(), 1);
         assert_eq!(stats[0].started, 3);

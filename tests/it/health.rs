@@ -329,3 +329,33 @@ async fn replicas_share_the_checks_out_and_each_sees_the_others_verdicts() {
     .await;
     assert!(alone.is_ok(), "the survivor did not take the departed replica's checks over");
 }
+
+/// A health check rota cannot run is refused over gRPC, naming the field that is wrong, and
+/// changes nothing.
+#[tokio::test]
+async fn a_bad_health_check_is_refused_by_field_and_changes_nothing() {
+    let server = TestServer::start().await;
+    let mut admin = server.client().await;
+    checked_service(&server, "kept", check("tcp", "", 1000)).await;
+    let before = admin.list_policies().await.unwrap();
+    let cases = [
+        (pb::HealthCheck { kind: "udp".into(), ..check("tcp", "", 1000) }, "kind"),
+        (check("tcp", "", 10), "interval"),
+        (pb::HealthCheck { timeout_ms: 5000, ..check("tcp", "", 1000) }, "timeout"),
+        (pb::HealthCheck { unhealthy_after: 1000, ..check("tcp", "", 1000) }, "unhealthy_after"),
+        (pb::HealthCheck { healthy_after: 101, ..check("tcp", "", 1000) }, "healthy_after"),
+        (check("http", "no-slash", 1000), "path"),
+        (check("tcp", "/x", 1000), "path"),
+        (check("http", "/a b", 1000), "path"),
+    ];
+    for service in ["kept", "new"] {
+        for (bad, field) in &cases {
+            let policy = pb::Policy { service: service.into(), health_check: Some(bad.clone()), ..Default::default() };
+            let error = admin.set_policy(policy).await.unwrap_err();
+            assert_eq!(error.code(), Some(tonic::Code::InvalidArgument), "{bad:?}: {error}");
+            let prefix = format!("INVALID_ARGUMENT: policy.health_check.{field} ");
+            assert!(error.to_string().starts_with(&prefix), "{bad:?}: {error}");
+        }
+    }
+    assert_eq!(admin.list_policies().await.unwrap(), before, "nothing changed");
+}

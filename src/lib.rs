@@ -31,6 +31,8 @@
 //!   rule parameters and flags.
 //! - [`listener`] — the gRPC listener's front door: connection caps per peer and in total,
 //!   handshake and idle timeouts, `TCP_NODELAY` on every socket.
+//! - [`http1`] — one HTTP/1.1 connection to an address rota was given, for the sources and
+//!   the health checks.
 //! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
 //! - [`xds`] — the xDS resources (listeners, routes, clusters, endpoints) of every service, for
 //!   the standard xDS clients of gRPC; served over ADS at the gRPC edge.
@@ -51,6 +53,7 @@ pub mod duration;
 pub mod grpc;
 pub mod hash;
 pub mod health;
+pub mod http1;
 pub mod listener;
 pub mod load;
 pub mod loadgen;

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::policy::CheckKind;
@@ -37,24 +36,21 @@ fn authority(host: &str, port: u16) -> String {
 }
 
 async fn http(host: &str, port: u16, path: &str) -> Result<(), String> {
-    let stream = connect(host, port).await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|_| "HTTP handshake failed".to_owned())?;
-    let driver = tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let mut connection = crate::http1::open(host, port).await.map_err(|e| match e {
+        crate::http1::OpenError::Connect(e) => format!("connect: {}", e.kind()),
+        crate::http1::OpenError::Handshake(_) => "HTTP handshake failed".to_owned(),
+    })?;
     let request = http::Request::get(path)
         .header(http::header::HOST, authority(host, port))
         .header(http::header::USER_AGENT, concat!("rota-health/", env!("CARGO_PKG_VERSION")))
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|_| "bad request".to_owned());
     let answer = match request {
-        Ok(request) => sender.send_request(request).await.map_err(|_| "no HTTP answer".to_owned()),
+        Ok(request) => connection.sender.send_request(request).await.map_err(|_| "no HTTP answer".to_owned()),
         Err(e) => Err(e),
     };
     // The body is not read: the status decides, and the connection goes.
-    driver.abort();
+    drop(connection);
     let status = answer?.status();
     if status.is_success() { Ok(()) } else { Err(format!("answered HTTP {}", status.as_u16())) }
 }

@@ -12,8 +12,6 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty, Full, Limited};
 use hyper::body::{Body, Incoming};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use super::SourceError;
 
@@ -101,7 +99,7 @@ pub struct Lines {
     buffer: BytesMut,
     max_bytes: usize,
     target: String,
-    _driver: AbortOnDrop,
+    _driver: crate::http1::Driver,
 }
 
 impl Lines {
@@ -185,7 +183,7 @@ async fn send<B>(
     method: &str,
     target: &str,
     request: Result<http::Request<B>, http::Error>,
-) -> Result<(http::Response<Incoming>, AbortOnDrop), SourceError>
+) -> Result<(http::Response<Incoming>, crate::http1::Driver), SourceError>
 where
     B: Body + Send + 'static,
     B::Data: Send,
@@ -194,16 +192,11 @@ where
     let failed =
         |what: &str, error: &dyn std::fmt::Display| SourceError::new(format!("{method} {target}: {what}: {error}"));
     let request = request.map_err(|e| failed("request", &e))?;
-    let stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
-        .await
-        .map_err(|e| failed(&format!("cannot connect to {}", endpoint.authority()), &e))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| failed("handshake", &e))?;
-    let driver = AbortOnDrop(tokio::spawn(async move {
-        let _ = connection.await;
-    }));
-    let response = sender.send_request(request).await.map_err(|e| failed("no answer", &e))?;
+    let mut connection = crate::http1::open(&endpoint.host, endpoint.port).await.map_err(|e| match e {
+        crate::http1::OpenError::Connect(e) => failed(&format!("cannot connect to {}", endpoint.authority()), &e),
+        crate::http1::OpenError::Handshake(e) => failed("handshake", &e),
+    })?;
+    let response = connection.sender.send_request(request).await.map_err(|e| failed("no answer", &e))?;
     let status = response.status();
     if status.is_redirection() {
         let to = response.headers().get(http::header::LOCATION).and_then(|v| v.to_str().ok()).unwrap_or("nowhere");
@@ -214,7 +207,7 @@ where
     if status != http::StatusCode::OK {
         return Err(SourceError::new(format!("{method} {target}: answered {status}")));
     }
-    Ok((response, driver))
+    Ok((response, connection.driver))
 }
 
 async fn collect(
@@ -238,12 +231,4 @@ async fn collect(
 
 fn too_large(method: &str, target: &str, max_bytes: usize) -> SourceError {
     SourceError::new(format!("{method} {target}: the answer is larger than {max_bytes} bytes (the source's max_bytes)"))
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

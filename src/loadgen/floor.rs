@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 pub const PATH: &str = "/rota.bench.Floor/Echo";
 
 /// The answer: as many bytes as a Pick's answer of a short id and address, none of them read.
-const ANSWER: &[u8] = &[b'x'; 64];
+pub const ANSWER: &[u8] = &[b'x'; 64];
 
 /// Bytes in, bytes out.
 #[derive(Debug, Clone, Copy, Default)]

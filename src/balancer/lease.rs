@@ -1,12 +1,13 @@
-//! Ticket leases: a block of consecutive tickets of one rotation, with the eligible list, so a
-//! consumer can map tickets to instances itself.
+//! Ticket leases: a block of consecutive tickets of one rotation, with the eligible list and the
+//! position in it of each ticket's instance, so a consumer routes its calls by indexing.
 //!
 //! Only rules whose choice is a pure function of (ticket, eligible list) can be leased —
 //! `round_robin`, `repeat`, `weighted`. Leased tickets come from the same counter as unary
 //! picks, so leased and unary consumers share one exact rotation. Leased picks are not counted
 //! in flight: rota never sees them. Instances the fleet has ejected (see
-//! [`crate::load::ejection`]) are left out of the eligible list, so the rotation goes on over
-//! the others with equal shares.
+//! [`crate::load::ejection`]) and those the caller names in `exclude` (it cannot reach them)
+//! are left out of the eligible list, and the tickets are mapped over the others, which keep
+//! the rule's shares among themselves.
 //!
 //! A lease without a version of a service under gray release cannot be a ticket range: each
 //! pick's version comes from the gray schedule. rota then maps the picks itself ([`LeasedPick`]):
@@ -18,13 +19,13 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::select::{GRAY_RULE, add_owned_note, skip_ejected};
+use super::select::{GRAY_RULE, add_owned_note, excluded_positions, skip_ejected};
 use super::view::{ServiceView, ensure};
 use super::{Balancer, PickError, PickQuery, PickResult, check_lease_fields, known_service};
-use crate::load::ejection::{Positions, Skip};
+use crate::load::ejection::{self, Positions, Skip};
 use crate::policy::{GrayRelease, IsolationFallback, Policy};
-use crate::registry::{Instance, InvalidField};
-use crate::rules::{Draw, Excluded, Fallback, ParsedRule, isolate, leasable_rules};
+use crate::registry::{Instance, InvalidField, Subset};
+use crate::rules::{Candidates, Draw, Excluded, Fallback, ParsedRule, isolate, leasable_rules};
 use crate::state::CounterKey;
 
 /// One version's picks of a gray lease: (ticket, instance), in ticket order.
@@ -41,6 +42,9 @@ pub struct Leased {
     pub epoch: u64,
     pub rule: Arc<str>,
     pub fallback: Option<String>,
+    /// For a ticket range: the index in `instances` of each ticket's instance, ticket
+    /// `first_ticket + i` at `positions[i]`.
+    pub positions: Vec<u32>,
     /// Set when rota mapped the picks itself (gray release without a version): the i-th pick
     /// goes to `instances[picks[i].position]`; `first_ticket` is then 0.
     pub picks: Vec<LeasedPick>,
@@ -87,7 +91,7 @@ impl Balancer {
         let views = self.views.load();
         let view = known_service(views.get(query.service), query.service)?;
         if let (Some(gray), true) = (&policy.gray, query.version.is_empty()) {
-            return self.lease_gray(view, policy, gray, &rule, count).await;
+            return self.lease_gray(view, policy, gray, &rule, count, query.exclude).await;
         }
         let isolated = isolate(&**view, query.version, policy.isolation_fallback == IsolationFallback::Any);
         let members = isolated.subset.candidates.members();
@@ -103,25 +107,55 @@ impl Balancer {
             }
             Fallback::Any => "no instance in the version nor unversioned; leased any instance".to_owned(),
         });
-        let instances: Arc<[Arc<Instance>]> = match skip_ejected(view, policy, members, &[], Instant::now()) {
-            Skip::Ejected(ejected) if ejected.is_empty() => isolated.subset.candidates.subset.members.clone(),
-            Skip::Ejected(ejected) => members
-                .iter()
-                .enumerate()
-                .filter(|(position, _)| ejected.binary_search(position).is_err())
-                .map(|(_, instance)| instance.clone())
-                .collect(),
+        // Instances the caller cannot reach (`exclude`) and those the fleet ejected are left
+        // out of the list; the tickets are mapped over the rest, so they keep the rule's shares.
+        let excluded = excluded_positions(members, query.exclude);
+        if excluded.len() == members.len() {
+            return Err(PickError::Unavailable(format!(
+                "service {:?} has no eligible instance for a lease that is not excluded",
+                query.service
+            )));
+        }
+        let dropped = match skip_ejected(view, policy, members, &excluded, Instant::now()) {
+            Skip::Ejected(ejected) => ejection::merge(&excluded, &ejected),
             panic => {
                 add_owned_note(&mut fallback, panic.note(policy.ejection.max_ejected_percent));
-                isolated.subset.candidates.subset.members.clone()
+                excluded
             }
         };
+        let subset = isolated.subset;
         let counter = CounterKey {
             service: view.snapshot.name.clone(),
             rule: rule.canonical.clone(),
-            subset: isolated.subset.label().clone(),
+            subset: subset.label().clone(),
         };
         let first_ticket = if count == 0 { 0 } else { self.state.reserve_tickets(&counter, count).await };
+        let needs = rule.rule.needs();
+        let (instances, positions) = if dropped.is_empty() {
+            ensure(view, subset, needs, self.views.stats()).await;
+            let candidates = &subset.candidates;
+            (candidates.subset.members.clone(), self.positions(candidates, &rule, first_ticket, count)?)
+        } else {
+            let kept: Vec<Arc<Instance>> = members
+                .iter()
+                .enumerate()
+                .filter(|(position, _)| dropped.binary_search(position).is_err())
+                .map(|(_, instance)| instance.clone())
+                .collect();
+            let candidates = Candidates::new(Subset::new(subset.label().clone(), kept));
+            // A weighted schedule over a large list is built off the runtime's threads.
+            let candidates = match tokio::task::spawn_blocking(move || {
+                candidates.build(needs);
+                candidates
+            })
+            .await
+            {
+                Ok(candidates) => candidates,
+                Err(join) => std::panic::resume_unwind(join.into_panic()),
+            };
+            let positions = self.positions(&candidates, &rule, first_ticket, count)?;
+            (candidates.subset.members.clone(), positions)
+        };
         Ok(Leased {
             first_ticket,
             count,
@@ -129,8 +163,28 @@ impl Balancer {
             epoch: view.snapshot.epoch,
             rule: rule.canonical.clone(),
             fallback,
+            positions,
             picks: Vec::new(),
         })
+    }
+
+    /// The position among `candidates` of each ticket `first .. first + count`, as the rule
+    /// maps it.
+    fn positions(
+        &self,
+        candidates: &Candidates,
+        rule: &ParsedRule,
+        first: u64,
+        count: u32,
+    ) -> Result<Vec<u32>, PickError> {
+        let now = Instant::now();
+        let mut unused = None;
+        (first..first + u64::from(count))
+            .map(|ticket| {
+                let draw = Draw { candidates, ticket, key: "", zone: "", now, excluded: Excluded::default() };
+                Ok(self.choose(&rule.rule, &draw, &mut unused, rule)? as u32)
+            })
+            .collect()
     }
 
     /// A version-less lease under gray release: `count` picks mapped here (see the module docs).
@@ -141,6 +195,7 @@ impl Balancer {
         gray: &GrayRelease,
         rule: &ParsedRule,
         count: u32,
+        exclude: &[String],
     ) -> Result<Leased, PickError> {
         let name = &view.snapshot.name;
         let gray_counter = CounterKey { service: name.clone(), rule: GRAY_RULE.into(), subset: "".into() };
@@ -179,11 +234,18 @@ impl Balancer {
                 };
                 add_owned_note(&mut fallback, Some(note));
             }
-            let skipped: Positions = match skip_ejected(view, policy, candidates.members(), &[], now) {
-                Skip::Ejected(ejected) => ejected,
+            let excluded = excluded_positions(candidates.members(), exclude);
+            if excluded.len() == candidates.len() {
+                return Err(PickError::Unavailable(format!(
+                    "service {name:?} has no eligible instance for a lease of version {version_name:?} \
+                     (gray release) that is not excluded"
+                )));
+            }
+            let skipped: Positions = match skip_ejected(view, policy, candidates.members(), &excluded, now) {
+                Skip::Ejected(ejected) => ejection::merge(&excluded, &ejected),
                 panic => {
                     add_owned_note(&mut fallback, panic.note(policy.ejection.max_ejected_percent));
-                    Positions::new()
+                    excluded
                 }
             };
             ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
@@ -218,6 +280,7 @@ impl Balancer {
             epoch: view.snapshot.epoch,
             rule: rule.canonical.clone(),
             fallback,
+            positions: Vec::new(),
             picks,
         })
     }

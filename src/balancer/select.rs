@@ -155,7 +155,7 @@ pub(super) fn skip_ejected(
 
 /// The positions among `members` (sorted by id) of the ids in `exclude`, sorted, without
 /// duplicates; ids that are not candidates are ignored. One binary search per id.
-fn excluded_positions(members: &[Arc<Instance>], exclude: &[String]) -> Positions {
+pub(super) fn excluded_positions(members: &[Arc<Instance>], exclude: &[String]) -> Positions {
     let mut positions: Positions =
         exclude.iter().filter_map(|id| members.binary_search_by(|i| (*i.id).cmp(id)).ok()).collect();
     positions.sort_unstable();

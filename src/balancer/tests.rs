@@ -366,3 +366,59 @@ async fn a_seeded_balancer_repeats_its_random_choices() {
     assert_eq!(picks(7).await, first, "the same seed, the same choices");
     assert_ne!(picks(8).await, first, "another seed, other choices");
 }
+
+/// A ticket range's positions name the instance each ticket goes to, as a unary pick of that
+/// ticket would: for every leasable rule, a lease of two cycles, then two cycles of unary picks
+/// (tickets one cycle on), land alike.
+#[tokio::test(start_paused = true)]
+async fn a_leased_ticket_range_positions_each_ticket_as_a_pick_would() {
+    let weighted = |id: &str, weight: u32| InstanceSpec { weight: Some(weight), ..spec(id, "") };
+    let specs = vec![weighted("a", 1), weighted("b", 2), weighted("c", 3)];
+    let (balancer, _lease) = balancer_with(specs).await;
+    // Cycles: round_robin 3 tickets, repeat(n=2) 6, weighted 1 + 2 + 3 = 6.
+    for (rule, cycle) in [("round_robin", 3u32), ("repeat(n=2)", 6), ("weighted", 6)] {
+        let leased = balancer.lease(query(rule, ""), 2 * cycle).await.unwrap();
+        assert_eq!((leased.first_ticket, leased.positions.len()), (0, 2 * cycle as usize), "{rule}");
+        let leased_ids: Vec<String> =
+            leased.positions.iter().map(|p| leased.instances[*p as usize].id.to_string()).collect();
+        let picked = ids(&balancer, query(rule, ""), 2 * cycle as usize).await;
+        assert_eq!(leased_ids, picked, "{rule}");
+        assert!(leased.picks.is_empty());
+    }
+    let repeat = balancer.lease(query("repeat(n=2)", ""), 0).await.unwrap();
+    assert!(repeat.positions.is_empty(), "no ticket, no position");
+}
+
+/// `exclude` leaves the named instances out of the list, and the tickets are mapped over the
+/// others; ids that are not eligible are ignored; excluding every instance is refused.
+#[tokio::test(start_paused = true)]
+async fn a_lease_maps_its_tickets_over_the_instances_it_does_not_exclude() {
+    let (balancer, _lease) = balancer_with(vec![spec("a", ""), spec("b", ""), spec("c", "")]).await;
+    let exclude = vec!["b".to_owned(), "nobody".to_owned()];
+    let leased = balancer.lease(PickQuery { exclude: &exclude, ..query("round_robin", "") }, 5).await.unwrap();
+    let listed: Vec<&str> = leased.instances.iter().map(|i| &*i.id).collect();
+    assert_eq!(listed, ["a", "c"]);
+    assert_eq!((leased.first_ticket, leased.positions.as_slice()), (0, &[0, 1, 0, 1, 0][..]));
+    let everyone = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let refused = balancer.lease(PickQuery { exclude: &everyone, ..query("round_robin", "") }, 5).await.unwrap_err();
+    assert_eq!(
+        refused,
+        PickError::Unavailable("service \"svc\" has no eligible instance for a lease that is not excluded".into())
+    );
+    // The refused lease took no ticket.
+    let next = balancer.lease(query("round_robin", ""), 1).await.unwrap();
+    assert_eq!(next.first_ticket, 5);
+
+    // Under gray release (v2 has no instance: its share falls back to the unversioned ones),
+    // rota's own picks skip the excluded instances too.
+    let gray = PolicySpec {
+        gray: Some(crate::policy::GraySpec { unversioned: 1, versions: [("v2".to_owned(), 1)].into() }),
+        ..Default::default()
+    };
+    balancer.policies().set_service("svc", gray).unwrap();
+    let exclude = vec!["a".to_owned()];
+    let leased = balancer.lease(PickQuery { exclude: &exclude, ..query("round_robin", "") }, 6).await.unwrap();
+    let picked: Vec<&str> = leased.picks.iter().map(|p| &*leased.instances[p.position as usize].id).collect();
+    assert_eq!(picked.len(), 6);
+    assert!(picked.iter().all(|id| ["b", "c"].contains(id)), "{picked:?}");
+}

@@ -121,6 +121,7 @@ impl LeasedPicker {
             rule: self.options.rule.clone(),
             version: self.options.version.clone(),
             count,
+            exclude: Vec::new(),
         };
         let request = self.client.request(request);
         let leased = self.client.balancer().lease(request).await?.into_inner();

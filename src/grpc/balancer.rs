@@ -128,6 +128,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             service: &request.service,
             rule: &request.rule,
             version: &request.version,
+            exclude: &request.exclude,
             ..Default::default()
         };
         held(&self.balancer, &self.warmup, &query, request.count)?;
@@ -152,6 +153,7 @@ impl pb::balancer_server::Balancer for BalancerService {
             rule: String::from(&*leased.rule),
             fallback: leased.fallback.unwrap_or_default(),
             picks: leased.picks.iter().map(|p| pb::LeasedPick { ticket: p.ticket, position: p.position }).collect(),
+            positions: leased.positions,
         };
         meter.trim_to(answers::message_bytes(answer.encoded_len()));
         let mut response = Response::new(answer);

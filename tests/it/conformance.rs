@@ -162,6 +162,7 @@ struct LeaseRequestJson {
     rule: String,
     version: String,
     count: u32,
+    exclude: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,6 +171,7 @@ struct LeaseExpectation {
     first_ticket: u64,
     count: u32,
     ids: Vec<String>,
+    positions: Option<Vec<u32>>,
     rule: Option<String>,
     fallback: Option<bool>,
 }
@@ -487,6 +489,7 @@ async fn run(target: &mut Target, scenario: &Scenario) -> Result<(), String> {
                     rule: request.rule.clone(),
                     version: request.version.clone(),
                     count: request.count,
+                    exclude: request.exclude.clone(),
                 };
                 let client = &mut connections[*connection];
                 let lease = client.request(lease);
@@ -497,6 +500,11 @@ async fn run(target: &mut Target, scenario: &Scenario) -> Result<(), String> {
                         "leased tickets {}+{} over {ids:?}, expected {}+{} over {:?}",
                         leased.first_ticket, leased.count, expect.first_ticket, expect.count, expect.ids
                     )));
+                }
+                if let Some(positions) = &expect.positions
+                    && leased.positions != *positions
+                {
+                    return Err(fail(format!("lease positions {:?}, expected {positions:?}", leased.positions)));
                 }
                 if let Some(rule) = &expect.rule
                     && leased.rule != *rule

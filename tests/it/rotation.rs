@@ -199,6 +199,7 @@ async fn leased_tickets_and_unary_picks_share_one_exact_rotation() {
             rule: "random".into(),
             version: String::new(),
             count: 4,
+            exclude: Vec::new(),
         })
         .await
         .unwrap_err();

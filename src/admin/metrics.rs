@@ -271,6 +271,20 @@ fn render_catalog(state: &AdminState, out: &mut String) {
             "Times this replica found that Redis had lost rota's data (rotations then resume from a new floor).",
         );
         let _ = writeln!(out, "rota_state_data_losses_total {}", link.losses());
+        header(
+            out,
+            "rota_state_draws_waiting",
+            "gauge",
+            "Picks waiting for their ticket from Redis (queued, or in the call under way).",
+        );
+        let _ = writeln!(out, "rota_state_draws_waiting {}", link.draws_waiting());
+        header(
+            out,
+            "rota_state_draw_calls_total",
+            "counter",
+            "Calls made to Redis to draw tickets; each draws for every pick waiting when it starts.",
+        );
+        let _ = writeln!(out, "rota_state_draw_calls_total {}", link.draw_calls());
     }
 
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");

@@ -137,7 +137,7 @@ fn shares(picks: &[(u64, String)]) -> HashMap<String, usize> {
 }
 
 #[tokio::test]
-async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_calls() {
+async fn concurrent_picks_on_two_replicas_draw_each_ticket_once() {
     let redis = RedisServer::start().await;
     let (one, two) = (replica(&redis.url(), 1).await, replica(&redis.url(), 1).await);
     let _held = register_spread(&[&one, &two], "busy").await;
@@ -155,6 +155,51 @@ async fn concurrent_picks_on_two_replicas_draw_each_ticket_once_in_coalesced_cal
     // Tickets 2..482 map to b, c, a, ...: 160 each.
     assert_eq!(shares(&picks), HashMap::from([("a".into(), 160), ("b".into(), 160), ("c".into(), 160)]));
     assert!(calls <= 480, "at most one Redis call per pick, got {calls}");
+}
+
+/// Picks that queue while Redis holds a draw are answered together by the next call: Redis is
+/// paused for writes (the draw script writes), so the first draw's call waits in Redis while
+/// every other pick queues behind it; once all of them wait, Redis resumes, and two calls
+/// answer them all.
+#[tokio::test]
+async fn picks_queued_behind_a_draw_in_flight_are_answered_by_one_more_call() {
+    let redis = RedisServer::start().await;
+    // A command timeout longer than the pause, so that the paused call is not an outage.
+    let state = StateConfig::parse(&redis.url(), 1, Duration::from_secs(60)).expect("a valid state address");
+    let server = TestServer::start_with(|config| config.state = state).await;
+    wait_link(&server, true).await;
+    let _held = register_spread(&[&server], "queued").await;
+    let mut consumers = clients(&[&server, &server, &server, &server]).await;
+    // The rotation and the draw script exist before the pause.
+    pick(&mut consumers[0], "queued", PickOptions::rule("round_robin")).await;
+    let link = server.server.balancer().state().link().expect("a Redis-backed replica").clone();
+    assert_eq!(link.draws_waiting(), 0);
+
+    let _: String = redis.query(&["CLIENT", "PAUSE", "60000", "WRITE"]).await.expect("CLIENT PAUSE");
+    let (before, redis_before) = (link.draw_calls(), redis.calls("evalsha").await);
+    const PICKS: usize = 40;
+    let mut waiting = tokio::task::JoinSet::new();
+    for n in 0..PICKS {
+        let mut consumer = consumers[n % consumers.len()].clone();
+        waiting.spawn(async move { pick(&mut consumer, "queued", PickOptions::rule("round_robin")).await.ticket });
+    }
+    let all_waiting = async {
+        while link.draws_waiting() < PICKS as u64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, all_waiting).await.unwrap_or_else(|_| {
+        panic!("{} of {PICKS} picks waited for Redis", link.draws_waiting());
+    });
+    assert!(waiting.try_join_next().is_none(), "no pick is answered while Redis is paused");
+    let _: String = redis.query(&["CLIENT", "UNPAUSE"]).await.expect("CLIENT UNPAUSE");
+
+    let mut tickets = waiting.join_all().await;
+    tickets.sort_unstable();
+    assert_eq!(tickets, (1..=PICKS as u64).collect::<Vec<_>>(), "each ticket drawn once");
+    assert_eq!(link.draw_calls() - before, 2, "the paused call, then one call for every pick queued behind it");
+    assert!(redis.calls("evalsha").await - redis_before >= 2, "Redis ran both");
+    assert_eq!(link.draws_waiting(), 0);
 }
 
 #[tokio::test]

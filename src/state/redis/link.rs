@@ -52,6 +52,10 @@ pub struct Link {
     generation_changes: AtomicU64,
     /// Longest wait for one command's answer.
     timeout: Duration,
+    /// Draws waiting for a ticket from Redis, over every rotation (see [`DrawWaiting`]).
+    draws_waiting: AtomicU64,
+    /// Calls made to Redis to draw tickets, over every rotation.
+    draw_calls: AtomicU64,
     conn: ArcSwapOption<Connected>,
     up: AtomicBool,
     /// The outage was logged (one line per outage, not per failed command).
@@ -123,6 +127,8 @@ impl Link {
             losses: AtomicU64::new(0),
             generation_changes: AtomicU64::new(0),
             timeout,
+            draws_waiting: AtomicU64::new(0),
+            draw_calls: AtomicU64::new(0),
             conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
             logged_down: AtomicBool::new(false),
@@ -147,6 +153,28 @@ impl Link {
     /// above every earlier ticket when Redis is found to have lost its data.
     pub fn ticket_floor(&self) -> u64 {
         self.ticket_floor.load(Ordering::Acquire)
+    }
+
+    /// Draws of this replica waiting for their tickets from Redis: queued for a rotation's
+    /// drawer, or in the batch its call carries.
+    pub fn draws_waiting(&self) -> u64 {
+        self.draws_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Calls this replica made to Redis to draw tickets (each answers every draw waiting when
+    /// it starts).
+    pub fn draw_calls(&self) -> u64 {
+        self.draw_calls.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count_draw_call(&self) {
+        self.draw_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one draw as waiting until the guard is dropped (answered, or the pick gone).
+    pub fn draw_waiting(&self) -> DrawWaiting<'_> {
+        self.draws_waiting.fetch_add(1, Ordering::Relaxed);
+        DrawWaiting(self)
     }
 
     /// How many times this replica found that Redis had lost its data (restarted empty,
@@ -404,6 +432,15 @@ fn parse_generation(value: &str) -> Option<(String, u64)> {
 /// and load it inside the same command timeout (`EVALSHA`, `SCRIPT LOAD`, `EVALSHA`: three
 /// round trips), which on a Redis a third of the timeout away looks like an outage.
 #[derive(Debug)]
+/// One draw counted in [`Link::draws_waiting`] while it is held.
+pub struct DrawWaiting<'a>(&'a Link);
+
+impl Drop for DrawWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.draws_waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub struct LinkScript {
     script: redis::Script,
     /// [`Link::recoveries`] when it was last loaded (0: never).

@@ -91,6 +91,7 @@ impl SharedCounter {
     pub async fn draw(&self, count: u32) -> u64 {
         self.used.store(true, Ordering::Relaxed);
         if self.link.is_up() {
+            let _waiting = self.link.draw_waiting();
             let (reply, answer) = oneshot::channel();
             if self.requests.send(Request { count, reply }).await.is_ok()
                 && let Ok(first) = answer.await
@@ -157,6 +158,7 @@ impl Drawer {
         let drawn = if !loaded {
             None
         } else {
+            self.link.count_draw_call();
             self.link
                 .run(|mut conn| {
                     let mut invocation = script.script().key(&self.key);

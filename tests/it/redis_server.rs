@@ -103,6 +103,24 @@ impl RedisServer {
         }
     }
 
+    /// Stops the process (SIGSTOP) without killing it, as a frozen host would: it answers
+    /// nothing and copies nothing until [`RedisServer::resume`].
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("the process runs");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+        // SAFETY: kill(2) with the pid of a child this harness started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {}", self.binary);
+    }
+
     /// Starts the process again on the same port (empty: nothing is persisted).
     pub async fn restart(&mut self) {
         self.kill();

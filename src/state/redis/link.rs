@@ -42,6 +42,9 @@ pub struct Link {
     target: Target,
     /// The generation marker last seen ([`keys::GENERATION`]), `(id, floor)`.
     generation: std::sync::Mutex<Option<(String, u64)>>,
+    /// The primary's address at the last successful check: another one at a later check is a
+    /// failover (only a Sentinel target's primary moves).
+    primary: std::sync::Mutex<Option<String>>,
     /// Every ticket drawn through this link is at least this: the floor of the data set's
     /// generation, raised above every ticket handed out before Redis lost its data.
     ticket_floor: AtomicU64,
@@ -123,6 +126,7 @@ impl Link {
         let link = Arc::new(Self {
             target,
             generation: std::sync::Mutex::new(None),
+            primary: std::sync::Mutex::new(None),
             ticket_floor: AtomicU64::new(0),
             losses: AtomicU64::new(0),
             generation_changes: AtomicU64::new(0),
@@ -301,7 +305,13 @@ impl Link {
             Ok(Err(error)) => return Err(format!("PING to {addr} failed: {error}")),
             Err(_) => return Err(format!("PING to {addr} not answered within {:?}", self.timeout)),
         }
-        self.follow_generation(&mut conn).await.map_err(|e| format!("generation check on {addr}: {e}"))
+        let previous = self.primary.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let failover = previous.as_ref().filter(|previous| **previous != addr);
+        self.follow_generation(&mut conn, failover.map(String::as_str))
+            .await
+            .map_err(|e| format!("generation check on {addr}: {e}"))?;
+        *self.primary.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+        Ok(())
     }
 
     /// Reads the data set's generation marker (creating it, floor 0, in a new data set) and
@@ -313,7 +323,12 @@ impl Link {
     /// followed. Every draw passes the floor, so after a loss every rotation resumes above
     /// every ticket any replica gave out, whether or not this replica drew from it. Runs
     /// before the link is declared up, so no draw on a recovered link goes below the floor.
-    async fn follow_generation(&self, conn: &mut Conn) -> Result<(), String> {
+    ///
+    /// After a failover (`failover_from` names the old primary) the promoted replica may lack
+    /// the last writes the old primary took — draws other replicas were answered — while its
+    /// marker is the one copied before. That is a loss too, which no marker shows: this replica
+    /// starts a new generation above the one it finds, whatever that one is.
+    async fn follow_generation(&self, conn: &mut Conn, failover_from: Option<&str>) -> Result<(), String> {
         let fresh = format!("{:016x}:0", fastrand::u64(..));
         let mut pipe = redis::pipe();
         pipe.cmd("SET").arg(keys::GENERATION).arg(&fresh).arg("NX").ignore();
@@ -325,10 +340,15 @@ impl Link {
         };
         let current = value.as_deref().and_then(parse_generation).ok_or("the marker does not read as ID:FLOOR")?;
         let known = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let adopted = match known {
-            Some(known) if known.0 != current.0 && current.1 <= known.1 => {
+        let lost = match (&known, failover_from) {
+            (_, Some(_)) => Some(known.as_ref().map_or(current.1, |known| known.1.max(current.1))),
+            (Some(known), None) if known.0 != current.0 && current.1 <= known.1 => Some(known.1),
+            _ => None,
+        };
+        let adopted = match lost {
+            Some(known_floor) => {
                 // Lost: start a generation above everything handed out before.
-                let floor = time_floor().max(known.1 + 1).max(self.ticket_floor());
+                let floor = time_floor().max(known_floor + 1).max(self.ticket_floor());
                 let next = (format!("{:016x}", fastrand::u64(..)), floor);
                 let set = redis::cmd("SET").arg(keys::GENERATION).arg(format!("{}:{}", next.0, next.1)).clone();
                 match tokio::time::timeout(self.timeout, set.query_async::<()>(conn)).await {
@@ -337,14 +357,22 @@ impl Link {
                     Err(_) => return Err(format!("not answered within {:?}", self.timeout)),
                 }
                 self.losses.fetch_add(1, Ordering::AcqRel);
-                tracing::warn!(
-                    target = %self.target,
-                    floor,
-                    "Redis has lost rota's data (its generation marker was replaced); every rotation resumes from the new floor"
-                );
+                match failover_from {
+                    Some(old) => tracing::warn!(
+                        target = %self.target,
+                        floor,
+                        old_primary = old,
+                        "the Redis primary failed over: writes it had not copied may be lost; every rotation resumes from the new floor"
+                    ),
+                    None => tracing::warn!(
+                        target = %self.target,
+                        floor,
+                        "Redis has lost rota's data (its generation marker was replaced); every rotation resumes from the new floor"
+                    ),
+                }
                 next
             }
-            _ => current,
+            None => current,
         };
         self.ticket_floor.fetch_max(adopted.1, Ordering::AcqRel);
         let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());

@@ -268,7 +268,7 @@ fn render_catalog(state: &AdminState, out: &mut String) {
             out,
             "rota_state_data_losses_total",
             "counter",
-            "Times this replica found that Redis had lost rota's data (rotations then resume from a new floor).",
+            "Times this replica found that Redis had lost rota's data, or may have (a Sentinel failover); rotations then resume from a new floor.",
         );
         let _ = writeln!(out, "rota_state_data_losses_total {}", link.losses());
         header(

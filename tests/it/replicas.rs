@@ -307,18 +307,7 @@ async fn a_replica_follows_a_sentinel_failover() {
     .await
     .expect("the secondary copies the counter");
     let _: String = sentinel.query(&["SENTINEL", "FAILOVER", "main"]).await.expect("failover starts");
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            // The promotion kills the secondary's normal clients: a query it cut short is retried.
-            let role: Vec<redis::Value> = secondary.query(&["ROLE"]).await.unwrap_or_default();
-            if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the secondary is promoted");
+    wait_promoted(&secondary, PATIENCE).await;
     // Picks never fail; once rota has followed the promotion, they draw on the new primary.
     let mut on_new_primary = false;
     for _ in 0..200 {
@@ -381,17 +370,8 @@ async fn after_a_failover_that_lost_draws_no_replica_hands_out_their_tickets_aga
     let recovered: Vec<u64> = links.iter().map(|link| link.recoveries()).collect();
     primary.kill();
     secondary.resume();
-    tokio::time::timeout(PATIENCE * 2, async {
-        loop {
-            let role: Vec<redis::Value> = secondary.query(&["ROLE"]).await.unwrap_or_default();
-            if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("Sentinel promotes the secondary");
+    // Sentinel first sees the primary down (1 s), then waits out the secondary's freeze.
+    wait_promoted(&secondary, PATIENCE * 2).await;
     let copied: Option<u64> = secondary.query(&["GET", counter]).await.expect("GET");
     assert_eq!(copied, Some(4), "the promoted replica lacks the last ten draws");
 
@@ -416,6 +396,22 @@ async fn after_a_failover_that_lost_draws_no_replica_hands_out_their_tickets_aga
     sorted.dedup();
     assert_eq!(sorted.len(), tickets.len(), "a ticket was handed out twice: {tickets:?}");
     assert!(links.iter().all(|link| link.losses() == 1), "each replica counts the failover as a loss");
+}
+
+/// Waits until `redis` is a primary (Sentinel promoted it).
+async fn wait_promoted(redis: &RedisServer, patience: Duration) {
+    tokio::time::timeout(patience, async {
+        loop {
+            // The promotion kills the server's normal clients: a query it cut short is retried.
+            let role: Vec<redis::Value> = redis.query(&["ROLE"]).await.unwrap_or_default();
+            if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the secondary is promoted");
 }
 
 /// Waits until `server`'s registry holds exactly `ids` for `service`.

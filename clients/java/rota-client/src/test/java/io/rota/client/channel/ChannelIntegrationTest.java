@@ -233,6 +233,16 @@ class ChannelIntegrationTest {
     }
 
     @Test
+    void aRuleRotaCannotLeaseFailsTheRpcsWithRotasRefusal() {
+        // The channel takes any rule string; rota is the one to refuse a rule it cannot lease.
+        EchoGrpc.EchoBlockingStub stub = channel("random");
+        StatusRuntimeException e = assertThrows(StatusRuntimeException.class, () -> echo(stub, "hello"));
+        assertEquals(Status.Code.INVALID_ARGUMENT, e.getStatus().getCode(), e.toString());
+        assertTrue(e.getStatus().getDescription().contains("random"), e.toString());
+        assertTrue(fleet.received.isEmpty(), "a call was sent: " + fleet.received);
+    }
+
+    @Test
     void unknownServiceFailsFastWithAClearError() {
         ManagedChannel channel = ManagedChannelBuilder.forTarget("rota://" + rota.target() + "/no-such-service")
                 .usePlaintext().build();

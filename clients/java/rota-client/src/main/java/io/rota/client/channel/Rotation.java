@@ -216,8 +216,13 @@ final class Rotation {
         waiting = true;
         if (!leasing) {
             // What was leased during this draw held no usable ticket, and no lease is in flight
-            // to pick the RPC again: it is picked again now, and leases anew.
-            leased.run();
+            // to pick the RPC again: it is picked again (off this pick, which holds the lock),
+            // and leases anew.
+            try {
+                link.scheduler.execute(leased);
+            } catch (java.util.concurrent.RejectedExecutionException closed) {
+                // the channel is shutting down
+            }
         }
         return Decision.WAIT;
     }

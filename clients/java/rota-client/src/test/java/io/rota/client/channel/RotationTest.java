@@ -353,6 +353,27 @@ class RotationTest {
     }
 
     @Test
+    void anInstanceTheHeldBlockExcludedIsLeasedAgainWhenItIsTheOnlyUsableOne() throws Exception {
+        listed = List.of(A, B);
+        Semaphore repicks = new Semaphore(0);
+        java.util.concurrent.atomic.AtomicReference<String> down = new java.util.concurrent.atomic.AtomicReference<>("echo-a");
+        Predicate<Member> usable = m -> !m.id().equals(down.get());
+        try (RotaLink link = new RotaLink(target(), "echo")) {
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B), repicks::release, usable.negate());
+            // echo-a is down: the block is leased without it.
+            assertEquals(B, next(rotation, repicks, usable).draw().member());
+            assertEquals(List.of("echo-a"), requests.get(0).getExcludeList());
+            // Now echo-b is down and echo-a back: the held block lists echo-b only, and a new
+            // block (excluding echo-b) is leased rather than failing the RPC.
+            down.set("echo-b");
+            Rotation.Decision decision = next(rotation, repicks, usable);
+            assertNotNull(decision.draw(), String.valueOf(decision));
+            assertEquals(A, decision.draw().member());
+            assertEquals(List.of("echo-b"), requests.get(requests.size() - 1).getExcludeList());
+        }
+    }
+
+    @Test
     void aDrawWhoseBlocksHoldNoUsableTicketWaitsForTheNextLeaseInsteadOfLooping() throws Exception {
         listed = List.of(A, B, C);
         honourExclude = false;

@@ -88,6 +88,21 @@ class ConformanceTest {
                 """;
         AssertionError notLocal = Assertions.assertThrows(AssertionError.class, () -> ScenarioRun.run(rota, JSON.readTree(local)));
         assertTrue(notLocal.getMessage().contains("made locally"), notLocal.getMessage());
+
+        // Positions are compared exactly, and exclude is sent: b excluded, ticket 1 goes to c.
+        String lease = """
+                { "name": "runner self-check 3", "steps": [
+                  { "op": "register", "stream": "p", "instances": [
+                    { "service": "conf-selfcheck-lease", "id": "a", "host": "127.0.0.1", "port": 7001 },
+                    { "service": "conf-selfcheck-lease", "id": "b", "host": "127.0.0.1", "port": 7002 },
+                    { "service": "conf-selfcheck-lease", "id": "c", "host": "127.0.0.1", "port": 7003 } ] },
+                  { "op": "lease", "request": { "service": "conf-selfcheck-lease", "rule": "round_robin", "count": 2,
+                      "exclude": ["b"] },
+                    "expect": { "first_ticket": 0, "count": 2, "ids": ["a", "c"], "positions": [0, 0] } } ] }
+                """;
+        AssertionError positions = Assertions.assertThrows(AssertionError.class, () -> ScenarioRun.run(rota, JSON.readTree(lease)));
+        assertTrue(positions.getMessage().contains("positions"), positions.getMessage());
+        assertTrue(positions.getMessage().contains("[0, 1]"), positions.getMessage());
     }
 
     @Test

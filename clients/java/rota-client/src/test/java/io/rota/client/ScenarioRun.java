@@ -62,12 +62,12 @@ final class ScenarioRun implements AutoCloseable {
             Map.entry("stop_server", Set.of("op")),
             Map.entry("start_server", Set.of("op", "warmup")));
     private static final Set<String> REQUEST_KEYS = Set.of("service", "rule", "version", "key", "zone", "exclude");
-    private static final Set<String> LEASE_REQUEST_KEYS = Set.of("service", "rule", "version", "count");
+    private static final Set<String> LEASE_REQUEST_KEYS = Set.of("service", "rule", "version", "count", "exclude");
     private static final Set<String> INSTANCE_KEYS = Set.of("service", "id", "host", "port", "version", "zone", "weight",
             "metadata", "status");
     private static final Set<String> EXPECT_KEYS = Set.of("id", "fallback", "ticket", "rule", "local", "error",
             "message_contains", "unreachable");
-    private static final Set<String> LEASE_EXPECT_KEYS = Set.of("first_ticket", "count", "ids", "rule", "fallback");
+    private static final Set<String> LEASE_EXPECT_KEYS = Set.of("first_ticket", "count", "ids", "positions", "rule", "fallback");
     private static final Set<String> REFUSAL_KEYS = Set.of("id", "code");
     private static final Set<String> OUTCOME_KEYS = Set.of("service", "instance_id", "ticket", "rule", "latency_us",
             "result");
@@ -363,11 +363,17 @@ final class ScenarioRun implements AutoCloseable {
         LeaseResponse leased = BalancerGrpc.newBlockingStub(connection(step.path("connection")).channel())
                 .withDeadlineAfter(PATIENCE.toMillis(), TimeUnit.MILLISECONDS)
                 .lease(LeaseRequest.newBuilder().setService(r.path("service").asText()).setRule(r.path("rule").asText(""))
-                        .setVersion(r.path("version").asText("")).setCount(r.path("count").asInt(0)).build());
+                        .setVersion(r.path("version").asText("")).setCount(r.path("count").asInt(0))
+                        .addAllExclude(strings(r.path("exclude"))).build());
         assertEquals(expect.path("first_ticket").asLong(), leased.getFirstTicket(), "first ticket");
         assertEquals(expect.path("count").asInt(), leased.getCount(), "count");
         assertEquals(strings(expect.path("ids")), leased.getInstancesList().stream().map(io.rota.v1.Instance::getId).toList(),
                 "leased instances");
+        if (expect.has("positions")) {
+            List<Integer> positions = new java.util.ArrayList<>();
+            expect.path("positions").forEach(p -> positions.add(p.asInt()));
+            assertEquals(positions, leased.getPositionsList(), "positions");
+        }
         if (expect.has("rule")) {
             assertEquals(expect.path("rule").asText(), leased.getRule(), "rule");
         }

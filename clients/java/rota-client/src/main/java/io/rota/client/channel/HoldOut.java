@@ -6,9 +6,9 @@ import java.util.function.LongSupplier;
 /**
  * Whether a channel holds one instance out for timeouts (docs/channels.md, "Instances the channel
  * cannot use"): after {@value #TIMEOUTS} calls in a row to it ended {@code DEADLINE_EXCEEDED}
- * with no answer, it is unusable for 10 s; when the hold is over the next call its ticket maps
- * to tries it again, and each further {@value #TIMEOUTS} timeouts in a row double the hold (at
- * most 60 s). An answer from it (any status the server sent) ends the count and brings the next
+ * with no answer, it is unusable for 10 s (its tickets are passed over, and leases exclude it);
+ * when the hold is over the next call whose ticket goes to it tries it again, and each further
+ * {@value #TIMEOUTS} timeouts in a row double the hold (at most 60 s). An answer from it (any status the server sent) ends the count and brings the next
  * hold back to 10 s. Timeouts of calls that end while it is held out were sent before the hold
  * began (it is sent nothing during one) and do not count.
  *

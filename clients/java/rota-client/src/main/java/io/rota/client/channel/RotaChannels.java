@@ -35,7 +35,7 @@ public final class RotaChannels {
     public static final String POLICY = "rota";
     /** The rota server, {@code host:port}. */
     public static final NameResolver.Args.Key<String> SERVER = NameResolver.Args.Key.create("rota.server");
-    /** The rule (leasable: {@code round_robin}, {@code repeat(n=N)}, {@code weighted}); default: the service's policy rule. */
+    /** The rule, one rota leases (e.g. {@code round_robin}, {@code repeat(n=N)}, {@code weighted}); default: the service's policy rule. */
     public static final NameResolver.Args.Key<String> RULE = NameResolver.Args.Key.create("rota.rule");
     /** The version RPCs without an {@value #VERSION_HEADER} header ask for; default none. */
     public static final NameResolver.Args.Key<String> VERSION = NameResolver.Args.Key.create("rota.version");
@@ -85,10 +85,11 @@ public final class RotaChannels {
      * scheme). Call it before the first {@code xds:///} channel gets its clusters: grpc-xds looks
      * the name up when it parses a Cluster, and a client without it takes the cluster's next policy
      * (grpc's own). Each cluster's balancer then leases tickets of {@code Balancer.Lease(service,
-     * rule, version)} from the cluster's config, maps each ticket to an instance of the lease's list
-     * as a {@code rota:///} channel does, and sends the RPC to the endpoint with that instance's
+     * rule, version)} from the cluster's config, takes each ticket's instance from the lease as a
+     * {@code rota:///} channel does, and sends the RPC to the endpoint with that instance's
      * {@code host:port}; an instance xDS did not give (not pushed yet, another locality, not
-     * healthy) is unusable, its tickets spread over the others. While rota cannot be reached, RPCs
+     * healthy) is unusable: its tickets are passed over for the next ones, and the next lease
+     * excludes it. While rota cannot be reached, RPCs
      * follow a local rotation over the last list. A second call replaces the first registration;
      * channels already balancing keep theirs.
      *

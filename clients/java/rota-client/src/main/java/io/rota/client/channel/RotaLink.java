@@ -88,10 +88,13 @@ final class RotaLink implements AutoCloseable {
         scheduler.scheduleWithFixedDelay(this::flush, reportIntervalMs, reportIntervalMs, TimeUnit.MILLISECONDS);
     }
 
-    /** Reserves {@code count} tickets; never runs on the caller's RPC context (its deadline or cancellation). */
-    CompletableFuture<LeaseResponse> lease(String rule, String version, int count) {
+    /**
+     * Reserves {@code count} tickets mapped over the eligible instances but those of
+     * {@code exclude}; never runs on the caller's RPC context (its deadline or cancellation).
+     */
+    CompletableFuture<LeaseResponse> lease(String rule, String version, int count, List<String> exclude) {
         LeaseRequest request = LeaseRequest.newBuilder().setService(service).setRule(rule).setVersion(version)
-                .setCount(count).build();
+                .setCount(count).addAllExclude(exclude).build();
         CompletableFuture<LeaseResponse> result = new CompletableFuture<>();
         LEASE_CALLS.incrementAndGet();
         Context.ROOT.run(() -> Futures.addCallback(

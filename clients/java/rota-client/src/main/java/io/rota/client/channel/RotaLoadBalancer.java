@@ -49,6 +49,8 @@ final class RotaLoadBalancer extends LoadBalancer {
     private final java.util.Set<String> settled = new java.util.HashSet<>();
     private final ConcurrentHashMap<String, Rotation> rotations = new ConcurrentHashMap<>();
     private volatile List<Member> resolved = List.of();
+    /** Which instances the channel holds unusable, as of the last {@link #publish}: what leases exclude. */
+    private volatile java.util.function.Predicate<Member> unusable = member -> false;
     private RotaLink link;
     private RotaLoadBalancerProvider.PolicyConfig config = new RotaLoadBalancerProvider.PolicyConfig("", "", false);
     private Status lastFailure = Status.UNAVAILABLE.withDescription("no instance connected yet");
@@ -153,7 +155,7 @@ final class RotaLoadBalancer extends LoadBalancer {
             }
             String host = address.getAddress() != null ? InetAddresses.toAddrString(address.getAddress())
                     : Member.canonicalHost(address.getHostString());
-            // Until a lease lists the instances, the local rotation maps over these, by address.
+            // Until a lease lists the instances, the local rotation goes over these, by address.
             Member member = new Member(host + ":" + address.getPort(), host, address.getPort(), cluster.version(), 100);
             if (wanted.putIfAbsent(member.address(), group) == null) {
                 all.add(member);
@@ -200,10 +202,12 @@ final class RotaLoadBalancer extends LoadBalancer {
         members.clear();
         all.forEach(m -> members.put(xds != null ? m.address() : m.id(), m));
         resolved = List.copyOf(all);
+        // Published first, so that the refreshed rotations' leases exclude what the new list
+        // holds unusable (a new instance's first connection is waited for, not excluded).
+        publish();
         if (changed) {
             rotations.values().forEach(Rotation::refresh);
         }
-        publish();
     }
 
     /** The key of a member's subchannel: its id, or under xDS its {@code host:port}. */
@@ -271,15 +275,25 @@ final class RotaLoadBalancer extends LoadBalancer {
                 connecting = true;
             }
         }
+        // Unusable: held out, or without a READY subchannel, except while making its first
+        // connection (RPCs wait for that one rather than skip it).
+        Map<String, RotaPicker.Ready> readyNow = Map.copyOf(ready);
+        java.util.Set<String> connectingFirst = new java.util.HashSet<>(subchannels.keySet());
+        connectingFirst.removeAll(settled);
+        unusable = member -> {
+            String key = key(member);
+            RotaPicker.Ready r = readyNow.get(key);
+            return r != null ? r.hold().heldOut() : !connectingFirst.contains(key);
+        };
         ConnectivityState state = !ready.isEmpty() ? ConnectivityState.READY
                 : connecting ? ConnectivityState.CONNECTING : ConnectivityState.TRANSIENT_FAILURE;
         current = state;
         Status failure = Status.UNAVAILABLE.withDescription("no instance of " + (link != null ? link.service : "the service")
                 + " is reachable: " + lastFailure.getCode() + (lastFailure.getDescription() != null ? ": " + lastFailure.getDescription() : ""));
         // While a new subchannel makes its first connection, RPCs wait rather than skip it, so
-        // a channel's first tickets (and those after an instance joins) map as rota maps them.
+        // a channel's first tickets (and those after an instance joins) go where rota mapped them.
         boolean unsettled = !settled.containsAll(subchannels.keySet());
-        helper.updateBalancingState(state, new RotaPicker(this, unsettled ? Map.of() : Map.copyOf(ready),
+        helper.updateBalancingState(state, new RotaPicker(this, unsettled ? Map.of() : readyNow,
                 unsettled ? ConnectivityState.CONNECTING : state, connecting || unsettled, failure, config));
     }
 
@@ -289,7 +303,8 @@ final class RotaLoadBalancer extends LoadBalancer {
     }
 
     Rotation rotation(String version) {
-        return rotations.computeIfAbsent(version, v -> new Rotation(link, config.rule(), v, () -> resolved, this::repick));
+        return rotations.computeIfAbsent(version, v -> new Rotation(link, config.rule(), v, () -> resolved, this::repick,
+                member -> unusable.test(member)));
     }
 
     RotaLink link() {

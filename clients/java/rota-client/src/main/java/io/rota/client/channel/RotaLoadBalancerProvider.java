@@ -9,8 +9,9 @@ import io.grpc.Status;
 
 /**
  * The {@value RotaChannels#POLICY} load-balancing policy: per RPC, the next leased ticket of
- * rota's shared rotation, mapped to an instance locally. Its config (JSON):
- * {@code {"rule": "repeat(n=3)", "version": "", "ticketHeader": false}}, every field optional.
+ * rota's shared rotation, sent to the instance rota's lease names for it. Its config (JSON):
+ * {@code {"rule": "repeat(n=3)", "version": "", "ticketHeader": false}}, every field optional;
+ * the rule is rota's to accept (a rule it cannot lease fails the RPCs with its refusal).
  * Registered through {@code META-INF/services/io.grpc.LoadBalancerProvider}.
  */
 public final class RotaLoadBalancerProvider extends LoadBalancerProvider {
@@ -42,10 +43,6 @@ public final class RotaLoadBalancerProvider extends LoadBalancerProvider {
         if (!(rule instanceof String r) || !(version instanceof String v) || !(ticketHeader instanceof Boolean t)) {
             return ConfigOrError.fromError(Status.INVALID_ARGUMENT.withDescription(
                     "rota policy config: rule and version must be strings, ticketHeader a boolean; got " + raw));
-        }
-        if (!r.isBlank() && !TicketMapping.leasable(r)) {
-            return ConfigOrError.fromError(Status.INVALID_ARGUMENT.withDescription("rota policy config: rule \"" + r
-                    + "\" cannot be leased; leasable rules: round_robin, repeat(n=N), weighted"));
         }
         return ConfigOrError.fromConfig(new PolicyConfig(r.trim(), v.trim(), t));
     }

@@ -16,8 +16,8 @@ import io.rota.v1.CallResult;
 
 /**
  * Picks per RPC: the version from the call's {@value RotaChannels#VERSION_HEADER} header (else
- * the policy's), that version's rotation, its next ticket and the instance it goes to among the
- * usable ones (READY and not held out for timeouts); the outcome (latency, status) goes to
+ * the policy's), that version's rotation and its next ticket whose instance is usable (READY and
+ * not held out for timeouts); the outcome (latency, status) goes to
  * rota's {@code Report} in batches, and to the instance's {@link HoldOut}.
  */
 final class RotaPicker extends SubchannelPicker {

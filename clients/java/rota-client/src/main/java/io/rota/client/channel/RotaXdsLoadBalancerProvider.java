@@ -46,7 +46,8 @@ final class RotaXdsLoadBalancerProvider extends LoadBalancerProvider {
     /**
      * Lenient, since a config refused here makes the client NACK the whole Cluster: fields it does
      * not know are ignored. {@code service} must be a non-empty string; {@code version} and
-     * {@code rule}, when present, strings, the rule a leasable one (or empty: the service's rule).
+     * {@code rule}, when present, strings (an empty rule: the service's; any other is rota's to
+     * accept when it leases).
      */
     @Override
     public ConfigOrError parseLoadBalancingPolicyConfig(Map<String, ?> raw) {
@@ -61,9 +62,6 @@ final class RotaXdsLoadBalancerProvider extends LoadBalancerProvider {
         Object rule = raw.containsKey("rule") ? raw.get("rule") : "";
         if (!(version instanceof String v) || !(rule instanceof String r)) {
             return refuse("version and rule must be strings; got " + raw);
-        }
-        if (!r.isBlank() && !TicketMapping.leasable(r)) {
-            return refuse("rule \"" + r + "\" cannot be leased; leasable rules: round_robin, repeat(n=N), weighted");
         }
         return ConfigOrError.fromConfig(new XdsConfig(s.trim(), v.trim(), r.trim()));
     }

@@ -173,14 +173,14 @@ class ChannelConformanceTest {
     static void checkRotation(String rule, List<String> rotation, Map<String, Integer> weights, List<EchoFleet.Received> received,
             Set<Long> seen, long drawn) {
         List<String> ids = new ArrayList<>(new TreeSet<>(rotation));
-        TicketMapping mapping = TicketMapping.of(rule, ids.stream().mapToInt(weights::get).toArray());
+        RuleOracle oracle = new RuleOracle(rule, ids.stream().mapToInt(weights::get).toArray());
         for (EchoFleet.Received r : received) {
             Long t = leased(r);
             assertNotNull(t, "call to " + r.instance() + " without a leased ticket");
             assertTrue(Long.compareUnsigned(t, drawn) >= 0,
                     "call to " + r.instance() + " carried ticket " + t + ", one of the " + drawn + " drawn out of band");
             assertTrue(seen.add(t), "ticket " + t + " used twice");
-            assertEquals(ids.get(mapping.map(t, null)), r.instance(), "ticket " + t);
+            assertEquals(ids.get(oracle.position(t)), r.instance(), "ticket " + t);
         }
     }
 

@@ -233,6 +233,17 @@ class ChannelIntegrationTest {
     }
 
     @Test
+    void aRuleRotaCannotLeaseFailsTheRpcsWithRotasRefusal() {
+        // The channel takes any rule string; rota is the one to refuse a rule it cannot lease.
+        EchoGrpc.EchoBlockingStub stub = channel("random");
+        StatusRuntimeException e = assertThrows(StatusRuntimeException.class, () -> echo(stub, "hello"));
+        // rota's INVALID_ARGUMENT, which grpc-java turns into INTERNAL coming from a picker (gRFC A54).
+        assertEquals(Status.Code.INTERNAL, e.getStatus().getCode(), e.toString());
+        assertTrue(e.getStatus().getDescription().contains("\"random\", which cannot be leased"), e.toString());
+        assertTrue(fleet.received.isEmpty(), "a call was sent: " + fleet.received);
+    }
+
+    @Test
     void unknownServiceFailsFastWithAClearError() {
         ManagedChannel channel = ManagedChannelBuilder.forTarget("rota://" + rota.target() + "/no-such-service")
                 .usePlaintext().build();

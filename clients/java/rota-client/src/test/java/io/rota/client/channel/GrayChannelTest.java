@@ -86,6 +86,9 @@ class GrayChannelTest {
                         } else {
                             answer.setFirstTicket(v2.getAndAdd(request.getCount())).setCount(request.getCount())
                                     .clearInstances().addInstances(instances.get(2));
+                            for (int i = 0; i < request.getCount(); i++) {
+                                answer.addPositions(0);
+                            }
                         }
                         response.onNext(answer.build());
                         response.onCompleted();

@@ -44,12 +44,13 @@ import rota.echo.v1.EchoOuterClass.EchoRequest;
 
 /**
  * A channel's count of an instance's timeouts, against a scripted rota leasing tickets from 0
- * over echo-a, echo-b, echo-c (round_robin: ticket t goes to position t mod 3): which calls count,
- * and where the held-out instance's tickets go.
+ * over echo-a, echo-b, echo-c (ticket t at position t mod 3): which calls count, what becomes of
+ * the held-out instance's tickets, and what the leases exclude.
  */
 class HoldOutChannelTest {
     private final List<Instance> instances = new ArrayList<>();
     private final AtomicLong tickets = new AtomicLong();
+    private final List<LeaseRequest> leases = new java.util.concurrent.CopyOnWriteArrayList<>();
     private EchoFleet fleet;
     private Server rota;
     private ManagedChannel channel;
@@ -113,7 +114,7 @@ class HoldOutChannelTest {
     }
 
     @Test
-    void threeTimeoutsInARowHoldAnInstanceOutAndItsTicketsSpreadOverTheOthers() throws Exception {
+    void threeTimeoutsInARowHoldAnInstanceOutItsTicketsArePassedOverAndLeasesExcludeIt() throws Exception {
         assertEquals(List.of("echo-a", "echo-b", "echo-c"), calls(3, 5000));
         fleet.hang("echo-c");
 
@@ -128,32 +129,41 @@ class HoldOutChannelTest {
         assertEquals(List.of("echo-a", "echo-b", "echo-c"), calls(3, 5000));
         fleet.hang("echo-c");
         assertEquals(List.of("echo-a", "echo-b", "DEADLINE_EXCEEDED", "echo-a", "echo-b", "DEADLINE_EXCEEDED"), calls(6, 200));
+        assertTrue(leases.stream().allMatch(l -> l.getExcludeCount() == 0), "an exclude before any hold: " + leases);
 
         // The third in a row: echo-c is held out.
         long heldFrom = fleet.received.size();
         assertEquals(List.of("echo-a", "echo-b", "DEADLINE_EXCEEDED"), calls(3, 200));
+        int leasedBefore = leases.size();
         List<String> after = calls(24, 5000);
         Map<String, Integer> counts = new TreeMap<>();
         after.forEach(id -> counts.merge(id, 1, Integer::sum));
         assertEquals(Map.of("echo-a", 12, "echo-b", 12), counts, after.toString());
-        // echo-c's tickets (the same tickets, not the next ones) alternate between echo-a and echo-b.
+        // echo-c's tickets (t mod 3 = 2 here) are passed over, gaps; the RPC takes the next ticket.
         List<EchoFleet.Received> received = List.copyOf(fleet.received).subList((int) heldFrom + 3, fleet.received.size());
-        long first = Long.parseLong(received.get(0).ticket());
-        for (int i = 0; i < received.size(); i++) {
-            long ticket = Long.parseLong(received.get(i).ticket());
-            assertEquals(first + i, ticket, "tickets are used in order, none skipped");
-            long cycle = ticket / 3;
-            String expected = ticket % 3 == 0 ? "echo-a" : ticket % 3 == 1 ? "echo-b" : cycle % 2 == 0 ? "echo-a" : "echo-b";
-            assertEquals(expected, received.get(i).instance(), "ticket " + ticket);
+        long previous = Long.parseLong(received.get(0).ticket()) - 1;
+        for (EchoFleet.Received r : received) {
+            long ticket = Long.parseLong(r.ticket());
+            assertEquals(List.of("echo-a", "echo-b", "echo-c").get((int) (ticket % 3)), r.instance(), "ticket " + ticket);
+            for (long skipped = previous + 1; skipped < ticket; skipped++) {
+                assertEquals(2, skipped % 3, "ticket " + skipped + " of a usable instance was passed over");
+            }
+            previous = ticket;
         }
+        // The leases asked while echo-c is held out tell rota so.
+        List<LeaseRequest> held = List.copyOf(leases).subList(leasedBefore, leases.size());
+        assertTrue(!held.isEmpty(), "no lease while echo-c was held out");
+        assertTrue(held.stream().allMatch(l -> l.getExcludeList().equals(List.of("echo-c"))), held.toString());
     }
 
     private final class Balancer extends BalancerGrpc.BalancerImplBase {
         @Override
         public void lease(LeaseRequest request, StreamObserver<LeaseResponse> response) {
             long first = tickets.getAndAdd(request.getCount());
-            response.onNext(LeaseResponse.newBuilder().setFirstTicket(request.getCount() == 0 ? 0 : first)
-                    .setCount(request.getCount()).addAllInstances(instances).setEpoch(1).setRule("round_robin").build());
+            leases.add(request);
+            // Positions t mod 3 over the three, whatever the request excludes: so that the test
+            // sees the channel pass over the tickets of an instance it holds out.
+            response.onNext(FakeLease.range(instances, first, request.getCount(), "round_robin", t -> (int) (t % 3)).build());
             response.onCompleted();
         }
 

@@ -88,8 +88,7 @@ class OutcomeReportTest {
         public void lease(LeaseRequest request, StreamObserver<LeaseResponse> response) {
             leases.add(request);
             long first = tickets.getAndAdd(request.getCount());
-            response.onNext(LeaseResponse.newBuilder().setFirstTicket(request.getCount() == 0 ? 0 : first)
-                    .setCount(request.getCount()).addAllInstances(instances).setEpoch(1).setRule("round_robin").build());
+            response.onNext(FakeLease.roundRobin(instances, request, first).build());
             response.onCompleted();
         }
 

@@ -87,7 +87,11 @@ class PicksRotationTest {
                         } else {
                             // At most 4 tickets per lease, so that a change of shape shows within a few draws.
                             int count = Math.min(4, request.getCount());
-                            answer.setFirstTicket(ranges.getAndAdd(count)).setCount(count);
+                            long first = ranges.getAndAdd(count);
+                            answer.setFirstTicket(first).setCount(count);
+                            for (long t = first; t < first + count; t++) {
+                                answer.addPositions((int) (t % members.size()));
+                            }
                         }
                         response.onNext(answer.build());
                         response.onCompleted();
@@ -136,7 +140,7 @@ class PicksRotationTest {
     void picksAreUsedInOrderWithTheirOwnTickets() throws Exception {
         Semaphore repicks = new Semaphore(0);
         try (RotaLink link = new RotaLink(target(), "echo")) {
-            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release);
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release, m -> false);
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
             for (int i = 0; i < 60; i++) {
@@ -159,7 +163,7 @@ class PicksRotationTest {
     void aPickWhoseInstanceIsNotUsableIsAGapAndTheNextPickIsTaken() throws Exception {
         Semaphore repicks = new Semaphore(0);
         try (RotaLink link = new RotaLink(target(), "echo")) {
-            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release);
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release, m -> false);
             Predicate<Member> noV = m -> !m.id().equals("echo-v");
             List<String> ids = new ArrayList<>();
             List<Long> tickets = new ArrayList<>();
@@ -181,7 +185,7 @@ class PicksRotationTest {
     void heldPicksAreDroppedWhenTheInstanceListChanges() throws Exception {
         Semaphore repicks = new Semaphore(0);
         try (RotaLink link = new RotaLink(target(), "echo")) {
-            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release);
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B, V), repicks::release, m -> false);
             assertEquals("echo-a", draw(rotation, repicks, m -> true).member().id());
             long drawnUnversioned = unversioned.get();
             assertTrue(drawnUnversioned > 1, "the first block holds more picks than the one drawn");
@@ -211,7 +215,7 @@ class PicksRotationTest {
         gray = false;
         listed = List.of(A, B);
         try (RotaLink link = new RotaLink(target(), "echo")) {
-            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B), repicks::release);
+            Rotation rotation = new Rotation(link, "round_robin", "", () -> List.of(A, B), repicks::release, m -> false);
             Rotation.Draw first = draw(rotation, repicks, m -> true);
             assertEquals(1000, first.ticket());
             assertEquals("echo-a", first.member().id());

@@ -104,8 +104,10 @@ class XdsPolicyChannelTest {
 
     @Test
     void ticketsGoToTheEndpointOfTheirInstanceAndAnInstanceXdsDidNotGiveIsUnusable() {
-        // echo-c is leased by rota but not among the endpoints: its tickets are spread, exactly, over
-        // the usable two (docs/channels.md): ticket t of echo-c goes to [a, b][(t / 3) mod 2].
+        // echo-c is leased by rota but not among the endpoints. The first lease (tickets 0..15,
+        // the first block's size) knows nothing of it: rota maps those over a, b, c (t mod 3) and
+        // echo-c's tickets are passed over. Every later lease excludes echo-c: rota maps those
+        // over a, b (t mod 2).
         EchoGrpc.EchoBlockingStub stub = channel(List.of("echo-a", "echo-b"));
         for (int i = 0; i < 60; i++) {
             echo(stub);
@@ -118,15 +120,17 @@ class XdsPolicyChannelTest {
             assertFalse(r.ticket().startsWith("L"), "a local pick while rota is up: " + r.ticket());
             assertNull(tickets.put(Long.parseUnsignedLong(r.ticket()), r.instance()), "ticket " + r.ticket() + " used twice");
         }
-        int spread = 0;
+        int excluded = 0;
         for (Map.Entry<Long, String> e : tickets.entrySet()) {
             long t = e.getKey();
-            String mapped = IDS.get((int) (t % 3));
-            String wanted = !mapped.equals("echo-c") ? mapped : List.of("echo-a", "echo-b").get((int) ((t / 3) % 2));
-            spread += mapped.equals("echo-c") ? 1 : 0;
+            String wanted = t < RotaChannels.MIN_BLOCK ? IDS.get((int) (t % 3)) : List.of("echo-a", "echo-b").get((int) (t % 2));
             assertEquals(wanted, e.getValue(), "ticket " + t);
+            excluded += t >= RotaChannels.MIN_BLOCK ? 1 : 0;
         }
-        assertTrue(spread >= 19, "echo-c's tickets were spread: " + spread);
+        for (long t = 2; t < RotaChannels.MIN_BLOCK; t += 3) {
+            assertFalse(tickets.containsKey(t), "echo-c's ticket " + t + " was sent");
+        }
+        assertTrue(excluded >= 40, "tickets of leases excluding echo-c: " + excluded);
     }
 
     @Test

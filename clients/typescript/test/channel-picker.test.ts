@@ -143,6 +143,30 @@ describe('rota picker routing by the positions rota sent', () => {
   });
 });
 
+describe('rota picker reporting', () => {
+  it('reports the ticket a call was sent by and the rule the lease named, whatever it is', () => {
+    const v: LeaseView = { rule: 'a_rule_rota_added(k=2)', ids: IDS, addrs: IDS.map((_, i) => `127.0.0.1:${7000 + i}`) };
+    const subchannel = { stand_in: 'b' } as unknown as SubchannelInterface;
+    const reports: { instanceId: string; ticket: string; rule: string; result: string }[] = [];
+    let next = 40n;
+    const picker = new RotaPicker(
+      {
+        // Tickets 40 (a, not READY: passed over) and 41 (b).
+        stream: () => ({ take: (): Take => ({ kind: 'ticket', draw: { ticket: next, view: v, local: false, position: Number(next++ - 40n) } }) }),
+        link: { report: (o) => reports.push(o as (typeof reports)[number]) },
+      },
+      { service: 'svc', version: '', report: true, ticketHeader: false, ready: new Map([[subKey('b', v.addrs[1]!), { subchannel, holdOut: new HoldOut() }]]), connecting: false, unsettled: false },
+    );
+    const result = picker.pick({ metadata: new Metadata(), extraPickInfo: {} });
+    assert.equal(result.subchannel, subchannel);
+    result.onCallEnded!(status.OK, '', new Metadata());
+    assert.deepEqual(
+      reports.map((r) => [r.instanceId, r.ticket, r.rule, r.result]),
+      [['b', '41', 'a_rule_rota_added(k=2)', 'CALL_RESULT_OK']],
+    );
+  });
+});
+
 describe('rota picker with unusable instances: the next ticket', () => {
   it('round_robin, one of three not READY: its tickets are gaps and the other two get equal calls', () => {
     const f = fixture('round_robin', ['a', 'b'], oraclePositions('round_robin', [1, 1, 1], 0n, 36));

@@ -179,6 +179,28 @@ describe("rota's lease positions against the runner's oracle", { timeout: 60_000
   });
 });
 
+describe('a rule rota cannot lease', { timeout: 60_000 }, () => {
+  it("is not refused by the channel: rota's refusal fails the calls with its message", async () => {
+    const fleet = await Fleet.start([{ id: 'echo-a' }]);
+    const client = new (echoPackage().Echo)('rota:///echo', grpc.credentials.createInsecure(), {
+      [OPTION_SERVER]: fleet.server.target,
+      [OPTION_RULE]: 'random',
+      [OPTION_LOGGER]: silentLogger,
+    });
+    try {
+      const results = await echoCalls(client, 2, '', 5_000);
+      assert.deepEqual(
+        results.map((r) => [r.error?.code, r.error?.details]),
+        results.map(() => [grpc.status.UNAVAILABLE, 'rule is "random", which cannot be leased; leasable rules: round_robin, repeat, weighted']),
+      );
+      assert.equal(fleet.log.length, 0, 'no call went out on a local rotation');
+    } finally {
+      client.close();
+      await fleet.close();
+    }
+  });
+});
+
 // ---------------------------------------------------------------------------------------------
 // Scenarios
 // ---------------------------------------------------------------------------------------------

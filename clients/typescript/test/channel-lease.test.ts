@@ -41,6 +41,8 @@ class ScriptedLeases {
   badPosition = false;
   /** Refuse leases as a restarted rota does before the service is back (NOT_FOUND, rota-error). */
   refuse = false;
+  /** Refuse a lease whose exclude names `b`, as rota refuses one that leaves it no instance. */
+  refuseExcluded = false;
   /** Lease requests made so far. */
   requests = 0;
   /** The rule of ticket-range answers. */
@@ -92,6 +94,13 @@ class ScriptedLeases {
             }
             if (this.down) {
               callback(Object.assign(new Error('connection refused'), { code: status.UNAVAILABLE, details: 'connection refused', metadata: new Metadata() }));
+              return;
+            }
+            if (this.refuseExcluded && request.exclude.includes('b')) {
+              const metadata = new Metadata();
+              metadata.set('rota-error', 'no_eligible_instance');
+              const details = 'service "svc" has no eligible instance for a lease that is not excluded';
+              callback(Object.assign(new Error(details), { code: status.UNAVAILABLE, details, metadata }));
               return;
             }
             if (this.refuse) {
@@ -294,6 +303,25 @@ describe('lease stream routing by the positions rota sent', () => {
     }
   });
 
+  it('wakes the waiting calls when the list changed while their lease was asked', async () => {
+    const script = new ScriptedLeases();
+    const { stream, leases, woken, close } = leaser(script);
+    try {
+      assert.equal(stream.take().kind, 'wait');
+      // The list changes before the answer: that answer is dropped and the lease asked again;
+      // the call (picked again by the policy, and waiting) is woken by the second answer.
+      leases.invalidate();
+      assert.equal(stream.take().kind, 'wait');
+      await woken();
+      assert.equal(script.requests, 2);
+      const taken = stream.take();
+      assert.equal(taken.kind, 'ticket');
+      assert.equal(taken.kind === 'ticket' && taken.draw.ticket, 16n, 'a ticket of the lease asked after the change');
+    } finally {
+      close();
+    }
+  });
+
   it('follows the new positions after the instance list changed', async () => {
     const script = new ScriptedLeases();
     const { stream, leases, woken, close } = leaser(script);
@@ -344,7 +372,7 @@ describe("lease stream telling rota the instances it cannot use", () => {
       assert.deepEqual(script.excludes, [[]]);
       unusable = ['b'];
       const requests = script.requests;
-      for (let n = 0; n < 100 && script.requests === requests; n++) {
+      for (let n = 0; n < 100_000 && script.requests === requests; n++) {
         await take(stream, woken);
       }
       assert.deepEqual(script.excludes.slice(requests), [['b']]);
@@ -367,18 +395,33 @@ describe("lease stream telling rota the instances it cannot use", () => {
     }
   });
 
-  it('names none when every instance of the list is unusable (rota would refuse the lease)', async () => {
+  it('leases again without exclude when rota refuses the exclude for leaving it no instance, until the unusable ids change', async () => {
     const script = new ScriptedLeases();
-    let unusable = ['a'];
-    const known = (): LeaseView => ({ rule: '', ids: ['a', 'b'], addrs: ['127.0.0.1:1', '127.0.0.1:2'] });
-    const { stream, leases, woken, close } = leaser(script, known, () => unusable);
+    script.refuseExcluded = true;
+    let unusable = ['a', 'b'];
+    const { stream, leases, woken, close } = leaser(script, () => undefined, () => unusable);
     try {
-      await take(stream, woken);
-      assert.deepEqual(script.excludes, [['a']], 'the first lease, the channel\'s list known');
-      unusable = ['a', 'b', 'z'];
+      const first = await take(stream, woken);
+      assert.equal(first.ticket, 0n, 'the lease without exclude answered the call');
+      assert.deepEqual(script.excludes, [['a', 'b'], []]);
+      // The next leases go without exclude while the unusable ids stay the same.
+      for (let n = 0; n < 100_000 && script.requests < 4; n++) {
+        await take(stream, woken);
+      }
+      assert.deepEqual(script.excludes.slice(2, 4), [[], []]);
+      // Others unusable: exclude again.
+      unusable = ['a'];
+      const requests = script.requests;
+      for (let n = 0; n < 100_000 && script.requests === requests; n++) {
+        await take(stream, woken);
+      }
+      assert.deepEqual(script.excludes.slice(requests), [['a']]);
+      // The refused set again: refused once more after a change of the instance list.
+      unusable = ['a', 'b'];
       leases.invalidate();
+      const before = script.requests;
       await take(stream, woken);
-      assert.deepEqual(script.excludes.at(-1), [], 'every instance of the last list unusable');
+      assert.deepEqual(script.excludes.slice(before), [['a', 'b'], []]);
     } finally {
       close();
     }

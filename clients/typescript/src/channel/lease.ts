@@ -204,6 +204,11 @@ export class VersionStream {
   #offline = false;
   #localTicket = 0n;
   #refused: { code: status; details: string; until: number } | undefined;
+  /**
+   * The `exclude` of the last lease rota refused for leaving it no instance (`rota-error`
+   * no_eligible_instance): leases go without `exclude` while the unusable ids are these.
+   */
+  #refusedExclude: string | undefined;
   #waiting = false;
   readonly #backoff: Backoff;
   #retry: NodeJS.Timeout | undefined;
@@ -224,6 +229,7 @@ export class VersionStream {
     this.#cur = undefined;
     this.#next = undefined;
     this.#refused = undefined;
+    this.#refusedExclude = undefined;
   }
 
   close(): void {
@@ -294,37 +300,31 @@ export class VersionStream {
     this.#activated = now;
   }
 
-  #fetch(): void {
+  /** Leases the next block; `withExclude` false sends no `exclude` (see {@link #leased}). */
+  #fetch(withExclude = true): void {
     this.#fetching = true;
     const generation = this.owner.generation;
     const link = this.owner.link;
+    const exclude = withExclude ? this.exclude() : [];
     leaseCalls.count++;
     link.balancer.Lease(
-      { service: link.service, rule: this.owner.rule, version: this.version, count: this.#k, exclude: this.exclude() },
+      { service: link.service, rule: this.owner.rule, version: this.version, count: this.#k, exclude },
       new Metadata(),
       { deadline: Date.now() + LEASE_TIMEOUT_MS },
-      (error: ServiceError | null, response?: LeaseResponse__Output) => this.#leased(generation, error, response),
+      (error: ServiceError | null, response?: LeaseResponse__Output) => this.#leased(generation, exclude, error, response),
     );
   }
 
   /**
-   * The ids a lease names in `exclude`: the unusable ones (the first {@link MAX_EXCLUDE} in id
-   * order), or none when they are every instance of the version's last list (rota would refuse
-   * the lease; the calls then wait or fail as with no instance usable).
+   * The ids a lease names in `exclude`: the unusable ones, the first {@link MAX_EXCLUDE} in id
+   * order; none while they are those of a lease rota refused for leaving it no instance.
    */
   exclude(): string[] {
-    const unusable = this.owner.unusable();
-    if (unusable.length === 0) {
+    const unusable = [...this.owner.unusable()].sort().slice(0, MAX_EXCLUDE);
+    if (unusable.length === 0 || unusable.join('\n') === this.#refusedExclude) {
       return [];
     }
-    const known = (this.#last ?? this.owner.localView(this.version))?.ids;
-    if (known !== undefined && known.length > 0) {
-      const held = new Set(unusable);
-      if (known.every((id) => held.has(id))) {
-        return [];
-      }
-    }
-    return [...unusable].sort().slice(0, MAX_EXCLUDE);
+    return unusable;
   }
 
   /** Leases again after the backoff's next delay, while the stream is still offline. */
@@ -338,18 +338,27 @@ export class VersionStream {
     this.#retry.unref();
   }
 
-  #leased(generation: number, error: ServiceError | null, response: LeaseResponse__Output | undefined): void {
+  #leased(generation: number, exclude: readonly string[], error: ServiceError | null, response: LeaseResponse__Output | undefined): void {
     this.#fetching = false;
-    let wake = this.#waiting;
-    this.#waiting = false;
-    const link = this.owner.link;
+    if (error !== null && exclude.length > 0 && error.code === status.UNAVAILABLE && error.metadata?.get('rota-error')[0] === 'no_eligible_instance' && !this.owner.closed) {
+      // The exclude left rota no instance (every one unusable, or every one of a version a gray
+      // split leases): leased again without it, the calls wait or skip as with no exclude.
+      this.#refusedExclude = exclude.join('\n');
+      this.#fetch(false);
+      return;
+    }
     if (this.owner.closed) {
       return;
     }
     if (generation !== this.owner.generation) {
+      // An answer to a lease asked before the instance list changed: asked again, the calls
+      // waiting still woken by the answer to that.
       this.#fetch();
       return;
     }
+    let wake = this.#waiting;
+    this.#waiting = false;
+    const link = this.owner.link;
     let view: LeaseView | undefined;
     let picks: LeasedPicks | undefined;
     let positions: readonly number[] = [];

@@ -1,6 +1,7 @@
-// The lease stream of the grpc-js channel against a scripted Lease: consecutive tickets, the
-// bounded growth of the lease size, the local rotation while rota is unreachable, and the picks
-// of leases rota mapped itself (gray release without a version).
+// The lease stream of the grpc-js channel against a scripted Lease: consecutive tickets with the
+// positions rota sent (any rule), answers it cannot use refused, the unusable instances named in
+// each lease's `exclude`, the bounded growth of the lease size, the local rotation while rota is
+// unreachable, and the picks of leases rota mapped itself (gray release without a version).
 
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -40,11 +41,16 @@ class ScriptedLeases {
   badPosition = false;
   /** Refuse leases as a restarted rota does before the service is back (NOT_FOUND, rota-error). */
   refuse = false;
+  /** Refuse a lease whose exclude names `b`, as rota refuses one that leaves it no instance. */
+  refuseExcluded = false;
   /** Lease requests made so far. */
   requests = 0;
-  /** The rule and weights of ticket-range answers. */
+  /** The rule of ticket-range answers. */
   rule = 'round_robin';
-  weights = [100, 100];
+  /** The positions of a ticket-range answer of tickets first .. first + count - 1. */
+  positions: (first: bigint, count: number) => number[] = (first, count) => Array.from({ length: count }, (_, i) => Number((first + BigInt(i)) % 2n));
+  /** The `exclude` of each Lease request, in order. */
+  excludes: string[][] = [];
   /** What the leaser asked to hear when the Watch ends. */
   watchLost: (() => void) | undefined;
   /** Called when a Lease request is made (synchronously, from the stream's take()). */
@@ -65,8 +71,9 @@ class ScriptedLeases {
         };
       },
       balancer: {
-        Lease: (request: { count: number }, _md: Metadata, _opts: object, callback: (e: unknown, r?: unknown) => void) => {
+        Lease: (request: { count: number; exclude: string[] }, _md: Metadata, _opts: object, callback: (e: unknown, r?: unknown) => void) => {
           this.requests++;
+          this.excludes.push(request.exclude);
           this.onRequest();
           setImmediate(() => {
             if (this.gray && !this.down) {
@@ -89,6 +96,13 @@ class ScriptedLeases {
               callback(Object.assign(new Error('connection refused'), { code: status.UNAVAILABLE, details: 'connection refused', metadata: new Metadata() }));
               return;
             }
+            if (this.refuseExcluded && request.exclude.includes('b')) {
+              const metadata = new Metadata();
+              metadata.set('rota-error', 'no_eligible_instance');
+              const details = 'service "svc" has no eligible instance for a lease that is not excluded';
+              callback(Object.assign(new Error(details), { code: status.UNAVAILABLE, details, metadata }));
+              return;
+            }
             if (this.refuse) {
               const metadata = new Metadata();
               metadata.set('rota-error', 'unknown_service');
@@ -103,9 +117,10 @@ class ScriptedLeases {
               count: request.count,
               rule: this.rule,
               instances: [
-                { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: this.weights[0] },
-                { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: this.weights[1] },
+                { id: 'a', host: '127.0.0.1', port: 1, version: '', weight: 100 },
+                { id: 'b', host: '127.0.0.1', port: 2, version: '', weight: 100 },
               ],
+              positions: this.positions(first, request.count),
               picks: [],
             });
           });
@@ -131,9 +146,10 @@ async function take(stream: VersionStream, woken: () => Promise<void>): Promise<
 function leaser(
   script: ScriptedLeases,
   localView: (version: string) => LeaseView | undefined = () => undefined,
+  unusable: () => readonly string[] = () => [],
 ): { stream: VersionStream; leases: Leaser; woken: () => Promise<void>; close: () => void } {
   let wake: (() => void) | undefined;
-  const leases = new Leaser(script.link(), '', () => wake?.(), localView);
+  const leases = new Leaser(script.link(), '', () => wake?.(), localView, unusable);
   const woken = (): Promise<void> =>
     new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error('no wake-up within 10 s')), 10_000);
@@ -179,8 +195,12 @@ describe('lease stream', () => {
         }
       }
       assert.equal(local.length, 4, 'no local rotation while rota is down');
-      const ids = local.map((d) => d.view.ids[d.view.map.position(d.ticket)!]);
-      assert.deepEqual(ids, ids[0] === 'a' ? ['a', 'b', 'a', 'b'] : ['b', 'a', 'b', 'a']);
+      // Over the last leased list, a local counter from 0, no position: the picker turns the
+      // counter over the usable instances of the list.
+      assert.deepEqual(
+        local.map((d) => [d.ticket, d.position, d.view.ids]),
+        [0n, 1n, 2n, 3n].map((t) => [t, undefined, ['a', 'b']]),
+      );
       script.down = false;
       // The retry timer (1–2 ms backoff here) leases again; wait for a leased ticket, bounded.
       const deadline = Date.now() + 10_000;
@@ -253,29 +273,155 @@ describe('lease stream when rota goes away and comes back', () => {
   });
 });
 
-/** The instance a draw routes its call to: the pick's own position, else the ticket's. */
+/** The instance a draw routes its call to: the position rota sent for its ticket or pick. */
 function routed(draw: Draw): string {
-  return draw.view.ids[draw.position ?? draw.view.map.position(draw.ticket)!]!;
+  assert.notEqual(draw.position, undefined, `ticket ${draw.ticket} has no position`);
+  return draw.view.ids[draw.position!]!;
 }
 
-describe('lease stream after a weight change', () => {
-  it('maps the next lease by the new weights', async () => {
+/** A pattern of positions over two instances that no rule's mapping gives ticket by ticket. */
+function irregular(first: bigint, count: number): number[] {
+  return Array.from({ length: count }, (_, i) => [1, 1, 0, 1, 0, 0, 0][Number((first + BigInt(i)) % 7n)]!);
+}
+
+describe('lease stream routing by the positions rota sent', () => {
+  it('hands out each ticket with its position, whatever the rule, across blocks', async () => {
     const script = new ScriptedLeases();
-    script.rule = 'weighted';
+    script.rule = 'some_rule(n=2)';
+    script.positions = irregular;
+    const { stream, woken, close } = leaser(script);
+    try {
+      for (let t = 0n; t < 200n; t++) {
+        const draw = await take(stream, woken);
+        assert.equal(draw.ticket, t);
+        assert.equal(draw.position, irregular(t, 1)[0], `ticket ${t}`);
+        assert.equal(draw.view.rule, 'some_rule(n=2)');
+      }
+      assert.ok(script.counts.length > 2, 'several blocks');
+    } finally {
+      close();
+    }
+  });
+
+  it('wakes the waiting calls when the list changed while their lease was asked', async () => {
+    const script = new ScriptedLeases();
     const { stream, leases, woken, close } = leaser(script);
     try {
-      const before = await take(stream, woken);
-      assert.deepEqual(before.view.weights, [100, 100]);
-      script.weights = [300, 100];
-      // What the policy does when the resolver hands it an instance with another weight.
+      assert.equal(stream.take().kind, 'wait');
+      // The list changes before the answer: that answer is dropped and the lease asked again;
+      // the call (picked again by the policy, and waiting) is woken by the second answer.
       leases.invalidate();
-      const after = await take(stream, woken);
-      assert.deepEqual(after.view.weights, [300, 100]);
-      const ids: string[] = [];
-      for (let t = 0n; t < 4n; t++) {
-        ids.push(after.view.ids[after.view.map.position(t)!]!);
+      assert.equal(stream.take().kind, 'wait');
+      await woken();
+      assert.equal(script.requests, 2);
+      const taken = stream.take();
+      assert.equal(taken.kind, 'ticket');
+      assert.equal(taken.kind === 'ticket' && taken.draw.ticket, 16n, 'a ticket of the lease asked after the change');
+    } finally {
+      close();
+    }
+  });
+
+  it('follows the new positions after the instance list changed', async () => {
+    const script = new ScriptedLeases();
+    const { stream, leases, woken, close } = leaser(script);
+    try {
+      assert.equal(routed(await take(stream, woken)), 'a');
+      script.positions = (_, count) => Array.from({ length: count }, () => 1);
+      // What the policy does when the resolver hands it a changed instance (another weight).
+      leases.invalidate();
+      for (let n = 0; n < 20; n++) {
+        assert.equal(routed(await take(stream, woken)), 'b');
       }
-      assert.deepEqual(ids, ['a', 'a', 'b', 'a']);
+    } finally {
+      close();
+    }
+  });
+
+  for (const [what, positions, message] of [
+    ['one position too few', (_: bigint, count: number) => Array.from({ length: count - 1 }, () => 0), /lease of 16 tickets carries 15 positions/],
+    ['no positions', () => [], /lease of 16 tickets carries 0 positions/],
+    ['one position too many', (_: bigint, count: number) => Array.from({ length: count + 1 }, () => 0), /carries 17 positions/],
+    ['a position past the list', (_: bigint, count: number) => Array.from({ length: count }, (__, i) => (i === 5 ? 2 : 0)), /lease position 5 names position 2 of 2 instances/],
+  ] as const) {
+    it(`refuses an answer with ${what}, as a refusal by rota`, async () => {
+      const script = new ScriptedLeases();
+      script.positions = positions;
+      const { stream, woken, close } = leaser(script);
+      try {
+        assert.equal(stream.take().kind, 'wait');
+        await woken();
+        const taken = stream.take();
+        assert.equal(taken.kind, 'error', 'a ticket of an answer the channel cannot use');
+        assert.equal(taken.kind === 'error' && taken.code, status.INVALID_ARGUMENT);
+        assert.match(taken.kind === 'error' ? taken.details : '', message);
+      } finally {
+        close();
+      }
+    });
+  }
+});
+
+describe("lease stream telling rota the instances it cannot use", () => {
+  it('names the unusable ids in every lease, as they are when it is sent', async () => {
+    const script = new ScriptedLeases();
+    let unusable: string[] = [];
+    const { stream, woken, close } = leaser(script, () => undefined, () => unusable);
+    try {
+      await take(stream, woken);
+      assert.deepEqual(script.excludes, [[]]);
+      unusable = ['b'];
+      const requests = script.requests;
+      for (let n = 0; n < 100_000 && script.requests === requests; n++) {
+        await take(stream, woken);
+      }
+      assert.deepEqual(script.excludes.slice(requests), [['b']]);
+    } finally {
+      close();
+    }
+  });
+
+  it('sends the first 1000 unusable ids in id order', async () => {
+    const script = new ScriptedLeases();
+    const many = Array.from({ length: 1_500 }, (_, i) => `x-${String(1_499 - i).padStart(4, '0')}`);
+    const { stream, woken, close } = leaser(script, () => undefined, () => many);
+    try {
+      await take(stream, woken);
+      assert.deepEqual(script.excludes[0], [...many].sort().slice(0, 1_000));
+      assert.equal(script.excludes[0][0], 'x-0000');
+      assert.equal(script.excludes[0].at(-1), 'x-0999');
+    } finally {
+      close();
+    }
+  });
+
+  it('leases again without exclude when rota refuses the exclude for leaving it no instance, until the unusable ids change', async () => {
+    const script = new ScriptedLeases();
+    script.refuseExcluded = true;
+    let unusable = ['a', 'b'];
+    const { stream, leases, woken, close } = leaser(script, () => undefined, () => unusable);
+    try {
+      const first = await take(stream, woken);
+      assert.equal(first.ticket, 0n, 'the lease without exclude answered the call');
+      assert.deepEqual(script.excludes, [['a', 'b'], []]);
+      // The next leases go without exclude while the unusable ids stay the same.
+      for (let n = 0; n < 100_000 && script.requests < 4; n++) {
+        await take(stream, woken);
+      }
+      assert.deepEqual(script.excludes.slice(2, 4), [[], []]);
+      // Others unusable: exclude again.
+      unusable = ['a'];
+      const requests = script.requests;
+      for (let n = 0; n < 100_000 && script.requests === requests; n++) {
+        await take(stream, woken);
+      }
+      assert.deepEqual(script.excludes.slice(requests), [['a']]);
+      // The refused set again: refused once more after a change of the instance list.
+      unusable = ['a', 'b'];
+      leases.invalidate();
+      const before = script.requests;
+      await take(stream, woken);
+      assert.deepEqual(script.excludes.slice(before), [['a', 'b'], []]);
     } finally {
       close();
     }
@@ -314,21 +460,21 @@ describe('lease stream of a gray lease (picks rota mapped itself)', () => {
     const { stream, woken, close } = leaser(script);
     try {
       const first = await take(stream, woken);
-      assert.equal(first.position, undefined);
-      assert.equal(first.ticket, 0n);
+      // A ticket of a range has its position and names no block of picks.
+      assert.deepEqual([first.ticket, first.position, first.named], [0n, 0, undefined]);
       script.gray = true;
       // The rest of the ticket blocks already held, then the picks.
       let draw = first;
-      for (let n = 0; n < 100 && draw.position === undefined; n++) {
+      for (let n = 0; n < 100 && draw.named === undefined; n++) {
         draw = await take(stream, woken);
       }
-      assert.notEqual(draw.position, undefined, 'no pick after the service went gray');
+      assert.notEqual(draw.named, undefined, 'no pick after the service went gray');
       assert.deepEqual({ ticket: draw.ticket, position: draw.position }, grayPick(0));
       script.gray = false;
-      for (let n = 0; n < 100 && draw.position !== undefined; n++) {
+      for (let n = 0; n < 100 && draw.named !== undefined; n++) {
         draw = await take(stream, woken);
       }
-      assert.equal(draw.position, undefined, 'still picks after the gray release ended');
+      assert.equal(draw.named, undefined, 'still picks after the gray release ended');
       assert.equal(routed(draw), ['a', 'b'][Number(draw.ticket % 2n)]);
     } finally {
       close();

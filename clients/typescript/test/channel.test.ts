@@ -1,6 +1,7 @@
-// The rota channel for grpc-js: the ticket map against rota's rules and rota's own Pick, and
-// the shared channel scenarios (clients/conformance/channel) against a live rota and echo
-// servers, with a second consumer process in Go when the go command is at hand.
+// The rota channel for grpc-js: the runner's oracle of rota's rules against rota's lease
+// positions, the hold-out of an instance whose calls time out, and the shared channel scenarios
+// (clients/conformance/channel) against a live rota and echo servers, with a second consumer
+// process in Go when the go command is at hand.
 
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
@@ -12,167 +13,34 @@ import { after, before, describe, it } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { RotaClient, type Registration } from '../src/index.js';
-import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER, TicketMap, parseLeasedRule, weightSchedule } from '../src/channel/index.js';
+import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_RULE, OPTION_SERVER, OPTION_TICKET_HEADER } from '../src/channel/index.js';
 import { HOLD_AFTER_TIMEOUTS, HOLD_MS, HoldOut, MAX_HOLD_MS } from '../src/channel/holdout.js';
-import { viewOf } from '../src/channel/lease.js';
+import { positionsOf } from '../src/channel/lease.js';
+import type { LeaseResponse__Output } from '../src/generated/rota/v1/LeaseResponse.js';
 import { rotaV1 } from '../src/proto.js';
 import { echoCalls, echoPackage, type EchoResult } from './echo.js';
 import { RotaServer, packageDir, repoRoot, silentLogger, waitFor } from './harness.js';
+import { oraclePosition, oraclePositions, weightedCycle } from './oracle.js';
 import { Fleet, checkExpect, checkKeys, checkReported, checkRotation, drawOutOfBand, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
 
-function letters(rule: string, weights: number[], tickets: number, excluded?: (p: number) => boolean): string {
-  const map = new TicketMap(parseLeasedRule(rule), weights);
-  let out = '';
-  for (let t = 0; t < tickets; t++) {
-    const p = map.position(BigInt(t), excluded);
-    assert.notEqual(p, undefined, `${rule}: ticket ${t} maps to nothing`);
-    out += String.fromCharCode(65 + p!);
-  }
-  return out;
+function letters(rule: string, weights: number[], tickets: number): string {
+  return oraclePositions(rule, weights, 0n, tickets)
+    .map((p) => String.fromCharCode(65 + p))
+    .join('');
 }
 
-function usableLetters(rule: string, weights: number[], tickets: number, unusable: (p: number) => boolean): string {
-  const map = new TicketMap(parseLeasedRule(rule), weights);
-  let out = '';
-  for (let t = 0; t < tickets; t++) {
-    const p = map.usable(BigInt(t), unusable);
-    assert.ok(p !== undefined && !unusable(p), `${rule}: ticket ${t} maps to ${p}`);
-    out += String.fromCharCode(65 + p);
-  }
-  return out;
-}
-
-function tally(letters: string): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (let i = 0; i < letters.length; i++) {
-    const l = letters.charAt(i);
-    out[l] = (out[l] ?? 0) + 1;
-  }
-  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : 1)));
-}
-
-describe('ticket map', () => {
+describe("the runner's oracle of rota's rules (test/oracle.ts)", () => {
   it('follows the sequences rota pins for its rules', () => {
     assert.equal(letters('round_robin', [1, 1, 1], 7), 'ABCABCA');
     assert.equal(letters('repeat(n=3)', [1, 1, 1], 12), 'AAABBBCCCAAA');
+    assert.equal(letters('repeat', [1, 1], 8), 'AAABBBAA');
     assert.equal(letters('repeat(n=5)', [1, 1], 12), 'AAAAABBBBBAA');
     assert.equal(letters('weighted', [5, 1, 1], 14), 'AAABCAAAAABCAA');
     assert.equal(letters('weighted', [2, 1], 3), 'ABA');
     assert.equal(letters('weighted', [100, 100, 100], 3), 'ABC');
     assert.equal(letters('weighted', [3, 0, 1], 4), 'AACA');
-  });
-
-  it('skips excluded positions as rota skips exclude', () => {
-    const skipB = (p: number): boolean => p === 1;
-    assert.equal(letters('round_robin', [1, 1, 1, 1], 6, skipB), 'ACDACD');
-    assert.equal(letters('repeat(n=2)', [1, 1, 1], 8, skipB), 'AACCAACC');
-    const plain = letters('weighted', [3, 1, 1], 10);
-    const skipped = letters('weighted', [3, 1, 1], 10, skipB);
-    for (let i = 0; i < plain.length; i++) {
-      assert.notEqual(skipped[i], 'B');
-      if (plain[i] !== 'B') {
-        assert.equal(skipped[i], plain[i]);
-      }
-    }
-    assert.equal(new TicketMap(parseLeasedRule('round_robin'), [1, 1]).position(0n, () => true), undefined);
-  });
-
-  it('gives the tickets of an unusable position to the usable ones, keeping the shares of the rule', () => {
-    const c = (p: number): boolean => p === 2;
-    // round_robin, C unusable: C's tickets alternate between A and B; over 6 cycles each gets 9.
-    const rr = usableLetters('round_robin', [1, 1, 1], 18, c);
-    assert.equal(rr, 'ABAABBABAABBABAABB');
-    assert.deepEqual(tally(rr), { A: 9, B: 9 });
-    // The usable positions keep their own tickets.
-    const plain = letters('round_robin', [1, 1, 1], 18);
-    for (let t = 0; t < 18; t++) {
-      if (plain[t] !== 'C') {
-        assert.equal(rr[t], plain[t], `ticket ${t}`);
-      }
-    }
-    // Two of four unusable (B, D): over |A| = 2 cycles each usable takes |D| = 2 of their tickets.
-    const bd = usableLetters('round_robin', [1, 1, 1, 1], 8, (p) => p === 1 || p === 3);
-    assert.equal(bd, 'AACCAACC');
-    assert.deepEqual(tally(bd), { A: 4, C: 4 });
-    // The first position unusable: the rank among D and the cycle number both count.
-    assert.equal(usableLetters('round_robin', [1, 1, 1], 12, (p) => p === 0), 'BBCCBCBBCCBC');
-  });
-
-  it('keeps repeat runs whole when a position is unusable', () => {
-    const got = usableLetters('repeat(n=3)', [1, 1, 1], 36, (p) => p === 2);
-    assert.equal(got, 'AAABBBAAAAAABBBBBBAAABBBAAAAAABBBBBB');
-    assert.deepEqual(tally(got), { A: 18, B: 18 });
-    for (let run = 0; run < 36; run += 3) {
-      assert.equal(new Set(got.slice(run, run + 3)).size, 1, `run at ${run}`);
-    }
-  });
-
-  it('keeps weighted proportions among the usable instances', () => {
-    // [3, 1, 1] with B unusable: over |A| = 4 cycles of 5 slots, A takes 15 and C 5 (3:1).
-    const got = usableLetters('weighted', [3, 1, 1], 20, (p) => p === 1);
-    assert.deepEqual(tally(got), { A: 15, C: 5 });
-    const plain = letters('weighted', [3, 1, 1], 20);
-    for (let t = 0; t < 20; t++) {
-      if (plain[t] !== 'B') {
-        assert.equal(got[t], plain[t], `ticket ${t}`);
-      }
-    }
-    // [5, 3, 2, 0] with A unusable: B and C keep 3:2 over |A| = 5 cycles.
-    assert.deepEqual(tally(usableLetters('weighted', [5, 3, 2, 0], 50, (p) => p === 0)), { B: 30, C: 20 });
-  });
-
-  it('maps over the usable positions as the formula of docs/channels.md says', () => {
-    // A direct, O(|S|) reading of the formula, against the map's own for random lists.
-    const reference = (rule: string, weights: number[], ticket: bigint, unusable: (p: number) => boolean): number | undefined => {
-      const parsed = parseLeasedRule(rule);
-      const cycle = parsed.kind === 'weighted' ? [...weightSchedule(weights)] : weights.map((_, p) => p);
-      const unit = parsed.kind === 'repeat' ? ticket / parsed.n : ticket;
-      const slot = Number(unit % BigInt(cycle.length));
-      if (!unusable(cycle[slot]!)) {
-        return cycle[slot];
-      }
-      const d = cycle.flatMap((p, s) => (unusable(p) ? [s] : []));
-      const a = cycle.flatMap((p, s) => (unusable(p) ? [] : [s]));
-      if (a.length === 0) {
-        return undefined;
-      }
-      const j = unit / BigInt(cycle.length);
-      return cycle[a[Number((j * BigInt(d.length) + BigInt(d.indexOf(slot))) % BigInt(a.length))]!];
-    };
-    let seed = 7;
-    const random = (n: number): number => {
-      seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0;
-      return (seed >>> 8) % n;
-    };
-    for (let round = 0; round < 300; round++) {
-      const rule = ['round_robin', 'repeat(n=3)', 'weighted'][round % 3]!;
-      const weights = Array.from({ length: 1 + random(7) }, () => random(6));
-      if (!weights.some((w) => w > 0)) {
-        weights[0] = 1;
-      }
-      const mask = random(1 << weights.length);
-      const unusable = (p: number): boolean => (mask & (1 << p)) !== 0;
-      const map = new TicketMap(parseLeasedRule(rule), weights);
-      for (const ticket of [0n, 1n, 2n, 5n, 17n, 123n, 2n ** 64n - 1n, 2n ** 63n + BigInt(random(1000))]) {
-        assert.equal(map.usable(ticket, unusable), reference(rule, weights, ticket, unusable), `${rule} ${JSON.stringify(weights)} mask ${mask} ticket ${ticket}`);
-      }
-    }
-    assert.equal(new TicketMap(parseLeasedRule('weighted'), [1, 1]).usable(3n, () => true), undefined);
-    assert.equal(new TicketMap(parseLeasedRule('repeat(n=2)'), [1, 1]).usable(3n, () => true), undefined);
-  });
-
-  it('scales huge weights to the cycle bound, keeping proportions', () => {
-    const slots = weightSchedule([3_000_000, 1_000_001]);
-    assert.ok(slots.length <= 1 << 20);
-    const a = slots.filter((s) => s === 0).length;
-    const ratio = a / (slots.length - a);
-    assert.ok(ratio > 2.97 && ratio < 3.03, `shares ${a}:${slots.length - a}`);
-  });
-
-  it('refuses rules it cannot map', () => {
-    for (const rule of ['random', 'consistent_hash', 'repeat(n=0)', '']) {
-      assert.throws(() => parseLeasedRule(rule), /cannot be leased/);
-    }
+    assert.deepEqual([...weightedCycle([300, 100, 100])], [0, 0, 1, 2, 0]);
+    assert.throws(() => oraclePosition('random', [1], 0n), /no mapping/);
   });
 });
 
@@ -270,7 +138,7 @@ describe('holding out an instance whose calls time out', () => {
   });
 });
 
-describe('ticket map against rota', { timeout: 60_000 }, () => {
+describe("rota's lease positions against the runner's oracle", { timeout: 60_000 }, () => {
   let server: RotaServer;
   let rota: RotaClient;
   let registration: Registration;
@@ -287,25 +155,48 @@ describe('ticket map against rota', { timeout: 60_000 }, () => {
     await server.stop();
   });
 
-  it('maps the tickets of rota Pick to the instances rota picked', async () => {
+  it('positions every leased ticket as the oracle maps it, with and without exclude', async () => {
     const balancer = new (rotaV1().Balancer)(server.target, grpc.credentials.createInsecure());
+    const lease = (request: { service: string; rule: string; count: number; exclude?: string[] }): Promise<LeaseResponse__Output> =>
+      new Promise((resolve, reject) =>
+        balancer.Lease(request, { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null, r?: LeaseResponse__Output) => (error ? reject(error) : resolve(r!))),
+      );
     try {
       for (const rule of ['round_robin', 'repeat(n=3)', 'weighted']) {
-        const response = await new Promise<Parameters<typeof viewOf>[0]>((resolve, reject) =>
-          balancer.Lease({ service: 'parity', rule, count: 0 }, (error: grpc.ServiceError | null, r?: Parameters<typeof viewOf>[0]) => (error ? reject(error) : resolve(r!))),
-        );
-        const view = viewOf(response);
-        assert.deepEqual([...view.ids], [...view.ids].sort());
-        assert.equal(view.ids.length, 5);
-        for (let n = 0; n < 40; n++) {
-          const skip = n % 4 === 3 ? view.ids[n % view.ids.length]! : undefined;
-          const pick = await rota.pick('parity', { rule, ...(skip !== undefined ? { exclude: [skip] } : {}) });
-          const p = view.map.position(pick.ticket, skip === undefined ? undefined : (i) => view.ids[i] === skip);
-          assert.equal(view.ids[p!], pick.instance.id, `${rule} ticket ${pick.ticket}`);
+        for (const exclude of [[], ['p-2'], ['p-0', 'p-4']]) {
+          const leased = await lease({ service: 'parity', rule, count: 40, exclude });
+          const ids = leased.instances.map((i) => i.id);
+          assert.deepEqual(ids, ['p-0', 'p-1', 'p-2', 'p-3', 'p-4'].filter((id) => !exclude.includes(id)), `${rule} exclude ${exclude.join(',')}`);
+          const weights = leased.instances.map((i) => i.weight ?? 100);
+          assert.deepEqual(leased.positions, oraclePositions(rule, weights, BigInt(leased.firstTicket), leased.count), `${rule} exclude ${exclude.join(',')}`);
+          // What the channel accepts of it: one position per ticket, each in the list.
+          assert.deepEqual(positionsOf(leased), leased.positions);
         }
       }
     } finally {
       balancer.close();
+    }
+  });
+});
+
+describe('a rule rota cannot lease', { timeout: 60_000 }, () => {
+  it("is not refused by the channel: rota's refusal fails the calls with its message", async () => {
+    const fleet = await Fleet.start([{ id: 'echo-a' }]);
+    const client = new (echoPackage().Echo)('rota:///echo', grpc.credentials.createInsecure(), {
+      [OPTION_SERVER]: fleet.server.target,
+      [OPTION_RULE]: 'random',
+      [OPTION_LOGGER]: silentLogger,
+    });
+    try {
+      const results = await echoCalls(client, 2, '', 5_000);
+      assert.deepEqual(
+        results.map((r) => [r.error?.code, r.error?.details]),
+        results.map(() => [grpc.status.UNAVAILABLE, 'rule is "random", which cannot be leased; leasable rules: round_robin, repeat, weighted']),
+      );
+      assert.equal(fleet.log.length, 0, 'no call went out on a local rotation');
+    } finally {
+      client.close();
+      await fleet.close();
     }
   });
 });

@@ -86,8 +86,8 @@ type Step =
   | {
       op: 'lease';
       connection?: number;
-      request: { service: string; rule?: string; version?: string; count: number };
-      expect: { first_ticket: number; count: number; ids: string[]; rule?: string; fallback?: boolean };
+      request: { service: string; rule?: string; version?: string; count: number; exclude?: string[] };
+      expect: { first_ticket: number; count: number; ids: string[]; positions?: number[]; rule?: string; fallback?: boolean };
     }
   | { op: 'watch'; watch: string; connection?: number; service: string }
   | { op: 'watch_expect'; watch: string; events: EventJson[] }
@@ -131,10 +131,10 @@ const STEP_KEYS: Record<string, ReadonlySet<string>> = {
   start_server: new Set(['op', 'warmup']),
 };
 const REQUEST_KEYS = new Set(['service', 'rule', 'version', 'key', 'zone', 'exclude']);
-const LEASE_REQUEST_KEYS = new Set(['service', 'rule', 'version', 'count']);
+const LEASE_REQUEST_KEYS = new Set(['service', 'rule', 'version', 'count', 'exclude']);
 const INSTANCE_KEYS = new Set(['service', 'id', 'host', 'port', 'version', 'zone', 'weight', 'metadata', 'status']);
 const EXPECT_KEYS = new Set(['id', 'fallback', 'ticket', 'rule', 'local', 'error', 'message_contains', 'unreachable']);
-const LEASE_EXPECT_KEYS = new Set(['first_ticket', 'count', 'ids', 'rule', 'fallback']);
+const LEASE_EXPECT_KEYS = new Set(['first_ticket', 'count', 'ids', 'positions', 'rule', 'fallback']);
 const REFUSAL_KEYS = new Set(['id', 'code']);
 const OUTCOME_KEYS = new Set(['service', 'instance_id', 'ticket', 'rule', 'latency_us', 'result']);
 const EVENT_KEYS = new Set(['snapshot', 'added', 'updated', 'removed', 'status']);
@@ -428,7 +428,13 @@ class ScenarioRun {
         // The client does not wrap Lease: the generated client, on a connection of its own.
         const balancer = new (rotaV1().Balancer)(this.#server.target, credentials.createInsecure(), OWN_CONNECTION);
         this.#leases.push(balancer);
-        const request = { service: step.request.service, rule: step.request.rule ?? '', version: step.request.version ?? '', count: step.request.count };
+        const request = {
+          service: step.request.service,
+          rule: step.request.rule ?? '',
+          version: step.request.version ?? '',
+          count: step.request.count,
+          exclude: step.request.exclude ?? [],
+        };
         const leased = await new Promise<LeaseResponse__Output>((resolve, reject) => {
           balancer.Lease(request, { deadline: Date.now() + PATIENCE_MS }, (error, value) =>
             error !== null && error !== undefined ? reject(RotaError.fromServiceError(error)) : resolve(value as LeaseResponse__Output),
@@ -439,6 +445,9 @@ class ScenarioRun {
           [String(step.expect.first_ticket), step.expect.count, step.expect.ids],
           'leased (first ticket, count, instances)',
         );
+        if (step.expect.positions !== undefined) {
+          assert.deepEqual(leased.positions, step.expect.positions, 'positions');
+        }
         if (step.expect.rule !== undefined) {
           assert.equal(leased.rule, step.expect.rule, 'rule');
         }

@@ -1,5 +1,5 @@
-// The `rota` load-balancing policy: one subchannel per instance, each call mapped to its
-// instance by the next leased ticket of its version.
+// The `rota` load-balancing policy: one subchannel per instance, each call sent to the instance
+// rota mapped the next leased ticket of its version to.
 
 import { Metadata, connectivityState, status, type ChannelOptions } from '@grpc/grpc-js';
 import {
@@ -19,7 +19,6 @@ import { VERSION_HEADER } from '../version.js';
 import { HoldOut } from './holdout.js';
 import { Leaser, type Draw, type LeaseView, type Take } from './lease.js';
 import type { RotaLink } from './link.js';
-import { TicketMap, parseLeasedRule } from './mapping.js';
 import { LINK_ATTRIBUTE, type KnownInstance, type ResolvedService } from './resolver.js';
 
 export const POLICY_NAME = 'rota';
@@ -30,8 +29,6 @@ export const POLICY_NAME = 'rota';
  * since it adds bytes to every call.
  */
 export const TICKET_HEADER = 'x-rota-ticket';
-
-const LEASABLE = /^(round_robin|weighted|repeat(\(n=\d+\))?)$/;
 
 /**
  * The policy's service-config entry: `{"rota": {"rule": "repeat(n=3)", "version": "v2"}}`.
@@ -57,11 +54,9 @@ export class RotaLoadBalancingConfig implements TypedLoadBalancingConfig {
 
   static createFromJson(obj: unknown): RotaLoadBalancingConfig {
     const o = (obj ?? {}) as { rule?: unknown; version?: unknown; report?: unknown; ticketHeader?: unknown };
+    // Any rule: rota says in its answer to the lease whether it can lease it.
     const rule = typeof o.rule === 'string' ? o.rule : '';
     const version = typeof o.version === 'string' ? o.version : '';
-    if (rule !== '' && !LEASABLE.test(rule)) {
-      throw new Error(`rota: rule ${JSON.stringify(rule)} cannot be leased; use round_robin, repeat(n=N) or weighted`);
-    }
     return new RotaLoadBalancingConfig(rule, version, o.report !== false, o.ticketHeader === true);
   }
 }
@@ -116,7 +111,13 @@ export class RotaLoadBalancer implements LoadBalancer {
     const c = config instanceof RotaLoadBalancingConfig ? config : new RotaLoadBalancingConfig('', '');
     if (this.#resolved?.link !== resolved.link || this.#config.rule !== c.rule) {
       this.#leases?.close();
-      this.#leases = new Leaser(resolved.link, c.rule, () => this.#publish(), (v) => this.#localView(v));
+      this.#leases = new Leaser(
+        resolved.link,
+        c.rule,
+        () => this.#publish(),
+        (v) => this.#localView(v),
+        () => this.#unusableIds(),
+      );
     }
     this.#resolved = resolved;
     this.#config = c;
@@ -234,28 +235,29 @@ export class RotaLoadBalancer implements LoadBalancer {
     this.#helper.updateState(state, picker, state === connectivityState.TRANSIENT_FAILURE ? 'no instance is reachable' : null);
   }
 
-  /** The version's instances as the channel knows them (rota's isolation: else the unversioned). */
+  /** The version's instances as the channel knows them, in id order (rota's isolation: else the unversioned). */
   #localView(version: string): LeaseView | undefined {
     const of = (v: string): LeaseView | undefined => {
-      const members = this.#known.filter((i) => i.version === v);
+      const members = this.#known.filter((i) => i.version === v).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
       if (members.length === 0) {
         return undefined;
       }
-      let rule;
-      try {
-        rule = parseLeasedRule(this.#config.rule);
-      } catch {
-        rule = parseLeasedRule('round_robin');
-      }
-      return {
-        rule: 'round_robin',
-        ids: members.map((i) => i.id),
-        addrs: members.map((i) => i.addr),
-        weights: members.map((i) => i.weight),
-        map: new TicketMap(rule, members.map((i) => i.weight)),
-      };
+      return { rule: this.#config.rule, ids: members.map((i) => i.id), addrs: members.map((i) => i.addr) };
     };
     return of(version) ?? (version === '' ? undefined : of(''));
+  }
+
+  /** The ids of the known instances the channel cannot use now: no subchannel of theirs READY and not held out. */
+  #unusableIds(): string[] {
+    const usable = new Set<string>();
+    const all = new Set<string>();
+    for (const sub of this.#subs.values()) {
+      all.add(sub.info.id);
+      if (sub.state === connectivityState.READY && sub.holdOut.usable()) {
+        usable.add(sub.info.id);
+      }
+    }
+    return [...all].filter((id) => !usable.has(id)).sort();
   }
 }
 
@@ -323,8 +325,10 @@ export class RotaPicker implements Picker {
     const version = typeof asked === 'string' ? asked : o.version;
     const stream = this.leases.stream(version);
     let draw: Draw;
-    let position: number | undefined;
+    let position: number;
     let target: Usable | undefined;
+    // The view whose instances were found to have one usable, for the skips of this pick.
+    let checked: LeaseView | undefined;
     for (;;) {
       const taken = stream.take();
       if (taken.kind !== 'ticket') {
@@ -332,33 +336,36 @@ export class RotaPicker implements Picker {
       }
       draw = taken.draw;
       const view = draw.view;
-      if (draw.position !== undefined) {
-        // A pick rota mapped itself: its instance, or (unusable) the next pick of the block, the
-        // passed-over one left as a gap. When no instance the block names is usable, the call
-        // waits (or fails) rather than spending the rest of the block.
-        position = draw.position;
-        target = this.#usable(view, position);
-        if (target !== undefined) {
-          break;
-        }
-        if (!(draw.named ?? []).some((p) => this.#usable(view, p) !== undefined)) {
+      if (draw.position === undefined) {
+        // The local rotation over a ticket range (rota unreachable): the counter turned over
+        // the usable instances in id order.
+        const usable = view.ids.flatMap((_, p) => (this.#usable(view, p) !== undefined ? [p] : []));
+        if (usable.length === 0) {
           return this.#noneUsable();
         }
-        continue;
+        position = usable[Number(draw.ticket % BigInt(usable.length))]!;
+        target = this.#usable(view, position)!;
+        break;
       }
-      // A ticket: mapped as rota's rule maps it. When that instance is unusable (not READY, or
-      // held out for timeouts), the same ticket goes to a usable one, so that the usable ones
-      // keep the rule's shares among themselves.
-      position = view.map.position(draw.ticket);
+      // The instance rota mapped the ticket (or the pick) to. When it is unusable (not READY,
+      // or held out for timeouts), the call takes the next ticket of the stream: the skipped
+      // one is a gap, like a ticket another consumer drew, and since the next tickets follow
+      // rota's own sequence the usable instances keep the rule's shares among themselves. The
+      // stream stops handing out tickets (the call waits) once its blocks are spent, so this
+      // ends. When no instance of the block's list (of a block of picks: that it names) is
+      // usable, the call waits (or fails) rather than spending the block.
+      position = draw.position;
       target = this.#usable(view, position);
-      if (target === undefined) {
-        position = view.map.usable(draw.ticket, (p) => this.#usable(view, p) === undefined);
-        target = this.#usable(view, position);
-        if (target === undefined) {
+      if (target !== undefined) {
+        break;
+      }
+      if (checked !== view || draw.named !== undefined) {
+        const candidates = draw.named ?? view.ids.map((_, p) => p);
+        if (!candidates.some((p) => this.#usable(view, p) !== undefined)) {
           return this.#noneUsable();
         }
+        checked = draw.named === undefined ? view : undefined;
       }
-      break;
     }
     if (o.ticketHeader) {
       args.metadata.set(TICKET_HEADER, (draw.local ? 'L' : '') + draw.ticket.toString());
@@ -374,7 +381,7 @@ export class RotaPicker implements Picker {
         onCallEnded: (code: status) => holdOut.ended(generation, code),
       };
     }
-    const id = draw.view.ids[position!]!;
+    const id = draw.view.ids[position]!;
     const ticket = draw.local ? '0' : draw.ticket.toString();
     const rule = draw.local ? '' : draw.view.rule;
     const link = this.leases.link;
@@ -403,10 +410,7 @@ export class RotaPicker implements Picker {
   }
 
   /** The instance at `position` when the call may go to it: READY and not held out. */
-  #usable(view: LeaseView, position: number | undefined): Usable | undefined {
-    if (position === undefined) {
-      return undefined;
-    }
+  #usable(view: LeaseView, position: number): Usable | undefined {
     const entry = this.#o.ready.get(subKey(view.ids[position]!, view.addrs[position]!));
     return entry !== undefined && entry.holdOut.usable() ? entry : undefined;
   }

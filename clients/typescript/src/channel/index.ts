@@ -13,8 +13,7 @@ import { POLICY_NAME, RotaLoadBalancer, RotaLoadBalancingConfig } from './balanc
 import { RotaResolver } from './resolver.js';
 
 export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.js';
-export { LEASE_TARGET_MS, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
-export { TicketMap, parseLeasedRule, weightSchedule, type LeasedRule } from './mapping.js';
+export { LEASE_TARGET_MS, MAX_EXCLUDE, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
 export {
   DEFAULT_SERVER,
   OPTION_BACKOFF,

@@ -234,12 +234,11 @@ impl Balancer {
                 };
                 add_owned_note(&mut fallback, Some(note));
             }
-            let excluded = excluded_positions(candidates.members(), exclude);
+            // A version whose every instance the caller excludes keeps its share of the split:
+            // its picks name its instances, and the caller passes over them.
+            let mut excluded = excluded_positions(candidates.members(), exclude);
             if excluded.len() == candidates.len() {
-                return Err(PickError::Unavailable(format!(
-                    "service {name:?} has no eligible instance for a lease of version {version_name:?} \
-                     (gray release) that is not excluded"
-                )));
+                excluded.clear();
             }
             let skipped: Positions = match skip_ejected(view, policy, candidates.members(), &excluded, now) {
                 Skip::Ejected(ejected) => ejection::merge(&excluded, &ejected),

@@ -421,4 +421,8 @@ async fn a_lease_maps_its_tickets_over_the_instances_it_does_not_exclude() {
     let picked: Vec<&str> = leased.picks.iter().map(|p| &*leased.instances[p.position as usize].id).collect();
     assert_eq!(picked.len(), 6);
     assert!(picked.iter().all(|id| ["b", "c"].contains(id)), "{picked:?}");
+    // Excluding every instance a version's share falls on does not refuse the lease: that share
+    // still names them (the caller passes over those picks).
+    let leased = balancer.lease(PickQuery { exclude: &everyone, ..query("round_robin", "") }, 4).await.unwrap();
+    assert_eq!(leased.picks.len(), 4);
 }

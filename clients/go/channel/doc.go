@@ -15,7 +15,9 @@
 // whose positions do not fit (not one per ticket, or beyond the list) fails the calls with
 // UNAVAILABLE naming the problem, and is asked again after 500 ms.
 //
-// A call's version comes from its `x-rota-version` metadata (or rota.WithVersion on its
+// A rule given to the channel (WithRule, or the policy config's "rule") must be one rota
+// leases: round_robin, repeat(n=N) or weighted; the channel itself reads no rule. A call's
+// version comes from its `x-rota-version` metadata (or rota.WithVersion on its
 // context), with the same isolation and fallback as Pick; one lease stream is kept per version
 // in use (at most MaxVersions). An instance is unusable while its subchannel is not READY, and
 // for 10 s after 3 calls in a row to it ended DEADLINE_EXCEEDED (a hung instance keeps its

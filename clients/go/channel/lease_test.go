@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -132,4 +133,22 @@ func TestUnreachableRotaFallsBackToALocalRotationAndBack(t *testing.T) {
 	waitFor(t, 10*time.Second, "a leased ticket after rota answered", func() bool {
 		return !takeTicket(t, s, woken).local
 	})
+}
+
+// The policy config refuses a rule rota cannot lease; the rule of a lease answer is only
+// reported, never read to route.
+func TestThePolicyConfigTakesOnlyLeasableRules(t *testing.T) {
+	if _, err := (builder{}).ParseConfig([]byte(`{"rule":"least_request"}`)); err == nil {
+		t.Error("the policy accepted least_request")
+	}
+	for _, rule := range []string{"round_robin", "repeat(n=3)", "weighted"} {
+		if c, err := (builder{}).ParseConfig([]byte(`{"rule":"` + rule + `","version":"zlt"}`)); err != nil || c.(*Config).Version != "zlt" || c.(*Config).Rule != rule {
+			t.Errorf("config with %s: %v %v", rule, c, err)
+		}
+	}
+	b, err := blockOf(&rotapb.LeaseResponse{Rule: "some_future_rule", Count: 2, Positions: []uint32{1, 0},
+		Instances: []*rotapb.Instance{{Id: "a", Host: "127.0.0.1", Port: 1}, {Id: "b", Host: "127.0.0.1", Port: 2}}})
+	if err != nil || b.view.rule != "some_future_rule" || !slices.Equal(b.positions, []int{1, 0}) {
+		t.Fatalf("a lease of a rule the channel has never heard of: %+v, %v", b, err)
+	}
 }

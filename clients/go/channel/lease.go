@@ -199,6 +199,8 @@ type versionStream struct {
 	// rotation replays in order (keeping rota's last split between versions).
 	last      *leaseView
 	lastPicks []int
+	// excluded are the instances the last lease excluded (see leaser.exclude).
+	excluded excludedKeys
 	// offline: leases fail because rota is unreachable; tickets come from localTicket.
 	offline     bool
 	localTicket uint64
@@ -220,6 +222,7 @@ func (s *versionStream) reset(gen uint64) {
 	s.gen = gen
 	s.cur, s.next = nil, nil
 	s.refused = nil
+	s.excluded = nil
 	s.mu.Unlock()
 }
 
@@ -346,7 +349,9 @@ func (s *versionStream) activate(b *block, now time.Time) {
 // Called with s.mu held.
 func (s *versionStream) startFetch() {
 	s.fetching = true
-	go s.fetch(s.k, s.gen, s.owner.exclude(s.last))
+	var exclude []string
+	exclude, s.excluded = s.owner.exclude(s.last, s.excluded)
+	go s.fetch(s.k, s.gen, exclude)
 }
 
 func (s *versionStream) fetch(count uint32, gen uint64, exclude []string) {
@@ -486,30 +491,44 @@ func blockOf(resp *rotapb.LeaseResponse) (*block, error) {
 // maxExclude is the most ids one Lease may exclude (rota's bound).
 const maxExclude = 1000
 
+// excludedKeys are the subchannel keys (by id and address, by address alone) of the instances
+// a lease excluded, by id.
+type excludedKeys map[string][2]string
+
 // exclude lists the ids of the instances the channel holds unusable now, of the list it knows
-// (the resolver's instances and last, the last leased list), in id order, at most maxExclude.
-func (ls *leaser) exclude(last *leaseView) []string {
+// (the resolver's instances; last, the last leased list; and those the previous lease excluded,
+// which a list rota answered without them no longer names), in id order, at most maxExclude;
+// and their keys, for the next call.
+func (ls *leaser) exclude(last *leaseView, previous excludedKeys) ([]string, excludedKeys) {
 	p := ls.current.Load()
 	if p == nil {
-		return nil
+		return nil, nil
 	}
-	set := map[string]bool{}
+	set := excludedKeys{}
+	check := func(id, key, addrKey string) {
+		if _, ok := p.usableAt(key, addrKey); !ok && id != "" {
+			set[id] = [2]string{key, addrKey}
+		}
+	}
+	if p.byAddr {
+		// Without the resolver's list (xDS gives addresses), the instances a lease excluded are
+		// known only from here until the endpoints change (the stream's reset forgets them).
+		for id, keys := range previous {
+			check(id, keys[0], keys[1])
+		}
+	}
 	if last != nil {
 		for i, id := range last.ids {
-			if _, ok := p.usable(last, i); !ok && id != "" {
-				set[id] = true
-			}
+			check(id, last.keys[i], last.addrKeys[i])
 		}
 	}
 	if p.known != nil && !p.byAddr {
 		for _, k := range p.known.instances {
-			if c, ok := p.ready[subConnKey(k.info.id, k.addr)]; (!ok || c.hold.held(p.now)) && k.info.id != "" {
-				set[k.info.id] = true
-			}
+			check(k.info.id, subConnKey(k.info.id, k.addr), subConnKey("", k.addr))
 		}
 	}
 	if len(set) == 0 {
-		return nil
+		return nil, nil
 	}
 	ids := make([]string, 0, len(set))
 	for id := range set {
@@ -517,7 +536,10 @@ func (ls *leaser) exclude(last *leaseView) []string {
 	}
 	sort.Strings(ids)
 	if len(ids) > maxExclude {
+		for _, id := range ids[maxExclude:] {
+			delete(set, id)
+		}
 		ids = ids[:maxExclude]
 	}
-	return ids
+	return ids, set
 }

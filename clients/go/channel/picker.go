@@ -119,9 +119,14 @@ func (p *picker) noneReady() error {
 // usable returns the subchannel of view position pos when it is READY and not held out for
 // timeouts.
 func (p *picker) usable(view *leaseView, pos int) (readyConn, bool) {
-	key := view.keys[pos]
+	return p.usableAt(view.keys[pos], view.addrKeys[pos])
+}
+
+// usableAt is usable for the instance of subchannel keys key (id and address) and addrKey
+// (address alone).
+func (p *picker) usableAt(key, addrKey string) (readyConn, bool) {
 	if p.byAddr {
-		key = view.addrKeys[pos]
+		key = addrKey
 	}
 	c, ok := p.ready[key]
 	if !ok || c.hold.held(p.now) {

@@ -426,7 +426,7 @@ func TestLeasesExcludeTheUnusableInstances(t *testing.T) {
 		many.instances = append(many.instances, &rotapb.Instance{Id: fmt.Sprintf("i%04d", i), Host: "127.0.0.1", Port: uint32(i)})
 	}
 	mp, _, _ := scriptedPicker(t, many, &now, "i0001")
-	got := mp.leases.exclude(nil)
+	got, _ := mp.leases.exclude(nil, nil)
 	if len(got) != maxExclude || got[0] != "i0002" || got[maxExclude-1] != "i1001" || !slices.IsSorted(got) {
 		t.Fatalf("1499 unusable instances: excluded %d, from %q to %q", len(got), got[0], got[len(got)-1])
 	}

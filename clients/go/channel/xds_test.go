@@ -129,8 +129,24 @@ func TestTheXDSPolicyRoutesTicketsByAddress(t *testing.T) {
 	if _, ok := p.leases.streams["v9"]; ok {
 		t.Fatal("a call's x-rota-version opened a lease stream of its own")
 	}
-	// The leases excluded c, by the id the lease named.
+	// The leases excluded c, by the id the lease named, and go on excluding it once rota
+	// answers without it.
 	if got := fake.excludes(); len(got) < 2 || !slices.Equal(got[len(got)-1], []string{"c"}) {
 		t.Fatalf("leases excluded %q, want [c] once a lease named it", got)
+	}
+	fake.set(func(f *scriptedLeases) { f.honour = true })
+	from := len(fake.excludes())
+	for n := 0; len(fake.excludes()) < from+4; n++ {
+		if c := pickCall(t, p, woken); c.id == instanceAddr(threeInstances[2]) {
+			t.Fatal("a call went to c's address, which xDS did not give")
+		}
+		if n == 300_000 {
+			t.Fatal("no further leases")
+		}
+	}
+	for _, exclude := range fake.excludes()[from:] {
+		if !slices.Equal(exclude, []string{"c"}) {
+			t.Fatalf("leases after rota left c out excluded %q, want [c] each", fake.excludes()[from:])
+		}
 	}
 }

@@ -104,6 +104,10 @@ func TestConformanceRunnerFails(t *testing.T) {
 			`unknown field "tiket"`},
 		{"id", `{"op": "pick", "request": {"service": "SVC"}, "expect": {"id": "b"}}`,
 			`step 1 (pick): picked "a", want "b"`},
+		{"positions", `{"op": "lease", "request": {"service": "SVC", "count": 2}, "expect": {"first_ticket": 0, "count": 2, "ids": ["a"], "positions": [0, 1]}}`,
+			`step 1 (lease): lease positions [0 0], want [0 1]`},
+		{"exclude", `{"op": "lease", "request": {"service": "SVC", "count": 1, "exclude": ["a"]}, "expect": {"first_ticket": 0, "count": 1, "ids": ["a"]}}`,
+			`step 1 (lease): rota`},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,18 +194,20 @@ type outcomeJSON struct {
 }
 
 type leaseRequest struct {
-	Service string `json:"service"`
-	Rule    string `json:"rule"`
-	Version string `json:"version"`
-	Count   uint32 `json:"count"`
+	Service string   `json:"service"`
+	Rule    string   `json:"rule"`
+	Version string   `json:"version"`
+	Count   uint32   `json:"count"`
+	Exclude []string `json:"exclude"`
 }
 
 type expectLease struct {
-	FirstTicket uint64   `json:"first_ticket"`
-	Count       uint32   `json:"count"`
-	IDs         []string `json:"ids"`
-	Rule        *string  `json:"rule"`
-	Fallback    *bool    `json:"fallback"`
+	FirstTicket uint64    `json:"first_ticket"`
+	Count       uint32    `json:"count"`
+	IDs         []string  `json:"ids"`
+	Positions   *[]uint32 `json:"positions"`
+	Rule        *string   `json:"rule"`
+	Fallback    *bool     `json:"fallback"`
 }
 
 type eventJSON struct {
@@ -637,7 +643,7 @@ func (r *scenarioRun) lease(st step) error {
 		return err
 	}
 	resp, err := rotapb.NewBalancerClient(c.Conn()).Lease(r.ctx, &rotapb.LeaseRequest{
-		Service: req.Service, Rule: req.Rule, Version: req.Version, Count: req.Count,
+		Service: req.Service, Rule: req.Rule, Version: req.Version, Count: req.Count, Exclude: req.Exclude,
 	})
 	if err != nil {
 		return rpcError(err)
@@ -649,6 +655,9 @@ func (r *scenarioRun) lease(st step) error {
 	if resp.GetFirstTicket() != want.FirstTicket || resp.GetCount() != want.Count || !slices.Equal(ids, want.IDs) {
 		return fmt.Errorf("leased %d+%d over %q, want %d+%d over %q",
 			resp.GetFirstTicket(), resp.GetCount(), ids, want.FirstTicket, want.Count, want.IDs)
+	}
+	if want.Positions != nil && !slices.Equal(resp.GetPositions(), *want.Positions) {
+		return fmt.Errorf("lease positions %v, want %v", resp.GetPositions(), *want.Positions)
 	}
 	if want.Rule != nil && resp.GetRule() != *want.Rule {
 		return fmt.Errorf("lease rule %q, want %q", resp.GetRule(), *want.Rule)

@@ -107,9 +107,9 @@ type rotaBalancer struct {
 	known atomic.Pointer[knownInstances]
 }
 
-// knownInstances is an immutable copy of the channel's instances, for the local rotation.
+// knownInstances is an immutable copy of the channel's instances, for the local rotation and
+// the exclusions of leases.
 type knownInstances struct {
-	rule      string
 	instances []knownInstance
 }
 
@@ -194,7 +194,7 @@ func (b *rotaBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
 			changed = true
 		}
 	}
-	known := &knownInstances{rule: config.Rule}
+	known := &knownInstances{}
 	for _, c := range b.subConns {
 		known.instances = append(known.instances, knownInstance{info: c.info, addr: c.addr})
 	}
@@ -314,7 +314,7 @@ func (b *rotaBalancer) publishLocked() {
 	case connecting:
 		state = connectivity.Connecting
 	}
-	b.cc.UpdateState(balancer.State{ConnectivityState: state, Picker: &picker{
+	p := &picker{
 		leases:     b.leases,
 		link:       b.link,
 		version:    b.config.Version,
@@ -324,7 +324,11 @@ func (b *rotaBalancer) publishLocked() {
 		ready:      ready,
 		connecting: connecting,
 		unsettled:  unsettled,
-	}})
+		known:      b.known.Load(),
+	}
+	// The next Lease excludes what this picker finds unusable.
+	b.leases.current.Store(p)
+	b.cc.UpdateState(balancer.State{ConnectivityState: state, Picker: p})
 }
 
 // localView is the instance list of version as the channel knows it (rota's isolation: the
@@ -336,23 +340,16 @@ func (b *rotaBalancer) localView(version string) *leaseView {
 		return nil
 	}
 	pick := func(v string) *leaseView {
-		view := &leaseView{rule: "round_robin"}
+		var ids, addrs []string
 		for _, c := range known.instances {
 			if c.info.version == v {
-				view.ids = append(view.ids, c.info.id)
-				view.addrs = append(view.addrs, c.addr)
-				view.weights = append(view.weights, c.info.weight)
+				ids, addrs = append(ids, c.info.id), append(addrs, c.addr)
 			}
 		}
-		if len(view.ids) == 0 {
+		if len(ids) == 0 {
 			return nil
 		}
-		rule, err := parseLeasedRule(known.rule)
-		if err != nil {
-			rule = leasedRule{kind: ruleRoundRobin}
-		}
-		view.m = newTicketMap(rule, view.weights)
-		return view
+		return newLeaseView("", ids, addrs)
 	}
 	if v := pick(version); v != nil || version == "" {
 		return v

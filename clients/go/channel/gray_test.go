@@ -85,7 +85,11 @@ func (f *fakeGray) Lease(_ context.Context, req *rotapb.LeaseRequest, opts ...gr
 	if f.tickets {
 		first := uint64(f.n)
 		f.n += int(req.GetCount())
-		return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "round_robin", Instances: instances[:2]}, nil
+		positions := make([]uint32, req.GetCount())
+		for i := range positions {
+			positions[i] = uint32((first + uint64(i)) % 2)
+		}
+		return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "round_robin", Instances: instances[:2], Positions: positions}, nil
 	}
 	resp := &rotapb.LeaseResponse{Count: req.GetCount(), Rule: "round_robin", Instances: instances}
 	for i := uint32(0); i < req.GetCount(); i++ {
@@ -145,11 +149,11 @@ func grayLeaser(t *testing.T, fake *fakeGray) (*leaser, chan struct{}) {
 func takeDraw(t *testing.T, s *versionStream, woken chan struct{}) draw {
 	t.Helper()
 	for attempt := 0; attempt < 100; attempt++ {
-		d, ok, err := s.take()
+		d, state, err := s.take(allUsable{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok {
+		if state == drawn {
 			return d
 		}
 		select {
@@ -239,8 +243,8 @@ func TestAStreamTakesEitherShapeAsItComes(t *testing.T) {
 	for n := 0; n < 1000 && picked == nil; n++ {
 		if d := takeDraw(t, s, woken); d.picked {
 			picked = &d
-		} else if p, _ := d.view.m.position(d.ticket, nil); d.view.ids[p] != []string{"a", "b"}[d.ticket%2] {
-			t.Fatalf("ticket %d mapped to %s", d.ticket, d.view.ids[p])
+		} else if d.view.ids[d.pos] != []string{"a", "b"}[d.ticket%2] {
+			t.Fatalf("ticket %d went to %s, not where its position names", d.ticket, d.view.ids[d.pos])
 		}
 	}
 	if picked == nil || picked.view.ids[picked.pos] != grayInstances[picked.pos].GetId() {
@@ -285,6 +289,11 @@ func TestTheLocalRotationReplaysTheLastPicks(t *testing.T) {
 		}
 	}
 }
+
+// allUsable holds every instance usable, for the lease streams' own tests.
+type allUsable struct{}
+
+func (allUsable) usable(*leaseView, int) (readyConn, bool) { return readyConn{}, true }
 
 // fakeSubConn stands for one instance's READY subchannel.
 type fakeSubConn struct {

@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +32,11 @@ func (f *fakeLeases) Lease(_ context.Context, req *rotapb.LeaseRequest, _ ...grp
 	f.counts = append(f.counts, req.GetCount())
 	first := f.next
 	f.next += uint64(req.GetCount())
-	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "round_robin", Instances: []*rotapb.Instance{
+	positions := make([]uint32, req.GetCount())
+	for i := range positions {
+		positions[i] = uint32((first + uint64(i)) % 2)
+	}
+	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "round_robin", Positions: positions, Instances: []*rotapb.Instance{
 		{Id: "a", Host: "127.0.0.1", Port: 1}, {Id: "b", Host: "127.0.0.1", Port: 2},
 	}}, nil
 }
@@ -62,14 +67,14 @@ func testLeaser(t *testing.T, fake *fakeLeases) (*leaser, chan struct{}) {
 func takeTicket(t *testing.T, s *versionStream, woken chan struct{}) draw {
 	t.Helper()
 	for attempt := 0; attempt < 100; attempt++ {
-		d, ok, err := s.take()
+		d, state, err := s.take(allUsable{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok {
+		if state == drawn {
 			return d
 		}
-		<-woken
+		waitWoken(t, woken)
 	}
 	t.Fatal("no ticket after 100 waits")
 	return draw{}
@@ -117,8 +122,8 @@ func TestUnreachableRotaFallsBackToALocalRotationAndBack(t *testing.T) {
 		t.Fatal("no local rotation while rota is down")
 	}
 	for i, d := range local {
-		if p, _ := d.view.m.position(d.ticket, nil); d.view.ids[p] != []string{"a", "b"}[(int(local[0].ticket)+i)%2] {
-			t.Fatalf("local draw %d maps to %s", i, d.view.ids[p])
+		if d.view.ids[d.pos] != []string{"a", "b"}[(int(local[0].ticket)+i)%2] {
+			t.Fatalf("local draw %d went to %s", i, d.view.ids[d.pos])
 		}
 	}
 	fake.setDown(false)
@@ -130,45 +135,20 @@ func TestUnreachableRotaFallsBackToALocalRotationAndBack(t *testing.T) {
 	})
 }
 
-// weightLeases answers weighted leases over a and b with the weights it is given.
-type weightLeases struct {
-	rotapb.BalancerClient
-	mu      sync.Mutex
-	next    uint64
-	weights [2]uint32
-}
-
-func (f *weightLeases) Lease(_ context.Context, req *rotapb.LeaseRequest, _ ...grpc.CallOption) (*rotapb.LeaseResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	first := f.next
-	f.next += uint64(req.GetCount())
-	a, b := f.weights[0], f.weights[1]
-	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: "weighted", Instances: []*rotapb.Instance{
-		{Id: "a", Host: "127.0.0.1", Port: 1, Weight: &a}, {Id: "b", Host: "127.0.0.1", Port: 2, Weight: &b},
-	}}, nil
-}
-
-// A lease whose instances differ from the last one only in weight maps by the new weights.
-func TestANewWeightGetsATicketMapOfItsOwn(t *testing.T) {
-	fake := &weightLeases{weights: [2]uint32{100, 0}}
-	l := &link{balancer: fake, service: "svc", log: quietLogger()}
-	woken := make(chan struct{}, 1024)
-	ls := newLeaser(l, "weighted", func() { woken <- struct{}{} }, func(string) *leaseView { return nil })
-	t.Cleanup(ls.close)
-	s := ls.stream("")
-	mapped := func(d draw) string {
-		p, _ := d.view.m.position(d.ticket, nil)
-		return d.view.ids[p]
+// The policy config refuses a rule rota cannot lease; the rule of a lease answer is only
+// reported, never read to route.
+func TestThePolicyConfigTakesOnlyLeasableRules(t *testing.T) {
+	if _, err := (builder{}).ParseConfig([]byte(`{"rule":"least_request"}`)); err == nil {
+		t.Error("the policy accepted least_request")
 	}
-	if d := takeTicket(t, s, woken); mapped(d) != "a" {
-		t.Fatalf("weights 100 and 0 mapped ticket %d to %s", d.ticket, mapped(d))
+	for _, rule := range []string{"round_robin", "repeat(n=3)", "weighted"} {
+		if c, err := (builder{}).ParseConfig([]byte(`{"rule":"` + rule + `","version":"zlt"}`)); err != nil || c.(*Config).Version != "zlt" || c.(*Config).Rule != rule {
+			t.Errorf("config with %s: %v %v", rule, c, err)
+		}
 	}
-	fake.mu.Lock()
-	fake.weights = [2]uint32{0, 100}
-	fake.mu.Unlock()
-	ls.invalidate() // the resolver saw the weights change
-	if d := takeTicket(t, s, woken); mapped(d) != "b" {
-		t.Fatalf("weights 0 and 100 mapped ticket %d to %s", d.ticket, mapped(d))
+	b, err := blockOf(&rotapb.LeaseResponse{Rule: "some_future_rule", Count: 2, Positions: []uint32{1, 0},
+		Instances: []*rotapb.Instance{{Id: "a", Host: "127.0.0.1", Port: 1}, {Id: "b", Host: "127.0.0.1", Port: 2}}})
+	if err != nil || b.view.rule != "some_future_rule" || !slices.Equal(b.positions, []int{1, 0}) {
+		t.Fatalf("a lease of a rule the channel has never heard of: %+v, %v", b, err)
 	}
 }

@@ -24,7 +24,7 @@ const VersionHeader = "x-rota-version"
 // in the policy config), since it adds bytes to every call.
 const TicketHeader = "x-rota-ticket"
 
-// picker maps each RPC to an instance by the next leased ticket of its version.
+// picker routes each RPC by the next leased ticket of its version whose instance is usable.
 type picker struct {
 	leases  *leaser
 	link    *link
@@ -37,6 +37,8 @@ type picker struct {
 	ready      map[string]readyConn
 	connecting bool
 	unsettled  bool
+	// known is the resolver's list, whose unusable instances leases exclude.
+	known *knownInstances
 	// clock is the time of holds (time.Now when nil).
 	clock func() time.Time
 }
@@ -63,51 +65,18 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		version = callVersion(info.Ctx, p.version)
 	}
 	s := p.leases.stream(version)
-	d, ok, err := s.take()
-	if err != nil {
+	// The next ticket whose instance is usable; those of unusable instances are passed over.
+	d, state, err := s.take(p)
+	switch {
+	case err != nil:
 		return balancer.PickResult{}, pickError(err)
-	}
-	if !ok {
+	case state == waitLease:
 		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	case state == noneUsable:
+		return balancer.PickResult{}, p.noneReady()
 	}
-	var c readyConn
-	var pos int
-	if d.picked {
-		// rota chose the instance; one that is unusable is passed over, a gap, and the call
-		// takes the next pick.
-		for skipped := 0; ; skipped++ {
-			pos = d.pos
-			if c, ok = p.usable(d.view, pos); ok {
-				break
-			}
-			if skipped >= maxPickSkips || !p.anyUsable(d.view) {
-				return balancer.PickResult{}, p.noneReady()
-			}
-			if d, ok, err = s.take(); err != nil {
-				return balancer.PickResult{}, pickError(err)
-			} else if !ok {
-				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
-			}
-		}
-	} else {
-		// A ticket: mapped by the rule; when its instance is unusable the same ticket goes to
-		// a usable one, spread so that the usable instances keep the rule's shares.
-		pos, ok = d.view.m.position(d.ticket, nil)
-		if ok {
-			c, ok = p.usable(d.view, pos)
-		}
-		if !ok {
-			// The position spread names was usable when p.unusable looked, whatever a hold
-			// beginning since then says.
-			if pos, ok = d.view.m.spread(d.ticket, p.unusable(d.view)); ok {
-				c, ok = p.ready[p.key(d.view, pos)]
-			}
-			if !ok {
-				return balancer.PickResult{}, p.noneReady()
-			}
-		}
-	}
-	id := d.view.ids[pos]
+	c := d.conn
+	id := d.view.ids[d.pos]
 	result := balancer.PickResult{SubConn: c.sc}
 	if p.ticket {
 		result.Metadata = metadata.Pairs(TicketHeader, ticketValue(d))
@@ -138,9 +107,6 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	return result, nil
 }
 
-// maxPickSkips bounds the picks one call passes over for instances that are unusable.
-const maxPickSkips = 256
-
 // noneReady is the answer to a call for which no usable instance was found: wait while some
 // instance is still connecting, else fail.
 func (p *picker) noneReady() error {
@@ -153,41 +119,20 @@ func (p *picker) noneReady() error {
 // usable returns the subchannel of view position pos when it is READY and not held out for
 // timeouts.
 func (p *picker) usable(view *leaseView, pos int) (readyConn, bool) {
-	c, ok := p.ready[p.key(view, pos)]
+	return p.usableAt(view.keys[pos], view.addrKeys[pos])
+}
+
+// usableAt is usable for the instance of subchannel keys key (id and address) and addrKey
+// (address alone).
+func (p *picker) usableAt(key, addrKey string) (readyConn, bool) {
+	if p.byAddr {
+		key = addrKey
+	}
+	c, ok := p.ready[key]
 	if !ok || c.hold.held(p.now) {
 		return readyConn{}, false
 	}
 	return c, true
-}
-
-// key is the subchannel key of view position pos: its instance's id and address, or (byAddr)
-// its address alone.
-func (p *picker) key(view *leaseView, pos int) string {
-	if p.byAddr {
-		return subConnKey("", view.addrs[pos])
-	}
-	return subConnKey(view.ids[pos], view.addrs[pos])
-}
-
-// anyUsable reports whether some instance of view is usable.
-func (p *picker) anyUsable(view *leaseView) bool {
-	for i := range view.ids {
-		if _, ok := p.usable(view, i); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// unusable lists the positions of view whose instance is unusable, in increasing order.
-func (p *picker) unusable(view *leaseView) []int {
-	var out []int
-	for i := range view.ids {
-		if _, ok := p.usable(view, i); !ok {
-			out = append(out, i)
-		}
-	}
-	return out
 }
 
 // pickError is the status a picker may return for err. grpc-go turns the codes a picker must

@@ -3,8 +3,8 @@ package channel
 import (
 	"context"
 	"errors"
-	"math"
-	"math/big"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,220 +14,520 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/rota-lb/rota/clients/go/rotapb"
 )
 
-// spreadByTheBook is the mapping of a ticket whose instance is unusable as docs/channels.md
-// states it, built literally: the cycle of slots S, the unusable slots D and the usable slots
-// A in order, and A[(j·|D| + i) mod |A|] computed without overflow.
-func spreadByTheBook(t *testing.T, m *ticketMap, ticket uint64, unusable map[int]bool) (int, bool) {
-	t.Helper()
-	var cycle []int // the instance of each slot
-	u := ticket
-	switch m.rule.kind {
-	case ruleWeighted:
-		for _, p := range m.slots {
-			cycle = append(cycle, int(p))
-		}
-	case ruleRepeat:
-		u = ticket / m.rule.n
-		fallthrough
-	default:
-		for p := 0; p < m.n; p++ {
-			cycle = append(cycle, p)
-		}
+// The picker routes by rota's positions and takes the next ticket when one's instance is
+// unusable, against scripted Lease answers that carry positions (computed by the test oracle
+// of conformance_test.go, or written out).
+
+func letters(positions []int) string {
+	out := make([]byte, len(positions))
+	for i, p := range positions {
+		out[i] = byte('A' + p)
 	}
-	if len(cycle) == 0 {
-		return 0, false
-	}
-	s := int(u % uint64(len(cycle)))
-	if !unusable[cycle[s]] {
-		return cycle[s], true
-	}
-	var d, a []int
-	i := -1
-	for slot, p := range cycle {
-		if unusable[p] {
-			if slot == s {
-				i = len(d)
-			}
-			d = append(d, slot)
-		} else {
-			a = append(a, slot)
-		}
-	}
-	if len(a) == 0 {
-		return 0, false
-	}
-	j := new(big.Int).SetUint64(u / uint64(len(cycle)))
-	k := j.Mul(j, big.NewInt(int64(len(d))))
-	k.Add(k, big.NewInt(int64(i)))
-	k.Mod(k, big.NewInt(int64(len(a))))
-	return cycle[a[k.Int64()]], true
+	return string(out)
 }
 
-func positionsOf(set map[int]bool, n int) []int {
-	var out []int
-	for p := 0; p < n; p++ {
-		if set[p] {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func mapOf(t *testing.T, canonical string, weights []uint64) *ticketMap {
-	t.Helper()
-	rule, err := parseLeasedRule(canonical)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return newTicketMap(rule, weights)
-}
-
-// The mapping agrees with the specification's construction for every rule, every set of
-// unusable instances of up to five, the first tickets and tickets near 2⁶⁴.
-func TestSpreadFollowsTheSpecification(t *testing.T) {
+// The oracle pins the sequences rota's own rule tests pin (src/rules/*.rs).
+func TestTheRuleOracleFollowsRotasRules(t *testing.T) {
 	cases := []struct {
 		rule    string
 		weights []uint64
+		tickets int
+		want    string
 	}{
-		{"round_robin", []uint64{1, 1, 1}},
-		{"round_robin", []uint64{1, 1, 1, 1, 1}},
-		{"repeat(n=3)", []uint64{1, 1, 1}},
-		{"repeat(n=2)", []uint64{1, 1, 1, 1, 1}},
-		{"weighted", []uint64{5, 1, 1}},
-		{"weighted", []uint64{30, 10, 20, 0, 10}},
-		{"weighted", []uint64{7, 3, 11, 2}},
-		{"weighted", []uint64{1000, 999, 1}},
+		{"round_robin", []uint64{100, 100, 100}, 7, "ABCABCA"},
+		{"repeat(n=3)", []uint64{100, 100, 100}, 12, "AAABBBCCCAAA"},
+		{"repeat(n=5)", []uint64{100, 100}, 12, "AAAAABBBBBAA"},
+		{"repeat(n=1)", []uint64{100, 100, 100}, 4, "ABCA"},
+		{"weighted", []uint64{5, 1, 1}, 14, "AAABCAAAAABCAA"},
+		{"weighted", []uint64{2, 1}, 3, "ABA"},
+		{"weighted", []uint64{100, 100, 100}, 3, "ABC"},
+		{"weighted", []uint64{3, 0, 1}, 4, "AACA"},
+		{"weighted", []uint64{300, 100, 100}, 5, "AABCA"},
 	}
 	for _, c := range cases {
-		m := mapOf(t, c.rule, c.weights)
-		n := len(c.weights)
-		for mask := 1; mask < 1<<n; mask++ {
-			unusable := map[int]bool{}
-			for p := 0; p < n; p++ {
-				if mask&(1<<p) != 0 {
-					unusable[p] = true
-				}
-			}
-			list := positionsOf(unusable, n)
-			tickets := []uint64{}
-			for ticket := uint64(0); ticket < 300; ticket++ {
-				tickets = append(tickets, ticket)
-			}
-			for back := uint64(0); back < 50; back++ {
-				tickets = append(tickets, math.MaxUint64-back)
-			}
-			for _, ticket := range tickets {
-				want, wantOK := spreadByTheBook(t, m, ticket, unusable)
-				got, ok := m.spread(ticket, list)
-				if ok != wantOK || (ok && got != want) {
-					t.Fatalf("%s %v, unusable %v, ticket %d: spread gives %d (%v), the specification %d (%v)",
-						c.rule, c.weights, list, ticket, got, ok, want, wantOK)
-				}
-				if ok && unusable[got] {
-					t.Fatalf("%s %v: ticket %d went to unusable %d", c.rule, c.weights, ticket, got)
-				}
-			}
+		var got []int
+		for _, p := range oraclePositions(t, c.rule, c.weights, 0, uint32(c.tickets)) {
+			got = append(got, int(p))
 		}
+		if letters(got) != c.want {
+			t.Errorf("%s %v: got %s, want %s", c.rule, c.weights, letters(got), c.want)
+		}
+	}
+	if _, err := ruleOracle("least_request", []uint64{1}); err == nil {
+		t.Error("the oracle mapped least_request")
 	}
 }
 
-// usableSequence maps tickets 0..count-1: by the rule when the instance is usable, else
-// spread, as the picker does.
-func usableSequence(t *testing.T, m *ticketMap, count int, unusable ...int) string {
-	t.Helper()
-	out := make([]int, count)
-	for ticket := range out {
-		p, ok := m.position(uint64(ticket), nil)
-		for _, u := range unusable {
-			if ok && p == u {
-				p, ok = m.spread(uint64(ticket), unusable)
-			}
-		}
-		if !ok {
-			t.Fatalf("ticket %d maps to nothing", ticket)
-		}
-		out[ticket] = p
-	}
-	return letters(out)
+// scriptedLeases answers Lease with ticket ranges of a counter of its own over instances (by
+// id), with positions by the oracle for rule over the weights of the instances it answers with,
+// or by answer when set. With honour set it leaves the request's exclude out of the list (as
+// rota does) and refuses, with rota's trailer, a request that excludes all of them.
+type scriptedLeases struct {
+	rotapb.BalancerClient
+	t         *testing.T
+	mu        sync.Mutex
+	next      uint64
+	rule      string
+	instances []*rotapb.Instance
+	honour    bool
+	down      bool
+	answer    func(first uint64, count uint32) []uint32
+	requests  []*rotapb.LeaseRequest
 }
 
-func shares(seq string) map[byte]int {
-	out := map[byte]int{}
-	for i := 0; i < len(seq); i++ {
-		out[seq[i]]++
+func (f *scriptedLeases) Lease(_ context.Context, req *rotapb.LeaseRequest, opts ...grpc.CallOption) (*rotapb.LeaseResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests = append(f.requests, req)
+	if f.down {
+		return nil, status.Error(codes.Unavailable, "connection refused")
+	}
+	var list []*rotapb.Instance
+	var weights []uint64
+	for _, i := range f.instances {
+		if f.honour && slices.Contains(req.GetExclude(), i.GetId()) {
+			continue
+		}
+		list = append(list, i)
+		weights = append(weights, weightOf(i))
+	}
+	if len(list) == 0 {
+		for _, o := range opts {
+			if t, ok := o.(grpc.TrailerCallOption); ok {
+				*t.TrailerAddr = metadata.Pairs("rota-error", "unavailable")
+			}
+		}
+		return nil, status.Error(codes.Unavailable, "service has no eligible instance for a lease that is not excluded")
+	}
+	first := f.next
+	f.next += uint64(req.GetCount())
+	var positions []uint32
+	if f.answer != nil {
+		positions = f.answer(first, req.GetCount())
+	} else {
+		positions = oraclePositions(f.t, f.rule, weights, first, req.GetCount())
+	}
+	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: f.rule, Instances: list, Positions: positions}, nil
+}
+
+func (f *scriptedLeases) set(apply func(f *scriptedLeases)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	apply(f)
+}
+
+// excludes lists the exclude of every request so far.
+func (f *scriptedLeases) excludes() [][]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out [][]string
+	for _, r := range f.requests {
+		out = append(out, r.GetExclude())
 	}
 	return out
 }
 
-func TestOneUnusableRoundRobinInstanceIsSharedEqually(t *testing.T) {
-	m := mapOf(t, "round_robin", []uint64{1, 1, 1})
-	// C's tickets go to A and B in turn; A's and B's own tickets stay theirs.
-	if got := usableSequence(t, m, 18, 2); got != "ABAABBABAABBABAABB" {
-		t.Fatalf("round_robin without C: %s", got)
+var threeInstances = []*rotapb.Instance{
+	{Id: "a", Host: "127.0.0.1", Port: 1}, {Id: "b", Host: "127.0.0.1", Port: 2}, {Id: "c", Host: "127.0.0.1", Port: 3},
+}
+
+func weighted(weights ...uint32) []*rotapb.Instance {
+	var out []*rotapb.Instance
+	for i, w := range weights {
+		out = append(out, &rotapb.Instance{Id: string(rune('a' + i)), Host: "127.0.0.1", Port: uint32(i + 1), Weight: &w})
 	}
-	for down := 0; down < 3; down++ {
-		got := shares(usableSequence(t, m, 18, down)) // 6 cycles
-		for p := 0; p < 3; p++ {
-			want := 9
-			if p == down {
-				want = 0
-			}
-			if got[byte('A'+p)] != want {
-				t.Errorf("round_robin without %c over 6 cycles: %v", 'A'+down, got)
-			}
+	return out
+}
+
+// scriptedPicker is a picker over fake's instances (those of ready READY), each with a hold of
+// its own, on the clock *now, published to its leaser as the balancer publishes it (so that
+// leases exclude what it finds unusable), with the instances as the resolver's list.
+func scriptedPicker(t *testing.T, fake *scriptedLeases, now *time.Time, ready ...string) (*picker, map[string]*holdout, chan struct{}) {
+	t.Helper()
+	fake.t = t
+	if fake.instances == nil {
+		fake.instances = threeInstances
+	}
+	l := &link{balancer: fake, service: "svc", log: quietLogger()}
+	l.opts.backoff.Initial, l.opts.backoff.Max, l.opts.backoff.Factor = time.Hour, time.Hour, 2
+	woken := make(chan struct{}, 1024)
+	known := &knownInstances{}
+	var ids, addrs []string
+	for _, i := range fake.instances {
+		known.instances = append(known.instances, knownInstance{info: instanceInfo{id: i.GetId(), weight: weightOf(i)}, addr: instanceAddr(i)})
+		ids, addrs = append(ids, i.GetId()), append(addrs, instanceAddr(i))
+	}
+	local := func(string) *leaseView { return newLeaseView("", ids, addrs) }
+	ls := newLeaser(l, fake.rule, func() { woken <- struct{}{} }, local)
+	t.Cleanup(ls.close)
+	p := &picker{leases: ls, link: l, ticket: true, ready: map[string]readyConn{}, known: known, clock: func() time.Time { return *now }}
+	holds := map[string]*holdout{}
+	for _, i := range fake.instances {
+		holds[i.GetId()] = &holdout{}
+		if slices.Contains(ready, i.GetId()) {
+			p.ready[subConnKey(i.GetId(), instanceAddr(i))] = readyConn{sc: &fakeSubConn{id: i.GetId()}, hold: holds[i.GetId()]}
 		}
 	}
-	// Two of five down: over |A| = 3 cycles each of the three takes exactly |D| = 2 more.
-	five := mapOf(t, "round_robin", []uint64{1, 1, 1, 1, 1})
-	got := shares(usableSequence(t, five, 15, 1, 3))
-	if got['A'] != 5 || got['C'] != 5 || got['E'] != 5 || got['B'] != 0 || got['D'] != 0 {
-		t.Errorf("round_robin without B and D over 3 cycles: %v", got)
+	ls.current.Store(p)
+	return p, holds, woken
+}
+
+// waitWoken waits (bounded) for the picker to be republished.
+func waitWoken(t *testing.T, woken chan struct{}) {
+	t.Helper()
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the picker was not republished within 10s")
 	}
 }
 
-func TestRepeatKeepsItsRunsWhenAnInstanceIsUnusable(t *testing.T) {
-	m := mapOf(t, "repeat(n=3)", []uint64{1, 1, 1})
-	got := usableSequence(t, m, 36, 2) // 4 cycles of 3 runs of 3
-	if got != "AAABBBAAAAAABBBBBBAAABBBAAAAAABBBBBB" {
-		t.Fatalf("repeat(n=3) without C: %s", got)
+// pickedCall is one call the picker routed: the instance and its x-rota-ticket.
+type pickedCall struct {
+	id     string
+	ticket string
+	done   func(balancer.DoneInfo)
+}
+
+func (c pickedCall) number(t *testing.T) uint64 {
+	t.Helper()
+	n, err := strconv.ParseUint(strings.TrimPrefix(c.ticket, "L"), 10, 64)
+	if err != nil {
+		t.Fatalf("ticket %q", c.ticket)
 	}
-	for run := 0; run < len(got); run += 3 {
-		if got[run] != got[run+1] || got[run] != got[run+2] {
-			t.Fatalf("run at %d split: %s", run, got)
+	return n
+}
+
+func pickCall(t *testing.T, p *picker, woken chan struct{}) pickedCall {
+	t.Helper()
+	r, err := pickOnce(t, p, woken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pickedCall{id: r.SubConn.(*fakeSubConn).id, ticket: r.Metadata.Get(TicketHeader)[0], done: r.Done}
+}
+
+// instanceOf is the id of the instance the oracle maps ticket to over fake's instances.
+func instanceOf(t *testing.T, fake *scriptedLeases, ticket uint64) string {
+	t.Helper()
+	var weights []uint64
+	for _, i := range fake.instances {
+		weights = append(weights, weightOf(i))
+	}
+	return fake.instances[oraclePositions(t, fake.rule, weights, ticket, 1)[0]].GetId()
+}
+
+// A lease's positions are followed exactly, whatever they are: here not the rule's t mod n.
+func TestPositionsAreFollowedExactly(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	script := func(ticket uint64) uint32 { return uint32((ticket*ticket + 3*ticket/2 + 1) % 3) }
+	fake := &scriptedLeases{rule: "round_robin", answer: func(first uint64, count uint32) []uint32 {
+		out := make([]uint32, count)
+		for i := range out {
+			out[i] = script(first + uint64(i))
+		}
+		return out
+	}}
+	p, _, woken := scriptedPicker(t, fake, &now, "a", "b", "c")
+	var got, mod []int
+	for call := 0; call < 200; call++ {
+		c := pickCall(t, p, woken)
+		if c.number(t) != uint64(call) {
+			t.Fatalf("call %d has ticket %s: tickets are consecutive while every instance is usable", call, c.ticket)
+		}
+		if want := threeInstances[script(uint64(call))].GetId(); c.id != want {
+			t.Fatalf("ticket %d went to %s, its position names %s", call, c.id, want)
+		}
+		got, mod = append(got, int(c.id[0]-'a')), append(mod, call%3)
+	}
+	if letters(got) == letters(mod) {
+		t.Fatal("the script is t mod n: this test would not see a channel that maps by itself")
+	}
+}
+
+// An answer whose positions do not fit is refused like an answer the channel cannot use:
+// UNAVAILABLE naming the problem, no call sent.
+func TestMalformedPositionsAreRefused(t *testing.T) {
+	cases := []struct {
+		name   string
+		answer func(first uint64, count uint32) []uint32
+		want   string
+	}{
+		{"too few", func(_ uint64, count uint32) []uint32 { return make([]uint32, count-1) }, "positions for"},
+		{"too many", func(_ uint64, count uint32) []uint32 { return make([]uint32, count+1) }, "positions for"},
+		{"none", func(uint64, uint32) []uint32 { return nil }, "0 positions for 16 tickets"},
+		{"out of range", func(first uint64, count uint32) []uint32 {
+			out := make([]uint32, count)
+			out[5] = 3
+			return out
+		}, "ticket 5 at position 3 of 3 instances"},
+	}
+	for _, c := range cases {
+		now := time.Unix(1_000_000, 0)
+		p, _, woken := scriptedPicker(t, &scriptedLeases{rule: "round_robin", answer: c.answer}, &now, "a", "b", "c")
+		r, err := pickOnce(t, p, woken)
+		if st := status.Convert(err); err == nil || st.Code() != codes.Unavailable || !strings.Contains(st.Message(), c.want) {
+			t.Errorf("%s: the pick returned %v (%v), want UNAVAILABLE mentioning %q", c.name, r.SubConn, err, c.want)
 		}
 	}
-	if s := shares(got); s['A'] != 18 || s['B'] != 18 {
-		t.Fatalf("repeat(n=3) without C: %v", s)
+}
+
+// callsOf makes n calls and returns them; with done set, each is answered.
+func callsOf(t *testing.T, p *picker, woken chan struct{}, n int) []pickedCall {
+	t.Helper()
+	out := make([]pickedCall, n)
+	for i := range out {
+		out[i] = pickCall(t, p, woken)
+	}
+	return out
+}
+
+func countsOf(calls []pickedCall) map[string]int {
+	out := map[string]int{}
+	for _, c := range calls {
+		out[c.id]++
+	}
+	return out
+}
+
+// checkSkipped: the calls took, in order, exactly the tickets from the first whose instance (by
+// the oracle) is not in unusable; the others were passed over.
+func checkSkipped(t *testing.T, fake *scriptedLeases, calls []pickedCall, unusable ...string) {
+	t.Helper()
+	ticket := calls[0].number(t)
+	for n, c := range calls {
+		for slices.Contains(unusable, instanceOf(t, fake, ticket)) {
+			ticket++
+		}
+		if c.number(t) != ticket || c.id != instanceOf(t, fake, ticket) {
+			t.Fatalf("call %d: ticket %d to %s, want ticket %d to %s", n, c.number(t), c.id, ticket, instanceOf(t, fake, ticket))
+		}
+		ticket++
 	}
 }
 
-func TestWeightedKeepsItsProportionsWhenAnInstanceIsUnusable(t *testing.T) {
-	// Schedule AAABCAA (5:1:1): without B, A and C keep 5:1.
-	m := mapOf(t, "weighted", []uint64{5, 1, 1})
-	if s := shares(usableSequence(t, m, 7*6, 1)); s['A'] != 35 || s['C'] != 7 || s['B'] != 0 {
-		t.Fatalf("weighted 5:1:1 without B over |A| = 6 cycles: %v", s)
-	}
-	// 3:2:1 without A: B and C keep 2:1 over |A| = 3 cycles of 6 slots.
-	m = mapOf(t, "weighted", []uint64{3, 2, 1})
-	if s := shares(usableSequence(t, m, 6*3, 0)); s['B'] != 12 || s['C'] != 6 || s['A'] != 0 {
-		t.Fatalf("weighted 3:2:1 without A: %v", s)
-	}
-	// 100:99:1 without B (200 slots, |D| = 99, |A| = 101): A and C keep 100:1 over 101 cycles.
-	m = mapOf(t, "weighted", []uint64{100, 99, 1})
-	if s := shares(usableSequence(t, m, 200*101, 1)); s['A'] != 20000 || s['C'] != 200 || s['B'] != 0 {
-		t.Fatalf("weighted 100:99:1 without B over 101 cycles: %v", s)
+// round_robin over three, c not READY (and leases that do not leave it out): its tickets are
+// passed over, and a and b get equal calls.
+func TestTheNextTicketIsTakenForAnUnusableInstance(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "round_robin"}
+	p, _, woken := scriptedPicker(t, fake, &now, "a", "b")
+	calls := callsOf(t, p, woken, 90)
+	checkSkipped(t, fake, calls, "c")
+	if got := countsOf(calls); got["a"] != 45 || got["b"] != 45 {
+		t.Fatalf("round_robin without c: %v", got)
 	}
 }
 
-func TestSpreadWithNothingUsable(t *testing.T) {
-	for _, rule := range []string{"round_robin", "repeat(n=2)", "weighted"} {
-		if _, ok := mapOf(t, rule, []uint64{1, 2}).spread(1, []int{0, 1}); ok {
-			t.Errorf("%s: every instance unusable, yet a position was returned", rule)
+// repeat(n=3) without c: c's runs are passed over whole, the others' runs stay whole.
+func TestRepeatRunsStayWholeWhenAnInstanceIsUnusable(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "repeat(n=3)"}
+	p, _, woken := scriptedPicker(t, fake, &now, "a", "b")
+	calls := callsOf(t, p, woken, 90)
+	checkSkipped(t, fake, calls, "c")
+	runs := map[uint64][]string{}
+	for _, c := range calls {
+		runs[c.number(t)/3] = append(runs[c.number(t)/3], c.id)
+	}
+	for run, ids := range runs {
+		if len(ids) != 3 || ids[0] != ids[1] || ids[1] != ids[2] {
+			t.Fatalf("run %d (tickets %d..%d): %v", run, 3*run, 3*run+2, ids)
+		}
+	}
+	if got := countsOf(calls); got["a"] != 45 || got["b"] != 45 {
+		t.Fatalf("repeat(n=3) without c: %v", got)
+	}
+}
+
+// weighted: the usable instances keep their proportions among themselves.
+func TestWeightedKeepsItsProportionsAmongTheUsable(t *testing.T) {
+	cases := []struct {
+		weights []uint32
+		ready   []string
+		calls   int
+		want    map[string]int
+	}{
+		{[]uint32{5, 1, 1}, []string{"a", "c"}, 60, map[string]int{"a": 50, "c": 10}},
+		{[]uint32{3, 2, 1}, []string{"b", "c"}, 30, map[string]int{"b": 20, "c": 10}},
+		{[]uint32{100, 99, 1}, []string{"a", "c"}, 202, map[string]int{"a": 200, "c": 2}},
+	}
+	for _, c := range cases {
+		now := time.Unix(1_000_000, 0)
+		fake := &scriptedLeases{rule: "weighted", instances: weighted(c.weights...)}
+		p, _, woken := scriptedPicker(t, fake, &now, c.ready...)
+		calls := callsOf(t, p, woken, c.calls)
+		var unusable []string
+		for _, i := range fake.instances {
+			if !slices.Contains(c.ready, i.GetId()) {
+				unusable = append(unusable, i.GetId())
+			}
+		}
+		checkSkipped(t, fake, calls, unusable...)
+		if got := countsOf(calls); !mapsEqual(got, c.want) {
+			t.Errorf("weighted %v with %v usable: %v, want %v", c.weights, c.ready, got, c.want)
+		}
+	}
+}
+
+func mapsEqual(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Every Lease names the instances unusable when it is sent, in id order, and at most 1000.
+func TestLeasesExcludeTheUnusableInstances(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "round_robin", honour: true}
+	p, holds, woken := scriptedPicker(t, fake, &now, "a", "b") // c is not READY
+	for _, c := range callsOf(t, p, woken, 20) {
+		if c.id == "c" {
+			t.Fatal("a call went to c, which is not READY")
+		}
+	}
+	// rota left c out of the list: no ticket was passed over.
+	calls := callsOf(t, p, woken, 30)
+	checkSkipped(t, &scriptedLeases{rule: "round_robin", instances: threeInstances[:2]}, calls)
+	for i, exclude := range fake.excludes() {
+		if !slices.Equal(exclude, []string{"c"}) {
+			t.Fatalf("lease %d excluded %q, want [c]", i, exclude)
+		}
+	}
+	// b held out too: the next leases exclude b and c.
+	timeouts(holds["b"], holdTimeouts, now)
+	leases := len(fake.excludes())
+	for n := 0; ; n++ {
+		if c := pickCall(t, p, woken); c.id != "a" {
+			t.Fatalf("a call went to %s while only a is usable", c.id)
+		}
+		if later := fake.excludes()[leases:]; len(later) > 0 && slices.Equal(later[len(later)-1], []string{"b", "c"}) {
+			break
+		}
+		if n == 300_000 {
+			t.Fatalf("leases after b's hold excluded %q, want [b c]", fake.excludes()[leases:])
+		}
+	}
+	// More than 1000 unusable: the first 1000 in id order.
+	many := &scriptedLeases{rule: "round_robin"}
+	for i := 1500; i > 0; i-- {
+		many.instances = append(many.instances, &rotapb.Instance{Id: fmt.Sprintf("i%04d", i), Host: "127.0.0.1", Port: uint32(i)})
+	}
+	mp, _, _ := scriptedPicker(t, many, &now, "i0001")
+	got, _ := mp.leases.exclude(nil, nil)
+	if len(got) != maxExclude || got[0] != "i0002" || got[maxExclude-1] != "i1001" || !slices.IsSorted(got) {
+		t.Fatalf("1499 unusable instances: excluded %d, from %q to %q", len(got), got[0], got[len(got)-1])
+	}
+}
+
+// rota refuses a lease that excludes every eligible instance; the channel then leases over all
+// of them, and its calls wait while one is connecting, else fail as with nothing usable.
+func TestALeaseExcludingEverythingIsAskedAgainWithoutExclusions(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "round_robin", honour: true}
+	p, _, woken := scriptedPicker(t, fake, &now) // nothing READY
+	p.connecting = true
+	for attempt := 0; ; attempt++ {
+		_, err := p.Pick(balancer.PickInfo{Ctx: context.Background()})
+		if !errors.Is(err, balancer.ErrNoSubConnAvailable) {
+			t.Fatalf("nothing usable, all connecting: %v, want to wait", err)
+		}
+		if len(fake.excludes()) >= 2 {
+			break
+		}
+		if attempt == 100 {
+			t.Fatal("no second lease")
+		}
+		waitWoken(t, woken)
+	}
+	if got := fake.excludes(); !slices.Equal(got[0], []string{"a", "b", "c"}) || got[1] != nil {
+		t.Fatalf("leases excluded %q, want [a b c] then nothing", got)
+	}
+	p.connecting = false
+	if _, err := pickOnce(t, p, woken); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no instance of \"svc\" is reachable") {
+		t.Fatalf("nothing usable, nothing connecting: %v", err)
+	}
+}
+
+// When neither the current nor the next block holds a ticket of a usable instance, the call
+// waits for the next lease rather than looping; that lease leaves the unusable one out.
+func TestSkippingStopsAtTheBlocksHeld(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "round_robin", answer: func(_ uint64, count uint32) []uint32 {
+		out := make([]uint32, count)
+		for i := range out {
+			out[i] = 2 // c's, every one
+		}
+		return out
+	}}
+	p, _, woken := scriptedPicker(t, fake, &now, "a", "b")
+	waits := 0
+	for ; waits < 5; waits++ {
+		if _, err := p.Pick(balancer.PickInfo{Ctx: context.Background()}); !errors.Is(err, balancer.ErrNoSubConnAvailable) {
+			t.Fatalf("every held ticket is c's: %v, want to wait for a lease", err)
+		}
+		waitWoken(t, woken)
+	}
+	fake.set(func(f *scriptedLeases) { f.answer, f.honour = nil, true })
+	c := pickCall(t, p, woken)
+	if c.id == "c" {
+		t.Fatal("a call went to c")
+	}
+	excludes := fake.excludes()
+	if len(excludes) < waits || !slices.Equal(excludes[len(excludes)-1], []string{"c"}) {
+		t.Fatalf("leases excluded %q", excludes)
+	}
+}
+
+// While rota is unreachable: a plain rotation over the usable instances, one call each in id
+// order, with L tickets; neither weights nor repeat runs are kept.
+func TestTheLocalRotationIsPlainOverTheUsableInstances(t *testing.T) {
+	for _, rule := range []string{"weighted", "repeat(n=3)"} {
+		now := time.Unix(1_000_000, 0)
+		fake := &scriptedLeases{rule: rule, instances: weighted(5, 3, 1, 1)}
+		p, _, woken := scriptedPicker(t, fake, &now, "a", "c", "d") // b is not READY
+		leased := callsOf(t, p, woken, 10)
+		checkSkipped(t, fake, leased, "b")
+		fake.set(func(f *scriptedLeases) { f.down = true })
+		var local []pickedCall
+		for n := 0; n < 100_000 && len(local) < 30; n++ {
+			if c := pickCall(t, p, woken); strings.HasPrefix(c.ticket, "L") {
+				local = append(local, c)
+			}
+		}
+		if len(local) < 30 {
+			t.Fatalf("%s: no local rotation while rota is down", rule)
+		}
+		order := []string{"a", "c", "d"}
+		start := slices.Index(order, local[0].id)
+		for i, c := range local {
+			if want := order[(start+i)%3]; c.id != want {
+				t.Fatalf("%s: local call %d (%s) went to %s, want %s: one each in id order", rule, i, c.ticket, c.id, want)
+			}
+		}
+		if got := countsOf(local); got["a"] != 10 || got["c"] != 10 || got["d"] != 10 {
+			t.Fatalf("%s: local rotation %v", rule, got)
+		}
+	}
+	// Before any lease: over the channel's list.
+	now := time.Unix(1_000_000, 0)
+	fake := &scriptedLeases{rule: "round_robin", down: true}
+	p, _, woken := scriptedPicker(t, fake, &now, "b", "c")
+	for i, c := range callsOf(t, p, woken, 6) {
+		if want := []string{"b", "c"}[i%2]; c.id != want || !strings.HasPrefix(c.ticket, "L") {
+			t.Fatalf("local call %d: %s with ticket %s, want %s with an L ticket", i, c.id, c.ticket, want)
 		}
 	}
 }
@@ -298,146 +598,18 @@ func TestAnInstanceIsHeldOutAfterThreeTimeoutsInARow(t *testing.T) {
 	}
 }
 
-// threeLeases answers Lease with ticket ranges over a, b and c.
-type threeLeases struct {
-	rotapb.BalancerClient
-	mu   sync.Mutex
-	next uint64
-	rule string
-	down bool
-}
-
-var threeInstances = []*rotapb.Instance{
-	{Id: "a", Host: "127.0.0.1", Port: 1}, {Id: "b", Host: "127.0.0.1", Port: 2}, {Id: "c", Host: "127.0.0.1", Port: 3},
-}
-
-func (f *threeLeases) Lease(_ context.Context, req *rotapb.LeaseRequest, _ ...grpc.CallOption) (*rotapb.LeaseResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return nil, status.Error(codes.Unavailable, "connection refused")
-	}
-	first := f.next
-	f.next += uint64(req.GetCount())
-	return &rotapb.LeaseResponse{FirstTicket: first, Count: req.GetCount(), Rule: f.rule, Instances: threeInstances}, nil
-}
-
-// threePicker is a picker over a, b and c (those of ready READY), each with a hold of its
-// own, on the clock *now.
-func threePicker(t *testing.T, fake *threeLeases, now *time.Time, ready ...string) (*picker, map[string]*holdout, chan struct{}) {
-	t.Helper()
-	l := &link{balancer: fake, service: "svc", log: quietLogger()}
-	l.opts.backoff.Initial, l.opts.backoff.Max, l.opts.backoff.Factor = time.Hour, time.Hour, 2
-	woken := make(chan struct{}, 1024)
-	local := func(string) *leaseView {
-		v, err := viewOf(&rotapb.LeaseResponse{Rule: fake.rule, Instances: threeInstances})
-		if err != nil {
-			t.Error(err)
-		}
-		return v
-	}
-	ls := newLeaser(l, fake.rule, func() { woken <- struct{}{} }, local)
-	t.Cleanup(ls.close)
-	p := &picker{leases: ls, link: l, ticket: true, ready: map[string]readyConn{}, clock: func() time.Time { return *now }}
-	holds := map[string]*holdout{}
-	for _, i := range threeInstances {
-		holds[i.GetId()] = &holdout{}
-		for _, id := range ready {
-			if i.GetId() == id {
-				p.ready[subConnKey(id, instanceAddr(i))] = readyConn{sc: &fakeSubConn{id: id}, hold: holds[id]}
-			}
-		}
-	}
-	return p, holds, woken
-}
-
-// pickedCall is one call the picker routed: the instance and its x-rota-ticket.
-type pickedCall struct {
-	id     string
-	ticket string
-	done   func(balancer.DoneInfo)
-}
-
-func pickCall(t *testing.T, p *picker, woken chan struct{}) pickedCall {
-	t.Helper()
-	r, err := pickOnce(t, p, woken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pickedCall{id: r.SubConn.(*fakeSubConn).id, ticket: r.Metadata.Get(TicketHeader)[0], done: r.Done}
-}
-
-// wantOfTicket is where the picker must send a ticket when the instances of unusable are
-// unusable: its own instance, else the spread one.
-func wantOfTicket(t *testing.T, rule string, ticket uint64, unusable ...int) string {
-	t.Helper()
-	m := mapOf(t, rule, []uint64{100, 100, 100})
-	p, _ := m.position(ticket, nil)
-	for _, u := range unusable {
-		if p == u {
-			p, _ = m.spread(ticket, unusable)
-		}
-	}
-	return threeInstances[p].GetId()
-}
-
-func TestTheTicketOfAnInstanceNotReadyGoesToAUsableOneItself(t *testing.T) {
-	for _, rule := range []string{"round_robin", "repeat(n=3)"} {
-		now := time.Unix(1_000_000, 0)
-		p, _, woken := threePicker(t, &threeLeases{rule: rule}, &now, "a", "b") // c is not READY
-		count := map[string]int{}
-		for call := 0; call < 90; call++ {
-			c := pickCall(t, p, woken)
-			ticket, err := strconv.ParseUint(c.ticket, 10, 64)
-			if err != nil {
-				t.Fatalf("%s call %d: ticket %q", rule, call, c.ticket)
-			}
-			// Tickets are consecutive: none is passed over.
-			if ticket != uint64(call) {
-				t.Fatalf("%s call %d has ticket %d", rule, call, ticket)
-			}
-			if want := wantOfTicket(t, rule, ticket, 2); c.id != want {
-				t.Fatalf("%s ticket %d went to %s, want %s", rule, ticket, c.id, want)
-			}
-			count[c.id]++
-		}
-		if count["a"] != 45 || count["b"] != 45 {
-			t.Fatalf("%s without c: %v", rule, count)
-		}
-	}
-}
-
-func TestALocalRotationSpreadsAnUnusableInstanceLikeLeases(t *testing.T) {
-	now := time.Unix(1_000_000, 0)
-	p, _, woken := threePicker(t, &threeLeases{rule: "round_robin", down: true}, &now, "b", "c") // a is not READY
-	count := map[string]int{}
-	for call := 0; call < 60; call++ {
-		c := pickCall(t, p, woken)
-		ticket, err := strconv.ParseUint(strings.TrimPrefix(c.ticket, "L"), 10, 64)
-		if !strings.HasPrefix(c.ticket, "L") || err != nil {
-			t.Fatalf("call %d: ticket %q, want a local one", call, c.ticket)
-		}
-		if want := wantOfTicket(t, "round_robin", ticket, 0); c.id != want {
-			t.Fatalf("local ticket %d went to %s, want %s", ticket, c.id, want)
-		}
-		count[c.id]++
-	}
-	if count["b"] != 30 || count["c"] != 30 {
-		t.Fatalf("local rotation without a: %v", count)
-	}
-}
-
 func TestAHungInstanceIsHeldOutThenTriedAgain(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, holds, woken := threePicker(t, &threeLeases{rule: "round_robin"}, &now, "a", "b", "c")
+	fake := &scriptedLeases{rule: "round_robin"}
+	p, holds, woken := scriptedPicker(t, fake, &now, "a", "b", "c")
 	timeout := balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, "context deadline exceeded"), BytesSent: true}
 	// c's first three calls time out; a's and b's are answered.
 	cCalls := 0
 	var ticket uint64
 	for cCalls < 3 {
 		c := pickCall(t, p, woken)
-		if want := wantOfTicket(t, "round_robin", ticket); c.id != want {
-			t.Fatalf("ticket %d went to %s before any hold, want %s", ticket, c.id, want)
+		if c.number(t) != ticket || c.id != instanceOf(t, fake, ticket) {
+			t.Fatalf("call %s to %s before any hold, want ticket %d to %s", c.ticket, c.id, ticket, instanceOf(t, fake, ticket))
 		}
 		if c.id == "c" {
 			cCalls++
@@ -450,30 +622,16 @@ func TestAHungInstanceIsHeldOutThenTriedAgain(t *testing.T) {
 	if !holds["c"].held(p.now) {
 		t.Fatal("c not held after 3 timeouts in a row")
 	}
-	// Held: c's tickets go to a and b, each ticket used once.
-	count := map[string]int{}
-	for call := 0; call < 60; call++ {
-		c := pickCall(t, p, woken)
-		if c.ticket != strconv.FormatUint(ticket, 10) {
-			t.Fatalf("call has ticket %s, want %d", c.ticket, ticket)
-		}
-		if want := wantOfTicket(t, "round_robin", ticket, 2); c.id != want {
-			t.Fatalf("ticket %d went to %s while c is held, want %s", ticket, c.id, want)
-		}
-		count[c.id]++
-		c.done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
-		ticket++
+	// Held: c's tickets are passed over, a and b share the calls equally.
+	held := callsOf(t, p, woken, 60)
+	checkSkipped(t, fake, held, "c")
+	if got := countsOf(held); got["a"] != 30 || got["b"] != 30 {
+		t.Fatalf("while c is held: %v", got)
 	}
-	if count["a"] != 30 || count["b"] != 30 {
-		t.Fatalf("while c is held: %v", count)
-	}
-	// 10 s later the next ticket of c tries it again; three more timeouts hold it for 20 s.
+	// 10 s later c's next ticket tries it again; three more timeouts hold it for 20 s.
 	now = now.Add(firstHold)
-	for cCalls = 0; cCalls < 3; ticket++ {
+	for cCalls = 0; cCalls < 3; {
 		c := pickCall(t, p, woken)
-		if want := wantOfTicket(t, "round_robin", ticket); c.id != want {
-			t.Fatalf("ticket %d went to %s after the hold, want %s", ticket, c.id, want)
-		}
 		if c.id == "c" {
 			cCalls++
 			c.done(timeout)
@@ -489,7 +647,8 @@ func TestAHungInstanceIsHeldOutThenTriedAgain(t *testing.T) {
 	}
 }
 
-// reaches reports whether one of the next three calls (a whole cycle) goes to id.
+// reaches reports whether one of the next three calls goes to id (a whole cycle while every
+// instance is usable).
 func reaches(t *testing.T, p *picker, woken chan struct{}, id string) bool {
 	t.Helper()
 	reached := false
@@ -501,7 +660,7 @@ func reaches(t *testing.T, p *picker, woken chan struct{}, id string) bool {
 
 func TestNothingUsableWaitsWhileConnectingElseFails(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, holds, woken := threePicker(t, &threeLeases{rule: "round_robin"}, &now, "a")
+	p, holds, woken := scriptedPicker(t, &scriptedLeases{rule: "round_robin"}, &now, "a")
 	timeouts(holds["a"], 3, now)
 	// a is held and b and c are not READY: nothing is usable.
 	if _, err := pickOnce(t, p, woken); status.Code(err) != codes.Unavailable {

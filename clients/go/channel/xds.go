@@ -33,12 +33,12 @@ const XDSPolicyName = "rota.v1.CentralRotation"
 // (in an init function, or at the start of main), and the last registration wins.
 //
 // The policy receives the endpoints xDS gives one locality (host:port addresses, not rota's
-// instance ids). It leases tickets with Balancer.Lease(service, rule, version), maps each to
-// an instance of the lease's list by the rule, and routes the call to the subchannel of that
-// instance's host:port; an instance xDS did not give (not pushed yet, another locality,
-// unhealthy) is unusable, and its ticket goes to a usable one as in a rota:/// channel. While
-// rota cannot be reached it routes with a local rotation over the last lease's instances,
-// else over the endpoints.
+// instance ids). It leases tickets with Balancer.Lease(service, rule, version), and routes each
+// call to the subchannel of the host:port of the instance the ticket's position names; an
+// instance xDS did not give (not pushed yet, another locality, unhealthy) is unusable: its
+// tickets are passed over and the next leases exclude it, as in a rota:/// channel. While rota
+// cannot be reached it routes with a local rotation over the last lease's instances, else over
+// the endpoints.
 func RegisterXDSPolicy(rotaTarget string, opts ...Option) {
 	o := resolverOptions{logger: slog.Default(), backoff: rota.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second, Factor: 2}}
 	for _, opt := range opts {

@@ -3,6 +3,7 @@ package channel
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,18 +88,19 @@ func TestRegisterXDSPolicy(t *testing.T) {
 }
 
 // The policy xDS names finds a lease's instance by its host:port among the addresses xDS gave
-// (no instance ids there): a ticket reaches the address of the instance the rule maps it to,
-// and the ticket of an instance whose address xDS did not give goes to a usable one, as in a
+// (no instance ids there): a ticket reaches the address of the instance its position names,
+// and the tickets of an instance whose address xDS did not give are passed over, as in a
 // rota:/// channel. A call's x-rota-version does not change the lease: the cluster's version.
 func TestTheXDSPolicyRoutesTicketsByAddress(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	fake := &threeLeases{rule: "round_robin"}
-	p, _, woken := threePicker(t, fake, &now)
-	p.byAddr = true
+	fake := &scriptedLeases{rule: "round_robin"}
+	p, _, woken := scriptedPicker(t, fake, &now)
+	p.byAddr, p.known = true, nil
 	for _, i := range threeInstances[:2] { // xDS gave a's and b's addresses, not c's
 		p.ready[subConnKey("", instanceAddr(i))] = readyConn{sc: &fakeSubConn{id: instanceAddr(i)}, hold: &holdout{}}
 	}
 	ctx := metadata.AppendToOutgoingContext(context.Background(), VersionHeader, "v9")
+	want := uint64(0)
 	for call := 0; call < 30; call++ {
 		var r balancer.PickResult
 		var err error
@@ -106,27 +108,45 @@ func TestTheXDSPolicyRoutesTicketsByAddress(t *testing.T) {
 			if r, err = p.Pick(balancer.PickInfo{Ctx: ctx}); err != balancer.ErrNoSubConnAvailable {
 				break
 			}
-			<-woken
+			waitWoken(t, woken)
 		}
 		if err != nil {
 			t.Fatalf("call %d: %v", call, err)
 		}
+		if want%3 == 2 {
+			want++ // c's ticket: passed over
+		}
 		ticket, err := strconv.ParseUint(r.Metadata.Get(TicketHeader)[0], 10, 64)
-		if err != nil || ticket != uint64(call) {
-			t.Fatalf("call %d: ticket %v (%v)", call, r.Metadata.Get(TicketHeader), err)
+		if err != nil || ticket != want {
+			t.Fatalf("call %d: ticket %v (%v), want %d", call, r.Metadata.Get(TicketHeader), err, want)
 		}
-		want := wantOfTicket(t, "round_robin", ticket, 2)
-		var wantAddr string
-		for _, i := range threeInstances {
-			if i.GetId() == want {
-				wantAddr = instanceAddr(i)
-			}
-		}
+		wantAddr := instanceAddr(threeInstances[ticket%3])
 		if got := r.SubConn.(*fakeSubConn).id; got != wantAddr {
-			t.Fatalf("ticket %d went to %s, want %s (%s)", ticket, got, wantAddr, want)
+			t.Fatalf("ticket %d went to %s, want %s", ticket, got, wantAddr)
 		}
+		want++
 	}
 	if _, ok := p.leases.streams["v9"]; ok {
 		t.Fatal("a call's x-rota-version opened a lease stream of its own")
+	}
+	// The leases excluded c, by the id the lease named, and go on excluding it once rota
+	// answers without it.
+	if got := fake.excludes(); len(got) < 2 || !slices.Equal(got[len(got)-1], []string{"c"}) {
+		t.Fatalf("leases excluded %q, want [c] once a lease named it", got)
+	}
+	fake.set(func(f *scriptedLeases) { f.honour = true })
+	from := len(fake.excludes())
+	for n := 0; len(fake.excludes()) < from+4; n++ {
+		if c := pickCall(t, p, woken); c.id == instanceAddr(threeInstances[2]) {
+			t.Fatal("a call went to c's address, which xDS did not give")
+		}
+		if n == 300_000 {
+			t.Fatal("no further leases")
+		}
+	}
+	for _, exclude := range fake.excludes()[from:] {
+		if !slices.Equal(exclude, []string{"c"}) {
+			t.Fatalf("leases after rota left c out excluded %q, want [c] each", fake.excludes()[from:])
+		}
 	}
 }

@@ -511,7 +511,12 @@ type LeaseRequest struct {
 	Rule    string                 `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
 	Version string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
 	// Tickets to reserve, 0..=65536. 0 returns the current instance list without reserving any.
-	Count         uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	Count uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// Ids of instances the caller cannot reach (at most 1000; ids that are not eligible are
+	// ignored). They are left out of `instances`, and the tickets are mapped over the others,
+	// which keep the rule's shares among themselves. Naming every eligible instance is refused
+	// with UNAVAILABLE.
+	Exclude       []string `protobuf:"bytes,5,rep,name=exclude,proto3" json:"exclude,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -574,13 +579,20 @@ func (x *LeaseRequest) GetCount() uint32 {
 	return 0
 }
 
+func (x *LeaseRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
 type LeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tickets first_ticket .. first_ticket + count - 1 belong to the caller.
 	FirstTicket uint64 `protobuf:"varint,1,opt,name=first_ticket,json=firstTicket,proto3" json:"first_ticket,omitempty"`
 	Count       uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
-	// The eligible instances, ordered by id: ticket t maps to an instance exactly as rota's
-	// rule would map it over this list.
+	// The eligible instances, ordered by id (those rota ejected and those the request excludes
+	// left out).
 	Instances []*Instance `protobuf:"bytes,3,rep,name=instances,proto3" json:"instances,omitempty"`
 	Epoch     uint64      `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// Canonical rule, e.g. "repeat(n=3)".
@@ -591,7 +603,11 @@ type LeaseResponse struct {
 	// routed by this lease goes to instances[picks[i].position] and reports picks[i].ticket;
 	// first_ticket is 0 and count is the number of picks. `instances` then holds every instance
 	// a pick names (of every version the picks went to), ordered by id.
-	Picks         []*LeasedPick `protobuf:"bytes,7,rep,name=picks,proto3" json:"picks,omitempty"`
+	Picks []*LeasedPick `protobuf:"bytes,7,rep,name=picks,proto3" json:"picks,omitempty"`
+	// For a ticket range (picks empty): `count` entries, ticket first_ticket + i going to
+	// instances[positions[i]], as rota's rule maps it. A client routes by indexing; it needs no
+	// copy of the rules.
+	Positions     []uint32 `protobuf:"varint,8,rep,packed,name=positions,proto3" json:"positions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -671,6 +687,13 @@ func (x *LeaseResponse) GetFallback() string {
 func (x *LeaseResponse) GetPicks() []*LeasedPick {
 	if x != nil {
 		return x.Picks
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetPositions() []uint32 {
+	if x != nil {
+		return x.Positions
 	}
 	return nil
 }
@@ -3121,12 +3144,13 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\a_weight\"7\n" +
 	"\vInstanceRef\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"l\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x86\x01\n" +
 	"\fLeaseRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\rR\x05count\"\xea\x01\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\x12\x18\n" +
+	"\aexclude\x18\x05 \x03(\tR\aexclude\"\x88\x02\n" +
 	"\rLeaseResponse\x12!\n" +
 	"\ffirst_ticket\x18\x01 \x01(\x04R\vfirstTicket\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12/\n" +
@@ -3134,7 +3158,8 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04rule\x18\x05 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bfallback\x18\x06 \x01(\tR\bfallback\x12)\n" +
-	"\x05picks\x18\a \x03(\v2\x13.rota.v1.LeasedPickR\x05picks\"@\n" +
+	"\x05picks\x18\a \x03(\v2\x13.rota.v1.LeasedPickR\x05picks\x12\x1c\n" +
+	"\tpositions\x18\b \x03(\rR\tpositions\"@\n" +
 	"\n" +
 	"LeasedPick\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x1a\n" +

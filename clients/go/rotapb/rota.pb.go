@@ -515,7 +515,8 @@ type LeaseRequest struct {
 	// Ids of instances the caller cannot reach (at most 1000; ids that are not eligible are
 	// ignored). They are left out of `instances`, and the tickets are mapped over the others,
 	// which keep the rule's shares among themselves. Naming every eligible instance is refused
-	// with UNAVAILABLE.
+	// with UNAVAILABLE; under gray release (picks), a version whose every instance is excluded
+	// keeps its share instead, its picks naming its instances.
 	Exclude       []string `protobuf:"bytes,5,rep,name=exclude,proto3" json:"exclude,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

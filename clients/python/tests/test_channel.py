@@ -154,6 +154,16 @@ def test_unknown_service_fails_fast_with_a_clear_error(rota_server: RotaServer) 
     assert "no-such-service" in (failure.value.details() or "")
 
 
+def test_the_rule_goes_to_rota_which_refuses_one_it_cannot_lease(fleet: Any) -> None:
+    # The channel has no list of rules: "random" reaches rota, and the call fails with its answer.
+    server, echoes, _, _ = fleet
+    with rota.channel(f"rota://{server.address}/echo", rule="random") as ch:
+        with pytest.raises(grpc.RpcError) as failure:
+            echo_pb2_grpc.EchoStub(ch).Echo(echo_pb2.EchoRequest(message="x"), timeout=20)
+    assert "random" in (failure.value.details() or ""), failure.value
+    assert echoes.received == []
+
+
 class _Tag(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     def __init__(self) -> None:
         self.calls = 0

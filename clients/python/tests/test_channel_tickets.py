@@ -179,6 +179,22 @@ def test_with_no_instance_of_the_list_usable_nothing_is_used_up() -> None:
     assert calls(r, 2) == [("a", 0), ("b", 1)]
 
 
+def test_a_list_that_left_out_the_usable_instances_is_passed_over() -> None:
+    # The block is positioned over a and b (c was excluded when it was leased); now a and b are
+    # unusable and c is usable again: the block's tickets are gaps, and the call waits for the
+    # lease the rotation asks for, instead of failing while c could take it.
+    r = rotation()
+    r.leased(lease(0, 8, members=[A, B]))
+
+    def only_c(member_id: str) -> bool:
+        return member_id == C.id
+
+    decision, count = r.draw(only_c)
+    assert decision == WAIT and count is not None and r.skipped_tickets == 8
+    r.leased(lease(8, 2, members=[C]))
+    assert calls(r, 2, only_c) == [("c", 8), ("c", 9)]
+
+
 def test_leases_exclude_the_unusable_ids_in_id_order_at_most_a_thousand() -> None:
     assert excluded_ids(["echo-c", "echo-a", "echo-b"], not_c) == ["echo-c"]
     assert excluded_ids(["echo-c", "echo-a"], everyone) == []

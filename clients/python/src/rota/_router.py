@@ -187,7 +187,9 @@ class Router:
         with self._lock:
             rotation = self._rotations.get(key)
             if rotation is None:
-                rotation = Rotation(self.rule, key, lambda: list(self.members().values()))
+                # A plain read of the known list (replaced, never changed in place): a rotation
+                # reads it under its own lock, which a list change takes under the router's.
+                rotation = Rotation(self.rule, key, lambda: list(self._members.values()))
                 self._rotations[key] = rotation
             return rotation
 
@@ -199,7 +201,7 @@ class Router:
         return decision
 
     def route(self, version: str | None, usable: Callable[[str], bool], timeout: float) -> Draw:
-        """A Draw for one call, waiting up to ``timeout`` for the rotation's first lease."""
+        """A Draw for one call, waiting up to ``timeout`` for a lease when none holds a usable ticket."""
         deadline = time.monotonic() + timeout
         rotation = self.rotation(version)
         while True:

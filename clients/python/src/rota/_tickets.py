@@ -340,7 +340,14 @@ class Rotation:
             # Only now is the list looked at: which of its instances may take a call.
             fit = [usable(m.id) for m in block.members]
             if not any(fit):
-                return NONE_USABLE
+                if not self._usable_elsewhere(block, usable):
+                    return NONE_USABLE
+                # The list left out instances usable now (the lease excluded them): the block's
+                # tickets are gaps, and the next lease positions tickets over those instances.
+                self.skipped_tickets += block.remaining()
+                self._drawn += block.remaining()
+                self._blocks.popleft()
+                return None
             end = block.end - block.first
             start = offset
             while offset < end and not fit[positions[offset]]:
@@ -355,6 +362,11 @@ class Rotation:
         ticket = block.next
         self._advance(block)
         return Draw(member, ticket, block.rule, False)
+
+    def _usable_elsewhere(self, block: TicketBlock, usable: Callable[[str], bool]) -> bool:
+        """Whether an instance of the rotation's version that the block's list left out is usable."""
+        listed = {m.id for m in block.members}
+        return any(usable(m.id) for m in isolate(self._resolved(), self.version) if m.id not in listed)
 
     def _from_picks(self, block: PickBlock, usable: Callable[[str], bool]) -> Draw | str | None:
         """The block's next pick whose instance is usable (those before it are gaps); None once

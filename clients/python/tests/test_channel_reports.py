@@ -30,11 +30,13 @@ def backwards(ticket: int, n: int) -> int:
 
 class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):
     """Watch: one snapshot. Lease: tickets from 1000 on, over the instances not excluded, ticket
-    t at :func:`backwards`; ``short`` answers one position too few. Report: every outcome kept."""
+    t at :func:`backwards`; ``short`` answers one position too few, ``refuse_excluding`` refuses
+    every lease that excludes an instance, as rota does. Report: every outcome kept."""
 
-    def __init__(self, instances: list[pb.Instance], short: bool = False) -> None:
+    def __init__(self, instances: list[pb.Instance], short: bool = False, refuse_excluding: bool = False) -> None:
         self.instances = instances
         self.short = short
+        self.refuse_excluding = refuse_excluding
         self.leases: list[pb.LeaseRequest] = []
         self.outcomes: list[pb.CallOutcome] = []
         self._tickets = itertools.count(1000)
@@ -44,6 +46,10 @@ class RecordingRota(pb_grpc.BalancerServicer, pb_grpc.RegistryServicer):
     def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:  # noqa: N802
         with self._lock:
             self.leases.append(request)
+            if self.refuse_excluding and request.exclude:
+                # As rota refuses a lease excluding every eligible instance (of a gray version).
+                context.set_trailing_metadata((("rota-error", "no_eligible_instance"),))
+                context.abort(grpc.StatusCode.UNAVAILABLE, "no eligible instance that is not excluded")
             first = next(self._tickets)
             for _ in range(request.count - 1):
                 next(self._tickets)
@@ -183,3 +189,20 @@ def test_an_answer_the_channel_cannot_use_fails_the_calls_naming_it(
         consumer.close()
     assert all(f is not None and "positions for" in f and "cannot route by it" in f for f in failures), failures
     assert fleet.received == [], "no call was sent"
+
+
+def test_a_lease_refused_for_its_exclude_is_asked_again_without_it(recording_with: Callable[..., Recording]) -> None:
+    fake, fleet, address = recording_with(unreachable=("echo-c",), refuse_excluding=True)
+    with rota.channel(f"rota://{address}/echo", ticket_header=True) as channel:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        for i in range(200):
+            stub.Echo(echo_pb2.EchoRequest(message=str(i)), timeout=20)
+    excludes = [list(lease.exclude) for lease in fake.leases]
+    refused = [k for k, e in enumerate(excludes) if e]
+    assert refused, excludes
+    # Each refused lease is followed at once by the same lease without exclude, and the set
+    # rota refused is not sent again.
+    assert all(k + 1 < len(excludes) and excludes[k + 1] == [] for k in refused), excludes
+    assert len(refused) == 1, excludes
+    counts = Counter(r.instance for r in fleet.received)
+    assert set(counts) == {"echo-a", "echo-b"} and sum(counts.values()) == 200, counts

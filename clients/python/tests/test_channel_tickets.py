@@ -204,18 +204,19 @@ def test_leases_exclude_the_unusable_ids_in_id_order_at_most_a_thousand() -> Non
     assert held == sorted(held) and held[0] == "i00000" and "i00003" not in held and held[-1] == "i01000"
 
 
-def test_a_lease_refused_for_excluding_everyone_is_no_outage() -> None:
-    # rota refuses a lease whose exclude names every eligible instance: the held tickets stay,
-    # then the calls fail with rota's answer; no local rotation starts.
+def test_an_exclude_rota_refused_is_not_sent_again() -> None:
+    # rota refuses a lease whose exclude names every eligible instance (under gray release, all
+    # of one version's): the rotation asks again at once without exclude, and leaves that set
+    # out of its later leases; another set is sent again.
     r = rotation()
-    r.leased(lease(0, 2))
-    refusal = Refused("UNAVAILABLE", 'service "echo" has no eligible instance for a lease that is not excluded')
-    assert not r.failed(refusal, answered_by_rota=True, excluded=True)
-    assert not r.outage
-    assert calls(r, 2) == [("a", 0), ("b", 1)]
-    assert r.draw(everyone)[0] is refusal
-    r.leased(lease(2, 1))
-    assert calls(r, 1) == [("c", 2)]
+    assert r.exclusion(["echo-c"]) == ["echo-c"]
+    count = r.refused_excluding(["echo-c"])
+    assert count > 0 and r.draw(everyone) == (WAIT, None), "the lease without exclude is under way"
+    assert r.exclusion(["echo-c"]) == []
+    assert r.exclusion(["echo-b", "echo-c"]) == ["echo-b", "echo-c"]
+    assert r.exclusion([]) == []
+    r.leased(lease(0, 3))
+    assert not r.outage and calls(r, 2, not_c) == [("a", 0), ("b", 1)]
 
 
 def test_a_changed_instance_list_drops_the_held_tickets() -> None:

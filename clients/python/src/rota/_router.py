@@ -221,24 +221,30 @@ class Router:
     def _lease(self, rotation: Rotation, count: int) -> None:
         self.lease_calls += 1
         # The known instances the channel cannot use now: rota maps the tickets over the others.
-        exclude = excluded_ids(self._members, self.usable)
+        exclude = rotation.exclusion(excluded_ids(self._members, self.usable))
         request = pb.LeaseRequest(
             service=self.service, rule=rotation.rule, version=rotation.version, count=count, exclude=exclude
         )
         future = self._balancer.Lease.future(request, timeout=LEASE_TIMEOUT)
-        future.add_done_callback(lambda f: self._leased(rotation, f, bool(exclude)))
+        future.add_done_callback(lambda f: self._leased(rotation, f, exclude))
 
-    def _leased(self, rotation: Rotation, future: grpc.Future[Any], excluded: bool) -> None:
+    def _leased(self, rotation: Rotation, future: grpc.Future[Any], exclude: list[str]) -> None:
         try:
             lease = lease_of(future.result())
         except grpc.RpcError as error:
             answered = bool(error_reason(error))
-            self._failed(rotation, error.code(), error.details() or "", answered, excluded)
+            if answered and exclude:
+                # rota refuses a lease excluding every eligible instance (under gray release:
+                # every instance of one version); it took no ticket. The same lease without
+                # exclude: the calls pass over the unusable instances' tickets themselves.
+                self._lease(rotation, rotation.refused_excluding(exclude))
+                return
+            self._failed(rotation, error.code(), error.details() or "", answered)
         except UnusableLease as problem:
             # An answer the channel cannot route by fails like rota's refusal, naming the problem.
             details = f"{problem} (service {self.service!r})"
             log.warning("%s", details)
-            self._failed(rotation, grpc.StatusCode.UNAVAILABLE, details, True, False)
+            self._failed(rotation, grpc.StatusCode.UNAVAILABLE, details, True)
         else:
             follow_up, recovered = rotation.leased(lease)
             if recovered:
@@ -248,10 +254,8 @@ class Router:
         with self._lock:
             self._lock.notify_all()
 
-    def _failed(
-        self, rotation: Rotation, code: grpc.StatusCode, details: str, answered_by_rota: bool, excluded: bool
-    ) -> None:
-        if rotation.failed(Refused(code, details), answered_by_rota=answered_by_rota, excluded=excluded):
+    def _failed(self, rotation: Rotation, code: grpc.StatusCode, details: str, answered_by_rota: bool) -> None:
+        if rotation.failed(Refused(code, details), answered_by_rota=answered_by_rota):
             log.warning(
                 "rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
                 "the last known instances",

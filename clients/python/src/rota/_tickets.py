@@ -14,7 +14,8 @@ next one of the stream whose instance is usable; the ones passed over are consum
 shared rotation like tickets another consumer drew. As the next tickets follow rota's own
 sequence, the usable instances keep the rule's shares among themselves, and a ``repeat(n=N)``
 run of an unusable instance is skipped whole. Every lease names the unusable instances in its
-``exclude`` (:func:`excluded_ids`), so rota maps the next block over the usable ones only.
+``exclude`` (:func:`excluded_ids`), so rota maps the next block over the usable ones only (a
+lease rota refuses for its ``exclude`` is asked again at once without it).
 Which instances are held out, after a refused connection or timeouts in a row, is
 :class:`Holds`. A :class:`Rotation` holds the leased blocks of one (rule, version) and decides,
 per call, between a leased ticket, a wait for a lease, a local rotation while rota is
@@ -202,6 +203,8 @@ class Rotation:
         self._refresh_wanted = False
         self._outage = False
         self._refusal: Refused | None = None
+        # The exclude of a lease rota refused: not sent again (see exclusion()).
+        self._refused_exclude: tuple[str, ...] = ()
         self._retry_at = 0.0
         self._local_turn = 0
         self._block_size = MIN_BLOCK
@@ -282,20 +285,18 @@ class Rotation:
             follow_up = self._start(time.monotonic()) if stale else None
             return follow_up, recovered
 
-    def failed(self, error: Refused, answered_by_rota: bool, excluded: bool = False) -> bool:
+    def failed(self, error: Refused, answered_by_rota: bool) -> bool:
         """A lease failed; returns True when this starts an outage (log it once).
 
-        rota's own answer fails the calls with it while the rotation has no list yet, and also
-        once it had one when the lease named instances in ``exclude`` (``excluded``: rota refuses
-        a lease that excludes every eligible instance); the held blocks stay. Any other failure
-        after a list was seen starts the local rotation.
+        rota's own answer fails the calls with it while the rotation has no list yet; any other
+        failure after a list was seen starts the local rotation.
         """
         with self._lock:
             self._leasing = False
             self._retry_at = time.monotonic() + RETRY_INTERVAL
             if self._outage:
                 return False
-            if answered_by_rota and (self._listed is None or excluded):
+            if answered_by_rota and self._listed is None:
                 self._refusal = error
                 return False
             if self._listed is not None or self._resolved():
@@ -306,6 +307,21 @@ class Rotation:
                 return True
             self._refusal = error
             return False
+
+    def exclusion(self, unusable: list[str]) -> list[str]:
+        """What a lease names in ``exclude``, given the ids the channel cannot use now: those,
+        unless rota refused a lease naming exactly those (then nothing)."""
+        with self._lock:
+            return [] if tuple(unusable) == self._refused_exclude else unusable
+
+    def refused_excluding(self, exclude: list[str]) -> int:
+        """rota refused a lease that named ``exclude`` (it refuses one excluding every eligible
+        instance, of a gray release's versions too; no ticket was taken): the lease to start at
+        once, which names nothing, and no later lease names this set again."""
+        with self._lock:
+            self._refused_exclude = tuple(exclude)
+            self._leasing = True
+            return self._block_size
 
     def lost(self) -> bool:
         """rota's watch broke: local rotation from now, a lease tried at once; True if this starts an outage."""
@@ -465,7 +481,7 @@ class Holds:
     An instance whose connection was refused is skipped for :data:`CONNECT_HOLD` (or until its
     channel is READY again, :meth:`connected`). After :data:`TIMEOUTS_TO_HOLD` calls in a row to
     an instance ended ``DEADLINE_EXCEEDED``, it is held out for :data:`FIRST_HOLD`; once that has
-    passed, the next call its ticket maps to tries it again, and each further run of timeouts
+    passed, the next call whose ticket names it tries it again, and each further run of timeouts
     doubles the hold, up to :data:`LONGEST_HOLD`. Any answer from it ends the run and the
     doubling; a cancelled call or one that never connected changes nothing. Calls started before
     a hold began do not count toward the next one. ``clock`` gives seconds (``time.monotonic``).

@@ -234,8 +234,6 @@ class Rotation:
                     return self._refusal, lease
                 if self._outage:
                     return self._local(usable), lease
-                if self._refusal is not None:
-                    return self._refusal, lease
                 return WAIT, lease
             lease = None
             if may_lease and self._remaining() * 2 <= self._block_size:

@@ -222,15 +222,20 @@ async def _run_step(step: dict[str, Any], driver: Driver) -> None:
     elif op == "lease":
         _expect_keys(step, {"op", "connection", "request", "expect"})
         request = step["request"]
-        unknown = set(request) - {"service", "rule", "version", "count"}
+        unknown = set(request) - {"service", "rule", "version", "count", "exclude"}
         _check(not unknown, f"unknown lease request fields {sorted(unknown)}")
         expect = step["expect"]
-        unknown = set(expect) - {"first_ticket", "count", "ids", "rule", "fallback"}
+        unknown = set(expect) - {"first_ticket", "count", "ids", "positions", "rule", "fallback"}
         _check(not unknown, f"unknown lease expectation {sorted(unknown)}")
         leased = await driver.lease(step.get("connection", 0), pb.LeaseRequest(**request))
         got_lease = (leased.first_ticket, leased.count, [i.id for i in leased.instances])
         wanted_lease = (expect["first_ticket"], expect["count"], expect["ids"])
         _check(got_lease == wanted_lease, f"leased {got_lease}, expected {wanted_lease}")
+        if "positions" in expect:
+            got_positions = list(leased.positions)
+            _check(
+                got_positions == expect["positions"], f"lease positions {got_positions}, expected {expect['positions']}"
+            )
         if "rule" in expect:
             _check(leased.rule == expect["rule"], f"lease rule {leased.rule!r}, expected {expect['rule']!r}")
         if "fallback" in expect:

@@ -26,8 +26,8 @@ import rota.aio
 from echo_fleet import EchoFleet, Received, echo_pb2, echo_pb2_grpc
 from rota._pb import rota_pb2 as pb
 from rota._pb import rota_pb2_grpc as pb_grpc
-from rota._tickets import TicketMapping
 from rota_harness import REPO_ROOT, RotaServer, wait_until
+from rule_oracle import position
 
 SCENARIO_DIR = REPO_ROOT / "clients" / "conformance" / "channel"
 SCENARIOS = sorted(SCENARIO_DIR.glob("*.json"))
@@ -134,15 +134,16 @@ def check_rotation(
     """``rotation`` over calls, each (leased ticket or None, instance): every call carried a
     ticket, none of the ``drawn`` tickets drawn out of band before the step (0..drawn-1), none
     used twice (``seen`` holds the tickets of earlier checks and gains these), and each reached
-    the instance the rule maps its ticket to over ``ids`` in id order."""
+    the instance the rule maps its ticket to over ``ids`` in id order (:mod:`rule_oracle`, the
+    rules as docs/rules.md states them)."""
     ids = sorted(ids)
-    mapping = TicketMapping(rule, [weights.get(i) or 100 for i in ids])
+    listed = [weights.get(i) or 100 for i in ids]
     for ticket, instance in calls:
         assert ticket is not None, f"call to {instance} without a leased ticket"
         assert ticket >= drawn, f"call to {instance} carried ticket {ticket}, one of the {drawn} drawn out of band"
         assert ticket not in seen, f"ticket {ticket} used twice"
         seen.add(ticket)
-        assert ids[mapping.map(ticket)] == instance, (ticket, instance)
+        assert ids[position(rule, listed, ticket)] == instance, (ticket, instance)
 
 
 class Consumer(Protocol):

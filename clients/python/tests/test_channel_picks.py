@@ -60,8 +60,10 @@ GRAY = [(0, 0), (0, 2), (1, 1), (2, 0), (1, 2), (3, 1)]
 
 
 def test_lease_of_reads_both_answer_shapes() -> None:
-    ranged = lease_of(pb.LeaseResponse(first_ticket=40, count=8, instances=[instance(A)], rule="repeat(n=3)"))
-    assert ranged == Lease(40, 8, [A], "repeat(n=3)")
+    ranged = lease_of(
+        pb.LeaseResponse(first_ticket=40, count=3, instances=[instance(A), instance(B)], rule="x", positions=[1, 0, 1])
+    )
+    assert ranged == Lease(40, 3, [A, B], "x", [1, 0, 1])
     gray = lease_of(picks_response([(7, 2), (5, 0), (9, 3)]))
     # position 3 names no instance: left out, never routed
     assert gray.picks == [(7, V), (5, A)]
@@ -160,7 +162,9 @@ def test_ticket_ranges_and_picks_follow_each_other() -> None:
     started(r)
     r.leased(lease_of(picks_response(GRAY[:1])))
     assert drawn(r).member == A  # and the next lease is asked for
-    ranged = pb.LeaseResponse(first_ticket=10, count=4, instances=[instance(A), instance(B)], rule="round_robin")
+    ranged = pb.LeaseResponse(
+        first_ticket=10, count=4, instances=[instance(A), instance(B)], rule="round_robin", positions=[0, 1, 0, 1]
+    )
     r.leased(lease_of(ranged))
     assert [(d.member.id, d.ticket) for d in (drawn(r) for _ in range(4))] == [
         ("echo-a", 10),
@@ -168,9 +172,14 @@ def test_ticket_ranges_and_picks_follow_each_other() -> None:
         ("echo-a", 12),
         ("echo-b", 13),
     ]
-    # Held tickets stay over a list change: a lease of no tickets refreshes their list.
-    r.leased(lease_of(pb.LeaseResponse(first_ticket=14, count=2, instances=[instance(A)], rule="round_robin")))
-    assert r.refresh() == 0
+    # Held tickets are dropped on a list change too (rota positioned them over the old list).
+    r.leased(
+        lease_of(
+            pb.LeaseResponse(first_ticket=14, count=2, instances=[instance(A)], rule="round_robin", positions=[0, 0])
+        )
+    )
+    lease = r.refresh()
+    assert lease is not None and lease > 0 and r.skipped_tickets == 2
 
 
 def test_rota_unreachable_replays_the_last_picks() -> None:
@@ -198,7 +207,11 @@ def test_rota_unreachable_after_tickets_maps_a_local_counter() -> None:
     started(r)
     r.leased(lease_of(picks_response(GRAY[:1])))
     drawn(r)
-    r.leased(lease_of(pb.LeaseResponse(first_ticket=10, count=1, instances=[instance(A), instance(B)], rule="")))
+    r.leased(
+        lease_of(
+            pb.LeaseResponse(first_ticket=10, count=1, instances=[instance(A), instance(B)], rule="", positions=[1])
+        )
+    )
     drawn(r)
     assert r.failed(Refused("UNAVAILABLE", "connection refused"), answered_by_rota=False)
     assert [drawn(r).member.id for _ in range(3)] == ["echo-a", "echo-b", "echo-a"]

@@ -1,6 +1,6 @@
 """Instances the channels cannot use, without a server: the hold-out bookkeeping on a clock the
-test moves (rota._tickets.Holds), the rotation keeping an unusable instance's ticket and sending
-it to a usable one, and what a finished call says of its instance (rota._routing)."""
+test moves (rota._tickets.Holds) and what a finished call says of its instance (rota._routing).
+What the rotation does with an unusable instance's tickets is test_channel_tickets.py."""
 
 from __future__ import annotations
 
@@ -10,18 +10,7 @@ import grpc
 
 from rota._pb import rota_pb2 as pb
 from rota._routing import CallRouting, health_of
-from rota._tickets import (
-    ANSWERED,
-    CONNECT_HOLD,
-    NEUTRAL,
-    TIMED_OUT,
-    Draw,
-    Holds,
-    Lease,
-    Member,
-    Refused,
-    Rotation,
-)
+from rota._tickets import ANSWERED, CONNECT_HOLD, NEUTRAL, TIMED_OUT, Draw, Holds, Member
 
 A = Member("echo-a", "127.0.0.1", 9001)
 B = Member("echo-b", "127.0.0.1", 9002)
@@ -127,46 +116,6 @@ def test_instances_that_left_are_forgotten() -> None:
     holds.forget(lambda i: i == "b")
     assert holds.usable("a") and holds.usable("c")
     assert timeouts(holds, clock, 1, "b") == [10.0], "b's run is kept"
-
-
-def leased_rotation(count: int) -> Rotation:
-    r = Rotation("round_robin", "", lambda: [A, B, C])
-    decision, lease = r.draw(lambda _: True)
-    assert lease is not None
-    r.leased(Lease(0, count, [A, B, C], "round_robin"))
-    return r
-
-
-def drawn(r: Rotation, usable: Any) -> Draw:
-    decision, _ = r.draw(usable)
-    assert isinstance(decision, Draw), decision
-    return decision
-
-
-def not_c(member_id: str) -> bool:
-    return member_id != C.id
-
-
-def test_an_unusable_instances_ticket_is_used_for_a_usable_one() -> None:
-    r = leased_rotation(12)
-    draws = [drawn(r, not_c) for _ in range(12)]
-    assert [d.ticket for d in draws] == list(range(12)), "every ticket used, in order, none passed over"
-    assert "".join(d.member.id[-1] for d in draws) == "abaabb" * 2
-
-
-def test_the_local_rotation_spreads_an_unusable_instances_turns_too() -> None:
-    r = leased_rotation(1)
-    drawn(r, not_c)
-    assert r.failed(Refused("UNAVAILABLE", "connection refused"), answered_by_rota=False)
-    local = [drawn(r, not_c) for _ in range(12)]
-    assert all(d.local for d in local) and [d.ticket for d in local] == list(range(12))
-    assert "".join(d.member.id[-1] for d in local) == "abaabb" * 2
-
-
-def test_no_usable_instance_is_none_usable() -> None:
-    r = leased_rotation(3)
-    decision, _ = r.draw(lambda _: False)
-    assert decision == "none-usable"
 
 
 def test_what_a_finished_call_says_of_its_instance() -> None:

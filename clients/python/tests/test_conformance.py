@@ -102,3 +102,28 @@ async def test_runner_fails_wrong_tickets_and_local_marks(tmp_path: Path, rota_s
     scenario.write_text(scenario.read_text().replace("[0, 2]", "[2, 3]"))
     with pytest.raises(AssertionError, match=r"step 2 \(pick\) failed: local_fallback False, expected True"):
         await run_scenario(scenario, SyncDriver(rota_server.address))
+
+
+async def test_runner_sends_exclude_and_compares_positions(tmp_path: Path, rota_server: RotaServer) -> None:
+    # A lease excluding "b" maps its tickets over a and c (step 1 passes only if the exclude was
+    # sent and the positions compared); step 2's positions are wrong on purpose.
+    scenario = tmp_path / "positions.json"
+    scenario.write_text(
+        """{"name": "positions", "steps": [
+            {"op": "register", "stream": "p", "instances": [
+                {"service": "py-runner-positions", "id": "a", "host": "127.0.0.1", "port": 9001},
+                {"service": "py-runner-positions", "id": "b", "host": "127.0.0.1", "port": 9002},
+                {"service": "py-runner-positions", "id": "c", "host": "127.0.0.1", "port": 9003}]},
+            {"op": "lease", "request": {"service": "py-runner-positions", "count": 3, "exclude": ["b"]},
+             "expect": {"first_ticket": 0, "count": 3, "ids": ["a", "c"], "positions": [0, 1, 0]}},
+            {"op": "lease", "request": {"service": "py-runner-positions", "count": 3},
+             "expect": {"first_ticket": 3, "count": 3, "ids": ["a", "b", "c"], "positions": [1, 2, 0]}}
+        ]}"""
+    )
+    with pytest.raises(
+        AssertionError, match=r"step 2 \(lease\) failed: lease positions \[0, 1, 2\], expected \[1, 2, 0\]"
+    ):
+        await run_scenario(scenario, SyncDriver(rota_server.address))
+    scenario.write_text(scenario.read_text().replace('"positions": [0, 1, 0]', '"position": [0, 1, 0]'))
+    with pytest.raises(AssertionError, match=r"step 1 \(lease\) failed: unknown lease expectation \['position'\]"):
+        await run_scenario(scenario, SyncDriver(rota_server.address))

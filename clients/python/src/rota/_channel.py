@@ -2,19 +2,20 @@
 
 grpcio has no pluggable load-balancing policy, so the channel is a :class:`grpc.Channel` of its
 own: one plain channel per instance of the service (followed through ``Watch``), and per call the
-next ticket of a leased block of rota's shared rotation, mapped to an instance exactly as rota's
-rule maps it. Every multicallable kind is offered, so generated stubs and
-:func:`grpc.intercept_channel` work unchanged.
+next ticket of a leased block of rota's shared rotation, sent to the instance rota positioned it
+on. Every multicallable kind is offered, so generated stubs and :func:`grpc.intercept_channel`
+work unchanged.
 
 - Per call version: the ``x-rota-version`` metadata entry, else the version of the request
   being handled (:func:`rota.use_version`), else the channel's ``version``.
 - An instance the channel cannot use (its channel in TRANSIENT_FAILURE, a call to it that could
-  not connect in the last second, or held out after 3 timeouts in a row) does not take its
-  tickets; each of them goes, with the same ticket, to a usable instance, so that the usable
-  ones keep the rule's shares. A unary call that could not connect is sent again on the next
-  ticket.
+  not connect in the last second, or held out after 3 timeouts in a row) takes no call: the call
+  takes the next ticket whose instance is usable (the ones passed over are gaps), so that the
+  usable ones keep the rule's shares, and the next leases name it in ``exclude``. A unary call
+  that could not connect is sent again on the next ticket.
 - Outcomes (status, latency) are reported to rota in batches, off the call's path.
-- rota unreachable: calls go on over the last known instances by a local rotation.
+- rota unreachable: calls go on over the last known instances by a local rotation (one call
+  each, in id order).
 
 The routing itself (version, ticket, instance, outcome, whether to send a call again) is
 :mod:`rota._routing`, the multicallables :mod:`rota._multicallables`, both shared with the
@@ -47,8 +48,9 @@ def channel(
     """A channel for ``rota:///SERVICE`` (or ``rota://ROTA_HOST:PORT/SERVICE?rule=..&version=..``).
 
     ``server`` is rota's ``host:port`` (else the target's authority, ``ROTA_SERVER``,
-    ``127.0.0.1:50051``); ``rule`` a leasable rule (``round_robin``, ``repeat(n=N)``,
-    ``weighted``; default: the service's policy rule); ``version`` the version of calls without
+    ``127.0.0.1:50051``); ``rule`` a rule rota can lease (``round_robin``, ``repeat(n=N)``,
+    ``weighted``; default: the service's policy rule; rota refuses others, and the calls fail
+    with its answer); ``version`` the version of calls without
     an ``x-rota-version`` entry. ``ticket_header`` adds each call's ticket as ``x-rota-ticket``
     (``L<n>`` for a local pick); it is off by default because it adds bytes to every call.
     ``options`` and ``credentials`` apply to the instance channels.

@@ -22,7 +22,7 @@ from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
 from ._reports import Outcome, OutcomeBuffer
 from ._settings import CHANNEL_OPTIONS
-from ._tickets import WAIT, Draw, Lease, Member, Refused, Rotation, leasable
+from ._tickets import WAIT, Draw, Lease, Member, Refused, Rotation, UnusableLease, excluded_ids
 from .errors import error_reason
 
 log = logging.getLogger("rota.channel")
@@ -34,15 +34,16 @@ LEASE_TIMEOUT = 2.0
 
 
 def parse_target(target: str, server: str | None, rule: str | None, version: str | None) -> tuple[str, str, str, str]:
-    """(service, rota server, rule, version) of ``rota:///SERVICE`` or ``rota://HOST:PORT/SERVICE?rule=..``."""
+    """(service, rota server, rule, version) of ``rota:///SERVICE`` or ``rota://HOST:PORT/SERVICE?rule=..``.
+
+    The rule goes to rota as it is: rota refuses one it cannot lease, and the calls fail with its answer.
+    """
     parts = urlsplit(target)
     if parts.scheme != "rota" or not parts.path.strip("/") or "/" in parts.path.strip("/"):
         raise ValueError(f"a rota channel target is rota:///SERVICE, got {target!r}")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     chosen_server = parts.netloc or server or os.environ.get("ROTA_SERVER") or DEFAULT_SERVER
     chosen_rule = rule if rule is not None else query.get("rule", "")
-    if chosen_rule and not leasable(chosen_rule):
-        raise ValueError(f"rule {chosen_rule!r} cannot be leased; leasable rules: round_robin, repeat(n=N), weighted")
     chosen_version = version if version is not None else query.get("version", "")
     return parts.path.strip("/"), chosen_server, chosen_rule, chosen_version
 
@@ -52,7 +53,11 @@ class NoInstance(Exception):
 
 
 class Router:
-    """Routes calls of one service: ``route(version, usable)`` returns a :class:`Draw`."""
+    """Routes calls of one service: ``route(version, usable)`` returns a :class:`Draw`.
+
+    ``usable`` says whether an instance may take a call now (the channel sets it); every lease
+    names the known instances it refuses in ``exclude``.
+    """
 
     def __init__(self, service: str, server: str, rule: str, version: str) -> None:
         self.service = service
@@ -70,6 +75,7 @@ class Router:
         self._listeners: list[Callable[[dict[str, Member]], None]] = []
         self._closed = threading.Event()
         self.lease_calls = 0
+        self.usable: Callable[[str], bool] = lambda _: True
         self._watch_call: grpc.Future[Any] | None = None
         self.outcomes = OutcomeBuffer(self._send_report, f"rota-report-{service}")
         self._watch_thread = threading.Thread(target=self._watch_loop, name=f"rota-watch-{service}", daemon=True)
@@ -181,7 +187,9 @@ class Router:
         with self._lock:
             rotation = self._rotations.get(key)
             if rotation is None:
-                rotation = Rotation(self.rule, key, lambda: list(self.members().values()))
+                # A plain read of the known list (replaced, never changed in place): a rotation
+                # reads it under its own lock, which a list change takes under the router's.
+                rotation = Rotation(self.rule, key, lambda: list(self._members.values()))
                 self._rotations[key] = rotation
             return rotation
 
@@ -193,7 +201,7 @@ class Router:
         return decision
 
     def route(self, version: str | None, usable: Callable[[str], bool], timeout: float) -> Draw:
-        """A Draw for one call, waiting up to ``timeout`` for the rotation's first lease."""
+        """A Draw for one call, waiting up to ``timeout`` for a lease when none holds a usable ticket."""
         deadline = time.monotonic() + timeout
         rotation = self.rotation(version)
         while True:
@@ -212,36 +220,50 @@ class Router:
 
     def _lease(self, rotation: Rotation, count: int) -> None:
         self.lease_calls += 1
-        request = pb.LeaseRequest(service=self.service, rule=rotation.rule, version=rotation.version, count=count)
+        # The known instances the channel cannot use now: rota maps the tickets over the others.
+        exclude = rotation.exclusion(excluded_ids(self._members, self.usable))
+        request = pb.LeaseRequest(
+            service=self.service, rule=rotation.rule, version=rotation.version, count=count, exclude=exclude
+        )
         future = self._balancer.Lease.future(request, timeout=LEASE_TIMEOUT)
-        future.add_done_callback(lambda f: self._leased(rotation, f, count))
+        future.add_done_callback(lambda f: self._leased(rotation, f, exclude))
 
-    def _leased(self, rotation: Rotation, future: grpc.Future[Any], count: int) -> None:
+    def _leased(self, rotation: Rotation, future: grpc.Future[Any], exclude: list[str]) -> None:
         try:
-            response = future.result()
+            lease = lease_of(future.result())
         except grpc.RpcError as error:
-            code = error.code()
-            details = error.details() or ""
-            started = rotation.failed(
-                Refused(code, details), answered_by_rota=bool(error_reason(error)), refresh=count == 0
-            )
-            if started:
-                log.warning(
-                    "rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
-                    "the last known instances",
-                    self.server,
-                    code.name,
-                    details,
-                    self.service,
-                )
+            answered = bool(error_reason(error))
+            if answered and exclude:
+                # rota refuses a lease excluding every eligible instance (under gray release:
+                # every instance of one version); it took no ticket. The same lease without
+                # exclude: the calls pass over the unusable instances' tickets themselves.
+                self._lease(rotation, rotation.refused_excluding(exclude))
+                return
+            self._failed(rotation, error.code(), error.details() or "", answered)
+        except UnusableLease as problem:
+            # An answer the channel cannot route by fails like rota's refusal, naming the problem.
+            details = f"{problem} (service {self.service!r})"
+            log.warning("%s", details)
+            self._failed(rotation, grpc.StatusCode.UNAVAILABLE, details, True)
         else:
-            follow_up, recovered = rotation.leased(lease_of(response))
+            follow_up, recovered = rotation.leased(lease)
             if recovered:
                 log.info("rota reachable again: %s routed by leased tickets", self.service)
             if follow_up is not None:
                 self._lease(rotation, follow_up)
         with self._lock:
             self._lock.notify_all()
+
+    def _failed(self, rotation: Rotation, code: grpc.StatusCode, details: str, answered_by_rota: bool) -> None:
+        if rotation.failed(Refused(code, details), answered_by_rota=answered_by_rota):
+            log.warning(
+                "rota at %s refused or unreachable (%s: %s); routing %s by a local rotation over "
+                "the last known instances",
+                self.server,
+                code.name,
+                details,
+                self.service,
+            )
 
     # --- outcomes ----------------------------------------------------------------------------
 
@@ -296,12 +318,15 @@ def _member(instance: pb.Instance) -> Member:
 
 
 def lease_of(response: pb.LeaseResponse) -> Lease:
-    """A lease answer as the rotation takes it: a ticket range, or rota's picks (``picks`` set).
+    """A lease answer as the rotation takes it: a ticket range with its positions, or rota's
+    picks (``picks`` set).
 
-    A pick naming a position outside ``instances`` cannot be routed and is left out.
+    A ticket range whose positions are not one per ticket, each naming one of ``instances``,
+    raises :class:`~rota._tickets.UnusableLease`. A pick naming a position outside
+    ``instances`` cannot be routed and is left out.
     """
     members = [_member(i) for i in response.instances]
     if not response.picks:
-        return Lease(response.first_ticket, response.count, members, response.rule)
+        return Lease(response.first_ticket, response.count, members, response.rule, list(response.positions))
     picks = [(p.ticket, members[p.position]) for p in response.picks if p.position < len(members)]
-    return Lease(0, 0, members, response.rule, picks)
+    return Lease(0, 0, members, response.rule, picks=picks)

@@ -1,10 +1,10 @@
 """What a rota channel does around each call, shared by ``rota.channel`` and ``rota.aio.channel``.
 
-:class:`CallRouting` ties a :class:`~rota._router.Router` (watch, leases, ticket mapping, outcome
-reports) to the per-instance channels of one rota channel: it chooses a call's version (its
-``x-rota-version`` metadata, else the version of the request being handled, else the channel's),
-draws the call's ticket and instance, adds ``x-rota-ticket`` when asked, and reports the call's
-outcome once when it ends (an :class:`Attempt` per call sent). Whether a failed call goes again on
+:class:`CallRouting` ties a :class:`~rota._router.Router` (watch, leases, outcome reports) to the
+per-instance channels of one rota channel: it chooses a call's version (its ``x-rota-version``
+metadata, else the version of the request being handled, else the channel's), draws the call's
+ticket and instance, adds ``x-rota-ticket`` when asked, and reports the call's outcome once when
+it ends (an :class:`Attempt` per call sent). Whether a failed call goes again on
 the next ticket is :func:`retries_on_next_ticket`, within the call's :class:`Deadline`. The two
 channel modules only adapt this to their grpc flavour.
 """
@@ -249,6 +249,8 @@ class CallRouting(Generic[C]):
         self.instances: Instances[C] = Instances(factory, close)
         self._state_of = state_of
         self.usable = usable or (self._polled_usable if state_of is not None else self.instances.usable)
+        # The router's leases name the instances this channel cannot use in their ``exclude``.
+        router.usable = self.usable
         router.on_members(self.instances.update)
 
     def _polled_usable(self, member_id: str) -> bool:

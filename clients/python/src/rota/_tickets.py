@@ -1,35 +1,36 @@
-"""Leased tickets mapped to instances, the arithmetic rota runs for a pick (docs/rules.md).
+"""Leased tickets and the instances they go to: the rotation state both rota channels share (no I/O).
 
-``round_robin`` maps ticket t to position ``t mod n``; ``repeat(n=k)`` to ``(t // k) mod n``;
-``weighted`` to slot ``t mod Σw`` of an earliest-deadline-first schedule of the weights reduced
-by their gcd. Excluded positions are skipped as rota skips a pick's ``exclude``: the rotating
-rules rotate over the accepted positions, ``weighted`` walks its schedule to the next accepted
-instance. A ticket whose instance the channel cannot use keeps its ticket and goes to a usable
-instance so that the usable ones keep the rule's shares among themselves
-(:meth:`TicketMapping.around`, docs/channels.md "Instances the channel cannot use"); which
-instances are held out, after a refused connection or timeouts in a row, is :class:`Holds`.
-A :class:`Rotation` holds the leased blocks of one (rule, version) and decides, per call,
-between a leased ticket, a wait for the first lease, a local rotation while rota is
+A lease comes back in one of two shapes, and a :class:`Rotation` takes either without knowing
+which to expect:
+
+- a ticket range (a :class:`TicketBlock`): tickets ``first .. first + count - 1``, ticket
+  ``first + i`` going to ``instances[positions[i]]``, as rota's rule mapped it. The channel only
+  indexes; it holds no copy of the rules, so any rule rota leases is taken.
+- for a lease without a version of a service under gray release, the picks rota mapped itself
+  (a :class:`PickBlock`: per pick an instance and the ticket to report, used in order).
+
+Either way, a call whose ticket (or pick) names an instance the channel cannot use takes the
+next one of the stream whose instance is usable; the ones passed over are consumed, gaps in the
+shared rotation like tickets another consumer drew. As the next tickets follow rota's own
+sequence, the usable instances keep the rule's shares among themselves, and a ``repeat(n=N)``
+run of an unusable instance is skipped whole. Every lease names the unusable instances in its
+``exclude`` (:func:`excluded_ids`), so rota maps the next block over the usable ones only (a
+lease rota refuses for its ``exclude`` is asked again at once without it).
+Which instances are held out, after a refused connection or timeouts in a row, is
+:class:`Holds`. A :class:`Rotation` holds the leased blocks of one (rule, version) and decides,
+per call, between a leased ticket, a wait for a lease, a local rotation while rota is
 unreachable, and rota's refusal.
-
-A lease comes back in one of two shapes, and a rotation takes either without knowing which to
-expect: a range of tickets (a :class:`TicketBlock`, mapped here over the eligible list), or,
-for a lease without a version of a service under gray release, the picks rota mapped itself
-(a :class:`PickBlock`: per pick an instance and the ticket to report, used in order).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-MAX_CYCLE = 1 << 20
 #: Least and most tickets one lease reserves; between them the block follows the call rate.
 MIN_BLOCK = 16
 MAX_BLOCK = 8192
@@ -37,6 +38,8 @@ MAX_BLOCK = 8192
 TARGET_LEASE_INTERVAL = 0.075
 #: How often a rotation asks rota again after a failed lease.
 RETRY_INTERVAL = 1.0
+#: The most instance ids one lease names in ``exclude`` (rota's limit).
+MAX_EXCLUDE = 1000
 #: How long an instance that refused a connection is skipped before it is tried again.
 CONNECT_HOLD = 1.0
 #: Calls in a row ended DEADLINE_EXCEEDED after which an instance is held out, for the first
@@ -62,186 +65,20 @@ class Member:
         return f"{host}:{self.port}"
 
 
-def weighted_schedule(weights: Sequence[int]) -> list[int]:
-    """Positions in slot order: instance i's j-th slot is due at (2j+1)/2wᵢ, ties to the lower i."""
-    divisor = 0
-    for w in weights:
-        if w > 0:
-            divisor = math.gcd(divisor, w)
-    divisor = max(divisor, 1)
-    reduced = [w // divisor for w in weights]
-    total = sum(reduced)
-    if total > MAX_CYCLE:
-        nonzero = sum(1 for w in reduced if w > 0)
-        budget = max(MAX_CYCLE - nonzero, 1)
-        reduced = [1 + w * budget // total if w > 0 else 0 for w in reduced]
-    heap = [(_Deadline(1, w), i, w) for i, w in enumerate(reduced) if w > 0]
-    heapq.heapify(heap)
-    slots: list[int] = []
-    while heap:
-        deadline, index, weight = heapq.heappop(heap)
-        slots.append(index)
-        numerator = deadline.numerator + 2
-        if numerator < 2 * weight:
-            heapq.heappush(heap, (_Deadline(numerator, weight), index, weight))
-    return slots
+def isolate(members: Iterable[Member], version: str) -> list[Member]:
+    """rota's version isolation with the default fallback, ordered by id: the version's
+    instances, else the unversioned ones."""
+    members = list(members)
+    chosen = [m for m in members if m.version == version]
+    if not chosen and version:
+        chosen = [m for m in members if not m.version]
+    return sorted(chosen, key=lambda m: m.id)
 
 
-class _Deadline:
-    """numerator / weight, compared exactly."""
-
-    __slots__ = ("numerator", "weight")
-
-    def __init__(self, numerator: int, weight: int) -> None:
-        self.numerator = numerator
-        self.weight = weight
-
-    def __lt__(self, other: _Deadline) -> bool:
-        return self.numerator * other.weight < other.numerator * self.weight
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Deadline) and self.numerator * other.weight == other.numerator * self.weight
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class TicketMapping:
-    """The mapping of one leasable rule over an eligible list with these weights."""
-
-    def __init__(self, rule: str, weights: Sequence[int]) -> None:
-        r = rule.replace(" ", "")
-        self.repeat = 1
-        if r in ("", "round_robin"):
-            self.kind = "round_robin"
-        elif r == "weighted":
-            self.kind = "weighted"
-        elif r == "repeat":
-            self.kind, self.repeat = "repeat", 3
-        elif r.startswith("repeat(n=") and r.endswith(")"):
-            self.kind, self.repeat = "repeat", max(1, int(r[len("repeat(n=") : -1]))
-        else:
-            raise ValueError(f"rule {rule!r} cannot be leased; leasable rules: round_robin, repeat, weighted")
-        self.weights = list(weights)
-        self._slots: list[int] | None = None
-        self._split_cache: tuple[tuple[bool, ...], list[int], list[int]] | None = None
-
-    def map(self, ticket: int, excluded: Sequence[bool] | None = None) -> int:
-        """The position ``ticket`` maps to, or -1 when no position is accepted."""
-        n = len(self.weights)
-        accepted = n - (sum(1 for e in excluded if e) if excluded else 0)
-        if accepted <= 0:
-            return -1
-        if self.kind == "weighted":
-            slots = self._schedule()
-            if not slots:
-                return -1
-            start = ticket % len(slots)
-            for step in range(len(slots)):
-                index = slots[(start + step) % len(slots)]
-                if not excluded or not excluded[index]:
-                    return index
-            return -1
-        turn = ticket // self.repeat if self.kind == "repeat" else ticket
-        nth = turn % accepted
-        if not excluded:
-            return nth
-        seen = -1
-        for i, e in enumerate(excluded):
-            if not e:
-                seen += 1
-                if seen == nth:
-                    return i
-        return -1
-
-    def around(self, ticket: int, unusable: Sequence[bool]) -> int:
-        """The position ``ticket`` goes to when the positions flagged ``unusable`` cannot take a call.
-
-        Its own position when that one is usable. Otherwise, over the rule's cycle of slots ``S``
-        (the positions; ``weighted``: the slots of its schedule) and the ticket's unit ``u``
-        (``repeat(n=r)``: ``t // r``, so a run stays on one instance), the slot
-        ``A[(j·|D| + i) mod |A|]`` with ``j = u // |S|``, ``D`` the unusable slots in order,
-        ``i`` the rank of slot ``u mod |S|`` among them and ``A`` the usable slots: over ``|A|``
-        cycles each usable slot takes ``|D|`` of the unusable slots' tickets, so the usable
-        instances keep their shares. -1 when no slot is usable.
-        """
-        slots = self._schedule() if self.kind == "weighted" else None
-        size = len(slots) if slots is not None else len(self.weights)
-        if size == 0:
-            return -1
-        unit = ticket // self.repeat
-        slot = unit % size
-        position = slots[slot] if slots is not None else slot
-        if not unusable[position]:
-            return position
-        down, up = self._split(unusable, slots)
-        if not up:
-            return -1
-        chosen = up[((unit // size) * len(down) + bisect_left(down, slot)) % len(up)]
-        return slots[chosen] if slots is not None else chosen
-
-    def _schedule(self) -> list[int]:
-        if self._slots is None:
-            self._slots = weighted_schedule(self.weights)
-        return self._slots
-
-    def _split(self, unusable: Sequence[bool], slots: list[int] | None) -> tuple[list[int], list[int]]:
-        """The unusable and the usable slots of the cycle, in order; the last answer is kept, as
-        the same instances stay unusable over many calls."""
-        key = tuple(unusable)
-        cached = self._split_cache
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        names = slots if slots is not None else range(len(self.weights))
-        down = [s for s, p in enumerate(names) if unusable[p]]
-        up = [s for s, p in enumerate(names) if not unusable[p]]
-        self._split_cache = (key, down, up)
-        return down, up
-
-
-def leasable(rule: str) -> bool:
-    try:
-        TicketMapping(rule, [])
-    except ValueError:
-        return False
-    return True
-
-
-class Eligible:
-    """An eligible list ordered by id, with its rule's mapping."""
-
-    def __init__(self, members: Sequence[Member], rule: str) -> None:
-        self.members = list(members)
-        self.rule = rule
-        self.mapping = TicketMapping(rule, [m.weight for m in self.members])
-
-    @classmethod
-    def isolate(cls, members: Sequence[Member], version: str, rule: str) -> Eligible:
-        """rota's version isolation with the default fallback: the version's instances, else unversioned."""
-        chosen = [m for m in members if m.version == version]
-        if not chosen and version:
-            chosen = [m for m in members if not m.version]
-        return cls(sorted(chosen, key=lambda m: m.id), rule)
-
-    def excluded(self, usable: Callable[[str], bool]) -> list[bool] | None:
-        flags = [not usable(m.id) for m in self.members]
-        return flags if any(flags) else None
-
-    def map(self, ticket: int, excluded: Sequence[bool] | None = None) -> Member | None:
-        index = self.mapping.map(ticket, excluded)
-        return None if index < 0 else self.members[index]
-
-    def around(self, ticket: int, usable: Callable[[str], bool]) -> Member | None:
-        """The usable instance ``ticket`` goes to (:meth:`TicketMapping.around`), None if none is usable."""
-        index = self.mapping.around(ticket, [not usable(m.id) for m in self.members])
-        return None if index < 0 else self.members[index]
-
-    def usable_member(self, ticket: int, usable: Callable[[str], bool]) -> Member | None:
-        """The ticket's own instance when it is usable (the common case, no work over the list),
-        else :meth:`around`."""
-        member = self.map(ticket)
-        if member is not None and usable(member.id):
-            return member
-        return self.around(ticket, usable)
+def excluded_ids(ids: Iterable[str], usable: Callable[[str], bool]) -> list[str]:
+    """What a lease names in ``exclude``: the ids among ``ids`` that are not usable, in id
+    order, the first :data:`MAX_EXCLUDE` of them."""
+    return sorted(i for i in ids if not usable(i))[:MAX_EXCLUDE]
 
 
 @dataclass(frozen=True)
@@ -255,7 +92,7 @@ class Draw:
 
 
 class Refused(Exception):
-    """rota refused the lease for a rotation that never had an eligible list."""
+    """rota refused the lease (or answered one the channel cannot use)."""
 
     def __init__(self, code: object, details: str) -> None:
         super().__init__(details)
@@ -268,40 +105,60 @@ WAIT = "wait"
 NONE_USABLE = "none-usable"
 
 
+class UnusableLease(ValueError):
+    """A lease answer the channel cannot route by (positions that do not fit its tickets)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """One answer to ``Balancer.Lease``: a ticket range, or (``picks`` not empty) rota's own picks.
 
-    ``picks`` are (ticket, instance) in the order calls use them; ``first_ticket`` and ``count``
-    then say nothing (rota sends 0 and the number of picks).
+    A ticket range's ticket ``first_ticket + i`` goes to ``members[positions[i]]``. ``picks`` are
+    (ticket, instance) in the order calls use them; ``first_ticket``, ``count`` and
+    ``positions`` then say nothing (rota sends 0, the number of picks and no positions).
     """
 
     first_ticket: int
     count: int
     members: list[Member]
     rule: str
+    positions: list[int] = field(default_factory=list)
     picks: list[tuple[int, Member]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.picks:
+            return
+        if len(self.positions) != self.count:
+            raise UnusableLease(
+                f"rota's lease answer has {len(self.positions)} positions for {self.count} tickets "
+                f"(from ticket {self.first_ticket}); the channel cannot route by it"
+            )
+        for i, position in enumerate(self.positions):
+            if position >= len(self.members):
+                raise UnusableLease(
+                    f"rota's lease answer sends ticket {self.first_ticket + i} to position {position}, "
+                    f"past its {len(self.members)} instances; the channel cannot route by it"
+                )
 
 
 class TicketBlock:
-    """Leased tickets ``next .. end - 1``, mapped over the rotation's eligible list."""
+    """Leased tickets ``next .. end - 1`` of one lease, each with its instance's position."""
 
-    __slots__ = ("end", "next")
+    __slots__ = ("end", "first", "members", "next", "positions", "rule")
 
-    def __init__(self, first: int, end: int) -> None:
-        self.next = first
-        self.end = end
+    def __init__(self, lease: Lease) -> None:
+        self.first = self.next = lease.first_ticket
+        self.end = lease.first_ticket + lease.count
+        self.members = lease.members
+        self.positions = lease.positions
+        self.rule = lease.rule
 
     def remaining(self) -> int:
         return self.end - self.next
 
 
 class PickBlock:
-    """Picks rota mapped itself (gray release without a version), each used once, in order.
-
-    A pick whose instance cannot take the call is passed over: its ticket is a gap in its
-    version's rotation, as a leased ticket never used is.
-    """
+    """Picks rota mapped itself (gray release without a version), each used once, in order."""
 
     __slots__ = ("ids", "next", "picks", "rule")
 
@@ -321,12 +178,13 @@ class Rotation:
     Thread-safe; :meth:`draw` never blocks. When it returns a lease count, the caller asks rota
     for that many tickets and hands the answer to :meth:`leased` or :meth:`failed`.
 
-    Blocks of both shapes are used in the order they were leased. When the instance list
-    changes (:meth:`refresh`), held picks are dropped, since rota chose them over the old list,
-    and a new block is leased at once; held tickets stay and map over the list a lease of no
-    tickets returns. While rota is unreachable, a rotation last answered with picks replays
-    them (the versions keep rota's last split); one answered with tickets maps a local counter
-    over the last list.
+    Blocks of both shapes are used in the order they were leased; a call passes over the tickets
+    (or picks) whose instance it cannot use and takes the next one, and waits for the next lease
+    when the blocks held have none left. When the instance list changes (:meth:`refresh`), the
+    held blocks are dropped, since rota positioned them over the old list, and a new block is
+    leased at once. While rota is unreachable, a rotation last answered with picks replays them
+    (the versions keep rota's last split); one answered with tickets rotates a local counter
+    over the usable instances of the last list, one call each in id order.
     """
 
     def __init__(self, rule: str, version: str, resolved: Callable[[], list[Member]]) -> None:
@@ -335,18 +193,18 @@ class Rotation:
         self._resolved = resolved
         self._lock = threading.Lock()
         self._blocks: deque[TicketBlock | PickBlock] = deque()
-        # The list leased tickets map over (the last answer without picks).
-        self._eligible: Eligible | None = None
-        # The last list any lease returned: the local rotation's list during an outage.
-        self._listed: Eligible | None = None
-        # The last answer that leased anything came as picks: refreshes lease a new block, and
-        # the local rotation replays the last picks.
+        # The last list any lease returned, and its rule: the local rotation's during an outage.
+        self._listed: list[Member] | None = None
+        self._listed_rule = rule
+        # The last answer that leased anything came as picks: the local rotation replays them.
         self._picks = False
         self._last_picks: list[tuple[int, Member]] = []
         self._leasing = False
         self._refresh_wanted = False
         self._outage = False
         self._refusal: Refused | None = None
+        # The exclude of a lease rota refused: not sent again (see exclusion()).
+        self._refused_exclude: tuple[str, ...] = ()
         self._retry_at = 0.0
         self._local_turn = 0
         self._block_size = MIN_BLOCK
@@ -354,6 +212,8 @@ class Rotation:
         self._drawn = 0
         self.leases = 0
         self.leased_tickets = 0
+        #: Tickets passed over because their instance could not take the call, or dropped unused.
+        self.skipped_tickets = 0
         #: Picks passed over because their instance could not take the call, or dropped unused.
         self.skipped_picks = 0
 
@@ -366,37 +226,38 @@ class Rotation:
         with self._lock:
             now = time.monotonic()
             may_lease = not self._leasing and (not (self._outage or self._refusal) or now >= self._retry_at)
-            if self._listed is None and self._refusal is not None:
-                return self._refusal, self._start(now) if may_lease else None
-            if not self._blocks:
+            decision: Draw | str | Refused = self._take(usable) if self._blocks else WAIT
+            if decision == WAIT:
+                # Nothing held, or nothing held that a usable instance takes.
                 lease = self._start(now) if may_lease else None
+                if self._refusal is not None and self._listed is None:
+                    return self._refusal, lease
                 if self._outage:
                     return self._local(usable), lease
                 return WAIT, lease
-            decision = self._take(usable)
             lease = None
             if may_lease and self._remaining() * 2 <= self._block_size:
                 lease = self._start(now)
             return decision, lease
 
     def refresh(self) -> int | None:
-        """After the instance list changed: a lease to start (0: no tickets, just the list) or None."""
+        """After the instance list changed: the held blocks are dropped; a lease to start or None."""
         with self._lock:
             if self._listed is None or self._outage:
                 return None
-            self._drop_picks()
+            self._drop()
             if self._leasing:
                 self._refresh_wanted = True
                 return None
-            return self._refresh_lease()
+            return self._start(time.monotonic())
 
     def leased(self, lease: Lease) -> tuple[int | None, bool]:
         """A lease answered; returns (a follow-up lease or None, whether the outage ended)."""
         with self._lock:
             self._leasing = False
             self.leases += 1
-            listed = Eligible(lease.members, lease.rule)
-            self._listed = listed
+            self._listed = lease.members
+            self._listed_rule = lease.rule
             stale = self._refresh_wanted
             self._refresh_wanted = False
             if lease.picks:
@@ -409,27 +270,27 @@ class Rotation:
                 else:
                     self._blocks.append(PickBlock(lease.picks, lease.rule))
             else:
-                self._eligible = listed
                 self.leased_tickets += lease.count
                 if lease.count > 0:
                     self._picks = False
-                    self._blocks.append(TicketBlock(lease.first_ticket, lease.first_ticket + lease.count))
+                    if stale:
+                        self.skipped_tickets += lease.count
+                    else:
+                        self._blocks.append(TicketBlock(lease))
             self._refusal = None
             recovered = self._outage
             self._outage = False
-            follow_up = self._refresh_lease() if stale else None
+            follow_up = self._start(time.monotonic()) if stale else None
             return follow_up, recovered
 
-    def failed(self, error: Refused, answered_by_rota: bool, refresh: bool = False) -> bool:
+    def failed(self, error: Refused, answered_by_rota: bool) -> bool:
         """A lease failed; returns True when this starts an outage (log it once).
 
-        A failed refresh (a lease of no tickets) changes nothing: the held tickets stay good and
-        the next refill asks again.
+        rota's own answer fails the calls with it while the rotation has no list yet; any other
+        failure after a list was seen starts the local rotation.
         """
         with self._lock:
             self._leasing = False
-            if refresh:
-                return False
             self._retry_at = time.monotonic() + RETRY_INTERVAL
             if self._outage:
                 return False
@@ -445,6 +306,21 @@ class Rotation:
             self._refusal = error
             return False
 
+    def exclusion(self, unusable: list[str]) -> list[str]:
+        """What a lease names in ``exclude``, given the ids the channel cannot use now: those,
+        unless rota refused a lease naming exactly those (then nothing)."""
+        with self._lock:
+            return [] if tuple(unusable) == self._refused_exclude else unusable
+
+    def refused_excluding(self, exclude: list[str]) -> int:
+        """rota refused a lease that named ``exclude`` (it refuses one excluding every eligible
+        instance, of a gray release's versions too; no ticket was taken): the lease to start at
+        once, which names nothing, and no later lease names this set again."""
+        with self._lock:
+            self._refused_exclude = tuple(exclude)
+            self._leasing = True
+            return self._block_size
+
     def lost(self) -> bool:
         """rota's watch broke: local rotation from now, a lease tried at once; True if this starts an outage."""
         with self._lock:
@@ -456,26 +332,55 @@ class Rotation:
             return True
 
     def _take(self, usable: Callable[[str], bool]) -> Draw | str:
-        """The next call's decision from the held blocks (there is at least one)."""
+        """The next call's decision from the held blocks: a Draw, NONE_USABLE, or WAIT once the
+        held blocks are spent without a usable ticket (bounded by the tickets held)."""
         while self._blocks:
             block = self._blocks[0]
             if isinstance(block, TicketBlock):
-                return self._from_tickets(usable)
-            decision = self._from_picks(block, usable)
+                decision = self._from_tickets(block, usable)
+            else:
+                decision = self._from_picks(block, usable)
             if decision is not None:
                 return decision
         return WAIT
 
-    def _from_tickets(self, usable: Callable[[str], bool]) -> Draw | str:
-        ticket = self._next_ticket()
-        eligible = self._eligible
-        assert eligible is not None  # every TicketBlock came with a list
-        # An unusable instance's ticket goes, itself, to a usable instance (not the next ticket,
-        # which would hand the whole share to the instance after it).
-        member = eligible.usable_member(ticket, usable)
-        if member is None:
-            return NONE_USABLE
-        return Draw(member, ticket, eligible.rule, False)
+    def _from_tickets(self, block: TicketBlock, usable: Callable[[str], bool]) -> Draw | str | None:
+        """The block's next ticket whose instance is usable (those before it are gaps); None once
+        the block is spent without one; NONE_USABLE, using up nothing, if none of its instances is."""
+        offset = block.next - block.first
+        positions = block.positions
+        member = block.members[positions[offset]]
+        if not usable(member.id):
+            # Only now is the list looked at: which of its instances may take a call.
+            fit = [usable(m.id) for m in block.members]
+            if not any(fit):
+                if not self._usable_elsewhere(block, usable):
+                    return NONE_USABLE
+                # The list left out instances usable now (the lease excluded them): the block's
+                # tickets are gaps, and the next lease positions tickets over those instances.
+                self.skipped_tickets += block.remaining()
+                self._drawn += block.remaining()
+                self._blocks.popleft()
+                return None
+            end = block.end - block.first
+            start = offset
+            while offset < end and not fit[positions[offset]]:
+                offset += 1
+            self.skipped_tickets += offset - start
+            self._drawn += offset - start
+            block.next = block.first + offset
+            if offset == end:
+                self._blocks.popleft()
+                return None
+            member = block.members[positions[offset]]
+        ticket = block.next
+        self._advance(block)
+        return Draw(member, ticket, block.rule, False)
+
+    def _usable_elsewhere(self, block: TicketBlock, usable: Callable[[str], bool]) -> bool:
+        """Whether an instance of the rotation's version that the block's list left out is usable."""
+        listed = {m.id for m in block.members}
+        return any(usable(m.id) for m in isolate(self._resolved(), self.version) if m.id not in listed)
 
     def _from_picks(self, block: PickBlock, usable: Callable[[str], bool]) -> Draw | str | None:
         """The block's next pick whose instance is usable (those before it are gaps); None once
@@ -495,60 +400,46 @@ class Rotation:
             return Draw(member, ticket, block.rule, False)
         return None
 
-    def _advance(self, block: PickBlock) -> None:
+    def _advance(self, block: TicketBlock | PickBlock) -> None:
         block.next += 1
         self._drawn += 1
-        if block.next == len(block.picks):
+        if block.remaining() == 0:
             self._blocks.popleft()
 
-    def _drop_picks(self) -> None:
-        if any(isinstance(b, PickBlock) for b in self._blocks):
-            kept: deque[TicketBlock | PickBlock] = deque()
-            for b in self._blocks:
-                if isinstance(b, PickBlock):
-                    self.skipped_picks += b.remaining()
-                else:
-                    kept.append(b)
-            self._blocks = kept
-
-    def _refresh_lease(self) -> int:
-        """The lease that follows a change of the instance list: new picks, or the list for the held tickets."""
-        if self._picks:
-            return self._start(time.monotonic())
-        self._leasing = True
-        return 0
+    def _drop(self) -> None:
+        """Drops every held block: their tickets and picks are gaps."""
+        for b in self._blocks:
+            if isinstance(b, PickBlock):
+                self.skipped_picks += b.remaining()
+            else:
+                self.skipped_tickets += b.remaining()
+        self._blocks.clear()
 
     def _local(self, usable: Callable[[str], bool]) -> Draw | str:
         if self._picks and self._last_picks:
             return self._local_pick(usable)
-        eligible = self._listed or Eligible.isolate(self._resolved(), self.version, self.rule)
+        if self._listed is not None:
+            members, rule = self._listed, self._listed_rule
+        else:
+            members, rule = isolate(self._resolved(), self.version), self.rule
+        up = [m for m in members if usable(m.id)]
+        if not up:
+            return NONE_USABLE
         turn = self._local_turn
         self._local_turn += 1
-        member = eligible.usable_member(turn, usable)
-        return NONE_USABLE if member is None else Draw(member, turn, eligible.rule, True)
+        return Draw(up[turn % len(up)], turn, rule, True)
 
     def _local_pick(self, usable: Callable[[str], bool]) -> Draw | str:
         """The last picks rota sent, over again in order (usable instances only), so that the
         split between versions stays the one rota last chose."""
         picks = self._last_picks
-        rule = self._listed.rule if self._listed is not None else self.rule
         for _ in picks:
             turn = self._local_turn
             self._local_turn += 1
             member = picks[turn % len(picks)][1]
             if usable(member.id):
-                return Draw(member, turn, rule, True)
+                return Draw(member, turn, self._listed_rule, True)
         return NONE_USABLE
-
-    def _next_ticket(self) -> int:
-        block = self._blocks[0]
-        assert isinstance(block, TicketBlock)
-        ticket = block.next
-        block.next += 1
-        self._drawn += 1
-        if block.next == block.end:
-            self._blocks.popleft()
-        return ticket
 
     def _remaining(self) -> int:
         return sum(b.remaining() for b in self._blocks)
@@ -588,7 +479,7 @@ class Holds:
     An instance whose connection was refused is skipped for :data:`CONNECT_HOLD` (or until its
     channel is READY again, :meth:`connected`). After :data:`TIMEOUTS_TO_HOLD` calls in a row to
     an instance ended ``DEADLINE_EXCEEDED``, it is held out for :data:`FIRST_HOLD`; once that has
-    passed, the next call its ticket maps to tries it again, and each further run of timeouts
+    passed, the next call whose ticket names it tries it again, and each further run of timeouts
     doubles the hold, up to :data:`LONGEST_HOLD`. Any answer from it ends the run and the
     doubling; a cancelled call or one that never connected changes nothing. Calls started before
     a hold began do not count toward the next one. ``clock`` gives seconds (``time.monotonic``).

@@ -108,19 +108,21 @@ class InstanceRef(_message.Message):
     def __init__(self, service: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("service", "rule", "version", "count")
+    __slots__ = ("service", "rule", "version", "count", "exclude")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     service: str
     rule: str
     version: str
     count: int
-    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., version: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, service: _Optional[str] = ..., rule: _Optional[str] = ..., version: _Optional[str] = ..., count: _Optional[int] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("first_ticket", "count", "instances", "epoch", "rule", "fallback", "picks")
+    __slots__ = ("first_ticket", "count", "instances", "epoch", "rule", "fallback", "picks", "positions")
     FIRST_TICKET_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +130,7 @@ class LeaseResponse(_message.Message):
     RULE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     PICKS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     first_ticket: int
     count: int
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
@@ -135,7 +138,8 @@ class LeaseResponse(_message.Message):
     rule: str
     fallback: str
     picks: _containers.RepeatedCompositeFieldContainer[LeasedPick]
-    def __init__(self, first_ticket: _Optional[int] = ..., count: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ..., rule: _Optional[str] = ..., fallback: _Optional[str] = ..., picks: _Optional[_Iterable[_Union[LeasedPick, _Mapping]]] = ...) -> None: ...
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_ticket: _Optional[int] = ..., count: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ..., rule: _Optional[str] = ..., fallback: _Optional[str] = ..., picks: _Optional[_Iterable[_Union[LeasedPick, _Mapping]]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeasedPick(_message.Message):
     __slots__ = ("ticket", "position")

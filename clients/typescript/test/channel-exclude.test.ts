@@ -4,7 +4,6 @@
 // maps tickets to it, those tickets are passed over (gaps) and the calls take the next ones.
 
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
 import { describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
@@ -14,17 +13,8 @@ import { OPTION_BACKOFF, OPTION_LOGGER, OPTION_SERVER, OPTION_TICKET_HEADER } fr
 import type { LeaseRequest__Output } from '../src/generated/rota/v1/LeaseRequest.js';
 import { EchoServer, echoCalls, echoPackage, type EchoCall } from './echo.js';
 import { FakeRota } from './fake-rota.js';
-import { silentLogger } from './harness.js';
+import { closedPort, silentLogger } from './harness.js';
 
-/** A loopback port nothing listens on: connections to it are refused. */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  assert.ok(address !== null && typeof address === 'object');
-  return address.port;
-}
 
 /** An irregular position over `n` instances for ticket t: no rule's mapping. */
 function irregular(t: bigint, n: number): number {

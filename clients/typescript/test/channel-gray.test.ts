@@ -4,7 +4,6 @@
 // Then against a live rota with a gray split, one instance killed under the channel.
 
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
 import { describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
@@ -18,7 +17,7 @@ import type { ReportRequest__Output } from '../src/generated/rota/v1/ReportReque
 import { EchoServer, echoCalls, echoPackage, type EchoCall } from './echo.js';
 import { FakeRota } from './fake-rota.js';
 import { rotaV1 } from '../src/proto.js';
-import { RotaServer, silentLogger, waitFor } from './harness.js';
+import { RotaServer, closedPort, silentLogger, waitFor } from './harness.js';
 
 interface Member {
   id: string;
@@ -103,15 +102,6 @@ async function grayRota(initial: readonly Member[], blockSize?: number): Promise
   return { fake, served, leases, outcomes, add };
 }
 
-/** A loopback port nothing listens on: connections to it are refused. */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  assert.ok(address !== null && typeof address === 'object');
-  return address.port;
-}
 
 function channel(target: string): grpc.Client {
   return new (echoPackage().Echo)('rota:///gray', grpc.credentials.createInsecure(), {

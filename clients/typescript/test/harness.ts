@@ -1,7 +1,9 @@
 // Test harness: starts `rota serve` processes on free loopback ports and waits on conditions.
 
+import assert from 'node:assert/strict';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -206,3 +208,13 @@ export class CapturingLogger implements Logger {
 }
 
 export const silentLogger: Logger = { warn() {} };
+
+/** A loopback port nothing listens on: connections to it are refused. */
+export async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  assert.ok(address !== null && typeof address === 'object');
+  return address.port;
+}

@@ -31,7 +31,7 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use super::balancer::BalancerService;
 use super::convert;
 use crate::balancer::{PickQuery, Picked};
-use crate::pb;
+use crate::{pb, registry};
 
 /// The path this module serves.
 pub const PICK_PATH: &str = "/rota.v1.Balancer/Pick";
@@ -140,11 +140,30 @@ impl PickRequestView {
 #[derive(Debug, Clone)]
 pub struct PickAnswer {
     /// The `Instance` message, encoded.
-    instance: Bytes,
+    instance: InstanceBytes,
     ticket: u64,
     rule: Arc<str>,
     fallback: Option<String>,
     epoch: u64,
+}
+
+/// The answer's `Instance` message: the bytes the picked instance carries since its
+/// publication, read where they lie (the instance is held anyway, so no second reference count
+/// is taken on a cold line), or bytes encoded now for an instance no view has encoded.
+#[derive(Debug, Clone)]
+enum InstanceBytes {
+    Published(Arc<registry::Instance>),
+    Encoded(Bytes),
+}
+
+impl InstanceBytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            // Published only once the bytes are set, and they are never unset.
+            Self::Published(instance) => instance.answer.get().map_or(&[][..], |bytes| &bytes[..]),
+            Self::Encoded(bytes) => bytes,
+        }
+    }
 }
 
 impl PickAnswer {
@@ -152,8 +171,8 @@ impl PickAnswer {
     /// an instance the views have not encoded.
     pub fn new(picked: Picked) -> Self {
         let instance = match picked.instance.answer.get() {
-            Some(bytes) => bytes.clone(),
-            None => convert::encoded_instance(&picked.instance),
+            Some(_) => InstanceBytes::Published(picked.instance),
+            None => InstanceBytes::Encoded(convert::encoded_instance(&picked.instance)),
         };
         Self { instance, ticket: picked.ticket, rule: picked.rule, fallback: picked.fallback, epoch: picked.epoch }
     }
@@ -173,13 +192,9 @@ impl PickAnswer {
             value => encoding::key_len(tag) + encoding::encoded_len_varint(value),
         };
         // The instance is always present, even if (it never is) empty.
-        let instance = encoding::key_len(1) + encoding::encoded_len_varint(self.instance.len() as u64);
-        instance
-            + self.instance.len()
-            + number(2, self.ticket)
-            + text(3, &self.rule)
-            + text(4, self.fallback())
-            + number(5, self.epoch)
+        let instance = self.instance.bytes();
+        let instance = encoding::key_len(1) + encoding::encoded_len_varint(instance.len() as u64) + instance.len();
+        instance + number(2, self.ticket) + text(3, &self.rule) + text(4, self.fallback()) + number(5, self.epoch)
     }
 
     /// Writes the fields in field order, skipping defaults, as prost does.
@@ -197,9 +212,10 @@ impl PickAnswer {
                 encoding::encode_varint(value, buf);
             }
         }
+        let instance = self.instance.bytes();
         encoding::encode_key(1, WireType::LengthDelimited, buf);
-        encoding::encode_varint(self.instance.len() as u64, buf);
-        buf.put_slice(&self.instance);
+        encoding::encode_varint(instance.len() as u64, buf);
+        buf.put_slice(instance);
         number(buf, 2, self.ticket);
         text(buf, 3, &self.rule);
         text(buf, 4, self.fallback());

@@ -161,8 +161,13 @@ impl Inner {
         }
     }
 
-    /// Pushes the current load to every live index; forgets dead ones.
+    /// Pushes the current load to every live index; forgets dead ones. An instance no index
+    /// watches (no load-aware rule read its subsets) reads nothing: the sample spans the
+    /// whole entry, which a rotation over many instances finds cold.
     fn publish(&mut self, now: Instant) {
+        if self.watchers.is_empty() {
+            return;
+        }
         let sample = self.sample();
         self.watchers.retain(|(index, position)| match index.upgrade() {
             Some(index) => {
@@ -337,12 +342,13 @@ impl Stats {
 
     /// Counts a successful pick under `rule`, in flight on its instance until reported.
     pub fn on_pick(&self, handle: &StatsHandle, rule: &Arc<str>) {
-        let second = self.second(Instant::now());
+        let now = Instant::now();
+        let second = self.second(now);
         let bucket = second / self.bucket_width();
         let mut inner = handle.stats.lock();
         self.expire_in_flight(&mut inner, second);
         inner.in_flight.add(bucket);
-        inner.publish(Instant::now());
+        inner.publish(now);
         self.tally(&mut inner, rule);
     }
 

@@ -167,3 +167,17 @@ async fn answers_are_what_prost_writes_for_every_rule_and_fallback() {
     }
     assert!(weights.contains(&("v1".to_owned(), Some(42))), "{weights:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_no_view_encoded_is_answered_encoded_now() {
+    let registry = Registry::spawn(RegistryConfig::default());
+    let lease = registry.open_lease();
+    assert!(lease.announce(vec![spec("a1", "", &[("owner", "team-ä")])]).await.unwrap().refused.is_empty());
+    registry.subscribe("svc").await.unwrap();
+    // No encoder given to the views: nothing is encoded at publish.
+    let balancer = Balancer::with_defaults(registry.clone());
+    let query = PickQuery { service: "svc", rule: "round_robin", ..Default::default() };
+    let picked = balancer.pick(query).await.unwrap();
+    assert!(picked.instance.answer.get().is_none());
+    same_answer(&picked);
+}

@@ -48,6 +48,9 @@ struct ConfigFile {
     _server: Option<toml::Value>,
     #[serde(default, rename = "auth")]
     _auth: Option<toml::Value>,
+    /// Followed registries: read by `crate::config`, at start only.
+    #[serde(default, rename = "source")]
+    _sources: Option<toml::Value>,
     #[serde(default)]
     defaults: PolicyToml,
     #[serde(default)]

@@ -10,7 +10,7 @@
 //! When every instance is filtered out, the pick goes round robin over all of them, as Ribbon's
 //! rule fell back to its parent, and the response says so.
 
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard};
 
 /// Most accepted in-flight limit.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
@@ -43,6 +43,10 @@ impl Select for AvailabilityFiltering {
 impl RuleDef for AvailabilityFiltering {
     const NAME: &'static str = "availability_filtering";
     const PARAMS: &'static [&'static str] = &["limit"];
+
+    fn standard(&self) -> Standard {
+        Standard::LeastRequest
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(AvailabilityFiltering { limit: params.integer("limit", 1..=MAX_LIMIT)? })

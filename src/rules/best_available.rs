@@ -9,7 +9,7 @@
 //! count and the k-th of its ties, from a segment tree), O(e log n) with e excluded.
 
 use super::availability::ALL_UNAVAILABLE;
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct BestAvailable;
@@ -25,6 +25,10 @@ impl Select for BestAvailable {
 
 impl RuleDef for BestAvailable {
     const NAME: &'static str = "best_available";
+
+    fn standard(&self) -> Standard {
+        Standard::LeastRequest
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(BestAvailable)

@@ -18,7 +18,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard};
 
 const KEY_SEED: u64 = 0x726f_7461_6b65_7973; // "rotakeys"
 const OFFSET_SEED: u64 = 0x726f_7461_6f66_6673; // "rotaoffs"
@@ -69,6 +69,10 @@ impl Select for ConsistentHash {
 impl RuleDef for ConsistentHash {
     const NAME: &'static str = "consistent_hash";
     const PARAMS: &'static [&'static str] = &["balance"];
+
+    fn standard(&self) -> Standard {
+        Standard::RingHash
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(ConsistentHash { balance_milli: params.milli("balance", BALANCE_RANGE)? })

@@ -3,7 +3,7 @@
 //! flight; a tripped breaker counts as the heaviest load. With k = 2 this gets close to
 //! least-loaded without scanning every instance and without herding: O(k) per pick.
 
-use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, Standard};
 
 pub const DEFAULT_CHOICES: u32 = 2;
 pub const MAX_CHOICES: u32 = 100;
@@ -28,6 +28,10 @@ impl Select for LeastRequest {
 impl RuleDef for LeastRequest {
     const NAME: &'static str = "least_request";
     const PARAMS: &'static [&'static str] = &["choices"];
+
+    fn standard(&self) -> Standard {
+        Standard::LeastRequest
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         let choices = params.integer("choices", 1..=u64::from(MAX_CHOICES))?;

@@ -64,6 +64,21 @@ pub trait RuleDef: Select + Sized {
     fn needs_key(&self) -> bool {
         false
     }
+
+    /// The standard client-side policy closest to it, which rota's xDS clusters name for clients
+    /// that cannot run rota's own. Every rule says: none falls back to a default unnoticed.
+    fn standard(&self) -> Standard;
+}
+
+/// The standard load-balancing policies every gRPC xDS client implements (gRFC A27, A42, A48).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standard {
+    /// Each call to the next endpoint.
+    RoundRobin,
+    /// The less loaded of two random endpoints.
+    LeastRequest,
+    /// A hash of the request's key (`x-rota-key`) on a ring: a key keeps its endpoint.
+    RingHash,
 }
 
 /// The list of rules: `Variant(file::Type)`. Adding a rule is adding its file and a line here.
@@ -111,6 +126,11 @@ macro_rules! rules {
             /// Whether the rule reads `key` (and so requires one).
             pub fn needs_key(&self) -> bool {
                 match self { $(Rule::$variant(rule) => rule.needs_key(),)* }
+            }
+
+            /// The standard client-side policy closest to the rule.
+            pub fn standard(&self) -> Standard {
+                match self { $(Rule::$variant(rule) => rule.standard(),)* }
             }
 
             /// Whether `Lease` may hand out this rule's tickets.

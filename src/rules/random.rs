@@ -3,7 +3,7 @@
 //! The index is drawn over the eligible list itself, never (as Ribbon's `RandomRule` once did)
 //! with the size of the full list, which could point past the eligible ones.
 
-use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select, Standard};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Random;
@@ -17,6 +17,10 @@ impl Select for Random {
 
 impl RuleDef for Random {
     const NAME: &'static str = "random";
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(Random)

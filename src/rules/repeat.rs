@@ -4,7 +4,7 @@
 //! so with several consumers no instance ever got its N in a row. From the shared ticket,
 //! `t → (t / N) mod n_instances` makes the sequence exact for all consumers together.
 
-use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select, Standard};
 
 /// Default run length.
 pub const DEFAULT_N: u32 = 3;
@@ -33,6 +33,10 @@ impl RuleDef for Repeat {
     const NAME: &'static str = "repeat";
     const PARAMS: &'static [&'static str] = &["n"];
     const LEASABLE: bool = true;
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         let n = params.integer("n", 1..=u64::from(MAX_N))?;

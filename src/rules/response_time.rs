@@ -10,7 +10,7 @@
 //! candidates take part, how many have a latency and the sum of those latencies; the weights'
 //! total and any prefix of them follow from those, so the sampled point is found by one descent.
 
-use super::{Choice, Draw, Needs, Params, RoundRobin, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RoundRobin, RuleDef, RuleError, Select, Standard};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ResponseTime;
@@ -29,6 +29,10 @@ impl Select for ResponseTime {
 
 impl RuleDef for ResponseTime {
     const NAME: &'static str = "response_time";
+
+    fn standard(&self) -> Standard {
+        Standard::LeastRequest
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(ResponseTime)

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Choice, Draw, Needs, Params, RoundRobin, Rule, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RoundRobin, Rule, RuleDef, RuleError, Select, Standard};
 
 /// Default time budget.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(500);
@@ -53,6 +53,11 @@ impl RuleDef for Retry {
     /// The inner rule's tables, and the load index: retries skip tripped instances.
     fn needs(&self) -> Needs {
         self.inner.needs().union(Needs { load: true, ..Needs::default() })
+    }
+
+    /// The inner rule's: the standard policies have no retry of their own.
+    fn standard(&self) -> Standard {
+        self.inner.standard()
     }
 
     fn needs_key(&self) -> bool {

@@ -4,7 +4,7 @@
 //! interleaved rotations. Here the ticket comes from one counter shared by all consumers, so the
 //! fleet as a whole visits each instance once per cycle of n picks.
 
-use super::{Choice, Draw, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Params, RuleDef, RuleError, Select, Standard};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct RoundRobin;
@@ -18,6 +18,10 @@ impl Select for RoundRobin {
 impl RuleDef for RoundRobin {
     const NAME: &'static str = "round_robin";
     const LEASABLE: bool = true;
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(RoundRobin)

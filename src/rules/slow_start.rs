@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Weighted, short_duration};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard, Weighted, short_duration};
 
 /// Default ramp length (Envoy requires one; 30 s is a common choice).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
@@ -95,6 +95,10 @@ impl Select for SlowStart {
 impl RuleDef for SlowStart {
     const NAME: &'static str = "slow_start";
     const PARAMS: &'static [&'static str] = &["window", "aggression", "min_weight_percent"];
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         let window = params.duration("window", WINDOW_RANGE)?.unwrap_or(DEFAULT_WINDOW);

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{AvailabilityFiltering, Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
+use super::{AvailabilityFiltering, Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard};
 
 /// Default time an unused assignment is remembered.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
@@ -34,6 +34,10 @@ impl Select for Sticky {
 impl RuleDef for Sticky {
     const NAME: &'static str = "sticky";
     const PARAMS: &'static [&'static str] = &["ttl"];
+
+    fn standard(&self) -> Standard {
+        Standard::RingHash
+    }
 
     fn parse(params: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(Sticky { ttl: params.duration("ttl", TTL_RANGE)?.unwrap_or(DEFAULT_TTL) })

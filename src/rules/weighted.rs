@@ -14,7 +14,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select};
+use super::{Choice, Draw, Needs, Params, RuleDef, RuleError, Select, Standard};
 
 /// Longest schedule kept per subset (4 MiB of slots).
 pub const MAX_CYCLE: u64 = 1 << 20;
@@ -43,6 +43,10 @@ impl Select for Weighted {
 impl RuleDef for Weighted {
     const NAME: &'static str = "weighted";
     const LEASABLE: bool = true;
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(Weighted)

@@ -22,7 +22,7 @@
 //! over all candidates and says so.
 
 use super::availability::ALL_UNAVAILABLE;
-use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, ZoneLoad, Zones};
+use super::{Choice, Draw, Needs, Params, Query, RuleDef, RuleError, Select, Standard, ZoneLoad, Zones};
 
 /// Share of tripped instances at which a zone is dropped.
 pub const TRIPPED_SHARE: f64 = 0.99999;
@@ -52,6 +52,10 @@ impl Select for ZoneAvoidance {
 
 impl RuleDef for ZoneAvoidance {
     const NAME: &'static str = "zone_avoidance";
+
+    fn standard(&self) -> Standard {
+        Standard::RoundRobin
+    }
 
     fn parse(_: &mut Params<'_>) -> Result<Self, RuleError> {
         Ok(ZoneAvoidance)

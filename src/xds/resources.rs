@@ -41,7 +41,7 @@ use prost::{Message, Name};
 
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::{Instance, ServiceSnapshot, Status};
-use crate::rules::Rule;
+use crate::rules::Standard;
 
 /// The header a request names its version with (as `Pick`'s `version`).
 pub const VERSION_HEADER: &str = "x-rota-version";
@@ -213,7 +213,7 @@ pub fn build(snapshot: &ServiceSnapshot, policy: &Policy, ejected: &dyn Fn(&Inst
     versions.sort_unstable();
     versions.dedup();
     subsets.extend(versions.iter().map(|v| Subset::Version(v.to_string())));
-    let lb = LbChoice::of(&policy.rule.rule);
+    let lb = policy.rule.rule.standard();
     let mut clusters = BTreeMap::new();
     let mut endpoints = BTreeMap::new();
     for subset in &subsets {
@@ -285,14 +285,14 @@ fn no_version_target(snapshot: &ServiceSnapshot, policy: &Policy) -> Subset {
     }
 }
 
-fn route_resource(snapshot: &ServiceSnapshot, policy: &Policy, lb: LbChoice) -> route::RouteConfiguration {
+fn route_resource(snapshot: &ServiceSnapshot, policy: &Policy, lb: Standard) -> route::RouteConfiguration {
     let service = &*snapshot.name;
     let fallback = no_version_target(snapshot, policy);
     let mut versions: Vec<&Arc<str>> =
         snapshot.versions.iter().filter(|(_, s)| !s.is_empty()).map(|(v, _)| v).collect();
     versions.sort_unstable();
     let hash_policy = match lb {
-        LbChoice::RingHash => vec![route::route_action::HashPolicy {
+        Standard::RingHash => vec![route::route_action::HashPolicy {
             policy_specifier: Some(route::route_action::hash_policy::PolicySpecifier::Header(
                 route::route_action::hash_policy::Header { header_name: KEY_HEADER.to_string(), regex_rewrite: None },
             )),
@@ -393,26 +393,6 @@ fn gray_targets(snapshot: &ServiceSnapshot, policy: &Policy, fallback: &Subset) 
     (!weights.is_empty()).then(|| weights.into_iter().collect())
 }
 
-/// The standard gRPC policy closest to a rota rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LbChoice {
-    RoundRobin,
-    LeastRequest,
-    RingHash,
-}
-
-impl LbChoice {
-    pub fn of(rule: &Rule) -> Self {
-        match rule {
-            Rule::ConsistentHash(_) | Rule::Sticky(_) => LbChoice::RingHash,
-            Rule::LeastRequest(_) | Rule::BestAvailable(_) | Rule::ResponseTime(_) | Rule::AvailabilityFiltering(_) => {
-                LbChoice::LeastRequest
-            }
-            _ => LbChoice::RoundRobin,
-        }
-    }
-}
-
 fn policy(name: &str, config: Any) -> cluster::load_balancing_policy::Policy {
     cluster::load_balancing_policy::Policy {
         typed_extension_config: Some(core::TypedExtensionConfig { name: name.to_string(), typed_config: Some(config) }),
@@ -445,25 +425,31 @@ fn rota_policy(service: &str, subset: &Subset, service_policy: &Policy) -> Optio
     })
 }
 
+/// The ring every gRPC client accepts: xxHash is the one hash function gRFC A42 implements
+/// (`DEFAULT_HASH`, murmur, makes grpc-go, grpc-java and grpc-js refuse the cluster).
+fn ring_hash() -> lb::ring_hash::v3::RingHash {
+    lb::ring_hash::v3::RingHash {
+        hash_function: lb::ring_hash::v3::ring_hash::HashFunction::XxHash as i32,
+        ..Default::default()
+    }
+}
+
 fn cluster_resource(
     name: &str,
     service: &str,
     subset: &Subset,
     service_policy: &Policy,
-    lb: LbChoice,
+    lb: Standard,
 ) -> cluster::Cluster {
     // rota's own policy first (a client that registered it gets rota's central rotation with
     // the service's rule), then the standard policy closest to the rule.
     let rota = rota_policy(service, subset, service_policy);
     let round_robin = policy("round_robin", encode(&lb::round_robin::v3::RoundRobin::default()));
     let (legacy, policies) = match lb {
-        LbChoice::RingHash => (
-            cluster::cluster::LbPolicy::RingHash,
-            vec![policy("ring_hash", encode(&lb::ring_hash::v3::RingHash::default()))],
-        ),
-        LbChoice::LeastRequest | LbChoice::RoundRobin => {
+        Standard::RingHash => (cluster::cluster::LbPolicy::RingHash, vec![policy("ring_hash", encode(&ring_hash()))]),
+        Standard::LeastRequest | Standard::RoundRobin => {
             let mut picking: Vec<_> = rota.iter().map(|rota| policy("rota", encode(rota))).collect();
-            if lb == LbChoice::LeastRequest {
+            if lb == Standard::LeastRequest {
                 picking.push(policy("least_request", encode(&lb::least_request::v3::LeastRequest::default())));
             }
             picking.push(round_robin);
@@ -471,7 +457,7 @@ fn cluster_resource(
                 endpoint_picking_policy: Some(cluster::LoadBalancingPolicy { policies: picking }),
             };
             let legacy = match lb {
-                LbChoice::LeastRequest => cluster::cluster::LbPolicy::LeastRequest,
+                Standard::LeastRequest => cluster::cluster::LbPolicy::LeastRequest,
                 _ => cluster::cluster::LbPolicy::RoundRobin,
             };
             (legacy, vec![policy("wrr_locality", encode(&wrr))])

@@ -156,6 +156,28 @@ fn print_config_shows_file_then_environment_then_flags() {
     }
 }
 
+/// What `--print-config` writes, `[[source]]` tables and policies included, is a config file
+/// rota reads back to the same settings.
+#[test]
+fn print_config_output_reads_back() {
+    let path = temp_config("print-sources", "[services.orders]\nrule = \"repeat\"\n");
+    let print = |config: &std::path::Path, extra: &[&str]| {
+        let output = Command::new(BIN)
+            .args(["serve", "--print-config"])
+            .args(extra)
+            .arg("--config")
+            .arg(config)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stdout)
+    };
+    let first = print(&path, &["--source", "dns://api.test:9000?name=api&services=api"]);
+    assert!(first.lines().any(|l| l == "[[source]]"), "{first}");
+    let again = temp_config("print-sources-again", &first);
+    assert_eq!(print(&again, &[]), first);
+}
+
 /// During the warm-up a service never seen is "not back yet" (UNAVAILABLE `warming_up`), not
 /// NOT_FOUND; a bad warm-up value stops rota before it binds.
 #[test]

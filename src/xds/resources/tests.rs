@@ -260,6 +260,22 @@ fn clusters_offer_rotas_policy_then_the_closest_standard_one() {
 }
 
 #[test]
+fn a_ring_names_the_hash_function_grpc_clients_accept() {
+    for rule in ["consistent_hash", "sticky", "retry(rule=consistent_hash)"] {
+        let policy = Policy { rule: Arc::new(crate::rules::parse(rule).unwrap()), ..Policy::default() };
+        let resources = build(&fleet(), &policy, &nothing_ejected);
+        for (name, any) in &resources.clusters {
+            let cluster: cluster::Cluster = decode(any);
+            let top = &cluster.load_balancing_policy.unwrap().policies[0];
+            let config = top.typed_extension_config.as_ref().unwrap();
+            assert_eq!(config.name, "ring_hash", "{rule}: {name}");
+            let ring: lb::ring_hash::v3::RingHash = decode(config.typed_config.as_ref().unwrap());
+            assert_eq!(ring.hash_function, lb::ring_hash::v3::ring_hash::HashFunction::XxHash as i32, "{rule}: {name}");
+        }
+    }
+}
+
+#[test]
 fn names_parse_back_to_their_service_and_subset() {
     for subset in [Subset::Unversioned, Subset::Version("zlt".into()), Subset::Any, Subset::None] {
         let name = cluster_name("echo", &subset);

@@ -10,11 +10,19 @@
 //! - A name that does not exist (NXDOMAIN) or has no records is an empty listing (its removal
 //!   waits `protect_for` like any large one); a server that fails, refuses or does not answer
 //!   within `timeout` leaves the source stale with its last listing.
+//! - What is held is bounded, not only what is applied: an SRV answer's records times their
+//!   targets' addresses stop at `max_instances` (the rest are counted, never built), and one
+//!   read looks up the addresses of at most [`TARGET_LOOKUPS_PER_READ`] targets the answer did
+//!   not carry them for (more fails the read, with the source stale): a hostile answer cannot
+//!   make rota hold millions of instances nor ask its resolver thousands of questions a second.
 //! - Queries go to the `resolver` the source names (`HOST:PORT`), else to the first
 //!   `nameserver` of `/etc/resolv.conf`; over UDP, and again over TCP when the answer is
 //!   truncated. An answer must come from that server and match the question and its id.
 
 pub mod wire;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -41,6 +49,9 @@ pub enum Question {
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 /// SRV targets resolved at once when the answer did not carry their addresses.
 const TARGET_LOOKUPS: usize = 16;
+/// SRV targets one read may look up (two questions each): a name whose answer carries no
+/// addresses for more fails the read rather than multiply its questions.
+pub const TARGET_LOOKUPS_PER_READ: usize = 64;
 /// Largest answer read over TCP.
 const MAX_TCP_ANSWER: usize = 65_535;
 
@@ -101,11 +112,13 @@ impl Dns {
 
     async fn read(&mut self) -> Result<(Listing, Option<u32>), SourceError> {
         let asker = Asker { resolver: self.resolver().await?, timeout: self.timeout };
-        let mut records = Vec::new();
+        let mut capped = Capped::new(self.max_instances);
         let ttl = match self.question.clone() {
             Question::Addresses(name, port) => {
                 let (addresses, ttl) = asker.addresses(&name).await?;
-                records.extend(addresses.into_iter().map(|ip| instance(ip, port, 100, Status::Up, None)));
+                for ip in addresses {
+                    capped.push(1, || instance(ip, port, 100, Status::Up, None));
+                }
                 ttl
             }
             Question::Srv(name) => {
@@ -134,6 +147,14 @@ impl Dns {
                     names.dedup();
                     names
                 };
+                if missing.len() > TARGET_LOOKUPS_PER_READ {
+                    return Err(SourceError::new(format!(
+                        "{name}: the answer names {} targets without their addresses; rota looks up at most \
+                         {TARGET_LOOKUPS_PER_READ} per read (a server that puts the targets' A/AAAA records in \
+                         the answer's additional section needs none)",
+                        missing.len()
+                    )));
+                }
                 for chunk in missing.chunks(TARGET_LOOKUPS) {
                     let mut lookups = Vec::with_capacity(chunk.len());
                     for target in chunk {
@@ -153,16 +174,39 @@ impl Dns {
                 }
                 for (priority, weight, port, target) in srvs {
                     let status = if Some(priority) == lowest { Status::Up } else { Status::Down };
-                    for ip in known.get(&target).into_iter().flatten() {
-                        records.push(instance(*ip, port, u32::from(weight.max(1)), status, Some(&target)));
-                    }
+                    let addresses = known.get(&target).map_or(&[][..], Vec::as_slice);
+                    let mut ips = addresses.iter();
+                    capped.push(addresses.len(), || {
+                        let ip = ips.next().expect("one address per instance asked for");
+                        instance(*ip, port, u32::from(weight.max(1)), status, Some(&target))
+                    });
                 }
                 ttl
             }
         };
-        let mut listing = Listing::default();
-        listing.services.insert(self.service.clone(), records);
+        let mut listing = Listing { left_out: capped.left_out, ..Listing::default() };
+        listing.services.insert(self.service.clone(), capped.records);
         Ok((listing, ttl))
+    }
+}
+
+/// The instances of one read, at most `room` of them: the rest are only counted.
+struct Capped {
+    records: Vec<InstanceRecord>,
+    room: usize,
+    left_out: usize,
+}
+
+impl Capped {
+    fn new(room: usize) -> Self {
+        Self { records: Vec::new(), room, left_out: 0 }
+    }
+
+    /// Keeps as many of `count` instances as there is room for, building only those.
+    fn push(&mut self, count: usize, mut build: impl FnMut() -> InstanceRecord) {
+        let kept = count.min(self.room - self.records.len());
+        self.records.extend((0..kept).map(|_| build()));
+        self.left_out += count - kept;
     }
 }
 

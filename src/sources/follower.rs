@@ -174,7 +174,7 @@ mod tests {
     }
 
     fn listing(records: Vec<InstanceRecord>) -> Listing {
-        Listing { services: [("demo".to_owned(), records)].into(), malformed: vec![] }
+        Listing { services: [("demo".to_owned(), records)].into(), ..Listing::default() }
     }
 
     async fn ids(registry: &Registry) -> Vec<(String, Option<String>)> {

@@ -227,12 +227,11 @@ fn record(r: &mut Reader<'_>) -> Result<Record, String> {
     Ok(Record { name, ttl, data })
 }
 
+/// Answers built by hand, for the tests of the source's reading.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+pub mod testing {
     /// An answer to `query`, with `records` as (name, type, ttl, rdata) in the answer section.
-    fn answer(query: &[u8], rcode: u8, records: &[(&str, u16, u32, Vec<u8>)]) -> Vec<u8> {
+    pub fn answer(query: &[u8], rcode: u8, records: &[(&str, u16, u32, Vec<u8>)]) -> Vec<u8> {
         let mut out = query.to_vec();
         out[2] = 0x81;
         out[3] = 0x80 | rcode;
@@ -256,7 +255,7 @@ mod tests {
         out
     }
 
-    fn srv(priority: u16, weight: u16, port: u16, target: &[u8]) -> Vec<u8> {
+    pub fn srv(priority: u16, weight: u16, port: u16, target: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         for v in [priority, weight, port] {
             out.extend_from_slice(&v.to_be_bytes());
@@ -264,6 +263,12 @@ mod tests {
         out.extend_from_slice(target);
         out
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{answer, srv};
+    use super::*;
 
     #[test]
     fn a_query_and_its_answer_round_trip_with_compressed_names() {

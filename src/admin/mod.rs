@@ -19,6 +19,9 @@
 //! Connections come through the same [front door](crate::listener) as gRPC's, with caps of
 //! their own ([`ADMIN_LIMITS`]: 512 in all, 64 per client address), so idle or half-open admin
 //! connections can neither use up rota's file descriptors nor lock out a probe from elsewhere.
+//! Past the caps, each address may still open two connections of a reserve of 64, which answers
+//! `/healthz` and `/readyz` only, once, within 2 s: clients filling the caps from many addresses
+//! cannot starve a liveness probe.
 //! A connection must send its first byte within 10 s, and every HTTP/1 request head (the
 //! first and each on a kept-alive connection) must arrive whole within [`HEADER_TIMEOUT`] of
 //! rota starting to wait for it, or the connection is closed; an event stream, where the
@@ -186,6 +189,21 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// What a probe-reserve connection is served: the health probes, and for anything else a 503
+/// that says why.
+fn probe_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rota's admin connections are all taken (512 in all, 64 per address): this connection, past them, answers /healthz and /readyz only\n",
+            )
+        })
+        .with_state(state)
+}
+
 /// A gRPC client pointed at this port by mistake gets a gRPC answer that says so, instead of
 /// an HTTP 404 its library reports as "grpc-status header missing".
 async fn not_grpc(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
@@ -257,6 +275,7 @@ pub const ADMIN_LIMITS: ConnectionLimits = ConnectionLimits {
     max_connections_per_peer: 64,
     handshake_timeout: Duration::from_secs(10),
     idle_timeout: Duration::from_secs(365 * 24 * 3600),
+    probe_reserve: 64,
 };
 
 /// How long a request head may take to arrive, counted from when rota waits for it (on a new
@@ -287,6 +306,7 @@ pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
     use hyper_util::service::TowerToHyperService;
 
     let stopping = state.stopping.clone();
+    let probes = probe_router(state.clone());
     let app = router(state);
     let mut incoming = crate::listener::incoming(listener, Admission::new(ADMIN_LIMITS), Http1);
     tokio::spawn(async move {
@@ -304,11 +324,22 @@ pub fn spawn(listener: TcpListener, state: AdminState) -> JoinHandle<()> {
             // HTTP/1 for browsers, scrapers and probes; HTTP/2 too, so that a gRPC client sent
             // here by mistake gets an answer that says so.
             let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            let reserved = conn.reserved();
+            let app = if reserved {
+                // Past the caps: one probe answered, then closed.
+                http.http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(crate::listener::RESERVE_TIMEOUT)
+                    .keep_alive(false);
+                probes.clone()
+            } else {
+                http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+                app.clone()
+            };
             let peer = conn.peer_addr().map(|addr| streams::Peer(addr.ip()));
             let app = match peer {
-                Some(peer) => app.clone().layer(axum::Extension(peer)),
-                None => app.clone(),
+                Some(peer) => app.layer(axum::Extension(peer)),
+                None => app,
             };
             let serving = http.serve_connection(TokioIo::new(conn), TowerToHyperService::new(app));
             let serving = graceful.watch(serving.into_owned());

@@ -52,7 +52,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let grace = settings.shutdown_grace;
-    let wanted = settings.serve.limits.connections.max_connections + crate::admin::ADMIN_LIMITS.max_connections;
+    let admin = crate::admin::ADMIN_LIMITS;
+    let wanted = settings.serve.limits.connections.max_connections + admin.max_connections + admin.probe_reserve;
     crate::listener::raise_open_files_limit(wanted);
     let server = Server::start(settings.serve).await?;
     // The first line of output is the bound address, for scripts and test harnesses; the second

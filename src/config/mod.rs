@@ -296,6 +296,9 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 &table.idle_timeout,
                 defaults.connections.idle_timeout,
             )?,
+            // The gRPC listener has no probe reserve: its health probe is gRPC health, on a
+            // connection a client already holds; the admin listener's probes have one.
+            probe_reserve: 0,
         },
     };
     if limits.max_unread_bytes_per_peer > limits.max_unread_bytes {

@@ -30,11 +30,13 @@ pub const PREFACE_LEN: u64 = 24;
 pub(super) struct Slot {
     pub(super) admission: Arc<Admission>,
     pub(super) peer: std::net::IpAddr,
+    /// A place in the probe reserve, not under the caps.
+    pub(super) reserved: bool,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.admission.release(self.peer);
+        self.admission.release(self.peer, self.reserved);
     }
 }
 
@@ -57,6 +59,12 @@ pub struct Guarded<IO> {
 impl<IO> Guarded<IO> {
     pub(super) fn new(io: IO, slot: Slot, handshake_bytes: u64, handshake: Duration, idle: Duration) -> Self {
         Self { io, timer: Box::pin(tokio::time::sleep(handshake)), read: 0, seen: 0, handshake_bytes, idle, slot }
+    }
+
+    /// Admitted past the caps, to the probe reserve: the server answers its health probes on it
+    /// and nothing else, then closes it.
+    pub fn reserved(&self) -> bool {
+        self.slot.reserved
     }
 
     pub fn get_ref(&self) -> &IO {

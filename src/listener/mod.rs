@@ -35,6 +35,12 @@ pub use guard::{Guarded, PREFACE_LEN};
 
 /// Connections whose handshake finished, waiting for the server to take them.
 const READY_QUEUE: usize = 64;
+/// Probe-reserve connections one client address may hold: a prober opens one at a time (two, so
+/// that one closing as the next opens is no refusal).
+pub const RESERVE_PER_PEER: usize = 2;
+/// Time a probe-reserve connection has for its handshake (and, at the admin server, for its one
+/// request head): a probe asks at once.
+pub const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Bounds on connections, checked before a connection's first byte is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +54,10 @@ pub struct ConnectionLimits {
     pub handshake_timeout: Duration,
     /// Time a connection may go without sending a byte (live clients answer keepalive pings).
     pub idle_timeout: Duration,
+    /// Connections admitted past the caps, at most [`RESERVE_PER_PEER`] per client address, for the server to
+    /// serve its health probes on alone (see [`Guarded::reserved`]): what clients filling the
+    /// caps cannot take from a liveness probe. 0: none.
+    pub probe_reserve: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -57,6 +67,7 @@ impl Default for ConnectionLimits {
             max_connections_per_peer: 256,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            probe_reserve: 0,
         }
     }
 }
@@ -83,6 +94,8 @@ pub struct ConnectionCounts {
     pub open: usize,
     pub refused_total_cap: u64,
     pub refused_peer_cap: u64,
+    /// Connections admitted to the probe reserve, past the caps.
+    pub reserved: u64,
     pub handshake_timeouts: u64,
     pub handshake_failures: u64,
     pub idle_timeouts: u64,
@@ -94,8 +107,11 @@ pub struct Admission {
     limits: ConnectionLimits,
     open: AtomicUsize,
     per_peer: Mutex<HashMap<IpAddr, usize>>,
+    /// Addresses holding probe-reserve connections, and how many (at most [`RESERVE_PER_PEER`]).
+    reserve: Mutex<HashMap<IpAddr, usize>>,
     refused_total_cap: AtomicU64,
     refused_peer_cap: AtomicU64,
+    reserved: AtomicU64,
     handshake_timeouts: AtomicU64,
     handshake_failures: AtomicU64,
     idle_timeouts: AtomicU64,
@@ -107,8 +123,10 @@ impl Admission {
             limits,
             open: AtomicUsize::new(0),
             per_peer: Mutex::new(HashMap::new()),
+            reserve: Mutex::new(HashMap::new()),
             refused_total_cap: AtomicU64::new(0),
             refused_peer_cap: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
             handshake_timeouts: AtomicU64::new(0),
             handshake_failures: AtomicU64::new(0),
             idle_timeouts: AtomicU64::new(0),
@@ -125,6 +143,7 @@ impl Admission {
             open: self.open.load(Ordering::Relaxed),
             refused_total_cap: load(&self.refused_total_cap),
             refused_peer_cap: load(&self.refused_peer_cap),
+            reserved: load(&self.reserved),
             handshake_timeouts: load(&self.handshake_timeouts),
             handshake_failures: load(&self.handshake_failures),
             idle_timeouts: load(&self.idle_timeouts),
@@ -135,24 +154,45 @@ impl Admission {
         self.per_peer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes a place for a connection from `peer`, or says which cap refuses it.
+    /// Takes a place for a connection from `peer`: under the caps, else in the probe reserve
+    /// (a few per address), else none, counted under the cap that refused it.
     fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
         let mut peers = self.peers();
-        if self.open.load(Ordering::Relaxed) >= self.limits.max_connections {
-            self.refused_total_cap.fetch_add(1, Ordering::Relaxed);
-            return None;
+        let refused = if self.open.load(Ordering::Relaxed) >= self.limits.max_connections {
+            &self.refused_total_cap
+        } else {
+            let count = peers.entry(peer).or_default();
+            if *count < self.limits.max_connections_per_peer {
+                *count += 1;
+                self.open.fetch_add(1, Ordering::Relaxed);
+                return Some(Slot { admission: self.clone(), peer, reserved: false });
+            }
+            &self.refused_peer_cap
+        };
+        drop(peers);
+        let mut reserve = self.reserve.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let held: usize = reserve.values().sum();
+        let mine = reserve.get(&peer).copied().unwrap_or(0);
+        if held < self.limits.probe_reserve && mine < RESERVE_PER_PEER {
+            reserve.insert(peer, mine + 1);
+            self.reserved.fetch_add(1, Ordering::Relaxed);
+            return Some(Slot { admission: self.clone(), peer, reserved: true });
         }
-        let count = peers.entry(peer).or_default();
-        if *count >= self.limits.max_connections_per_peer {
-            self.refused_peer_cap.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *count += 1;
-        self.open.fetch_add(1, Ordering::Relaxed);
-        Some(Slot { admission: self.clone(), peer })
+        refused.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
-    fn release(&self, peer: IpAddr) {
+    fn release(&self, peer: IpAddr, reserved: bool) {
+        if reserved {
+            let mut reserve = self.reserve.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(count) = reserve.get_mut(&peer) {
+                *count -= 1;
+                if *count == 0 {
+                    reserve.remove(&peer);
+                }
+            }
+            return;
+        }
         let mut peers = self.peers();
         if let Some(count) = peers.get_mut(&peer) {
             *count -= 1;
@@ -270,8 +310,9 @@ pub fn incoming<H: Handshake>(listener: TcpListener, admission: Arc<Admission>, 
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let io =
-                Guarded::new(tcp, slot, handshaker.handshake_bytes(), limits.handshake_timeout, limits.idle_timeout);
+            let handshake =
+                if slot.reserved { limits.handshake_timeout.min(RESERVE_TIMEOUT) } else { limits.handshake_timeout };
+            let io = Guarded::new(tcp, slot, handshaker.handshake_bytes(), handshake, limits.idle_timeout);
             let (ready, handshaker, admission) = (ready.clone(), handshaker.clone(), admission.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(limits.handshake_timeout, handshaker.handshake(io)).await {

@@ -452,12 +452,13 @@ async fn idle_and_half_sent_admin_connections_are_capped_and_closed() {
     let _provider = server.register(vec![instance("adm", "a", 1)]).await;
     let per_peer = rota::admin::ADMIN_LIMITS.max_connections_per_peer;
 
-    // Connections that never send a byte: the per-address cap holds, the next is closed at once.
+    // Connections that never send a byte: the per-address cap holds, the next is closed.
     let mut idle = Vec::new();
     for _ in 0..per_peer {
         idle.push(connect_from(Ipv4Addr::new(127, 0, 0, 1), addr).await);
     }
     let mut over = connect_from(Ipv4Addr::new(127, 0, 0, 1), addr).await;
+    // (It goes to the probe reserve, which closes it when no probe arrives in 2 s.)
     assert!(closed_within(&mut over, PATIENCE).await, "the connection over the per-address cap is closed");
 
     // A request head that never ends.
@@ -482,4 +483,49 @@ async fn idle_and_half_sent_admin_connections_are_capped_and_closed() {
     // Their places are free again.
     let (status, body) = get(addr, "/healthz").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
+}
+
+/// Idle connections from nine addresses fill the admin listener's caps (512 in all, 64 each);
+/// `/healthz` and `/readyz` from another address are still answered every time, from the probe
+/// reserve, which serves nothing else.
+#[tokio::test]
+async fn health_probes_are_answered_while_idle_connections_fill_the_admin_caps() {
+    use std::net::Ipv4Addr;
+    let limits = rota::admin::ADMIN_LIMITS;
+    // This process holds both ends of every connection.
+    rota::listener::raise_open_files_limit(4 * limits.max_connections);
+    let server = TestServer::start().await;
+    let addr = admin(&server);
+    let mut idle = Vec::new();
+    for host in 2..=10u8 {
+        for _ in 0..limits.max_connections_per_peer {
+            idle.push(connect_from(Ipv4Addr::new(127, 0, 0, host), addr).await);
+        }
+    }
+    // Every attacking address also holds its share of the reserve.
+    for host in 2..=10u8 {
+        for _ in 0..rota::listener::RESERVE_PER_PEER {
+            idle.push(connect_from(Ipv4Addr::new(127, 0, 0, host), addr).await);
+        }
+    }
+    let probe = |path: &'static str| async move {
+        let mut conn = connect_from(Ipv4Addr::new(127, 0, 0, 1), addr).await;
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: rota\r\n\r\n").as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(PATIENCE, conn.read_to_string(&mut answer)).await.unwrap().unwrap();
+        answer
+    };
+    let mut answered = 0;
+    for round in 0..80 {
+        let path = if round % 2 == 0 { "/healthz" } else { "/readyz" };
+        let answer = probe(path).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "probe {round} of {path}: {answer:?}");
+        answered += 1;
+    }
+    assert_eq!(answered, 80);
+    // Anything else on a reserve connection is refused, saying why.
+    let answer = probe("/api/services").await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("answers /healthz and /readyz only"), "{answer}");
+    drop(idle);
 }

@@ -22,6 +22,8 @@
 //!   breaker settings): the config file's layer and runtime overrides from the `Policies` RPCs,
 //!   kept by one writer and published merged, swapped atomically.
 //! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
+//! - [`budget`] — memory held for outside parties, charged to a per-address share and a
+//!   server-wide limit before it is allocated.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
 //! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
@@ -46,6 +48,7 @@
 pub mod admin;
 pub mod auth;
 pub mod balancer;
+pub mod budget;
 pub mod cli;
 pub mod client;
 pub mod config;

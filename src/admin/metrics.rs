@@ -42,6 +42,7 @@ pub fn render(state: &AdminState) -> String {
     render_limits(state, &mut out);
     render_policies(state, &mut out);
     render_xds(state, &mut out);
+    render_memory(state, &mut out);
     render_sources(state, &mut out);
     render_health_checks(state, &mut out);
     out
@@ -139,6 +140,31 @@ fn render_xds(state: &AdminState, out: &mut String) {
     let _ = writeln!(out, "rota_xds_refused_total {}", load(&counters.refused));
     header(out, "rota_xds_builds_total", "counter", "Builds of a service's xDS resources (once per change).");
     let _ = writeln!(out, "rota_xds_builds_total {}", load(&counters.builds));
+}
+
+/// Memory held for outside parties, by class: one family, whatever holds it.
+fn render_memory(state: &AdminState, out: &mut String) {
+    let mut classes: Vec<(&str, usize, usize, usize, u64)> = Vec::new();
+    if let Some((_, _, answers)) = &state.limits {
+        classes.push(("unread_answers", answers.held(), answers.limit(), answers.per_peer_limit(), answers.refused()));
+    }
+    if let Some(hub) = &state.xds {
+        let memory = hub.memory();
+        classes.push((memory.class(), memory.held(), memory.limit(), memory.share(), memory.refused()));
+    }
+    header(out, "rota_memory_held_bytes", "gauge", "Bytes rota holds for outside parties, by class, as charged.");
+    for (class, held, ..) in &classes {
+        let _ = writeln!(out, "rota_memory_held_bytes{{class=\"{class}\"}} {held}");
+    }
+    header(out, "rota_memory_limit_bytes", "gauge", "Each class's budget, in total and per client address.");
+    for (class, _, limit, share, _) in &classes {
+        let _ = writeln!(out, "rota_memory_limit_bytes{{class=\"{class}\",scope=\"total\"}} {limit}");
+        let _ = writeln!(out, "rota_memory_limit_bytes{{class=\"{class}\",scope=\"per_peer\"}} {share}");
+    }
+    header(out, "rota_memory_refused_total", "counter", "Charges refused for want of room, by class.");
+    for (class, .., refused) in &classes {
+        let _ = writeln!(out, "rota_memory_refused_total{{class=\"{class}\"}} {refused}");
+    }
 }
 
 fn render_policies(state: &AdminState, out: &mut String) {

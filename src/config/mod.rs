@@ -226,6 +226,13 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 1..=10_000_000,
                 defaults.xds.max_subscriptions as u64,
             )? as usize,
+            max_bytes: integer(
+                "server.max_xds_bytes",
+                &overrides.max_xds_bytes,
+                table.max_xds_bytes,
+                (1 << 20)..=(64 << 30),
+                defaults.xds.max_bytes as u64,
+            )? as usize,
         },
         max_message_bytes: integer(
             "server.max_message_bytes",
@@ -521,7 +528,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = crate::duration::format;
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -536,6 +543,7 @@ impl Settings {
             self.serve.limits.consumer_streams_per_peer,
             self.serve.limits.xds.max_names_per_stream,
             self.serve.limits.xds.max_subscriptions,
+            self.serve.limits.xds.max_bytes,
             self.serve.limits.max_message_bytes,
             self.serve.limits.concurrent_requests_per_connection,
             self.serve.limits.streams_per_connection,

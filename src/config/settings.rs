@@ -105,6 +105,9 @@ values {
     max_xds_names_per_stream: integer, "ROTA_MAX_XDS_NAMES_PER_STREAM";
     /// Services subscribed to over xDS, summed over every stream [default: 100000].
     max_xds_subscriptions: integer, "ROTA_MAX_XDS_SUBSCRIPTIONS";
+    /// Bytes xDS streams hold for their clients (names, what was sent), summed over every
+    /// stream; one client address may hold a quarter [default: 268435456].
+    max_xds_bytes: integer, "ROTA_MAX_XDS_BYTES";
     /// Largest request message, in bytes [default: 4194304].
     max_message_bytes: integer, "ROTA_MAX_MESSAGE_BYTES";
     /// Requests in progress per connection; more are shed with RESOURCE_EXHAUSTED [default: 1024].

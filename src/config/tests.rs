@@ -239,7 +239,10 @@ fn xds_bounds_are_bounded_and_round_trip() {
         assert_eq!(resolve(None, &total(bad)).unwrap_err().key, "server.max_xds_subscriptions", "{bad}");
     }
     let settings = resolve(None, &Overrides { max_xds_subscriptions: Some("500".into()), ..names("7") }).unwrap();
-    assert_eq!(settings.serve.limits.xds, crate::xds::XdsLimits { max_names_per_stream: 7, max_subscriptions: 500 });
+    assert_eq!(
+        settings.serve.limits.xds,
+        crate::xds::XdsLimits { max_names_per_stream: 7, max_subscriptions: 500, ..Default::default() }
+    );
     let printed = file(&settings.to_toml());
     let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
     assert_eq!(again.serve.limits.xds, settings.serve.limits.xds);

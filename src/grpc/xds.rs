@@ -64,7 +64,7 @@ impl AggregatedDiscoveryService for XdsService {
         let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
         let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
         let mut inbound = request.into_inner();
-        let mut session = Session::new(self.hub.clone(), peer.map(|p| p.to_string()).unwrap_or_default());
+        let mut session = Session::new(self.hub.clone(), peer);
         let mut generations = self.hub.generations();
         let mut drain = self.drain.clone();
         let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);

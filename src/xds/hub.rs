@@ -12,9 +12,13 @@
 //! stream.
 //!
 //! Interest is keyed by names clients send, so it is bounded: a subscription past
-//! [`XdsLimits::max_subscriptions`] across every stream is refused.
+//! [`XdsLimits::max_subscriptions`] across every stream, or past a quarter of it from one
+//! client address, is refused. What each stream holds for its client (its names, what it sent)
+//! is charged to [`Hub::memory`] before it grows: [`XdsLimits::max_bytes`] in all, a quarter of
+//! it per client address.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +28,7 @@ use tokio::time::Instant;
 
 use super::resources::{self, ServiceResources};
 use crate::balancer::Overview;
+use crate::budget::Budget;
 use crate::policy::Policy;
 
 /// How often the hub looks for changes no publication announces.
@@ -36,10 +41,17 @@ pub struct XdsLimits {
     pub max_names_per_stream: usize,
     /// Services subscribed to, summed over every stream.
     pub max_subscriptions: usize,
+    /// Bytes the streams' subscriptions and responses hold, summed over every stream.
+    pub max_bytes: usize,
 }
+
+/// One client address may hold this part of [`XdsLimits::max_subscriptions`] and
+/// [`XdsLimits::max_bytes`]: a quarter, so no one peer can refuse the others.
+pub const PEER_SHARE: usize = 4;
 
 pub const DEFAULT_MAX_NAMES_PER_STREAM: usize = 1_000;
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100_000;
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 /// Longest resource name accepted.
 pub const MAX_NAME_BYTES: usize = 512;
 /// The bytes of every name one stream subscribes to, over all types: what a stream may make
@@ -48,7 +60,11 @@ pub const MAX_NAME_BYTES_PER_STREAM: usize = 256 << 10;
 
 impl Default for XdsLimits {
     fn default() -> Self {
-        Self { max_names_per_stream: DEFAULT_MAX_NAMES_PER_STREAM, max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS }
+        Self {
+            max_names_per_stream: DEFAULT_MAX_NAMES_PER_STREAM,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
     }
 }
 
@@ -86,6 +102,14 @@ struct Watched {
     next_end: Option<Instant>,
 }
 
+/// What the streams subscribed to.
+#[derive(Debug, Default)]
+struct Entries {
+    services: HashMap<Arc<str>, Entry>,
+    /// Subscriptions per client address, for addresses with some.
+    peers: HashMap<IpAddr, usize>,
+}
+
 #[derive(Debug, Default)]
 struct Entry {
     interest: usize,
@@ -107,7 +131,9 @@ pub struct Hub {
     /// During the warm-up, a service seen but whose instances are still arriving is withheld
     /// until they have paused this long (as the gRPC API holds it back).
     settle: Duration,
-    entries: Mutex<HashMap<Arc<str>, Entry>>,
+    entries: Mutex<Entries>,
+    /// What streams hold for their clients.
+    memory: Arc<Budget>,
     warmup_over: AtomicBool,
     watched: Mutex<Watched>,
     generation: watch::Sender<u64>,
@@ -120,13 +146,18 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-/// The subscription was refused: past the bound across every stream.
+/// The subscription was refused: past the bound across every stream, or past one address's
+/// share of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "rota already holds {limit} xDS subscriptions across every stream (server.max_xds_subscriptions); subscribe to fewer resources"
-)]
-pub struct TooManySubscriptions {
-    pub limit: usize,
+pub enum TooManySubscriptions {
+    #[error(
+        "rota already holds {limit} xDS subscriptions across every stream (server.max_xds_subscriptions); subscribe to fewer resources"
+    )]
+    Total { limit: usize },
+    #[error(
+        "{peer} already holds {share} xDS subscriptions, one client address's share (a quarter of server.max_xds_subscriptions); subscribe to fewer resources"
+    )]
+    Peer { peer: IpAddr, share: usize },
 }
 
 /// A resource as a stream looks it up.
@@ -146,7 +177,8 @@ impl Hub {
             limits,
             warmup_ends: Instant::now() + warmup,
             settle,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
+            memory: Budget::new("xds", "server.max_xds_bytes", limits.max_bytes, limits.max_bytes / PEER_SHARE),
             warmup_over: AtomicBool::new(false),
             watched: Mutex::new(Watched::default()),
             generation: watch::Sender::new(0),
@@ -169,17 +201,42 @@ impl Hub {
         self.generation.subscribe()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+    /// What the streams hold for their clients.
+    pub fn memory(&self) -> &Arc<Budget> {
+        &self.memory
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Adds one stream's interest in each of `added` and drops it from each of `removed`;
-    /// refused, changing nothing, when the total would pass the bound.
-    pub fn interest(&self, added: &[Arc<str>], removed: &[Arc<str>]) -> Result<(), TooManySubscriptions> {
-        let mut entries = self.lock();
+    /// refused, changing nothing, when the total would pass the bound or `peer`'s would pass
+    /// its share.
+    pub fn interest(
+        &self,
+        peer: Option<IpAddr>,
+        added: &[Arc<str>],
+        removed: &[Arc<str>],
+    ) -> Result<(), TooManySubscriptions> {
+        let mut guard = self.lock();
+        let Entries { services: entries, peers } = &mut *guard;
         let total = self.counters.subscriptions.load(Ordering::Relaxed);
         if total + added.len() > self.limits.max_subscriptions + removed.len() {
-            return Err(TooManySubscriptions { limit: self.limits.max_subscriptions });
+            return Err(TooManySubscriptions::Total { limit: self.limits.max_subscriptions });
+        }
+        if let Some(peer) = peer {
+            let share = (self.limits.max_subscriptions / PEER_SHARE).max(1);
+            let mine = peers.get(&peer).copied().unwrap_or(0);
+            if added.len() > removed.len() && mine + added.len() - removed.len() > share {
+                return Err(TooManySubscriptions::Peer { peer, share });
+            }
+            let now = mine + added.len() - removed.len();
+            if now == 0 {
+                peers.remove(&peer);
+            } else {
+                peers.insert(peer, now);
+            }
         }
         for service in removed {
             if let Some(entry) = entries.get_mut(service) {
@@ -199,7 +256,7 @@ impl Hub {
 
     /// The resources of `service`, built now if they were not yet.
     pub fn lookup(&self, service: &str) -> Lookup {
-        if let Some(entry) = self.lock().get(service)
+        if let Some(entry) = self.lock().services.get(service)
             && let Some((_, built)) = &entry.built
         {
             return Lookup::Found(built.clone());
@@ -208,7 +265,7 @@ impl Hub {
             Some((snapshot, _)) if self.withheld(&snapshot) => Lookup::Pending,
             Some((snapshot, fingerprint)) => {
                 let built = self.build(&snapshot, &fingerprint);
-                if let Some(entry) = self.lock().get_mut(service)
+                if let Some(entry) = self.lock().services.get_mut(service)
                     && entry.built.is_none()
                 {
                     entry.built = Some((fingerprint, built.clone()));
@@ -253,7 +310,7 @@ impl Hub {
     /// Rebuilds every subscribed service whose fingerprint moved; bumps the generation when one
     /// did (or when a built service is gone).
     pub fn refresh(&self) {
-        let services: Vec<Arc<str>> = self.lock().keys().cloned().collect();
+        let services: Vec<Arc<str>> = self.lock().services.keys().cloned().collect();
         let mut watched = self.lock_watched();
         watched.policies = Some(self.overview.policies_full());
         watched.ejection_changes = self.overview.ejection_changes();
@@ -270,7 +327,8 @@ impl Hub {
     pub fn refresh_services(&self, services: &[Arc<str>]) -> bool {
         let mut changed = false;
         for service in services {
-            let Some(old) = self.lock().get(service).map(|entry| entry.built.as_ref().map(|(f, _)| f.clone())) else {
+            let Some(old) = self.lock().services.get(service).map(|entry| entry.built.as_ref().map(|(f, _)| f.clone()))
+            else {
                 continue;
             };
             match (self.fingerprint(service), old) {
@@ -278,13 +336,13 @@ impl Hub {
                 (Some((snapshot, _)), None) if self.withheld(&snapshot) => {}
                 (Some((snapshot, new)), _) => {
                     let built = self.build(&snapshot, &new);
-                    if let Some(entry) = self.lock().get_mut(service) {
+                    if let Some(entry) = self.lock().services.get_mut(service) {
                         entry.built = Some((new, built));
                         changed = true;
                     }
                 }
                 (None, Some(_)) => {
-                    if let Some(entry) = self.lock().get_mut(service) {
+                    if let Some(entry) = self.lock().services.get_mut(service) {
                         entry.built = None;
                         changed = true;
                     }

@@ -11,10 +11,16 @@
 //! type with a name of a service not seen yet is not answered, so that a client keeps what an
 //! earlier rota told it while providers re-register.
 //!
+//! What a session holds for its client — its names, and what it last sent of each — is charged
+//! to the hub's memory budget before a request grows it (an estimate per name, see
+//! [`held_bytes`]); a request past the client address's share or the server's limit ends the
+//! stream with `RESOURCE_EXHAUSTED`, changing nothing.
+//!
 //! A rejected response (NACK) is counted and logged once per stream; nothing is resent for it,
 //! so a client that rejects in a loop costs one counter increment per request.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -23,7 +29,20 @@ use tracing::warn;
 
 use super::hub::{Hub, Lookup, MAX_NAME_BYTES, MAX_NAME_BYTES_PER_STREAM, TooManySubscriptions};
 use super::resources::{Kind, parse_name};
+use crate::budget::{Charge, OverBudget};
 use crate::registry::truncate;
+
+/// What a stream holds beside its names: the session, its channel, HTTP/2 stream state.
+pub const STREAM_BYTES: usize = 16 << 10;
+/// What one subscribed name holds beside its bytes, which are held twice (the name, and the
+/// last response's record of it): two strings' headers, allocator rounding, tree nodes, the
+/// service's count.
+pub const NAME_BYTES: usize = 192;
+
+/// The memory a session charges for these names, over every type.
+pub fn held_bytes<'a>(names: impl Iterator<Item = &'a String>) -> usize {
+    STREAM_BYTES + names.map(|name| 2 * name.len() + NAME_BYTES).sum::<usize>()
+}
 
 /// Why a stream is ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +59,8 @@ pub enum StreamRefused {
     NamesTooLarge { bytes: usize },
     #[error(transparent)]
     TooManySubscriptions(#[from] TooManySubscriptions),
+    #[error(transparent)]
+    OverBudget(#[from] OverBudget),
 }
 
 #[derive(Debug, Default)]
@@ -64,13 +85,21 @@ pub struct Session {
     services: BTreeMap<Arc<str>, usize>,
     nonces: u64,
     nack_logged: bool,
-    peer: String,
+    peer: Option<SocketAddr>,
+    /// What the session holds for its client, charged to the hub's budget.
+    memory: Charge,
 }
 
 impl Session {
-    pub fn new(hub: Arc<Hub>, peer: String) -> Self {
+    /// A session for a client at `peer` (`None`: counted in the server's bounds only).
+    pub fn new(hub: Arc<Hub>, peer: Option<SocketAddr>) -> Self {
         hub.counters.streams.fetch_add(1, Ordering::Relaxed);
-        Self { hub, types: Default::default(), services: BTreeMap::new(), nonces: 0, nack_logged: false, peer }
+        let memory = hub.memory().charge(peer.map(|p| p.ip()));
+        Self { hub, types: Default::default(), services: BTreeMap::new(), nonces: 0, nack_logged: false, peer, memory }
+    }
+
+    fn ip(&self) -> Option<IpAddr> {
+        self.peer.map(|p| p.ip())
     }
 
     /// Takes one request in; what it makes due is in the next [`Session::responses`].
@@ -101,7 +130,7 @@ impl Session {
                     counters.nacks.fetch_add(1, Ordering::Relaxed);
                     if !self.nack_logged {
                         self.nack_logged = true;
-                        warn!(peer = %self.peer, kind = kind.label(), error = %truncate(&error.message),
+                        warn!(peer = ?self.peer, kind = kind.label(), error = %truncate(&error.message),
                             "an xDS client rejected rota's resources (logged once per stream)");
                     }
                 }
@@ -122,7 +151,18 @@ impl Session {
             counters.refused.fetch_add(1, Ordering::Relaxed);
             return Err(StreamRefused::NamesTooLarge { bytes: after });
         }
-        self.resubscribe(kind, names)?;
+        let others = self.types.iter().enumerate().filter(|(i, _)| *i != kind.index()).flat_map(|(_, t)| &t.names);
+        let held = held_bytes(others.chain(&names));
+        let before = self.memory.bytes();
+        if let Err(over) = self.memory.resize(held) {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(over.into());
+        }
+        if let Err(refused) = self.resubscribe(kind, names) {
+            self.hub.counters.refused.fetch_add(1, Ordering::Relaxed);
+            let _ = self.memory.resize(before);
+            return Err(refused);
+        }
         Ok(())
     }
 
@@ -152,7 +192,7 @@ impl Session {
         }
         let added: Vec<Arc<str>> = next.keys().filter(|s| !self.services.contains_key(*s)).cloned().collect();
         let removed: Vec<Arc<str>> = self.services.keys().filter(|s| !next.contains_key(*s)).cloned().collect();
-        self.hub.interest(&added, &removed)?;
+        self.hub.interest(self.ip(), &added, &removed)?;
         self.services = next;
         let state = &mut self.types[kind.index()];
         state.names = names;
@@ -235,7 +275,7 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         let removed: Vec<Arc<str>> = self.services.keys().cloned().collect();
-        let _ = self.hub.interest(&[], &removed);
+        let _ = self.hub.interest(self.ip(), &[], &removed);
         self.hub.counters.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }

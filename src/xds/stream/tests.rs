@@ -8,8 +8,10 @@ use prost::Message;
 
 use super::*;
 use crate::balancer::Balancer;
+use crate::budget::OverBudget;
 use crate::registry::{InstanceRef, InstanceSpec, Lease, Registry, RegistryConfig};
 use crate::xds::XdsLimits;
+use crate::xds::hub::TooManySubscriptions;
 use crate::xds::resources::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
 
 fn spec(id: &str, version: &str) -> InstanceSpec {
@@ -66,7 +68,7 @@ fn endpoint_ids(response: &DiscoveryResponse) -> Vec<String> {
 async fn a_subscription_is_answered_once_and_again_only_when_its_resources_change() {
     let (hub, lease) =
         hub_with(vec![spec("echo-a", ""), spec("echo-b", "")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
     let first = session.responses();
     assert_eq!(first.len(), 1);
@@ -95,7 +97,7 @@ async fn a_subscription_is_answered_once_and_again_only_when_its_resources_chang
 #[tokio::test(start_paused = true)]
 async fn many_sessions_share_one_build_per_change() {
     let (hub, lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
-    let mut sessions: Vec<Session> = (0..50).map(|i| Session::new(hub.clone(), format!("s{i}"))).collect();
+    let mut sessions: Vec<Session> = (0..50).map(|_| Session::new(hub.clone(), None)).collect();
     for session in &mut sessions {
         session.on_request(ask(CLUSTER_TYPE, &["echo", "echo/none"], "")).unwrap();
         assert_eq!(session.responses()[0].resources.len(), 2);
@@ -113,7 +115,7 @@ async fn many_sessions_share_one_build_per_change() {
 #[tokio::test(start_paused = true)]
 async fn unknown_names_and_services_are_answered_as_absent() {
     let (hub, _lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(LISTENER_TYPE, &["echo", "nobody", "not a name!", "echo/any"], "")).unwrap();
     let response = session.responses();
     assert_eq!(response.len(), 1);
@@ -127,7 +129,7 @@ async fn unknown_names_and_services_are_answered_as_absent() {
 #[tokio::test(start_paused = true)]
 async fn a_nack_is_counted_and_nothing_is_resent_for_it() {
     let (hub, _lease) = hub_with(vec![spec("echo-a", "")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(CLUSTER_TYPE, &["echo"], "")).unwrap();
     let sent = session.responses();
     for _ in 0..100 {
@@ -144,9 +146,9 @@ async fn a_nack_is_counted_and_nothing_is_resent_for_it() {
 
 #[tokio::test(start_paused = true)]
 async fn bounds_refuse_and_change_nothing() {
-    let limits = XdsLimits { max_names_per_stream: 3, max_subscriptions: 4 };
+    let limits = XdsLimits { max_names_per_stream: 3, max_subscriptions: 4, ..XdsLimits::default() };
     let (hub, _lease) = hub_with(vec![spec("echo-a", "")], limits, Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     let refused = session.on_request(ask(CLUSTER_TYPE, &["a", "b", "c", "d"], "")).unwrap_err();
     assert_eq!(refused, StreamRefused::TooManyNames { kind: "cluster", count: 4, limit: 3 });
     let long = "x".repeat(MAX_NAME_BYTES + 1);
@@ -155,9 +157,9 @@ async fn bounds_refuse_and_change_nothing() {
         StreamRefused::NameTooLong { len: MAX_NAME_BYTES + 1 }
     );
     // Names that together pass the bytes a stream may hold (each within bounds, in two types).
-    let big = XdsLimits { max_names_per_stream: 1000, max_subscriptions: 100_000 };
+    let big = XdsLimits { max_names_per_stream: 1000, max_subscriptions: 100_000, ..XdsLimits::default() };
     let (roomy, _lease2) = hub_with(vec![], big, Duration::ZERO).await;
-    let mut hoarder = Session::new(roomy.clone(), "hoarder".into());
+    let mut hoarder = Session::new(roomy.clone(), None);
     let names: Vec<String> = (0..600).map(|i| format!("{i:0>500}")).collect();
     let half: Vec<&str> = names[..300].iter().map(String::as_str).collect();
     hoarder.on_request(ask(CLUSTER_TYPE, &half, "")).unwrap();
@@ -169,7 +171,7 @@ async fn bounds_refuse_and_change_nothing() {
     assert!(hoarder.responses().iter().all(|r| r.type_url == CLUSTER_TYPE), "no listener subscription was taken");
 
     session.on_request(ask(CLUSTER_TYPE, &["s1", "s2", "s3"], "")).unwrap();
-    let mut other = Session::new(hub.clone(), "other".into());
+    let mut other = Session::new(hub.clone(), None);
     other.on_request(ask(LISTENER_TYPE, &["s4"], "")).unwrap();
     // A fifth service across both streams passes the total.
     let refused = other.on_request(ask(LISTENER_TYPE, &["s4", "s5"], "")).unwrap_err();
@@ -183,7 +185,7 @@ async fn bounds_refuse_and_change_nothing() {
 #[tokio::test(start_paused = true)]
 async fn during_the_warmup_a_service_not_seen_yet_is_withheld_not_absent() {
     let (hub, lease) = hub_with(vec![], XdsLimits::default(), Duration::from_secs(10)).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(LISTENER_TYPE, &["echo"], "")).unwrap();
     assert!(session.responses().is_empty(), "withheld: the client keeps what it had");
     // The first instance back does not open the service: its peers are still arriving.
@@ -201,7 +203,7 @@ async fn during_the_warmup_a_service_not_seen_yet_is_withheld_not_absent() {
     let response = session.responses();
     assert_eq!(response.len(), 1);
     assert_eq!(response[0].resources.len(), 1);
-    let mut endpoints = Session::new(hub.clone(), "endpoints".into());
+    let mut endpoints = Session::new(hub.clone(), None);
     endpoints.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
     let assignment = ClusterLoadAssignment::decode(&*endpoints.responses()[0].resources[0].value).unwrap();
     assert_eq!(assignment.endpoints.iter().map(|l| l.lb_endpoints.len()).sum::<usize>(), 2, "both instances at once");
@@ -212,7 +214,7 @@ async fn during_the_warmup_a_service_not_seen_yet_is_withheld_not_absent() {
     assert_eq!(endpoints.responses().len(), 1, "echo-c pushed at once");
 
     // Another service, still unseen when the warm-up ends: answered absent then.
-    let mut late = Session::new(hub.clone(), "late".into());
+    let mut late = Session::new(hub.clone(), None);
     late.on_request(ask(LISTENER_TYPE, &["other"], "")).unwrap();
     assert!(late.responses().is_empty());
     tokio::time::advance(Duration::from_secs(8)).await;
@@ -229,7 +231,7 @@ async fn a_tripped_breaker_is_pushed_and_its_end_too() {
         Duration::ZERO,
     )
     .await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
     let healthy = |response: &DiscoveryResponse| -> Vec<String> {
         let assignment = ClusterLoadAssignment::decode(&*response.resources[0].value).unwrap();
@@ -275,7 +277,7 @@ async fn a_tripped_breaker_is_pushed_and_its_end_too() {
 #[tokio::test(start_paused = true)]
 async fn a_new_policy_is_pushed_at_the_next_tick() {
     let (hub, _lease) = hub_with(vec![spec("echo-zlt", "zlt")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(crate::xds::resources::ROUTE_TYPE, &["echo"], "")).unwrap();
     let plain_cluster = |response: &DiscoveryResponse| {
         use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
@@ -303,7 +305,7 @@ async fn a_new_policy_is_pushed_at_the_next_tick() {
 async fn a_change_resends_only_the_types_whose_resources_moved() {
     let (hub, lease) =
         hub_with(vec![spec("echo-a", ""), spec("echo-b", "")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(LISTENER_TYPE, &["echo"], "")).unwrap();
     session.on_request(ask(CLUSTER_TYPE, &["echo"], "")).unwrap();
     session.on_request(ask(ENDPOINT_TYPE, &["echo"], "")).unwrap();
@@ -319,7 +321,7 @@ async fn a_cluster_still_asked_for_is_removed_only_after_the_routes_away_from_it
     use crate::xds::resources::ROUTE_TYPE;
     let (hub, lease) =
         hub_with(vec![spec("echo-a", ""), spec("echo-zlt", "zlt")], XdsLimits::default(), Duration::ZERO).await;
-    let mut session = Session::new(hub.clone(), "test".into());
+    let mut session = Session::new(hub.clone(), None);
     session.on_request(ask(ROUTE_TYPE, &["echo"], "")).unwrap();
     session.on_request(ask(CLUSTER_TYPE, &["echo", "echo/version/zlt"], "")).unwrap();
     let first = session.responses();
@@ -345,4 +347,80 @@ async fn a_cluster_still_asked_for_is_removed_only_after_the_routes_away_from_it
     let clusters = session.responses();
     assert_eq!(clusters.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [CLUSTER_TYPE]);
     assert_eq!(clusters[0].resources.len(), 1, "only the unversioned cluster is left");
+}
+
+fn peer(last: u8) -> Option<std::net::SocketAddr> {
+    Some(std::net::SocketAddr::from(([127, 0, 0, last], 5000)))
+}
+
+fn names(prefix: &str, count: usize, len: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i:0>width$}", width = len - prefix.len())).collect()
+}
+
+fn asking(type_url: &str, names: &[String]) -> DiscoveryRequest {
+    ask(type_url, &names.iter().map(String::as_str).collect::<Vec<_>>(), "")
+}
+
+/// One client address holds at most a quarter of the subscriptions across every stream; others
+/// still subscribe.
+#[tokio::test(start_paused = true)]
+async fn one_address_holds_at_most_its_share_of_the_subscriptions() {
+    let limits = XdsLimits { max_names_per_stream: 1000, max_subscriptions: 400, ..XdsLimits::default() };
+    let (hub, _lease) = hub_with(vec![], limits, Duration::ZERO).await;
+    let mut streams: Vec<Session> = Vec::new();
+    for i in 0..4 {
+        let mut session = Session::new(hub.clone(), peer(2));
+        session.on_request(asking(LISTENER_TYPE, &names(&format!("h{i}-"), 25, 8))).unwrap();
+        streams.push(session);
+    }
+    let mut over = Session::new(hub.clone(), peer(2));
+    let refused = over.on_request(asking(LISTENER_TYPE, &names("over-", 1, 8))).unwrap_err();
+    assert_eq!(
+        refused,
+        StreamRefused::TooManySubscriptions(TooManySubscriptions::Peer { peer: peer(2).unwrap().ip(), share: 100 })
+    );
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 100, "the refusal changed nothing");
+    let mut other = Session::new(hub.clone(), peer(3));
+    other.on_request(asking(LISTENER_TYPE, &names("o-", 100, 8))).unwrap();
+    // A stream that goes gives its address room again.
+    streams.pop();
+    over.on_request(asking(LISTENER_TYPE, &names("over-", 25, 8))).unwrap();
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 200);
+}
+
+/// What streams hold for their clients is charged before it grows: one address is held to a
+/// quarter of `max_xds_bytes`, every stream together to all of it, and a refused request
+/// changes nothing.
+#[tokio::test(start_paused = true)]
+async fn streams_hold_at_most_the_memory_budget_and_one_address_its_quarter() {
+    let limits = XdsLimits { max_names_per_stream: 1000, max_bytes: 1 << 20, ..XdsLimits::default() };
+    let (hub, _lease) = hub_with(vec![], limits, Duration::ZERO).await;
+    let memory = hub.memory().clone();
+    let listeners = names("a-", 500, 100);
+    let mut first = Session::new(hub.clone(), peer(2));
+    first.on_request(asking(LISTENER_TYPE, &listeners)).unwrap();
+    assert_eq!(memory.held(), held_bytes(listeners.iter()));
+    let mut second = Session::new(hub.clone(), peer(2));
+    let refused = second.on_request(asking(CLUSTER_TYPE, &names("b-", 300, 100))).unwrap_err();
+    assert!(matches!(refused, StreamRefused::OverBudget(OverBudget::Share { .. })), "{refused}");
+    assert!(refused.to_string().contains("server.max_xds_bytes"), "{refused}");
+    assert_eq!(memory.held(), held_bytes(listeners.iter()), "the refusal changed nothing");
+    assert_eq!(hub.counters.subscriptions.load(Ordering::Relaxed), 500);
+
+    // Other addresses fill the rest; past it, every address is refused.
+    let mut others = Vec::new();
+    for host in 3..=5 {
+        let mut session = Session::new(hub.clone(), peer(host));
+        session.on_request(asking(LISTENER_TYPE, &names(&format!("{host}-"), 500, 100))).unwrap();
+        others.push(session);
+    }
+    let mut late = Session::new(hub.clone(), peer(6));
+    let refused = late.on_request(asking(LISTENER_TYPE, &names("late-", 500, 100))).unwrap_err();
+    assert!(matches!(refused, StreamRefused::OverBudget(OverBudget::Total { .. })), "{refused}");
+    assert!(memory.held() <= memory.limit());
+    // Fewer names shrink the charge; closed streams give theirs back.
+    first.on_request(asking(LISTENER_TYPE, &listeners[..10])).unwrap();
+    assert_eq!(memory.held_by(peer(2).unwrap().ip()), held_bytes(listeners[..10].iter()));
+    drop((first, second, others, late));
+    assert_eq!(memory.held(), 0);
 }

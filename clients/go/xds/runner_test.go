@@ -134,7 +134,7 @@ func TestKeyedExpectation(t *testing.T) {
 		{"across consumers, a failure aside", []result{call(0, 2, "a"), call(1, 2, "c"), failed, call(0, 2, "a"), call(1, 2, "c")}, ""},
 		{"a key on two instances", []result{call(0, 2, "a"), call(1, 2, "b"), call(2, 2, "b")}, "1 of 2 keys reached more than one instance: key-0 reached map[a:1 b:1]"},
 		// A rotation over as many instances as there are keys sends each key to one instance:
-		// hence the scenarios' key counts, no multiple of their instance counts.
+		// hence the scenarios' key counts, which share no factor with their instance counts.
 		{"round robin over three with three keys", roundRobin, ""},
 		{"round robin over three with two keys", []result{call(0, 2, "a"), call(1, 2, "b"), call(2, 2, "c"), call(3, 2, "a")}, "2 of 2 keys reached more than one instance"},
 		{"no key", []result{call(0, 0, "a")}, "carried no key"},

@@ -72,7 +72,7 @@ func TestXDSThroughput(t *testing.T) {
 		readyCtx, readyCancel := context.WithTimeout(ctx, 30*time.Second)
 		seen := map[string]bool{}
 		for len(seen) < len(ids) {
-			results, err := ch.consumer.calls(readyCtx, 30, "", deadline)
+			results, err := ch.consumer.calls(readyCtx, 30, "", 0, deadline)
 			if err != nil {
 				readyCancel()
 				t.Fatalf("%s: not answering from all of %v (answered from %v): %v", ch.name, ids, seen, err)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
@@ -42,12 +43,13 @@ const policyEnv = "ROTA_XDS_POLICY_SERVER"
 // under grpc-go's round_robin, for the throughput comparison (bench_test.go).
 const staticScheme = "static"
 
-// batch is one request to a consumer process: make Calls calls, one after another; or, with
-// DurationMS set, call with Workers concurrent callers for that long and answer with one
-// throughputLine.
+// batch is one request to a consumer process: make Calls calls, one after another (call i with
+// x-rota-key: keyName(i, Keys) when Keys > 0); or, with DurationMS set, call with Workers
+// concurrent callers for that long and answer with one throughputLine.
 type batch struct {
 	Calls      int    `json:"calls"`
 	Version    string `json:"version,omitempty"`
+	Keys       int    `json:"keys,omitempty"`
 	DeadlineMS int    `json:"deadline_ms"`
 	DurationMS int    `json:"duration_ms,omitempty"`
 	Workers    int    `json:"workers,omitempty"`
@@ -79,6 +81,20 @@ type result struct {
 	start    time.Time
 	instance string
 	err      error
+	// key is the x-rota-key the call sent, or "" for none.
+	key string
+}
+
+// keyHeader is the metadata rota's ring_hash routes hash (docs/xds.md).
+const keyHeader = "x-rota-key"
+
+// keyName is the key call i of a batch sends among keys keys (clients/conformance/xds/README.md):
+// key-(i mod keys), or none when keys is 0.
+func keyName(i, keys int) string {
+	if keys <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("key-%d", i%keys)
 }
 
 // consumerMain runs in a consumer process: one channel to the target through grpc-go's xDS
@@ -123,8 +139,12 @@ func consumerMain() int {
 			}
 		}
 		for i := 0; i < b.Calls; i++ {
+			ctx := context.Background()
+			if key := keyName(i, b.Keys); key != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, keyHeader, key)
+			}
 			start := time.Now()
-			r := echo.Calls(context.Background(), conn, 1, b.Version, time.Duration(b.DeadlineMS)*time.Millisecond)[0]
+			r := echo.Calls(ctx, conn, 1, b.Version, time.Duration(b.DeadlineMS)*time.Millisecond)[0]
 			line := callLine{Start: start.UnixNano(), Instance: r.Instance}
 			if r.Err != nil {
 				st := status.Convert(r.Err)
@@ -243,9 +263,10 @@ func startConsumer(target, bootstrap, policyServer, logFile string) (*consumer, 
 	return c, nil
 }
 
-// calls has the process make n calls and returns their outcomes, in order; ctx bounds the wait.
-func (c *consumer) calls(ctx context.Context, n int, version string, deadline time.Duration) ([]result, error) {
-	line, err := json.Marshal(batch{Calls: n, Version: version, DeadlineMS: int(deadline / time.Millisecond)})
+// calls has the process make n calls (call i with the key keyName(i, keys)) and returns their
+// outcomes, in order; ctx bounds the wait.
+func (c *consumer) calls(ctx context.Context, n int, version string, keys int, deadline time.Duration) ([]result, error) {
+	line, err := json.Marshal(batch{Calls: n, Version: version, Keys: keys, DeadlineMS: int(deadline / time.Millisecond)})
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +286,7 @@ func (c *consumer) calls(ctx context.Context, n int, version string, deadline ti
 				done <- answer{nil, fmt.Errorf("consumer process printed %q: %w", c.stdout.Text(), err)}
 				return
 			}
-			r := result{start: time.Unix(0, l.Start), instance: l.Instance}
+			r := result{start: time.Unix(0, l.Start), instance: l.Instance, key: keyName(len(results), keys)}
 			if l.Instance == "" {
 				r.err = status.Error(codes.Code(l.Code), l.Message)
 			}

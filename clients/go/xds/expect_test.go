@@ -3,6 +3,7 @@ package xds
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -31,6 +32,9 @@ type expect struct {
 	// (across all the step's consumers), and each reached the instance of these ids (in id
 	// order) that the service's rule maps its ticket to.
 	Rotation []string `json:"rotation"`
+	// Keyed: all answered calls that carried the same x-rota-key (the step's keys) reached one
+	// instance, across the step's consumers.
+	Keyed bool `json:"keyed"`
 }
 
 // codeName is a status code's canonical name, as the scenarios write it (UNAVAILABLE, …).
@@ -113,6 +117,11 @@ func checkExpect(e *expect, rule string, results []result, calls []echo.Call) er
 			return err
 		}
 	}
+	if e.Keyed {
+		if err := checkKeyed(results); err != nil {
+			return err
+		}
+	}
 	if e.Balanced {
 		most, fewest := 0, len(reached)
 		for _, id := range e.Only {
@@ -121,6 +130,44 @@ func checkExpect(e *expect, rule string, results []result, calls []echo.Call) er
 		if bound := max(2, len(reached)/10); most-fewest > bound {
 			return fmt.Errorf("calls per instance %v differ by %d, more than %d", got, most-fewest, bound)
 		}
+	}
+	return nil
+}
+
+// checkKeyed: every answered call carried a key, and all answered calls with the same key
+// reached one instance. The error names the first keys (in key order) that reached more than
+// one, with their calls per instance.
+func checkKeyed(results []result) error {
+	byKey := map[string]map[string]int{}
+	answered := 0
+	for _, r := range results {
+		if r.err != nil {
+			continue
+		}
+		if r.key == "" {
+			return fmt.Errorf("keyed: a call to %s carried no key", r.instance)
+		}
+		answered++
+		if byKey[r.key] == nil {
+			byKey[r.key] = map[string]int{}
+		}
+		byKey[r.key][r.instance]++
+	}
+	if answered == 0 {
+		return fmt.Errorf("keyed: no call was answered")
+	}
+	var split []string
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		if len(byKey[key]) > 1 {
+			split = append(split, fmt.Sprintf("%s reached %v", key, byKey[key]))
+		}
+	}
+	if len(split) > 0 {
+		shown := strings.Join(split[:min(len(split), 5)], "; ")
+		if len(split) > 5 {
+			shown += "; …"
+		}
+		return fmt.Errorf("keyed: %d of %d keys reached more than one instance: %s", len(split), len(byKey), shown)
 	}
 	return nil
 }

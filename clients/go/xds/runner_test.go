@@ -39,6 +39,11 @@ func TestScenarioKeys(t *testing.T) {
 		`{"name": "x", "instances": [], "steps": [{"within_ms": 1}]}`,
 		`{"name": "x", "instances": [], "steps": [{"calls": 1, "expect": {"rotation": ["a"]}}]}`,
 		`{"name": "x", "rota_policy": true, "instances": [], "steps": [{"calls": 1, "expect": {"runs": 3}}]}`,
+		`{"name": "x", "instances": [], "steps": [{"calls": 1, "key": 2}]}`,
+		`{"name": "x", "instances": [], "steps": [{"calls": 1, "expect": {"keyd": true}}]}`,
+		`{"name": "x", "instances": [], "steps": [{"calls": 1, "expect": {"keyed": true}}]}`,
+		`{"name": "x", "instances": [], "steps": [{"calls": 1, "keys": -1}]}`,
+		`{"name": "x", "instances": [], "steps": [{"withdraw": "a", "within_ms": 1, "keys": 2}]}`,
 	} {
 		if _, err := decodeScenario([]byte(raw)); err == nil {
 			t.Errorf("accepted %s", raw)
@@ -46,8 +51,10 @@ func TestScenarioKeys(t *testing.T) {
 	}
 	sc, err := decodeScenario([]byte(`{"name": "x", "instances": [{"id": "a"}], "policy": {"isolationFallback": "ISOLATION_FALLBACK_ANY"},
 		"steps": [{"drain": "a", "within_ms": 1000, "version": "v"}, {"trip": "a", "within_ms": 10},
-		{"calls": 1, "deadline_ms": 300, "expect": {"failures": 1, "codes": ["UNAVAILABLE"]}}]}`))
-	if err != nil || sc.Steps[0].Drain != "a" || sc.Steps[1].Trip != "a" || sc.Steps[2].Expect.Codes[0] != "UNAVAILABLE" {
+		{"calls": 1, "deadline_ms": 300, "expect": {"failures": 1, "codes": ["UNAVAILABLE"]}},
+		{"calls": 4, "keys": 2, "expect": {"keyed": true}}]}`))
+	if err != nil || sc.Steps[0].Drain != "a" || sc.Steps[1].Trip != "a" || sc.Steps[2].Expect.Codes[0] != "UNAVAILABLE" ||
+		sc.Steps[3].Keys != 2 || !sc.Steps[3].Expect.Keyed {
 		t.Fatalf("a valid scenario: %+v, %v", sc, err)
 	}
 }
@@ -107,4 +114,51 @@ func TestCodesExpectation(t *testing.T) {
 			t.Errorf("codes %v: %v, want an error with %q", c.codes, err, c.fails)
 		}
 	}
+}
+
+// keyed holds when every answered call carried a key and each key reached one instance; the
+// calls of a round-robin client, which ignores the key, fail it.
+func TestKeyedExpectation(t *testing.T) {
+	call := func(i, keys int, id string) result { return result{instance: id, key: keyName(i, keys)} }
+	failed := result{key: "key-0", err: status.Error(codes.Unavailable, "x")}
+	var roundRobin []result
+	for i := range 6 {
+		roundRobin = append(roundRobin, call(i, 3, []string{"a", "b", "c"}[i%3]))
+	}
+	for _, c := range []struct {
+		name    string
+		results []result
+		fails   string
+	}{
+		{"each key one instance", []result{call(0, 2, "a"), call(1, 2, "b"), call(2, 2, "a"), call(3, 2, "b")}, ""},
+		{"across consumers, a failure aside", []result{call(0, 2, "a"), call(1, 2, "c"), failed, call(0, 2, "a"), call(1, 2, "c")}, ""},
+		{"a key on two instances", []result{call(0, 2, "a"), call(1, 2, "b"), call(2, 2, "b")}, "1 of 2 keys reached more than one instance: key-0 reached map[a:1 b:1]"},
+		// A rotation over as many instances as there are keys sends each key to one instance:
+		// hence the scenarios' key counts, which share no factor with their instance counts.
+		{"round robin over three with three keys", roundRobin, ""},
+		{"round robin over three with two keys", []result{call(0, 2, "a"), call(1, 2, "b"), call(2, 2, "c"), call(3, 2, "a")}, "2 of 2 keys reached more than one instance"},
+		{"no key", []result{call(0, 0, "a")}, "carried no key"},
+		{"nothing answered", []result{failed}, "no call was answered"},
+	} {
+		err := checkExpect(&expect{Keyed: true}, "round_robin", c.results, make([]echo.Call, len(c.results)-countFailed(c.results)))
+		switch {
+		case c.fails == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.fails != "" && (err == nil || !strings.Contains(err.Error(), c.fails)):
+			t.Errorf("%s: %v, want an error with %q", c.name, err, c.fails)
+		}
+	}
+	if keyName(7, 3) != "key-1" || keyName(7, 0) != "" {
+		t.Fatalf("keyName(7, 3) = %q, keyName(7, 0) = %q", keyName(7, 3), keyName(7, 0))
+	}
+}
+
+func countFailed(results []result) int {
+	n := 0
+	for _, r := range results {
+		if r.err != nil {
+			n++
+		}
+	}
+	return n
 }

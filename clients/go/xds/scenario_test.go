@@ -47,9 +47,11 @@ type scenario struct {
 }
 
 type step struct {
-	Calls       int     `json:"calls"`
-	Consumers   int     `json:"consumers"`
-	Version     string  `json:"version"`
+	Calls     int    `json:"calls"`
+	Consumers int    `json:"consumers"`
+	Version   string `json:"version"`
+	// Keys: call i of each consumer (from 0, within the step) sends x-rota-key: key-(i mod Keys).
+	Keys        int     `json:"keys"`
 	DeadlineMS  int     `json:"deadline_ms"`
 	Expect      *expect `json:"expect"`
 	Withdraw    string  `json:"withdraw"`
@@ -85,6 +87,12 @@ func decodeScenario(raw []byte) (scenario, error) {
 		}
 		if s.Expect != nil && len(s.Expect.Rotation) > 0 && !sc.RotaPolicy {
 			return sc, fmt.Errorf("step %d expects a rotation, which only a rota_policy scenario's calls carry tickets of", i)
+		}
+		if s.Keys < 0 || (s.Keys > 0 && s.Calls == 0) {
+			return sc, fmt.Errorf("step %d: keys %d, which only a calls step takes, as a positive count", i, s.Keys)
+		}
+		if s.Expect != nil && s.Expect.Keyed && s.Keys == 0 {
+			return sc, fmt.Errorf("step %d expects keyed calls and sends no keys", i)
 		}
 	}
 	return sc, nil
@@ -378,7 +386,7 @@ func (r *run) noCallsAfter(ctx context.Context, i int, s step, id, what string, 
 	var late []string
 	made, after := 0, 0
 	for time.Since(at) <= bound || after < 20 {
-		results, err := r.consumer.calls(ctx, 1, s.Version, 5*time.Second)
+		results, err := r.consumer.calls(ctx, 1, s.Version, 0, 5*time.Second)
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
@@ -421,7 +429,7 @@ func (r *run) calls(ctx context.Context, i int, s step) {
 	for n, c := range consumers {
 		answers[n] = make(chan answer, 1)
 		go func() {
-			results, err := c.calls(ctx, s.Calls, s.Version, deadline)
+			results, err := c.calls(ctx, s.Calls, s.Version, s.Keys, deadline)
 			answers[n] <- answer{results, err}
 		}()
 	}

@@ -56,6 +56,8 @@ class Received:
     ticket: str | None
     version: str | None
     at: float
+    #: The call's ``x-rota-key`` metadata (the xDS scenarios' keys), if any.
+    key: str | None = None
 
 
 class _Recorder(grpc.ServerInterceptor):
@@ -65,7 +67,11 @@ class _Recorder(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         md = dict(details.invocation_metadata)
-        self.fleet.record(Received(self.instance, md.get("x-rota-ticket"), md.get("x-rota-version"), time.monotonic()))
+        self.fleet.record(
+            Received(
+                self.instance, md.get("x-rota-ticket"), md.get("x-rota-version"), time.monotonic(), md.get("x-rota-key")
+            )
+        )
         return continuation(details)
 
 

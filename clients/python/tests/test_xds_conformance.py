@@ -3,12 +3,12 @@ own xDS client (C-core): a channel to ``xds:///echo`` with rota as its only cont
 
 The channel runner (test_channel_conformance.py) sets up rota, the echo fleet, the registrations
 and the policy, and runs the steps the two formats share; this one adds the ``drain`` and
-``trip`` steps, the ``version`` of ``withdraw`` and the ``codes`` expectation. grpcio keeps one
-xDS client per process, read from the bootstrap once, so every consumer is an
-``xds_consumer.py`` process of its own, started for its scenario with a bootstrap (a temporary
-file) naming the scenario's rota and nothing else. The consumers' stderr (with grpc's xds_client
-and xds_resolver traces unless ``GRPC_TRACE`` is set) goes to a log beside the bootstrap; its
-errors and last lines are shown when a step fails.
+``trip`` steps, the ``version`` of ``withdraw``, the ``keys`` of ``calls`` and the ``codes`` and
+``keyed`` expectations. grpcio keeps one xDS client per process, read from the bootstrap once, so
+every consumer is an ``xds_consumer.py`` process of its own, started for its scenario with a
+bootstrap (a temporary file) naming the scenario's rota and nothing else. The consumers' stderr
+(with grpc's xds_client and xds_resolver traces unless ``GRPC_TRACE`` is set) goes to a log beside
+the bootstrap; its errors and last lines are shown when a step fails.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import selectors
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,12 @@ SKIP: dict[str, str] = {}
 XDS_SCENARIO_KEYS = (SCENARIO_KEYS - {"rule"}) | {"rota_policy"}
 XDS_STEP_KEYS = {
     **{k: v for k, v in STEP_KEYS.items() if k != "await_leases"},
+    "calls": STEP_KEYS["calls"] | {"keys"},
     "withdraw": STEP_KEYS["withdraw"] | {"version"},
     "drain": {"drain", "within_ms", "version"},
     "trip": {"trip", "within_ms", "version"},
 }
-XDS_EXPECT_KEYS = (EXPECT_KEYS - {"leased", "rotation", "runs"}) | {"codes"}
+XDS_EXPECT_KEYS = (EXPECT_KEYS - {"leased", "rotation", "runs"}) | {"codes", "keyed"}
 #: Scenarios with "rota_policy": true need rota's own load-balancing policy registered in the
 #: client; it exists for Go and Java only, so grpcio (which takes the standard policy after it in
 #: rota's clusters) skips them.
@@ -87,6 +89,14 @@ def validate_xds(scenario: dict[str, Any]) -> None:
         unknown = set(step.get("expect", {}).get("codes", [])) - known
         if unknown:
             raise ScenarioError(f"steps[{i}].expect.codes: no status code is named {sorted(unknown)}")
+        keys = step.get("keys")
+        if keys is not None and (type(keys) is not int or keys < 1):
+            raise ScenarioError(f"steps[{i}].keys must be a count of at least 1, got {keys!r}")
+        keyed = step.get("expect", {}).get("keyed")
+        if keyed is not None and keyed is not True:
+            raise ScenarioError(f"steps[{i}].expect.keyed can only be true, got {keyed!r}")
+        if keyed and keys is None:
+            raise ScenarioError(f"steps[{i}] expects keyed calls and sends no keys")
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,20 @@ def check_codes(expected: list[str], failures: list[Failure]) -> None:
     """The ``codes`` expectation: every failed call's status code is one of ``expected``."""
     wrong = [str(f) for f in failures if f.code not in expected]
     assert not wrong, f"failed calls with codes other than {expected}: {wrong[:5]}"
+
+
+def check_keyed(received: list[Received]) -> None:
+    """The ``keyed`` expectation, over the calls the instances received (every consumer's): each
+    carried an ``x-rota-key``, and all with the same key reached one instance."""
+    assert received, "keyed: no instance received a call"
+    unkeyed = [r.instance for r in received if r.key is None]
+    assert not unkeyed, f"keyed: {len(unkeyed)} calls carried no key, to {sorted(set(unkeyed))}"
+    by_key: dict[str, Counter[str]] = {}
+    for r in received:
+        by_key.setdefault(str(r.key), Counter())[r.instance] += 1
+    split = [f"{key} reached {dict(sorted(n.items()))}" for key, n in sorted(by_key.items()) if len(n) > 1]
+    shown = "; ".join(split[:5])
+    assert not split, f"keyed: {len(split)} of {len(by_key)} keys reached more than one instance: {shown}"
 
 
 def write_bootstrap(folder: Path, address: str) -> Path:
@@ -142,10 +166,12 @@ class XdsConsumer:
             )
         self.pending = 0.0
 
-    def request(self, calls: int, version: str, deadline_ms: int) -> None:
-        """Starts ``calls`` calls, one after another; :meth:`answer` waits for their outcome."""
+    def request(self, calls: int, version: str, deadline_ms: int, keys: int = 0) -> None:
+        """Starts ``calls`` calls, one after another (call i with ``x-rota-key: key-(i mod keys)``
+        when ``keys`` is above 0); :meth:`answer` waits for their outcome."""
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"calls": calls, "version": version, "deadline_ms": deadline_ms}) + "\n")
+        request = {"calls": calls, "version": version, "keys": keys, "deadline_ms": deadline_ms}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         self.pending = calls * deadline_ms / 1000 + ANSWER_MARGIN
 
@@ -274,7 +300,7 @@ class XdsRunner(Runner):
         before = len(self.fleet.received)
         try:
             for consumer in consumers:
-                consumer.request(n, version, deadline_ms)
+                consumer.request(n, version, deadline_ms, step.get("keys", 0))
             failures = [f for consumer in consumers for f in consumer.answer()]
         finally:
             for consumer in consumers[1:]:
@@ -284,6 +310,8 @@ class XdsRunner(Runner):
         self.check(expect, received, [str(f) for f in failures], n * len(consumers))
         if "codes" in expect:
             check_codes(expect["codes"], failures)
+        if expect.get("keyed"):
+            check_keyed(received)
 
     def close(self) -> None:
         try:
@@ -339,12 +367,31 @@ def test_every_xds_scenario_is_run_or_listed() -> None:
         ({"steps": [{"kill": "a", "version": "v"}]}, "version"),
         ({"steps": [{"calls": 1, "expect": {"rotation": ["a"]}}]}, "rotation"),
         ({"rota_policy": "yes"}, "rota_policy"),
+        ({"steps": [{"calls": 1, "key": 2}]}, "key"),
+        ({"steps": [{"calls": 1, "keys": 0}]}, "keys"),
+        ({"steps": [{"calls": 1, "keys": True}]}, "keys"),
+        ({"steps": [{"withdraw": "a", "within_ms": 1, "keys": 2}]}, "keys"),
+        ({"steps": [{"calls": 1, "expect": {"keyed": True}}]}, "sends no keys"),
+        ({"steps": [{"calls": 1, "keys": 2, "expect": {"keyed": False}}]}, "keyed"),
     ],
 )
 def test_unknown_xds_keys_are_refused(change: dict[str, Any], message: str) -> None:
     scenario = {"name": "x", "instances": [], "steps": [], **change}
     with pytest.raises(ScenarioError, match=message):
         validate_xds(scenario)
+
+
+def test_keyed_is_checked() -> None:
+    def got(instance: str, key: str | None) -> Received:
+        return Received(instance, None, None, 0.0, key)
+
+    check_keyed([got("echo-a", "key-0"), got("echo-b", "key-1"), got("echo-a", "key-0")])
+    with pytest.raises(AssertionError, match=r"1 of 2 keys .*key-0 reached \{'echo-a': 1, 'echo-b': 1\}"):
+        check_keyed([got("echo-a", "key-0"), got("echo-b", "key-1"), got("echo-b", "key-0")])
+    with pytest.raises(AssertionError, match="carried no key"):
+        check_keyed([got("echo-a", "key-0"), got("echo-a", None)])
+    with pytest.raises(AssertionError, match="no instance received"):
+        check_keyed([])
 
 
 def test_codes_are_checked() -> None:
@@ -365,4 +412,21 @@ def test_a_wrong_xds_expectation_fails(private_server: Callable[..., RotaServer]
         ],
     }
     with pytest.raises(AssertionError, match=r"step 1 .*echo-b"):
+        run(scenario, private_server, tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_keyed_fails_under_round_robin(private_server: Callable[..., RotaServer], tmp_path: Path) -> None:
+    # Without a hashing rule the clusters name round_robin, which takes no notice of the key: a
+    # key count that shares no factor with the instances it rotates over (3, or 2 while one
+    # connection is on its way) sends each key to several of them.
+    scenario = {
+        "name": "round robin on purpose",
+        "instances": [{"id": "echo-a"}, {"id": "echo-b"}, {"id": "echo-c"}],
+        "steps": [
+            {"calls": 30, "keys": 10, "expect": {"failures": 0}},
+            {"calls": 49, "keys": 7, "expect": {"failures": 0, "keyed": True}},
+        ],
+    }
+    with pytest.raises(AssertionError, match=r"step 1 .*keyed: \d+ of 7 keys reached more than one instance"):
         run(scenario, private_server, tmp_path)

@@ -115,8 +115,19 @@ export interface EchoResult {
   error?: grpc.ServiceError;
 }
 
-/** `n` unary Echo calls on `client`, one after another. */
-export async function echoCalls(client: grpc.Client, n: number, version: string, deadlineMs: number): Promise<EchoResult[]> {
+/**
+ * The x-rota-key of call `i` of a batch with `keys` keys (clients/conformance/xds/README.md):
+ * key-(i mod keys), or none when `keys` is 0.
+ */
+export function keyName(i: number, keys: number): string | undefined {
+  return keys > 0 ? `key-${i % keys}` : undefined;
+}
+
+/**
+ * `n` unary Echo calls on `client`, one after another; `key`, when given, goes in each call's
+ * `x-rota-key` metadata (the header rota's xDS routes hash under consistent_hash and sticky).
+ */
+export async function echoCalls(client: grpc.Client, n: number, version: string, deadlineMs: number, key?: string): Promise<EchoResult[]> {
   const results: EchoResult[] = [];
   const echo = client as unknown as {
     Echo(req: object, md: grpc.Metadata, opts: grpc.CallOptions, cb: (e: grpc.ServiceError | null, r?: { instanceId: string }) => void): void;
@@ -125,6 +136,9 @@ export async function echoCalls(client: grpc.Client, n: number, version: string,
     const metadata = new grpc.Metadata();
     if (version !== '') {
       metadata.set('x-rota-version', version);
+    }
+    if (key !== undefined) {
+      metadata.set('x-rota-key', key);
     }
     results.push(
       await new Promise<EchoResult>((resolve) =>

@@ -22,18 +22,22 @@ import { describe, it } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { rotaV1 } from '../src/proto.js';
-import type { EchoResult } from './echo.js';
+import { keyName, type EchoResult } from './echo.js';
 import { packageDir, repoRoot } from './harness.js';
 import { Fleet, checkExpect, checkKeys, policyMessage, type Expect, type ScenarioInstance } from './scenario.js';
 import type { ConsumerOutcome, ConsumerRequest } from './xds-consumer.js';
 
 interface XdsExpect extends Expect {
   codes?: string[];
+  /** Every answered call carried a key, and all with the same key reached one instance (across the step's consumers). */
+  keyed?: boolean;
 }
 
 interface XdsStep {
   calls?: number;
   consumers?: number;
+  /** Call i of each consumer sends x-rota-key: key-(i mod keys). */
+  keys?: number;
   version?: string;
   deadline_ms?: number;
   expect?: XdsExpect;
@@ -73,13 +77,14 @@ const SKIP: Readonly<Record<string, string>> = {};
 const NO_ROTA_POLICY = "needs rota's own policy (rota.v1.CentralRotation), which exists for Go and Java only";
 
 // The keys of clients/conformance/xds/README.md: the channel format's without `rule` and the
-// ticket expectations (`leased`, `rotation`, `runs`), with `drain`, `trip` and `codes`.
+// ticket expectations (`leased`, `rotation`, `runs`), with `drain`, `trip`, the `keys` of
+// `calls`, `codes` and `keyed`.
 const SCENARIO_KEYS = new Set(['name', 'service', 'instances', 'policy', 'rota_policy', 'steps']);
 const INSTANCE_KEYS = new Set(['id', 'version', 'weight', 'unreachable']);
-const EXPECT_KEYS = new Set(['failures', 'error_contains', 'only', 'never', 'spread', 'counts', 'balanced', 'codes']);
+const EXPECT_KEYS = new Set(['failures', 'error_contains', 'only', 'never', 'spread', 'counts', 'balanced', 'codes', 'keyed']);
 /** Each step's action key and the keys that may go with it. */
 const STEP_KEYS: Record<string, ReadonlySet<string>> = {
-  calls: new Set(['calls', 'consumers', 'version', 'deadline_ms', 'expect']),
+  calls: new Set(['calls', 'consumers', 'version', 'deadline_ms', 'keys', 'expect']),
   withdraw: new Set(['withdraw', 'within_ms', 'version']),
   drain: new Set(['drain', 'within_ms', 'version']),
   trip: new Set(['trip', 'within_ms', 'version']),
@@ -108,6 +113,11 @@ function checkScenario(sc: XdsScenario): void {
     for (const code of step.expect?.codes ?? []) {
       assert.ok(typeof grpc.status[code as keyof typeof grpc.status] === 'number', `step ${i}: ${code} is no status code name`);
     }
+    assert.ok(step.keys === undefined || (Number.isInteger(step.keys) && step.keys >= 1), `step ${i}: keys must be a count of at least 1`);
+    // As read from the file: anything but true (or nothing) is refused.
+    const keyed: unknown = step.expect?.keyed;
+    assert.ok(keyed === undefined || keyed === true, `step ${i}: keyed can only be true`);
+    assert.ok(keyed === undefined || step.keys !== undefined, `step ${i} expects keyed calls and sends no keys`);
   }
 }
 
@@ -168,8 +178,8 @@ class XdsConsumer {
    * `n` unary Echo calls, one after another, each with deadline `deadlineMs` (with
    * `stopOnFailure`, none after the first that fails); bounded in all.
    */
-  async calls(n: number, version: string, deadlineMs: number, stopOnFailure = false): Promise<EchoResult[]> {
-    const request: ConsumerRequest = { calls: n, version, deadline_ms: deadlineMs, stop_on_failure: stopOnFailure };
+  async calls(n: number, version: string, deadlineMs: number, stopOnFailure = false, keys = 0): Promise<KeyedResult[]> {
+    const request: ConsumerRequest = { calls: n, version, deadline_ms: deadlineMs, keys, stop_on_failure: stopOnFailure };
     this.#child.stdin!.write(`${JSON.stringify(request)}\n`);
     const boundMs = n * deadlineMs + 10_000;
     let timer: NodeJS.Timeout | undefined;
@@ -186,9 +196,10 @@ class XdsConsumer {
     const outcomes = JSON.parse(line.value) as ConsumerOutcome[];
     const stopped = stopOnFailure && outcomes.at(-1) !== undefined && !('instance' in outcomes.at(-1)!);
     assert.ok(outcomes.length === n || (stopped && outcomes.length < n), `the xDS consumer answered ${outcomes.length} of ${n} calls`);
-    return outcomes.map((o) =>
-      'instance' in o ? { instance: o.instance } : { error: Object.assign(new Error(o.details), { code: o.code, details: o.details, metadata: new grpc.Metadata() }) },
-    );
+    return outcomes.map((o, i) => ({
+      ...('instance' in o ? { instance: o.instance } : { error: Object.assign(new Error(o.details), { code: o.code, details: o.details, metadata: new grpc.Metadata() }) }),
+      key: keyName(i, keys),
+    }));
   }
 
   /** Ends the process: the end of its stdin, then SIGKILL after 5 s. */
@@ -215,6 +226,34 @@ process.on('exit', () => {
     consumer.kill();
   }
 });
+
+/** A call's outcome with the x-rota-key it sent (none when its batch had no keys). */
+interface KeyedResult extends EchoResult {
+  key: string | undefined;
+}
+
+/**
+ * The `keyed` expectation: every answered call carried a key, and all answered calls with the
+ * same key (over every consumer of the step) reached one instance.
+ */
+function checkKeyed(results: readonly KeyedResult[]): void {
+  const byKey = new Map<string, Map<string, number>>();
+  for (const r of results) {
+    if (r.error !== undefined) {
+      continue;
+    }
+    assert.ok(r.key !== undefined, `keyed: a call to ${r.instance} carried no key`);
+    const reached = byKey.get(r.key) ?? new Map<string, number>();
+    reached.set(r.instance!, (reached.get(r.instance!) ?? 0) + 1);
+    byKey.set(r.key, reached);
+  }
+  assert.ok(byKey.size > 0, 'keyed: no call was answered');
+  const split = [...byKey]
+    .filter(([, reached]) => reached.size > 1)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    .map(([key, reached]) => `${key} reached ${JSON.stringify(Object.fromEntries([...reached].sort()))}`);
+  assert.deepEqual(split, [], `keyed: ${split.length} of ${byKey.size} keys reached more than one instance`);
+}
 
 /** One line per failed call kind, `N × CODE details`. */
 function failureKinds(results: readonly EchoResult[]): string {
@@ -304,16 +343,19 @@ async function runScenario(sc: XdsScenario): Promise<void> {
         const deadline = s.deadline_ms ?? 5_000;
         const before = fleet.log.length;
         const others = Array.from({ length: Math.max(s.consumers ?? 1, 1) - 1 }, () => XdsConsumer.start(bootstrapFile, service));
-        let results: EchoResult[];
+        let results: KeyedResult[];
         try {
           // A step that wants no failure stops at the first: the rest could only wait out deadlines.
           const stopOnFailure = s.expect?.failures === 0;
-          results = (await Promise.all([consumer, ...others].map((c) => c.calls(s.calls!, s.version ?? '', deadline, stopOnFailure)))).flat();
+          results = (await Promise.all([consumer, ...others].map((c) => c.calls(s.calls!, s.version ?? '', deadline, stopOnFailure, s.keys ?? 0)))).flat();
         } finally {
           await Promise.all(others.map((c) => c.close()));
         }
         const weights = new Map(sc.instances.flatMap((inst) => (inst.weight !== undefined ? [[inst.id, inst.weight] as const] : [])));
         checkExpect('', s.expect, weights, results, fleet.log.slice(before));
+        if (s.expect?.keyed === true) {
+          checkKeyed(results);
+        }
         const codes = s.expect?.codes;
         if (codes !== undefined) {
           for (const r of results) {
@@ -408,6 +450,37 @@ describe('xDS scenario runner self-checks', () => {
     await assert.rejects(runScenario(patched({ steps: [{ drain: 'echo-a', within: 100 }] })), /unknown key "within" in step 0/);
     await assert.rejects(runScenario(patched({ steps: [{ calls: 2, expect: { codes: ['UNAVAILBLE'] } }] })), /UNAVAILBLE is no status code name/);
     await assert.rejects(runScenario(patched({ policy: { breaker: { failureThreshhold: 5 } } })), /unknown key "failureThreshhold" in policy\.breaker/);
+    await assert.rejects(runScenario(patched({ steps: [{ calls: 2, key: 2 }] })), /unknown key "key" in step 0/);
+    await assert.rejects(runScenario(patched({ steps: [{ calls: 2, keys: 0 }] })), /step 0: keys must be a count of at least 1/);
+    await assert.rejects(runScenario(patched({ steps: [{ withdraw: 'echo-a', keys: 2 }] })), /unknown key "keys" in step 0/);
+    await assert.rejects(runScenario(patched({ steps: [{ calls: 2, expect: { keyed: true } }] })), /step 0 expects keyed calls and sends no keys/);
+    await assert.rejects(runScenario(patched({ steps: [{ calls: 2, keys: 2, expect: { keyed: false } }] })), /step 0: keyed can only be true/);
+  });
+
+  it('keyed holds only when each key reached one instance', () => {
+    const ok = (instance: string, i: number, keys: number): KeyedResult => ({ instance, key: keyName(i, keys) });
+    const failed: KeyedResult = { error: Object.assign(new Error('x'), { code: grpc.status.UNAVAILABLE, details: 'x', metadata: new grpc.Metadata() }), key: 'key-0' };
+    checkKeyed([ok('echo-a', 0, 2), ok('echo-b', 1, 2), failed, ok('echo-a', 2, 2), ok('echo-b', 3, 2)]);
+    assert.throws(() => checkKeyed([ok('echo-a', 0, 2), ok('echo-b', 1, 2), ok('echo-b', 2, 2)]), /keyed: 1 of 2 keys reached more than one instance/);
+    // Round robin over three instances with two keys: both keys reach several.
+    assert.throws(() => checkKeyed(['echo-a', 'echo-b', 'echo-c', 'echo-a'].map((id, i) => ok(id, i, 2))), /keyed: 2 of 2 keys/);
+    assert.throws(() => checkKeyed([ok('echo-a', 0, 0)]), /carried no key/);
+    assert.throws(() => checkKeyed([failed]), /no call was answered/);
+    assert.equal(keyName(7, 3), 'key-1');
+    assert.equal(keyName(7, 0), undefined);
+  });
+
+  it('keyed fails under round robin, which takes no notice of the key', async () => {
+    // No hashing rule: rota's clusters name round_robin. 7 keys share no factor with the 3 (or,
+    // while one connection is on its way, 2) instances it rotates over.
+    const roundRobin = patched({
+      instances: [{ id: 'echo-a' }, { id: 'echo-b' }, { id: 'echo-c' }],
+      steps: [
+        { calls: 30, keys: 10, expect: { failures: 0 } },
+        { calls: 49, keys: 7, expect: { failures: 0, keyed: true } },
+      ],
+    });
+    await assert.rejects(runScenario(roundRobin), /step 1: keyed: \d+ of 7 keys reached more than one instance/);
   });
 
   it("reads the breaker threshold from the scenario's policy", () => {

@@ -1,6 +1,7 @@
 package io.rota.xds;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -108,7 +109,7 @@ class XdsConformanceTest {
     private static final Set<String> SCENARIO_KEYS = Set.of("name", "service", "instances", "policy", "rota_policy", "steps");
     private static final Set<String> INSTANCE_KEYS = Set.of("id", "version", "weight", "unreachable");
     private static final Map<String, Set<String>> STEP_KEYS = Map.of(
-            "calls", Set.of("calls", "consumers", "version", "deadline_ms", "expect"),
+            "calls", Set.of("calls", "consumers", "version", "deadline_ms", "keys", "expect"),
             "withdraw", Set.of("withdraw", "within_ms", "version"),
             "drain", Set.of("drain", "within_ms", "version"),
             "trip", Set.of("trip", "within_ms", "version"),
@@ -121,7 +122,7 @@ class XdsConformanceTest {
      * with {@code "rota_policy": true} they carry rota's, and {@code rotation} checks them.
      */
     private static final Set<String> EXPECT_KEYS = Set.of("failures", "error_contains", "codes", "only", "never", "spread",
-            "counts", "balanced");
+            "counts", "balanced", "keyed");
     private static final Set<String> ROTA_POLICY_EXPECT_KEYS = union(EXPECT_KEYS, Set.of("rotation"));
 
     private static Set<String> union(Set<String> a, Set<String> b) {
@@ -153,6 +154,14 @@ class XdsConformanceTest {
             if (step.has("expect")) {
                 known(step.get("expect"), expectKeys, "an expectation");
             }
+            if (step.has("keys")) {
+                assertTrue(step.get("keys").isInt() && step.get("keys").asInt() >= 1, "keys must be a count of at least 1: " + step);
+            }
+            JsonNode keyed = step.path("expect").path("keyed");
+            if (!keyed.isMissingNode()) {
+                assertTrue(keyed.isBoolean() && keyed.asBoolean(), "keyed can only be true: " + step);
+                assertTrue(step.has("keys"), "a step that expects keyed calls sends no keys: " + step);
+            }
         }
     }
 
@@ -161,7 +170,8 @@ class XdsConformanceTest {
         checkKeys(JSON.readTree("{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"rotation\": [\"a\"]}}]}"));
         checkKeys(JSON.readTree("{\"name\": \"n\", \"instances\": [{\"id\": \"a\"}], \"policy\": {}, \"steps\": ["
                 + "{\"drain\": \"a\", \"within_ms\": 5, \"version\": \"v\"}, {\"trip\": \"a\", \"within_ms\": 5},"
-                + "{\"calls\": 1, \"expect\": {\"codes\": [\"UNAVAILABLE\"], \"only\": [\"a\"]}}]}"));
+                + "{\"calls\": 1, \"expect\": {\"codes\": [\"UNAVAILABLE\"], \"only\": [\"a\"]}},"
+                + "{\"calls\": 4, \"keys\": 2, \"expect\": {\"keyed\": true}}]}"));
         for (String bad : List.of(
                 "{\"rule\": \"round_robin\", \"steps\": []}",
                 "{\"instances\": [{\"id\": \"a\", \"zone\": \"z\"}], \"steps\": []}",
@@ -173,7 +183,13 @@ class XdsConformanceTest {
                 "{\"rota_policy\": \"yes\", \"steps\": []}",
                 "{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"runs\": 3}}]}",
                 "{\"rota_policy\": true, \"steps\": [{\"calls\": 1, \"expect\": {\"leased\": true}}]}",
-                "{\"rota_policy\": true, \"rule\": \"round_robin\", \"steps\": []}")) {
+                "{\"rota_policy\": true, \"rule\": \"round_robin\", \"steps\": []}",
+                "{\"steps\": [{\"calls\": 1, \"key\": 2}]}",
+                "{\"steps\": [{\"calls\": 1, \"keys\": 0}]}",
+                "{\"steps\": [{\"calls\": 1, \"keys\": \"2\"}]}",
+                "{\"steps\": [{\"withdraw\": \"a\", \"within_ms\": 5, \"keys\": 2}]}",
+                "{\"steps\": [{\"calls\": 1, \"expect\": {\"keyed\": true}}]}",
+                "{\"steps\": [{\"calls\": 1, \"keys\": 2, \"expect\": {\"keyed\": false}}]}")) {
             JsonNode scenario = JSON.readTree(bad);
             assertThrows(AssertionError.class, () -> checkKeys(scenario), bad);
         }
@@ -217,7 +233,66 @@ class XdsConformanceTest {
         assertThrows(AssertionError.class, () -> check(never, two, List.of()));
     }
 
+    @Test
+    void keyedFailsWhenAKeyReachesTwoInstances() {
+        checkKeyed(List.of(new Keyed("key-0", "a"), new Keyed("key-1", "b"), new Keyed("key-0", "a")));
+        AssertionError split = assertThrows(AssertionError.class,
+                () -> checkKeyed(List.of(new Keyed("key-0", "a"), new Keyed("key-1", "b"), new Keyed("key-0", "b"))));
+        assertTrue(split.getMessage().contains("1 of 2 keys reached more than one instance: key-0 reached {a=1, b=1}"), split.getMessage());
+        // Round robin over three instances with two keys: both keys reach several.
+        List<Keyed> roundRobin = new ArrayList<>();
+        for (int i = 0; i < 4; i++) {
+            roundRobin.add(new Keyed(XdsConsumer.keyName(i, 2), List.of("a", "b", "c").get(i % 3)));
+        }
+        assertThrows(AssertionError.class, () -> checkKeyed(roundRobin));
+        assertThrows(AssertionError.class, () -> checkKeyed(List.of(new Keyed(null, "a"))));
+        assertThrows(AssertionError.class, () -> checkKeyed(List.of()));
+        assertEquals("key-1", XdsConsumer.keyName(7, 3));
+        assertNull(XdsConsumer.keyName(7, 0));
+    }
+
+    /** Without a hashing rule rota's clusters name round_robin, which takes no notice of the key: keyed fails. */
+    @Test
+    void keyedFailsUnderRoundRobin() throws Exception {
+        // 7 keys share no factor with the 3 (or, while one connection is on its way, 2) instances rotated over.
+        JsonNode scenario = JSON.readTree("{\"name\": \"round robin on purpose\", \"instances\": [{\"id\": \"echo-a\"},"
+                + "{\"id\": \"echo-b\"}, {\"id\": \"echo-c\"}], \"steps\": ["
+                + "{\"calls\": 30, \"keys\": 10, \"expect\": {\"failures\": 0}},"
+                + "{\"calls\": 49, \"keys\": 7, \"expect\": {\"failures\": 0, \"keyed\": true}}]}");
+        checkKeys(scenario);
+        try (Runner runner = new Runner(scenario, "keyed-round-robin")) {
+            runner.step(scenario.get("steps").get(0));
+            AssertionError failed = assertThrows(AssertionError.class, () -> runner.step(scenario.get("steps").get(1)));
+            assertTrue(failed.getMessage().matches("(?s)keyed: \\d+ of 7 keys reached more than one instance.*"), failed.getMessage());
+        }
+    }
+
     // --- the expectations ---------------------------------------------------------------------------
+
+    /** An answered call and the {@code x-rota-key} it sent (null for none). */
+    record Keyed(String key, String instance) {
+    }
+
+    /**
+     * {@code keyed}: every answered call carried a key, and all answered calls with the same key
+     * (over every consumer of the step) reached one instance.
+     */
+    static void checkKeyed(List<Keyed> answered) {
+        assertTrue(!answered.isEmpty(), "keyed: no call was answered");
+        Map<String, Map<String, Integer>> byKey = new TreeMap<>();
+        for (Keyed k : answered) {
+            assertTrue(k.key() != null, "keyed: a call to " + k.instance() + " carried no key");
+            byKey.computeIfAbsent(k.key(), key -> new TreeMap<>()).merge(k.instance(), 1, Integer::sum);
+        }
+        List<String> split = new ArrayList<>();
+        byKey.forEach((key, reached) -> {
+            if (reached.size() > 1) {
+                split.add(key + " reached " + reached);
+            }
+        });
+        assertTrue(split.isEmpty(), "keyed: " + split.size() + " of " + byKey.size() + " keys reached more than one instance: "
+                + String.join("; ", split.subList(0, Math.min(5, split.size()))));
+    }
 
     /** A failed call as its consumer saw it. */
     record Failure(String code, String description) {
@@ -485,7 +560,8 @@ class XdsConformanceTest {
             int n = step.get("calls").asInt();
             String version = step.path("version").asText("");
             long deadlineMs = step.path("deadline_ms").asLong(5000);
-            String command = ("calls " + n + " " + deadlineMs + " " + version).trim();
+            int keys = step.path("keys").asInt(0);
+            String command = ("calls " + n + " " + deadlineMs + " " + keys + " " + version).trim();
             long bound = n * (deadlineMs + 1000);
             int before = fleet.received.size();
             // Consumers after the first: processes of their own, for this step only, at the same time.
@@ -496,10 +572,22 @@ class XdsConformanceTest {
             for (Consumer other : others) {
                 other.send(command);
             }
-            List<Failure> failures = new ArrayList<>(consumer.run(command, bound).failures());
+            List<Consumer.Result> results = new ArrayList<>(List.of(consumer.run(command, bound)));
             for (Consumer other : others) {
-                failures.addAll(other.collect(bound).failures());
+                results.add(other.collect(bound));
                 other.close();
+            }
+            List<Failure> failures = new ArrayList<>();
+            // Each answered call with the key it sent: call i of each consumer sent key-(i mod keys).
+            List<Keyed> answered = new ArrayList<>();
+            for (Consumer.Result result : results) {
+                failures.addAll(result.failures());
+                for (int i = 0; i < result.answers().size(); i++) {
+                    String answer = result.answers().get(i);
+                    if (answer.startsWith("OK ")) {
+                        answered.add(new Keyed(XdsConsumer.keyName(i, keys), answer.substring("OK ".length())));
+                    }
+                }
             }
             List<EchoFleet.Received> all = List.copyOf(fleet.received);
             List<EchoFleet.Received> received = all.subList(before, all.size());
@@ -511,6 +599,9 @@ class XdsConformanceTest {
             check(step.path("expect"), received, failures);
             if (step.path("expect").has("rotation")) {
                 checkRotation(step.path("expect").get("rotation"), rule, received, seen);
+            }
+            if (step.path("expect").path("keyed").asBoolean()) {
+                checkKeyed(answered);
             }
         }
 
@@ -612,8 +703,9 @@ class XdsConformanceTest {
             long started = System.nanoTime();
             String line = next(started + TimeUnit.SECONDS.toNanos(XdsConsumer.READY_SECONDS + 30), "READY");
             assertTrue(line.startsWith("READY "), "the xDS consumer said " + line);
-            if (line.equals("READY READY")) {
-                System.out.println("xDS channel READY " + TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started)
+            if (line.equals("READY READY") || line.equals("READY IDLE")) {
+                System.out.println("xDS channel " + line.substring("READY ".length()) + " "
+                        + TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started)
                         + " ms after the consumer was started (its JVM included)");
             } else {
                 // The calls will say why; the log has what the xDS client made of rota's answers.

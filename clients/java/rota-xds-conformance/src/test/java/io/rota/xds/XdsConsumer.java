@@ -31,9 +31,12 @@ import rota.echo.v1.EchoOuterClass.EchoRequest;
  * and answers on standard output:
  *
  * <ul>
- *   <li>at start: {@code READY STATE} once the channel is READY, or {@code READY STATE} with the
- *       state it is in after {@value #READY_SECONDS} s (then the calls will tell why);</li>
- *   <li>{@code calls N DEADLINE_MS [VERSION]}: N unary {@code Echo} calls, one after another;</li>
+ *   <li>at start: {@code READY READY} once the channel is READY; {@code READY IDLE} once it is
+ *       IDLE again after it left IDLE (its resources came and its policy connects on the first
+ *       call, as {@code ring_hash} does); else {@code READY STATE} with the state it is in after
+ *       {@value #READY_SECONDS} s (then the calls will tell why);</li>
+ *   <li>{@code calls N DEADLINE_MS KEYS [VERSION]}: N unary {@code Echo} calls, one after another,
+ *       call i with {@code x-rota-key: key-(i mod KEYS)} when KEYS is above 0;</li>
  *   <li>{@code until MS MIN DEADLINE_MS [VERSION]}: calls until MS ms have passed and at least MIN
  *       calls were made;</li>
  *   <li>{@code streak WANT MAX DEADLINE_MS [VERSION]}: calls until WANT calls in a row succeeded,
@@ -54,6 +57,8 @@ public final class XdsConsumer {
     static final int READY_SECONDS = 20;
     /** The system property naming rota's address for rota's own xDS policy. */
     static final String ROTA_POLICY_PROPERTY = "rota.xds.policy";
+    /** The header rota's xDS routes hash under {@code consistent_hash} and {@code sticky} (the {@code ring_hash} policy). */
+    static final Metadata.Key<String> KEY_HEADER = Metadata.Key.of("x-rota-key", Metadata.ASCII_STRING_MARSHALLER);
 
     /** Held so that the configured loggers are not collected (and reset) while the process runs. */
     private static final Logger XDS_LOG = Logger.getLogger("io.grpc.xds");
@@ -82,9 +87,10 @@ public final class XdsConsumer {
                     case "calls" -> {
                         int n = Integer.parseInt(words[1]);
                         long deadlineMs = Long.parseLong(words[2]);
-                        String version = words.length > 3 ? words[3] : "";
+                        int keys = Integer.parseInt(words[3]);
+                        String version = words.length > 4 ? words[4] : "";
                         for (int i = 0; i < n; i++) {
-                            out.println(call(channel, version, deadlineMs));
+                            out.println(call(channel, version, keyName(i, keys), deadlineMs));
                         }
                         out.println("DONE " + n);
                     }
@@ -95,7 +101,7 @@ public final class XdsConsumer {
                         String version = words.length > 4 ? words[4] : "";
                         int made = 0;
                         while (System.nanoTime() - until < 0 || made < min) {
-                            out.println(call(channel, version, deadlineMs));
+                            out.println(call(channel, version, null, deadlineMs));
                             made++;
                         }
                         out.println("DONE " + made);
@@ -107,7 +113,7 @@ public final class XdsConsumer {
                         String version = words.length > 4 ? words[4] : "";
                         int made = 0;
                         for (int inARow = 0; made < max && inARow < want; made++) {
-                            String answer = call(channel, version, deadlineMs);
+                            String answer = call(channel, version, null, deadlineMs);
                             out.println(answer);
                             inARow = answer.startsWith("OK ") ? inARow + 1 : 0;
                         }
@@ -125,11 +131,16 @@ public final class XdsConsumer {
         }
     }
 
-    /** Waits (bounded) for the channel to be READY; returns the state it is in then. */
+    /**
+     * Waits (bounded) for the channel to be READY, or IDLE after it left IDLE (a policy that
+     * connects only for a call, as {@code ring_hash}, goes back to IDLE once its resources came);
+     * returns the state it is in then.
+     */
     private static ConnectivityState awaitReady(ManagedChannel channel) throws InterruptedException {
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(READY_SECONDS);
         ConnectivityState state = channel.getState(true);
-        while (state != ConnectivityState.READY) {
+        boolean leftIdle = state != ConnectivityState.IDLE;
+        while (state != ConnectivityState.READY && !(leftIdle && state == ConnectivityState.IDLE)) {
             long left = deadline - System.nanoTime();
             if (left <= 0) {
                 return state;
@@ -139,16 +150,28 @@ public final class XdsConsumer {
             if (!changed.await(left, TimeUnit.NANOSECONDS)) {
                 return channel.getState(false);
             }
-            state = channel.getState(true);
+            state = channel.getState(false);
+            leftIdle |= state != ConnectivityState.IDLE;
         }
         return state;
     }
 
-    private static String call(ManagedChannel channel, String version, long deadlineMs) {
+    /** The {@code x-rota-key} of call {@code i} of a batch with {@code keys} keys: {@code key-(i mod keys)}, or null for none. */
+    static String keyName(int i, int keys) {
+        return keys > 0 ? "key-" + (i % keys) : null;
+    }
+
+    /** One call; {@code key}, when not null, goes in its {@code x-rota-key} metadata. */
+    private static String call(ManagedChannel channel, String version, String key, long deadlineMs) {
         EchoGrpc.EchoBlockingStub stub = EchoGrpc.newBlockingStub(channel);
+        Metadata headers = new Metadata();
         if (!version.isEmpty()) {
-            Metadata headers = new Metadata();
             headers.put(Metadata.Key.of(RotaChannels.VERSION_HEADER, Metadata.ASCII_STRING_MARSHALLER), version);
+        }
+        if (key != null) {
+            headers.put(KEY_HEADER, key);
+        }
+        if (headers.keys().size() > 0) {
             stub = stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
         }
         try {

@@ -2,8 +2,11 @@
 //!
 //! `get` and `ls` print one row per policy with its source (`default`, `file` or `runtime`);
 //! `set` sets a service's runtime override (it wins over the config file's policy of the
-//! service and survives reloads of the file); `reset` drops it, so the file's policy or the
-//! defaults apply again. Resetting a service that has no override fails with `NOT_FOUND`.
+//! service and survives reloads of the file): the policy in force with the fields the options
+//! name changed, so a health check or gray split the file sets stays unless an option changes
+//! it (`--replace`: the options alone, the rest the defaults). `reset` drops the override, so
+//! the file's policy or the defaults apply again. Resetting a service that has no override
+//! fails with `NOT_FOUND`.
 
 use std::time::Duration;
 
@@ -24,7 +27,8 @@ pub enum PolicyCommand {
     Get(ServiceArgs),
     /// Print the defaults and every service's own policy.
     Ls(ServerOnly),
-    /// Set a runtime override of a service's policy; options left out take the defaults.
+    /// Set a runtime override of a service's policy: the policy in force, with the fields the
+    /// options name changed (with --replace, options left out take the defaults).
     Set(SetArgs),
     /// Drop a service's runtime override, so the config file's policy (or the defaults) applies again.
     Reset(ServiceArgs),
@@ -77,8 +81,38 @@ pub struct SetArgs {
     /// Calls the window must hold before its failure rate counts.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub failure_rate_min_calls: Option<u32>,
+    /// Active health check of every instance: grpc, http, tcp, or off.
+    #[arg(long, value_enum)]
+    pub health_check: Option<CheckKind>,
+    /// The health check's path (http) or service (grpc).
+    #[arg(long)]
+    pub health_check_path: Option<String>,
+    /// Between two checks of one instance (e.g. 5s).
+    #[arg(long, value_parser = parse_duration)]
+    pub health_check_interval: Option<Duration>,
+    /// One check, whole (e.g. 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub health_check_timeout: Option<Duration>,
+    /// Failed checks in a row that take an instance out of picks.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unhealthy_after: Option<u32>,
+    /// Passed checks in a row that bring it back.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub healthy_after: Option<u32>,
+    /// Set the options given and nothing else: every other field takes the defaults, instead of
+    /// keeping its value in force.
+    #[arg(long)]
+    pub replace: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckKind {
+    Grpc,
+    Http,
+    Tcp,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -132,31 +166,12 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
         }
         PolicyCommand::Set(args) => {
             let mut client = args.server.connect().await?;
-            let millis = |d: Option<Duration>| d.map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX));
-            let policy = pb::Policy {
-                service: args.service,
-                rule: args.rule.unwrap_or_default(),
-                isolation_fallback: match args.isolation_fallback {
-                    None => pb::IsolationFallback::Unspecified,
-                    Some(Fallback::Fail) => pb::IsolationFallback::Fail,
-                    Some(Fallback::Any) => pb::IsolationFallback::Any,
-                }
-                .into(),
-                breaker: Some(pb::Breaker {
-                    failure_threshold: args.failure_threshold.unwrap_or(0),
-                    blackout_base_ms: millis(args.blackout_base),
-                    blackout_max_ms: millis(args.blackout_max),
-                }),
-                gray: args.gray,
-                ejection: Some(pb::Ejection {
-                    disabled: args.ejection == Some(Switch::Off),
-                    max_ejected_percent: args.max_ejected_percent.unwrap_or(0),
-                    failure_rate_percent: args.failure_rate_percent.unwrap_or(0),
-                    failure_rate_min_calls: args.failure_rate_min_calls.unwrap_or(0),
-                }),
-                ..Default::default()
+            let base = if args.replace {
+                pb::Policy { service: args.service.clone(), ..Default::default() }
+            } else {
+                client.get_policy(&args.service).await?
             };
-            print_rows(&[client.set_policy(policy).await?]);
+            print_rows(&[client.set_policy(changed(base, &args)).await?]);
         }
         PolicyCommand::Reset(args) => {
             let policy = args.server.connect().await?.reset_policy(&args.service).await?;
@@ -167,10 +182,90 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `base` with the fields `args` name set; an option left out keeps `base`'s value.
+fn changed(base: pb::Policy, args: &SetArgs) -> pb::Policy {
+    let millis = |d: Duration| d.as_millis().try_into().unwrap_or(u64::MAX);
+    let mut policy = pb::Policy { service: args.service.clone(), source: 0, is_default: false, ..base };
+    if let Some(rule) = &args.rule {
+        policy.rule = rule.clone();
+    }
+    if let Some(fallback) = args.isolation_fallback {
+        policy.isolation_fallback = match fallback {
+            Fallback::Fail => pb::IsolationFallback::Fail,
+            Fallback::Any => pb::IsolationFallback::Any,
+        }
+        .into();
+    }
+    let breaker = policy.breaker.get_or_insert_default();
+    if let Some(threshold) = args.failure_threshold {
+        breaker.failure_threshold = threshold;
+    }
+    if let Some(base) = args.blackout_base {
+        breaker.blackout_base_ms = millis(base);
+    }
+    if let Some(max) = args.blackout_max {
+        breaker.blackout_max_ms = millis(max);
+    }
+    if let Some(gray) = &args.gray {
+        policy.gray = Some(gray.clone());
+    }
+    let ejection = policy.ejection.get_or_insert_default();
+    if let Some(switch) = args.ejection {
+        ejection.disabled = switch == Switch::Off;
+    }
+    if let Some(percent) = args.max_ejected_percent {
+        ejection.max_ejected_percent = percent;
+    }
+    if let Some(percent) = args.failure_rate_percent {
+        ejection.failure_rate_percent = percent;
+    }
+    if let Some(calls) = args.failure_rate_min_calls {
+        ejection.failure_rate_min_calls = calls;
+    }
+    let check_named = args.health_check.is_some()
+        || args.health_check_path.is_some()
+        || args.health_check_interval.is_some()
+        || args.health_check_timeout.is_some()
+        || args.unhealthy_after.is_some()
+        || args.healthy_after.is_some();
+    if check_named {
+        let check = policy.health_check.get_or_insert_default();
+        if let Some(kind) = args.health_check {
+            let kind = match kind {
+                CheckKind::Grpc => "grpc",
+                CheckKind::Http => "http",
+                CheckKind::Tcp => "tcp",
+                CheckKind::Off => "off",
+            };
+            if check.kind != kind {
+                // Another kind of check: its path means something else.
+                check.path.clear();
+            }
+            check.kind = kind.to_owned();
+        }
+        if let Some(path) = &args.health_check_path {
+            check.path = path.clone();
+        }
+        if let Some(interval) = args.health_check_interval {
+            check.interval_ms = millis(interval);
+        }
+        if let Some(timeout) = args.health_check_timeout {
+            check.timeout_ms = millis(timeout);
+        }
+        if let Some(n) = args.unhealthy_after {
+            check.unhealthy_after = n;
+        }
+        if let Some(n) = args.healthy_after {
+            check.healthy_after = n;
+        }
+    }
+    policy
+}
+
 fn print_rows(policies: &[pb::Policy]) {
     println!(
-        "{:<24} {:<8} {:<24} {:<8} {:<20} {:<24} GRAY",
-        "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER", "EJECTION"
+        "{:<24} {:<8} {:<24} {:<8} {:<20} {:<24} {:<24} GRAY",
+        "SERVICE", "SOURCE", "RULE", "FALLBACK", "BREAKER", "EJECTION", "HEALTH_CHECK"
     );
     for policy in policies {
         println!("{}", row(policy));
@@ -216,8 +311,26 @@ fn row(policy: &pb::Policy) -> String {
             }
         },
     );
+    let check = policy.health_check.as_ref().map_or_else(
+        || "-".to_owned(),
+        |c| {
+            let ms = |ms: u64| crate::duration::format(Duration::from_millis(ms));
+            let path = if c.path.is_empty() { String::new() } else { format!(" {}", c.path) };
+            format!(
+                "{}{path} {}/{} {}/{}",
+                c.kind,
+                ms(c.interval_ms),
+                ms(c.timeout_ms),
+                c.unhealthy_after,
+                c.healthy_after
+            )
+        },
+    );
     let service = if policy.service.is_empty() { "(defaults)" } else { &policy.service };
-    format!("{service:<24} {source:<8} {:<24} {fallback:<8} {breaker:<20} {ejection:<24} {gray}", policy.rule)
+    format!(
+        "{service:<24} {source:<8} {:<24} {fallback:<8} {breaker:<20} {ejection:<24} {check:<24} {gray}",
+        policy.rule
+    )
 }
 
 #[cfg(test)]
@@ -246,8 +359,58 @@ mod tests {
         let columns: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             columns,
-            ["orders", "runtime", "repeat(n=2)", "any", "3x", "10s..30s", "max=50%,rate=50%/20", "unversioned=9,v2=1"]
+            [
+                "orders",
+                "runtime",
+                "repeat(n=2)",
+                "any",
+                "3x",
+                "10s..30s",
+                "max=50%,rate=50%/20",
+                "-",
+                "unversioned=9,v2=1"
+            ]
         );
+    }
+
+    fn set(args: &[&str]) -> SetArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            set: SetArgs,
+        }
+        <Cli as clap::Parser>::parse_from([&["rota"], args].concat()).set
+    }
+
+    /// `policy set` starts from the policy in force and changes only what its options name.
+    #[test]
+    fn set_changes_only_the_fields_named() {
+        let check = pb::HealthCheck {
+            kind: "http".into(),
+            path: "/ready".into(),
+            interval_ms: 5000,
+            timeout_ms: 1000,
+            unhealthy_after: 3,
+            healthy_after: 2,
+        };
+        let gray = pb::GrayRelease { unversioned: 9, versions: [("v2".to_owned(), 1)].into() };
+        let in_force = pb::Policy {
+            service: "orders".into(),
+            rule: "repeat(n=3)".into(),
+            gray: Some(gray.clone()),
+            health_check: Some(check.clone()),
+            source: pb::PolicySource::File.into(),
+            ..Default::default()
+        };
+        let same_rule = changed(in_force.clone(), &set(&["orders", "--rule", "repeat(n=3)"]));
+        assert_eq!((same_rule.health_check.as_ref(), same_rule.gray.as_ref()), (Some(&check), Some(&gray)));
+        assert_eq!(same_rule.rule, "repeat(n=3)");
+        let tcp = changed(in_force.clone(), &set(&["orders", "--health-check", "tcp", "--healthy-after", "4"]));
+        let tcp_check = tcp.health_check.unwrap();
+        assert_eq!((tcp_check.kind.as_str(), tcp_check.path.as_str(), tcp_check.healthy_after), ("tcp", "", 4));
+        assert_eq!(tcp.rule, "repeat(n=3)", "the rule in force stays");
+        let off = changed(in_force, &set(&["orders", "--health-check", "off"]));
+        assert_eq!(off.health_check.unwrap().kind, "off");
     }
 
     #[test]

@@ -363,7 +363,10 @@ fn the_config_file_sets_policies_and_reloads_on_sighup() {
 
 #[test]
 fn policy_set_survives_a_reload_and_policy_reset_drops_it() {
-    let path = temp_config("override", "[services.cfg]\nrule = \"repeat(n=2)\"\n");
+    let path = temp_config(
+        "override",
+        "[services.cfg]\nrule = \"repeat(n=2)\"\nhealth_check = { kind = \"tcp\", interval = \"7s\" }\n",
+    );
     let (server, log) = serve_config(&path);
     // Columns: SERVICE SOURCE RULE ...; the first line is the header.
     let policy = |args: &[&str]| {
@@ -377,16 +380,28 @@ fn policy_set_survives_a_reload_and_policy_reset_drops_it() {
     };
     assert_eq!(row(&policy(&["get", "cfg"]), "cfg")[1..3], ["file", "repeat(n=2)"]);
 
+    assert_eq!(row(&policy(&["get", "cfg"]), "cfg")[7..9], ["tcp", "7s/1s"]);
     let set = policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any"]);
     assert_eq!(row(&set, "cfg")[1..4], ["runtime", "weighted", "any"]);
+    // Only the fields named change: the file's health check stays in force.
+    assert_eq!(row(&set, "cfg")[7..10], ["tcp", "7s/1s", "3/2"]);
+    let check =
+        policy(&["set", "cfg", "--health-check", "http", "--health-check-path", "/ready", "--unhealthy-after", "5"]);
+    assert_eq!(row(&check, "cfg")[2..4], ["weighted", "any"]);
+    assert_eq!(row(&check, "cfg")[7..11], ["http", "/ready", "7s/1s", "5/2"]);
+    // --replace sets the options given and nothing else.
+    let replaced = policy(&["set", "cfg", "--replace", "--rule", "weighted", "--isolation-fallback", "any"]);
+    assert_eq!(row(&replaced, "cfg")[7], "-");
     // Every policy field has a flag: gray release and ejection too.
     let gray =
         policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--gray", "unversioned=9,v2=1"]);
     assert_eq!(row(&gray, "cfg").last().map(String::as_str), Some("unversioned=9,v2=1"));
     let off = policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--ejection", "off"]);
     assert_eq!(row(&off, "cfg")[6], "off");
-    let wide =
-        policy(&["set", "cfg", "--rule", "weighted", "--isolation-fallback", "any", "--max-ejected-percent", "80"]);
+    // The gray split set before stays; ejection stays off until turned on.
+    assert_eq!(row(&off, "cfg").last().map(String::as_str), Some("unversioned=9,v2=1"));
+    assert_eq!(row(&policy(&["set", "cfg", "--max-ejected-percent", "80"]), "cfg")[6], "off");
+    let wide = policy(&["set", "cfg", "--ejection", "on"]);
     assert_eq!(row(&wide, "cfg")[6], "max=80%,rate=50%/20");
     let bad_gray = rota(&server, &["policy", "set", "cfg", "--gray", "v2"]);
     assert_eq!(bad_gray.status.code(), Some(2), "a usage error");

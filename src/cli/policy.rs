@@ -29,7 +29,7 @@ pub enum PolicyCommand {
     Ls(ServerOnly),
     /// Set a runtime override of a service's policy: the policy in force, with the fields the
     /// options name changed (with --replace, options left out take the defaults).
-    Set(SetArgs),
+    Set(Box<SetArgs>),
     /// Drop a service's runtime override, so the config file's policy (or the defaults) applies again.
     Reset(ServiceArgs),
 }

@@ -442,13 +442,16 @@ impl History {
     }
 
     /// Takes one sample of every service with a ring, first giving rings to registered
-    /// services while there is room and dropping those of services the registry forgot.
+    /// services while there is room and dropping those of services the registry forgot. A
+    /// ring given now is first read at the next sample: a reading needs an interval to be a
+    /// rate (a reading over no time would plot as 0/0).
     pub fn sample(&self) {
         let catalog = self.overview.catalog();
         let names: Vec<Arc<str>> = {
             let now = Instant::now();
             let mut rings = self.lock();
             rings.retain(|name, _| catalog.get(name).is_some());
+            let sampled: Vec<Arc<str>> = rings.keys().cloned().collect();
             if rings.len() < MAX_SAMPLED_SERVICES && catalog.len() > rings.len() {
                 let room = MAX_SAMPLED_SERVICES - rings.len();
                 let mut unsampled: Vec<&Arc<ServiceSnapshot>> =
@@ -458,7 +461,7 @@ impl History {
                     rings.insert(snapshot.name.clone(), self.ring(now, Some(snapshot.clone())));
                 }
             }
-            rings.keys().cloned().collect()
+            sampled
         };
         for name in names {
             let Some(snapshot) = catalog.get(&name) else { continue };
@@ -651,6 +654,26 @@ mod tests {
         assert_eq!(versions, [("", 2, 3), ("v2", 1, 5)]);
         assert_eq!(samples[1].t - samples[0].t, 1000);
         assert_eq!(markers(&update), [("registered", vec!["a".into(), "b".into(), "c".into()], 3)]);
+    }
+
+    /// A service registered before the history starts (one a source followed before a
+    /// restart, say) gets its ring at a sampling pass: its first reading spans an interval.
+    #[tokio::test(start_paused = true)]
+    async fn a_service_present_before_the_first_sample_reads_over_an_interval() {
+        let balancer = Arc::new(Balancer::with_defaults(Registry::spawn(RegistryConfig::default())));
+        let lease = balancer.registry().open_lease();
+        announce(&lease, vec![spec("early", "a", "")]).await;
+        pick(&balancer, "early", "", &[], 2).await;
+        let history = Arc::new(History::new(Overview::new(balancer.clone())));
+        history.sample();
+        pick(&balancer, "early", "", &[], 3).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        history.sample();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        history.sample();
+        let samples = everything(&history, "early").samples;
+        assert_eq!(samples.iter().map(|s| s.ms).collect::<Vec<_>>(), [1000, 1000]);
+        assert_eq!(picks(&samples[0]), [("a", 3)], "picks before the ring was given are not counted");
     }
 
     #[tokio::test(start_paused = true)]

@@ -80,6 +80,9 @@ function plotted(page, plot, series) {
         points.push([Number(shape.getAttribute('cx')), Number(shape.getAttribute('cy'))]);
       }
     }
+    if (points.some(([x, y]) => !Number.isFinite(x) || !Number.isFinite(y))) {
+      throw new Error(`${plot}: series ${series} has a coordinate that is not a number: ${JSON.stringify(points)}`);
+    }
     points.sort((a, b) => a[0] - b[0]);
     return points.map(([x, y]) => ({ x, value: ((zero.y - y) / (zero.y - top.y)) * top.value }));
   }, [plot, series]);
@@ -381,6 +384,13 @@ async function sources(resolver, answering) {
   assert.equal(row.status, 'UP');
   assert.equal(row['checks · overrides'], 'local');
   assert.ok(await page.locator('#conditions-header').isVisible());
+  // The source's service is there from rota's first sample on: its rate line is drawn from
+  // its first reading, every point a number.
+  const series = 'local:127.0.0.1:7501';
+  await until(page, "the source instance's rate line", (series) =>
+    document.querySelectorAll(`#rate-plot .series[data-series="${series}"] polyline`).length > 0, series);
+  const line = await plotted(page, 'rate-plot', series);
+  assert.ok(line.length >= 2 && line.every((p) => p.value === 0), JSON.stringify(line));
   mkdirSync(OUTPUT, { recursive: true });
   await page.screenshot({ path: join(OUTPUT, 'dashboard-sources.png') });
 }

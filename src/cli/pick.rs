@@ -35,9 +35,12 @@ pub async fn run(args: PickArgs) -> Result<(), CliError> {
     let mut client = args.server.connect().await?;
     let options =
         PickOptions { rule: args.rule, version: args.version, key: args.key, zone: args.zone, exclude: args.exclude };
-    println!("{}", HEADER);
-    for _ in 0..args.count {
+    // The header once the first pick is answered: a pick refused at once prints only its error.
+    for n in 0..args.count {
         let picked = client.pick(&args.service, options.clone()).await?;
+        if n == 0 {
+            println!("{}", HEADER);
+        }
         println!("{}", describe(&picked));
     }
     Ok(())

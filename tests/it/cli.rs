@@ -188,6 +188,7 @@ fn a_warming_up_server_answers_unseen_services_unavailable() {
     let stderr = text(&output.stderr);
     assert!(stderr.starts_with("rota: UNAVAILABLE: rota started less than "), "{stderr}");
     assert!(stderr.contains("\"not-back-yet\""), "{stderr}");
+    assert_eq!(text(&output.stdout), "", "a refused pick prints no table header");
 
     let output = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--warmup", "soon"]).output().unwrap();
     assert_eq!(output.status.code(), Some(64));

@@ -23,7 +23,9 @@ use crate::grpc::auth::{AuthInterceptor, Required};
 use crate::grpc::metrics::{GrpcMetrics, GrpcMetricsLayer};
 use crate::grpc::peers::{DEFAULT_CONSUMER_STREAMS_PER_PEER, PeerStreams};
 use crate::grpc::streams::{DEFAULT_MAX_OPEN_STREAMS, OpenStreams};
-use crate::grpc::{BalancerRoutes, BalancerService, PoliciesService, RegistryService, Warmup, XdsService};
+use crate::grpc::{
+    BalancerRoutes, BalancerService, PoliciesService, RegistryRoutes, RegistryService, Warmup, XdsService,
+};
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::load::StatsConfig;
 use crate::pb;
@@ -323,12 +325,12 @@ impl Server {
                 .with_answers(answers.clone()),
             limits.max_message_bytes,
         );
-        let registry_service = pb::registry_server::RegistryServer::new(
+        let registry_service = RegistryRoutes::new(
             RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
                 .with_warmup(warmup)
                 .with_answers(answers.clone()),
-        )
-        .max_decoding_message_size(limits.max_message_bytes);
+            limits.max_message_bytes,
+        );
         let policies_service =
             pb::policies_server::PoliciesServer::new(PoliciesService::new(policies, balancer.registry().clone()))
                 .max_decoding_message_size(limits.max_message_bytes);

@@ -6,7 +6,9 @@
 //! [`crate::registry`], and xDS ADS on top of [`crate::xds`]. [`metrics`] is the tower layer
 //! that counts every call for the admin listener, and [`answers`] the one that counts the bytes of
 //! answers clients have not read yet. [`pick_wire`] serves the unary Pick without protobuf's
-//! per-field work: the request read in place, the answer copied from bytes encoded at publish.
+//! per-field work: the request read in place, the answer copied from bytes encoded at publish; and
+//! [`watch_wire`] serves `Watch` with its first event encoded once per change, shared by every
+//! watch.
 
 pub mod answers;
 pub mod auth;
@@ -21,6 +23,7 @@ mod registry;
 pub mod status;
 pub mod streams;
 pub mod warmup;
+pub mod watch_wire;
 mod xds;
 
 pub use balancer::BalancerService;
@@ -28,4 +31,5 @@ pub use pick_wire::BalancerRoutes;
 pub use policies::PoliciesService;
 pub use registry::RegistryService;
 pub use warmup::Warmup;
+pub use watch_wire::RegistryRoutes;
 pub use xds::XdsService;

@@ -13,6 +13,7 @@ use super::answers::{self, Meter, UnreadAnswers};
 use super::peers::PeerStreams;
 use super::streams::{OpenStreams, StreamKind};
 use super::warmup::Warmup;
+use super::watch_wire::WatchItem;
 use super::{auth, convert, register, status};
 use crate::balancer::PickError;
 use crate::pb::{self, watch_event::Event};
@@ -133,11 +134,28 @@ impl pb::registry_server::Registry for RegistryService {
 
     type WatchStream = BoxStream<pb::WatchEvent>;
 
+    /// Served through [`super::watch_wire::RegistryRoutes`] with encoded snapshots; this path
+    /// (the generated server's) decodes them back into messages.
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        use futures_util::StreamExt;
+        let items = self.watch_items(request).await?;
+        let (metadata, items, extensions) = items.into_parts();
+        let events = items.map(|item| item.and_then(WatchItem::into_event));
+        Ok(Response::from_parts(metadata, Box::pin(events) as Self::WatchStream, extensions))
+    }
+}
+
+impl RegistryService {
     /// A service that has not been registered yet can be watched: the first event is then an
     /// empty snapshot at epoch 0, and instances arrive as they register. During the start-up
     /// [warm-up](super::warmup) that first snapshot waits until the service appears or the
-    /// warm-up ends.
-    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+    /// warm-up ends. The first event is the snapshot's shared encoding
+    /// ([`super::watch_wire::snapshot_event`]).
+    pub async fn watch_items(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<std::pin::Pin<Box<dyn Stream<Item = Result<WatchItem, Status>> + Send + 'static>>>, Status>
+    {
         auth::require_pick(&request)?;
         let peer = request.remote_addr();
         let name = request.into_inner().service;
@@ -170,14 +188,9 @@ impl pb::registry_server::Registry for RegistryService {
             if !reserved(&events, bytes, &tx).await {
                 return;
             }
-            let first = pb::WatchEvent {
-                event: Some(Event::Snapshot(pb::InstanceList {
-                    instances: last.instances.iter().map(|i| convert::instance(i)).collect(),
-                })),
-                epoch: last.epoch,
-            };
-            events.trim_to(answers::message_bytes(first.encoded_len()));
-            if tx.send(Ok(first)).await.is_err() {
+            let first = super::watch_wire::snapshot_event(&last);
+            events.trim_to(answers::message_bytes(first.len()));
+            if tx.send(Ok(WatchItem::Encoded(first))).await.is_err() {
                 return;
             }
             loop {
@@ -198,7 +211,7 @@ impl pb::registry_server::Registry for RegistryService {
                             };
                             let event = pb::WatchEvent { event: Some(event), epoch: current.epoch };
                             if !reserved(&events, answers::message_bytes(event.encoded_len()), &tx).await
-                                || tx.send(Ok(event)).await.is_err()
+                                || tx.send(Ok(WatchItem::Event(Box::new(event)))).await.is_err()
                             {
                                 return;
                             }
@@ -213,7 +226,9 @@ impl pb::registry_server::Registry for RegistryService {
                 }
             }
         });
-        let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as Self::WatchStream);
+        let items: std::pin::Pin<Box<dyn Stream<Item = Result<WatchItem, Status>> + Send + 'static>> =
+            Box::pin(ReceiverStream::new(rx));
+        let mut response = Response::new(items);
         response.extensions_mut().insert(meter);
         Ok(response)
     }
@@ -223,7 +238,7 @@ impl pb::registry_server::Registry for RegistryService {
 const EPOCH_BYTES: usize = 11;
 
 /// Waits for room for `bytes` of a watch's events; false once its client has gone.
-async fn reserved(meter: &Meter, bytes: usize, tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>) -> bool {
+async fn reserved(meter: &Meter, bytes: usize, tx: &mpsc::Sender<Result<WatchItem, Status>>) -> bool {
     tokio::select! {
         () = meter.reserve(bytes) => true,
         () = tx.closed() => false,

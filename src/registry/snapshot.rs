@@ -107,6 +107,9 @@ pub struct ServiceSnapshot {
     settled: OnceLock<(Duration, Option<tokio::time::Instant>)>,
     /// [`ServiceSnapshot::listing_bytes`], measured on first demand.
     listing_bytes: OnceLock<usize>,
+    /// The snapshot as the gRPC edge sends it to a new watch, encoded by the first watch of
+    /// this epoch and shared by every other (the registry neither reads nor writes it).
+    pub watch_answer: super::instance::Encoded,
 }
 
 impl ServiceSnapshot {
@@ -139,6 +142,7 @@ impl ServiceSnapshot {
             up: Subset::new(ANY_LABEL, up),
             settled: OnceLock::new(),
             listing_bytes: OnceLock::new(),
+            watch_answer: Default::default(),
         }
     }
 

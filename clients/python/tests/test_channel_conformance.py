@@ -13,7 +13,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -75,6 +76,12 @@ RESTART_PATIENCE = 20.0
 #: A kill step calls until as many calls in a row succeed as there are instances, in at
 #: most this many times that many calls.
 CALLS_AFTER_KILL = 10
+#: withdraw (and the xDS runner's drain and trip) call on until at least this many calls started
+#: later than within_ms after the change (the READMEs of clients/conformance/channel and xds) ...
+CALLS_AFTER_CHANGE = 20
+#: ... and fail if that many have not started within this many seconds past within_ms (a client
+#: whose calls each wait out their deadline), rather than call on for as long as it takes.
+CHANGE_PATIENCE = 20.0
 
 
 class ScenarioError(ValueError):
@@ -286,13 +293,7 @@ class Runner:
             self.calls(step)
         elif "withdraw" in step:
             self.registrations.pop(step["withdraw"]).close()
-            withdrawn = time.monotonic()
-            made = 0
-            while time.monotonic() - withdrawn < step["within_ms"] / 1000 or made < 20:
-                self.call()
-                made += 1
-            late = [r for r in self.fleet.since(withdrawn + step["within_ms"] / 1000) if r.instance == step["withdraw"]]
-            assert not late, f"{step['withdraw']} still reached after {step['within_ms']} ms: {late[:3]}"
+            self.none_reach_after(step["withdraw"], time.monotonic(), step["within_ms"], "its withdrawal")
         elif "kill" in step:
             self.fleet.kill(step["kill"])
             # A call already on its way to the instance may fail. As many calls in a row as
@@ -328,6 +329,20 @@ class Runner:
             self.draw(step["draw"])
         else:
             raise AssertionError(f"unknown step {step}")
+
+    def none_reach_after(self, instance: str, changed: float, within_ms: int, what: str, version: str = "") -> None:
+        """The check of withdraw, drain and trip: calls through consumer 1 (with ``version``) until
+        at least CALLS_AFTER_CHANGE calls started later than within_ms after ``changed`` (the
+        monotonic time of ``what``), none of which may have reached ``instance``."""
+        made = calls_after_change(lambda: self.reached_by_call(version), changed, within_ms)
+        check_none_reached(made, instance, within_ms, what)
+
+    def reached_by_call(self, version: str = "") -> tuple[str, ...]:
+        """Makes one call through consumer 1; the instances whose echo servers received it (the
+        runner's calls are one after another, so what they record meanwhile is this call's)."""
+        before = len(self.fleet.received)
+        self.call(version)
+        return tuple(r.instance for r in self.fleet.received[before:])
 
     def draw(self, n: int) -> None:
         """Leases n tickets of the channel's service and rule, without a version, with the
@@ -444,6 +459,55 @@ class Runner:
             assert max(shares) - min(shares) <= max(2, answered // 10), f"unbalanced: {dict(reached)}"
 
 
+@dataclass(frozen=True)
+class Made:
+    """A call of a withdraw, drain or trip step: when it started, in seconds after the change,
+    and the instances that received it (none when it failed before reaching one)."""
+
+    started: float
+    reached: tuple[str, ...]
+
+
+def calls_after_change(
+    call: Callable[[], Sequence[str]],
+    changed: float,
+    within_ms: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Made]:
+    """Makes calls one after another until at least CALLS_AFTER_CHANGE of them started later than
+    within_ms after ``changed`` (a time of ``clock``), so within_ms have passed too; gives up once
+    CHANGE_PATIENCE more seconds have passed. ``call`` makes one call and returns the instances
+    that received it."""
+    within = within_ms / 1000
+    made: list[Made] = []
+    after = 0
+    while after < CALLS_AFTER_CHANGE:
+        started = clock() - changed
+        if started > within + CHANGE_PATIENCE:
+            break
+        made.append(Made(started, tuple(call())))
+        if started > within:
+            after += 1
+    return made
+
+
+def check_none_reached(made: Sequence[Made], instance: str, within_ms: int, what: str) -> None:
+    """The verdict of a withdraw, drain or trip step over its calls: none that started later than
+    within_ms after ``what`` reached ``instance``, and at least CALLS_AFTER_CHANGE of them did
+    start that late (with fewer, the step would decide nothing)."""
+    within = within_ms / 1000
+    after = [m for m in made if m.started > within]
+    late = [round(m.started * 1000) for m in after if instance in m.reached]
+    assert not late, (
+        f"{instance} still received {len(late)} of the {len(after)} calls that started later than {within_ms} ms "
+        f"after {what}; they started these ms after it: {late[:10]}"
+    )
+    assert len(after) >= CALLS_AFTER_CHANGE, (
+        f"only {len(after)} of the {len(made)} calls made started later than {within_ms} ms after {what}, "
+        f"in {CHANGE_PATIENCE:g} s more; the step needs {CALLS_AFTER_CHANGE}"
+    )
+
+
 def run(scenario: dict[str, Any], flavour: str, private_server: Callable[..., RotaServer]) -> None:
     runner = Runner(scenario, flavour, private_server)
     try:
@@ -510,6 +574,91 @@ def test_rotation_refuses_tickets_drawn_out_of_band() -> None:
     with pytest.raises(AssertionError, match="ticket 5, one of the 7 drawn out of band"):
         check_rotation("round_robin", ids, {}, [(5, "c"), *calls], set(), 7)
     check_rotation("round_robin", ids, {}, [(5, "c"), *calls], set(), 5)
+
+
+class Probe:
+    """Consumer 1 of a withdraw, drain or trip step on a fake clock: its calls go to echo-a, echo-b
+    and echo-c in turn, each taking ``takes`` seconds, until the change takes effect ``stops``
+    seconds after it (then they pass echo-c over), or never (None: a DRAINING update that was
+    never sent, a withdrawal never made)."""
+
+    def __init__(self, stops: float | None, takes: float = 2**-6) -> None:
+        self.stops = stops
+        self.takes = takes
+        self.now = 0.0
+        self.turn = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self) -> tuple[str, ...]:
+        taken = self.stops is not None and self.now >= self.stops
+        ids = ["echo-a", "echo-b"] if taken else ["echo-a", "echo-b", "echo-c"]
+        reached = ids[self.turn % len(ids)]
+        self.turn += 1
+        self.now += self.takes
+        return (reached,)
+
+
+def drain_step(probe: Probe, within_ms: int = 1000) -> list[Made]:
+    """The runner's drain of echo-c, acknowledged at time 0 of the probe's clock."""
+    made = calls_after_change(probe.call, 0.0, within_ms, probe.clock)
+    check_none_reached(made, "echo-c", within_ms, "the acknowledgement of its DRAINING")
+    return made
+
+
+def test_a_drain_never_sent_fails_the_step() -> None:
+    # Calls of 1/64 s: 64 of them (over 20) fill the second up to the bound, the last starting
+    # 63/64 s after the change; a step that stopped there saw no call later than the bound.
+    with pytest.raises(AssertionError, match=r"echo-c still received 7 of the 20 calls that started later than 1000"):
+        drain_step(Probe(stops=None))
+    # And with calls of 0.1 s, 11 of them before the bound.
+    with pytest.raises(AssertionError, match=r"echo-c still received \d+ of the 20 calls"):
+        drain_step(Probe(stops=None, takes=0.1))
+
+
+def test_a_drain_taken_within_the_bound_passes_after_20_late_calls() -> None:
+    probe = Probe(stops=0.3)
+    made = drain_step(probe)
+    assert [m.started > 1.0 for m in made].count(True) == 20
+    # The step ended with its 20th call after the bound: 64 calls up to 63/64 s, one at 1 s
+    # exactly (not later than the bound), then 20.
+    assert len(made) == 64 + 1 + 20
+    assert "echo-c" in {r for m in made for r in m.reached}, "the probe reached echo-c before the drain took"
+
+
+def test_a_drain_taken_after_the_bound_fails() -> None:
+    with pytest.raises(AssertionError, match=r"echo-c still received 2 of the 20 .*: \[1016, 1062\]"):
+        drain_step(Probe(stops=1.1))
+
+
+def test_a_change_step_whose_calls_are_too_slow_fails() -> None:
+    # Calls of 5 s (each waits out its deadline): after the one started at 20 s, the next would
+    # start 25 s after the change, past the bound and CHANGE_PATIENCE; 4 calls started after 1 s.
+    probe = Probe(stops=0.0, takes=5.0)
+    with pytest.raises(AssertionError, match=r"only 4 of the 5 calls made started later than 1000 ms .*needs 20"):
+        drain_step(probe)
+    assert probe.now == 25.0
+
+
+def test_check_none_reached_counts_only_calls_started_after_the_bound() -> None:
+    before = [Made(i / 64, (("echo-a", "echo-b", "echo-c")[i % 3],)) for i in range(64)]
+    after = [Made(1.0 + (i + 1) / 64, (("echo-a", "echo-b")[i % 2],)) for i in range(20)]
+    what = "its withdrawal"
+    # Calls before the bound may reach echo-c, and one started at the bound exactly is not late.
+    check_none_reached([*before, Made(1.0, ("echo-c",)), *after], "echo-c", 1000, what)
+    # What a step that stops once the bound has passed and 20 calls were made in all sees: no
+    # call after the bound, which decides nothing.
+    with pytest.raises(AssertionError, match="only 0 of the 65 calls made started later than 1000 ms"):
+        check_none_reached([*before, Made(1.0, ("echo-a",))], "echo-c", 1000, what)
+    with pytest.raises(AssertionError, match="only 19 of the 83 calls"):
+        check_none_reached([*before, *after[:19]], "echo-c", 1000, what)
+    # One late call reaching echo-c fails the step, as does one that reached it among others
+    # (a call retried on another instance).
+    with pytest.raises(AssertionError, match=r"echo-c still received 1 of the 21 .*after its withdrawal.*\[1500\]"):
+        check_none_reached([*before, *after, Made(1.5, ("echo-c",))], "echo-c", 1000, what)
+    with pytest.raises(AssertionError, match=r"echo-c still received 1 of the 20"):
+        check_none_reached([*before, *after[:19], Made(1.5, ("echo-c", "echo-a"))], "echo-c", 1000, what)
 
 
 @pytest.mark.timeout(120)

@@ -46,6 +46,7 @@ import io.rota.client.Registration;
 import io.rota.client.RotaClient;
 import io.rota.client.RotaException;
 import io.rota.client.Update;
+import io.rota.client.channel.CallsAfterChange;
 import io.rota.client.channel.EchoFleet;
 import io.rota.client.testing.Await;
 import io.rota.client.testing.RotaServer;
@@ -474,16 +475,17 @@ class XdsConformanceTest {
             } else if (step.has("withdraw")) {
                 String id = step.get("withdraw").asText();
                 registrations.remove(id).close();
-                callsAfter(id, System.nanoTime(), step, version, "withdrawal");
+                callsAfter(id, System.nanoTime(), step, version, "its withdrawal");
             } else if (step.has("drain")) {
                 String id = step.get("drain").asText();
                 Registration registration = registrations.get(id);
+                // update returns once rota has acknowledged the DRAINING status.
                 registration.update(Update.of(new InstanceRef("echo", id)).withStatus(InstanceStatus.DRAINING));
-                callsAfter(id, System.nanoTime(), step, version, "acknowledgement of DRAINING");
+                callsAfter(id, System.nanoTime(), step, version, "the acknowledgement of its DRAINING");
             } else if (step.has("trip")) {
                 String id = step.get("trip").asText();
-                trip(id);
-                callsAfter(id, System.nanoTime(), step, version, "report that tripped its breaker");
+                int threshold = trip(id);
+                callsAfter(id, System.nanoTime(), step, version, "the report of " + threshold + " failed calls");
             } else if (step.has("kill")) {
                 fleet.kill(step.get("kill").asText());
                 // A call already on its way to the dead instance may fail; as many calls in a row
@@ -522,9 +524,9 @@ class XdsConformanceTest {
 
         /**
          * Reports as many failed calls of the instance as the service's breaker threshold, as a
-         * channel's leased calls (clients/conformance/xds/README.md, {@code trip}).
+         * channel's leased calls (clients/conformance/xds/README.md, {@code trip}); returns that threshold.
          */
-        private void trip(String id) {
+        private int trip(String id) {
             io.rota.v1.Policy policy = io.rota.v1.PoliciesGrpc.newBlockingStub(provider.channel())
                     .withDeadlineAfter(10, TimeUnit.SECONDS)
                     .getPolicy(io.rota.v1.GetPolicyRequest.newBuilder().setService(service).build());
@@ -537,23 +539,27 @@ class XdsConformanceTest {
             io.rota.v1.ReportResponse response = io.rota.v1.BalancerGrpc.newBlockingStub(provider.channel())
                     .withDeadlineAfter(10, TimeUnit.SECONDS).report(report.build());
             assertEquals(threshold, response.getAccepted(), "outcomes of " + id + " accepted by rota: " + response);
+            return threshold;
         }
 
         /**
-         * Calls through consumer 1 until {@code within_ms} have passed since {@code since} and at
-         * least 20 calls were made; none started later than that may reach {@code id}.
+         * The calls of withdraw, drain and trip through consumer 1, with the step's version:
+         * {@link CallsAfterChange} (clients/conformance/xds/README.md). Each call is a command of
+         * its own, timed here, so that its start and the receipts it caused are on one clock.
          */
         private void callsAfter(String id, long since, JsonNode step, String version, String what) throws Exception {
-            long within = TimeUnit.MILLISECONDS.toNanos(step.get("within_ms").asLong());
-            long left = Math.max(0, TimeUnit.NANOSECONDS.toMillis(since + within - System.nanoTime()) + 1);
-            Consumer.Result result = consumer.run(("until " + left + " 20 5000 " + version).trim(), left + 20 * 6000);
-            List<EchoFleet.Received> late = fleet.since(since + within);
-            Map<String, Integer> reached = new TreeMap<>();
-            late.forEach(r -> reached.merge(r.instance(), 1, Integer::sum));
-            System.out.println(stem + ": " + result.answers().size() + " calls after the " + what + " of " + id + ", "
-                    + result.failures().size() + " failed; after " + step.get("within_ms") + " ms reached " + reached);
-            assertTrue(late.stream().noneMatch(r -> r.instance().equals(id)),
-                    id + " still reached " + step.get("within_ms") + " ms after the " + what + ": " + reached);
+            String command = ("calls 1 5000 0 " + version).trim();
+            long within = step.get("within_ms").asLong();
+            List<Failure> failures = new ArrayList<>();
+            List<CallsAfterChange.Made> made = CallsAfterChange.make(() -> {
+                int before = fleet.received.size();
+                failures.addAll(consumer.run(command, 6000).failures());
+                List<EchoFleet.Received> all = List.copyOf(fleet.received);
+                return all.subList(before, all.size()).stream().map(EchoFleet.Received::instance).toList();
+            }, since, within, System::nanoTime);
+            System.out.println(stem + ": " + id + ", after " + what + ": " + CallsAfterChange.summary(made, within) + "; "
+                    + failures.size() + " failed" + (failures.isEmpty() ? "" : " (first: " + failures.get(0) + ")"));
+            CallsAfterChange.check(made, id, within, what);
         }
 
         void calls(JsonNode step) throws Exception {

@@ -37,8 +37,6 @@ import rota.echo.v1.EchoOuterClass.EchoRequest;
  *       {@value #READY_SECONDS} s (then the calls will tell why);</li>
  *   <li>{@code calls N DEADLINE_MS KEYS [VERSION]}: N unary {@code Echo} calls, one after another,
  *       call i with {@code x-rota-key: key-(i mod KEYS)} when KEYS is above 0;</li>
- *   <li>{@code until MS MIN DEADLINE_MS [VERSION]}: calls until MS ms have passed and at least MIN
- *       calls were made;</li>
  *   <li>{@code streak WANT MAX DEADLINE_MS [VERSION]}: calls until WANT calls in a row succeeded,
  *       at most MAX calls;</li>
  *   <li>{@code quit}: closes the channel and exits.</li>
@@ -93,18 +91,6 @@ public final class XdsConsumer {
                             out.println(call(channel, version, keyName(i, keys), deadlineMs));
                         }
                         out.println("DONE " + n);
-                    }
-                    case "until" -> {
-                        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Long.parseLong(words[1]));
-                        int min = Integer.parseInt(words[2]);
-                        long deadlineMs = Long.parseLong(words[3]);
-                        String version = words.length > 4 ? words[4] : "";
-                        int made = 0;
-                        while (System.nanoTime() - until < 0 || made < min) {
-                            out.println(call(channel, version, null, deadlineMs));
-                            made++;
-                        }
-                        out.println("DONE " + made);
                     }
                     case "streak" -> {
                         int want = Integer.parseInt(words[1]);

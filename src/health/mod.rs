@@ -17,6 +17,8 @@
 //!   returns nothing it read to anyone ([`probe`]); never to rota's own listeners, and only in
 //!   the networks `server.health_check_networks` allows ([`reach`]): an instance elsewhere
 //!   fails at once, unchecked.
+//! - A check whose kind changes (`http` to `grpc`, another path or gRPC service) starts over:
+//!   the old check's verdict is dropped, and so is a verdict when the check is turned off.
 //! - With Redis replicas the checks are shared out, not repeated: each instance is checked by
 //!   one live replica, chosen by rendezvous hashing over the live replicas ([`Assignment`]), and
 //!   its verdicts reach the others through Redis (`crate::replicas::health`). A replica cut off
@@ -276,9 +278,22 @@ impl Prober {
         let check = Arc::new(check);
         let targets = self.targets.entry(service.clone()).or_default();
         let mut new = Vec::new();
+        let mut dropped = Vec::new();
         for (id, (host, port)) in wanted {
             match targets.get_mut(&id) {
                 Some(target) => {
+                    if target.check.kind != check.kind {
+                        // Another check: what the last one found is not its verdict. It starts
+                        // over, as for a new instance; a result of the old one still running
+                        // is not counted.
+                        if target.failing.is_some() {
+                            dropped.push(id.clone());
+                        }
+                        self.next_generation += 1;
+                        target.generation = self.next_generation;
+                        (target.fails, target.passes, target.failing, target.running) = (0, 0, None, false);
+                        new.push((id, target.generation));
+                    }
                     if *target.check != *check {
                         target.check = check.clone();
                     }
@@ -305,6 +320,10 @@ impl Prober {
         }
         if targets.is_empty() {
             self.targets.remove(service);
+        }
+        for id in dropped {
+            self.registry.set_health(service, &id, None);
+            self.tell(service, &id, None);
         }
         let now = Instant::now();
         for (id, generation) in new {
@@ -410,3 +429,6 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests;

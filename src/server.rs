@@ -111,6 +111,20 @@ pub struct ServeConfig {
     pub warmup_settle: Option<Duration>,
     /// Registries rota follows (`[[source]]`, `--source`).
     pub sources: Vec<crate::sources::SourceSpec>,
+    /// The networks active health checks may connect to; `None` is
+    /// [`Networks::default_for`](crate::health::reach::Networks::default_for) the listeners.
+    pub health_check_networks: Option<crate::health::reach::Networks>,
+}
+
+impl ServeConfig {
+    /// The networks active health checks may connect to, given or by default.
+    pub fn health_check_networks(&self) -> crate::health::reach::Networks {
+        self.health_check_networks.clone().unwrap_or_else(|| {
+            crate::health::reach::Networks::default_for(
+                std::iter::once(self.listen.ip()).chain(self.admin_listen.map(|a| a.ip())),
+            )
+        })
+    }
 }
 
 /// Bounds on what one peer or connection may ask of the server, so overload is refused
@@ -173,6 +187,7 @@ impl Default for ServeConfig {
             warmup: None,
             warmup_settle: None,
             sources: Vec::new(),
+            health_check_networks: None,
         }
     }
 }
@@ -251,6 +266,7 @@ impl Server {
             None => PolicySet::default(),
         };
         let policies = Arc::new(Policies::new(policy_set));
+        let health_check_networks = config.health_check_networks();
         let tls = config.tls.map(ReloadingAcceptor::new).transpose()?;
         let listener = TcpListener::bind(config.listen)
             .await
@@ -282,7 +298,12 @@ impl Server {
             background.extend(tasks);
             health_sharing = Some(sharing);
         }
-        let (health_checks, prober) = crate::health::spawn(registry.clone(), policies.clone(), health_sharing);
+        // Checks never reach rota's own listeners, and only the networks allowed.
+        let mut own = vec![(local_addr, "gRPC")];
+        own.extend(admin_listener.as_ref().map(|(_, addr)| (*addr, "admin")));
+        let reach = crate::health::reach::Reach::new(health_check_networks, own);
+        let probe = Arc::new(crate::health::probe::Network::new(reach));
+        let (health_checks, prober) = crate::health::spawn(registry.clone(), policies.clone(), health_sharing, probe);
         background.push(prober);
         let policy_reloads = config.policy_file.as_ref().map(|path| {
             let reloads = watch::Sender::new(PolicyReloads::default());

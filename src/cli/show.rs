@@ -46,7 +46,7 @@ pub async fn watch(args: WatchArgs) -> Result<(), CliError> {
 }
 
 /// One instance: its fields, then why rota publishes another status or weight than was
-/// announced (`announced UP`, `operator drain`, `health failing: …`), when it does.
+/// announced (`announced UP`, `operator drain`, `health failing`), when it does.
 fn instance_row(instance: &pb::Instance) -> String {
     let name = |status: i32| pb::InstanceStatus::try_from(status).map_or("?", |s| s.as_str_name());
     let mut row = format!(

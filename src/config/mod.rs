@@ -365,6 +365,12 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 }
             },
         };
+    let health_check_networks = match pick(&overrides.health_check_networks, table.health_check_networks.clone()) {
+        None => None,
+        Some((value, source)) => Some(crate::health::reach::Networks::parse(&value).map_err(|problem| {
+            ConfigError { source_name: source, key: "server.health_check_networks".into(), problem }
+        })?),
+    };
     let tls = resolve_tls(
         pick(&overrides.tls_cert, table.tls_cert.clone()),
         pick(&overrides.tls_key, table.tls_key.clone()),
@@ -432,6 +438,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             warmup: Some(warmup),
             warmup_settle: Some(warmup_settle),
             sources,
+            health_check_networks,
         },
         shutdown_grace,
     })
@@ -528,7 +535,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = crate::duration::format;
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\nhealth_check_networks = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -562,6 +569,7 @@ impl Settings {
             d(self.serve.registry.service_idle_timeout),
             self.serve.registry.max_services,
             self.serve.registry.max_services_per_token,
+            crate::policy::file::toml_string(&self.serve.health_check_networks().to_string()),
         );
         if let Some(tls) = &self.serve.tls {
             let path = |p: &Path| crate::policy::file::toml_string(&p.display().to_string());

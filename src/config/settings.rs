@@ -152,6 +152,11 @@ values {
     max_services: integer, "ROTA_MAX_SERVICES";
     /// Services one token's registration streams may hold instances in at once [default: 1000].
     max_services_per_token: integer, "ROTA_MAX_SERVICES_PER_TOKEN";
+    /// Networks active health checks may connect to, as CIDRs separated by commas; `!CIDR`
+    /// refuses one, the longest match deciding (`10.0.0.0/8, !10.0.5.0/24`). rota's own
+    /// listeners are never checked [default: every address but link-local ones, and but
+    /// loopback unless every listener is on loopback].
+    health_check_networks: text, "ROTA_HEALTH_CHECK_NETWORKS";
     /// Serve TLS with this PEM certificate chain (needs --tls-key); reloaded when it changes.
     tls_cert: text, "ROTA_TLS_CERT";
     /// PEM private key of the TLS certificate (needs --tls-cert).

@@ -229,6 +229,42 @@ fn consumer_streams_per_peer_is_bounded_and_round_trips() {
 }
 
 #[test]
+fn health_check_networks_default_by_the_listeners_are_checked_and_round_trip() {
+    use std::net::IpAddr;
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    // On loopback only (the default listeners): loopback is checked, link-local is not.
+    let local = resolve(None, &Overrides::default()).unwrap();
+    assert!(local.serve.health_check_networks.is_none(), "not given: the default for the listeners");
+    assert!(local.serve.health_check_networks().allows(loopback));
+    assert!(local.to_toml().contains("health_check_networks = \"0.0.0.0/0, ::/0, !169.254.0.0/16, !fe80::/10\"\n"));
+    // Reachable from elsewhere: loopback is not checked either.
+    let exposed = Overrides { admin_listen: Some("0.0.0.0:9090".into()), insecure: true, ..Default::default() };
+    let exposed = resolve(None, &exposed).unwrap();
+    assert!(!exposed.serve.health_check_networks().allows(loopback));
+    assert!(exposed.to_toml().contains("!127.0.0.0/8, !::1/128"), "{}", exposed.to_toml());
+    // Given: checked, named in the error, and printed back the same.
+    let over = |text: &str| Overrides { health_check_networks: Some(text.into()), ..Default::default() };
+    let error = resolve(None, &over("10.0.0.1/8")).unwrap_err();
+    assert_eq!(error.key, "server.health_check_networks");
+    assert_eq!(error.source_name, "command line / environment");
+    assert_eq!(error.problem, "\"10.0.0.1/8\" has bits set past its prefix; the network is 10.0.0.0/8");
+    let f = file("[server]\nhealth_check_networks = \"10.0.0.0/8,,fd00::/8\"\n");
+    let error = resolve(Some(&f.0), &Overrides::default()).unwrap_err();
+    assert_eq!(
+        (error.key.as_str(), error.source_name.as_str()),
+        ("server.health_check_networks", f.0.to_str().unwrap())
+    );
+    assert!(error.problem.starts_with("entry 2 is empty"), "{error}");
+    let settings = resolve(None, &over("10.0.0.0/8,!10.0.5.0/24 , fd00::/8")).unwrap();
+    let networks = settings.serve.health_check_networks();
+    assert!(!networks.allows(loopback) && networks.allows("10.1.0.1".parse().unwrap()));
+    let printed = file(&settings.to_toml());
+    let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
+    assert_eq!(again.serve.health_check_networks, Some(networks));
+    assert!(settings.to_toml().contains("health_check_networks = \"10.0.0.0/8, !10.0.5.0/24, fd00::/8\"\n"));
+}
+
+#[test]
 fn xds_bounds_are_bounded_and_round_trip() {
     let names = |n: &str| Overrides { max_xds_names_per_stream: Some(n.into()), ..Default::default() };
     let total = |n: &str| Overrides { max_xds_subscriptions: Some(n.into()), ..Default::default() };

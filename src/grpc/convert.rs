@@ -56,10 +56,13 @@ pub fn instance(instance: &Instance) -> pb::Instance {
             Some(c) if c.announced_status != instance.status => status(c.announced_status).into(),
             _ => pb::InstanceStatus::Unspecified.into(),
         },
+        // The verdict alone: why a check fails (refused, no answer, which status) would tell
+        // any caller of the pick scope what answers at an address a provider names. The reason
+        // is the admin scope's (the admin API, the dashboard) and the log's.
         health: match instance.conditions.as_ref().and_then(|c| c.health.as_ref()) {
             None => String::new(),
             Some(crate::registry::Health::Passing) => "passing".to_owned(),
-            Some(crate::registry::Health::Failing(why)) => format!("failing: {why}"),
+            Some(crate::registry::Health::Failing(_)) => "failing".to_owned(),
         },
         operator: match instance.conditions.as_ref().and_then(|c| c.operator) {
             None => String::new(),
@@ -118,5 +121,42 @@ pub fn call_outcome(outcome: pb::CallOutcome) -> CallOutcome {
         result,
         leased: outcome.leased,
         rule: outcome.rule,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::registry::{Health, InstanceRecord, InstanceSpec, Registry, RegistryConfig};
+
+    /// A pick-scoped answer says that a check fails, not why; the admin API's record says why.
+    #[tokio::test]
+    async fn a_failing_checks_reason_stays_out_of_pick_scoped_answers() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let lease = registry.open_lease();
+        let spec = InstanceSpec {
+            id: "a".into(),
+            service: "svc".into(),
+            host: "127.0.0.1".into(),
+            port: 8080,
+            ..Default::default()
+        };
+        assert_eq!(lease.announce(vec![spec]).await.unwrap().accepted.len(), 1);
+        let (service, id): (Arc<str>, Arc<str>) = ("svc".into(), "a".into());
+        registry.set_health(&service, &id, Some(Health::Failing("connect: connection refused".into())));
+        // A round trip through the registry: the verdict is published by then.
+        registry.overrides().await.unwrap();
+        let snapshot = registry.service("svc").unwrap();
+        let answered = instance(&snapshot.instances[0]);
+        assert_eq!((answered.health.as_str(), answered.status), ("failing", pb::InstanceStatus::Down as i32));
+        assert_eq!(decoded_health(&encoded_instance(&snapshot.instances[0])), "failing");
+        let record = InstanceRecord::of(&snapshot.instances[0]);
+        assert_eq!(record.health.as_deref(), Some("failing: connect: connection refused"));
+    }
+
+    fn decoded_health(bytes: &[u8]) -> String {
+        <pb::Instance as prost::Message>::decode(bytes).unwrap().health
     }
 }

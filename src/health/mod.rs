@@ -14,13 +14,18 @@
 //!   checked, one that leaves (or is announced DRAINING or DOWN) is no longer, and a policy
 //!   change applies to the next check.
 //! - A check connects only to the address the instance announced, follows no redirect, and
-//!   returns nothing it read to anyone ([`probe`]).
+//!   returns nothing it read to anyone ([`probe`]); never to rota's own listeners, and only in
+//!   the networks `server.health_check_networks` allows ([`reach`]): an instance elsewhere
+//!   fails at once, unchecked.
+//! - A check whose kind changes (`http` to `grpc`, another path or gRPC service) starts over:
+//!   the old check's verdict is dropped, and so is a verdict when the check is turned off.
 //! - With Redis replicas the checks are shared out, not repeated: each instance is checked by
 //!   one live replica, chosen by rendezvous hashing over the live replicas ([`Assignment`]), and
 //!   its verdicts reach the others through Redis (`crate::replicas::health`). A replica cut off
 //!   from Redis checks every instance itself.
 
 pub mod probe;
+pub mod reach;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -34,6 +39,7 @@ use tokio::time::Instant;
 
 use crate::policy::{HealthCheck, Policies, PolicySet};
 use crate::registry::{Health, Registry, Status};
+use probe::{Probe, Verdict};
 
 /// Checks running at once, fleet-wide.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -130,19 +136,22 @@ struct Prober {
     counters: Arc<HealthCounters>,
     targets: HashMap<Arc<str>, HashMap<Arc<str>, Target>>,
     schedule: BinaryHeap<Reverse<(Instant, u64, Key)>>,
-    running: JoinSet<(Key, u64, Result<(), String>)>,
+    running: JoinSet<(Key, u64, Verdict)>,
     next_generation: u64,
     /// The policies last applied.
     seen: Arc<PolicySet>,
     sharing: Option<Sharing>,
+    probe: Arc<dyn Probe>,
 }
 
 /// Starts checking (with replicas, the instances `sharing` assigns to this one); the task ends
-/// when the registry stops.
+/// when the registry stops. `probe` makes each check ([`probe::Network`], which connects only
+/// where its [`reach::Reach`] allows).
 pub fn spawn(
     registry: Registry,
     policies: Arc<Policies>,
     sharing: Option<Sharing>,
+    probe: Arc<dyn Probe>,
 ) -> (Arc<HealthCounters>, JoinHandle<()>) {
     let counters = Arc::new(HealthCounters::default());
     let seen = policies.load_full();
@@ -156,6 +165,7 @@ pub fn spawn(
         next_generation: 0,
         seen,
         sharing,
+        probe,
     };
     (counters, tokio::spawn(prober.start_when_needed()))
 }
@@ -268,9 +278,22 @@ impl Prober {
         let check = Arc::new(check);
         let targets = self.targets.entry(service.clone()).or_default();
         let mut new = Vec::new();
+        let mut dropped = Vec::new();
         for (id, (host, port)) in wanted {
             match targets.get_mut(&id) {
                 Some(target) => {
+                    if target.check.kind != check.kind {
+                        // Another check: what the last one found is not its verdict. It starts
+                        // over, as for a new instance; a result of the old one still running
+                        // is not counted.
+                        if target.failing.is_some() {
+                            dropped.push(id.clone());
+                        }
+                        self.next_generation += 1;
+                        target.generation = self.next_generation;
+                        (target.fails, target.passes, target.failing, target.running) = (0, 0, None, false);
+                        new.push((id, target.generation));
+                    }
                     if *target.check != *check {
                         target.check = check.clone();
                     }
@@ -297,6 +320,10 @@ impl Prober {
         }
         if targets.is_empty() {
             self.targets.remove(service);
+        }
+        for id in dropped {
+            self.registry.set_health(service, &id, None);
+            self.tell(service, &id, None);
         }
         let now = Instant::now();
         for (id, generation) in new {
@@ -334,17 +361,14 @@ impl Prober {
                 continue;
             }
             target.running = true;
-            let (host, port, check) = (target.host.clone(), target.port, target.check.clone());
-            self.running.spawn(async move {
-                let verdict = probe::check(&check.kind, &host, port, check.timeout).await;
-                (key, generation, verdict)
-            });
+            let checking = self.probe.check(&target.check, &target.host, target.port);
+            self.running.spawn(async move { (key, generation, checking.await) });
         }
         self.counters.in_flight.store(self.running.len(), Ordering::Relaxed);
     }
 
-    fn finished(&mut self, key: Key, generation: u64, verdict: Result<(), String>) {
-        let counter = if verdict.is_ok() { &self.counters.passed } else { &self.counters.failed };
+    fn finished(&mut self, key: Key, generation: u64, verdict: Verdict) {
+        let counter = if verdict == Verdict::Pass { &self.counters.passed } else { &self.counters.failed };
         counter.fetch_add(1, Ordering::Relaxed);
         let Some(target) = self.targets.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
         if target.generation != generation {
@@ -353,7 +377,7 @@ impl Prober {
         target.running = false;
         let check = target.check.clone();
         let health = match verdict {
-            Ok(()) => {
+            Verdict::Pass => {
                 target.passes += 1;
                 target.fails = 0;
                 match target.failing {
@@ -362,7 +386,18 @@ impl Prober {
                     _ => None,
                 }
             }
-            Err(why) => {
+            // Not a failure that may pass: rota will not check this address. Failing at once.
+            Verdict::Refused(why) => {
+                target.fails += 1;
+                target.passes = 0;
+                if target.failing == Some(true) {
+                    None
+                } else {
+                    tracing::warn!(service = %key.0, id = %key.1, %why, "health check refused: no picks while the instance is there");
+                    Some(Health::Failing(why.into()))
+                }
+            }
+            Verdict::Fail(why) => {
                 target.fails += 1;
                 target.passes = 0;
                 let failing = target.failing == Some(true);
@@ -394,3 +429,6 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,7 +14,9 @@
 //!   and `.weight` become rota's fields, the rest of it metadata, stringified), or go-zero's
 //!   plain `HOST:PORT`. Anything else is a malformed entry, refused alone.
 //! - The key's lease, when it has one, is in the metadata as `etcd.lease` (decimal): when the
-//!   registrant stops renewing it, etcd deletes the key and the instance leaves rota.
+//!   registrant stops renewing it, etcd deletes the key and the instance leaves rota, as with
+//!   any delete (held back by the follower when it removes more than `protect_threshold` of
+//!   the service, and applied when `protect_for` runs out, the watch silent or not).
 //! - A watch that etcd cancels (a compaction past the revision it started from answers
 //!   `canceled` with `compact_revision`), ends, or breaks, and a connection error, fail the
 //!   read: the source is stale with its last listing, and the next read is a range again.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::listing::{Held, Holding, Listing, plan};
+use super::listing::{Held, Holding, Listing, next_release, plan, release};
 use super::{Follow, SourceSpec, SourceStatus};
 use crate::registry::{InstanceRecord, InstanceRef, Lease, RegistryClosed};
 
@@ -19,20 +19,44 @@ const LOGGED_REFUSALS: usize = 8;
 
 /// Follows `spec` into `lease` until the registry stops (or the task is aborted, which drops
 /// the lease and with it the source's instances).
+///
+/// While a read is awaited, a held-back removal whose `protect_for` runs out is applied then,
+/// not at the next listing: a source that says nothing more (an etcd watch is silent while
+/// nothing under its prefix changes) does not keep a removal held for ever. While the source is
+/// failing, nothing is released: its next good read decides.
 pub async fn run(spec: Arc<SourceSpec>, mut follow: impl Follow, lease: Lease, status: Arc<SourceStatus>) {
     let mut mirror = Mirror::new(lease, spec.clone());
     let mut backoff = FIRST_BACKOFF;
+    let mut up = false;
     info!(source = %spec.name, url = %spec.url, "following source");
     loop {
-        match follow.next().await {
+        let read = {
+            let next = follow.next();
+            tokio::pin!(next);
+            loop {
+                let due = if up { mirror.next_release() } else { None };
+                tokio::select! {
+                    read = &mut next => break read,
+                    () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                        match mirror.release(Instant::now()).await {
+                            Ok(report) => status.released(report),
+                            Err(RegistryClosed) => return,
+                        }
+                    }
+                }
+            }
+        };
+        match read {
             Ok(listing) => {
                 backoff = FIRST_BACKOFF;
+                up = true;
                 match mirror.apply(listing, Instant::now()).await {
                     Ok(report) => status.synced(report),
                     Err(RegistryClosed) => return,
                 }
             }
             Err(error) => {
+                up = false;
                 warn!(source = %spec.name, %error, retry_in = ?backoff, "source failed; keeping its last listing");
                 status.failed(error.to_string());
                 follow.reset();
@@ -64,16 +88,61 @@ pub struct Mirror {
     /// Records rota refused, kept until the source changes or drops them.
     refused: HashMap<(String, String), InstanceRecord>,
     holding: Holding,
+    /// Entries of the latest listing refused before they reached the lease (malformed, or
+    /// over `max_instances`).
+    dropped: usize,
 }
 
 impl Mirror {
     pub fn new(lease: Lease, spec: Arc<SourceSpec>) -> Self {
-        Self { lease, spec, held: Held::new(), refused: HashMap::new(), holding: Holding::new() }
+        Self { lease, spec, held: Held::new(), refused: HashMap::new(), holding: Holding::new(), dropped: 0 }
+    }
+
+    /// When the earliest held-back removal is due, if any is held back.
+    pub fn next_release(&self) -> Option<Instant> {
+        next_release(&self.spec, &self.holding)
+    }
+
+    /// Applies the held-back removals whose time is up at `now`, as the latest listing asked.
+    pub async fn release(&mut self, now: Instant) -> Result<Report, RegistryClosed> {
+        let plan = release(&self.spec, &self.held, &mut self.holding, now);
+        for service in &plan.released {
+            warn!(source = %self.spec.name, %service, protect_for = ?self.spec.protect_for, "held-back removal applied: the source's latest listing asked for it protect_for ago");
+        }
+        self.withdraw(&plan.withdraw).await?;
+        Ok(self.report(plan.held_back))
+    }
+
+    async fn withdraw(&mut self, withdraw: &[(String, String)]) -> Result<(), RegistryClosed> {
+        if withdraw.is_empty() {
+            return Ok(());
+        }
+        let refs =
+            withdraw.iter().map(|(service, id)| InstanceRef { service: service.clone(), id: id.clone() }).collect();
+        self.lease.withdraw(refs).await?;
+        for (service, id) in withdraw {
+            if let Some(instances) = self.held.get_mut(service) {
+                instances.remove(id);
+                if instances.is_empty() {
+                    self.held.remove(service);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn report(&self, held_back: Vec<(String, usize, usize)>) -> Report {
+        let instances = self.held.values().map(|i| i.len()).sum();
+        // Refused now, or before and unchanged since.
+        let refused = self.dropped + self.refused.len();
+        let held_back = held_back.into_iter().map(|(service, _, _)| service).collect();
+        Report { instances, refused, held_back }
     }
 
     /// Makes rota's table say what `listing` says (bar held-back removals).
     pub async fn apply(&mut self, listing: Listing, now: Instant) -> Result<Report, RegistryClosed> {
-        let name = &self.spec.name;
+        let spec = self.spec.clone();
+        let name = &spec.name;
         let malformed = listing.malformed.len();
         for problem in listing.malformed.iter().take(LOGGED_REFUSALS) {
             warn!(source = %name, %problem, "source entry refused");
@@ -96,22 +165,7 @@ impl Mirror {
         for service in &plan.released {
             warn!(source = %name, %service, "held-back removal applied: the source still asks for it after protect_for");
         }
-        if !plan.withdraw.is_empty() {
-            let refs = plan
-                .withdraw
-                .iter()
-                .map(|(service, id)| InstanceRef { service: service.clone(), id: id.clone() })
-                .collect();
-            self.lease.withdraw(refs).await?;
-            for (service, id) in &plan.withdraw {
-                if let Some(instances) = self.held.get_mut(service) {
-                    instances.remove(id);
-                    if instances.is_empty() {
-                        self.held.remove(service);
-                    }
-                }
-            }
-        }
+        self.withdraw(&plan.withdraw).await?;
         if !plan.announce.is_empty() {
             let mut sent: HashMap<(String, String), InstanceRecord> = HashMap::with_capacity(plan.announce.len());
             let specs = plan
@@ -141,11 +195,8 @@ impl Mirror {
                 }
             }
         }
-        let instances = self.held.values().map(|i| i.len()).sum();
-        // Refused now, or before and unchanged since.
-        let refused = malformed + plan.over_limit + self.refused.len();
-        let held_back = plan.held_back.into_iter().map(|(service, _, _)| service).collect();
-        Ok(Report { instances, refused, held_back })
+        self.dropped = malformed + plan.over_limit;
+        Ok(self.report(plan.held_back))
     }
 }
 
@@ -245,6 +296,67 @@ mod tests {
         fn reset(&mut self) {
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
+    }
+
+    fn three() -> Vec<InstanceRecord> {
+        vec![record("a", 1), record("b", 2), record("c", 3)]
+    }
+
+    /// The source answers three instances, then (a second later) one, then nothing more for
+    /// ever, as an etcd watch says nothing while nothing changes: the removal of two of three
+    /// is held back, and applied `protect_for` after it came, with no further listing.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_back_removal_is_applied_at_protect_for_with_no_further_listing() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let spec = spec();
+        let status = Arc::new(SourceStatus::new(&spec));
+        let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let script = VecDeque::from([Ok(listing(three())), Ok(listing(vec![record("a", 1)]))]);
+        let lease = registry.open_source_lease(&spec.name, spec.max_instances);
+        let t0 = Instant::now();
+        let task = tokio::spawn(run(spec.clone(), Scripted(script, resets), lease, status.clone()));
+        let mut changes = registry.subscribe("demo").await.unwrap();
+        changes.wait_for(|s| s.instances.len() == 3).await.unwrap();
+        let removal = t0 + Duration::from_secs(2);
+        tokio::time::sleep_until(removal + Duration::from_millis(1)).await;
+        assert_eq!(status.view().held_back, ["demo"]);
+        tokio::time::sleep_until(removal + spec.protect_for - Duration::from_millis(1)).await;
+        assert_eq!(ids(&registry).await.len(), 3, "held back until protect_for");
+        let applied = tokio::time::timeout(spec.protect_for, changes.wait_for(|s| s.instances.len() == 1)).await;
+        assert!(applied.is_ok_and(|r| r.is_ok()), "not applied without another listing: {:?}", status.view());
+        assert_eq!(Instant::now(), removal + spec.protect_for, "applied when protect_for ran out");
+        let view = status.view();
+        assert!(view.up && view.held_back.is_empty(), "{view:?}");
+        assert_eq!((view.reads, view.instances), (2, 1), "no read was needed");
+        task.abort();
+    }
+
+    /// While the source fails, a held-back removal stays held: the next good read decides.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_source_releases_nothing_until_a_read_succeeds() {
+        let registry = Registry::spawn(RegistryConfig::default());
+        let spec = spec();
+        let status = Arc::new(SourceStatus::new(&spec));
+        let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut script = VecDeque::from([Ok(listing(three())), Ok(listing(vec![record("a", 1)]))]);
+        // Twelve failures take over 100 s, whatever the jitter of the backoff.
+        script.extend((0..12).map(|_| Err(SourceError::new("timed out"))));
+        script.push_back(Ok(listing(vec![record("a", 1)])));
+        let lease = registry.open_source_lease(&spec.name, spec.max_instances);
+        let t0 = Instant::now();
+        let task = tokio::spawn(run(spec.clone(), Scripted(script, resets), lease, status.clone()));
+        tokio::time::sleep_until(t0 + Duration::from_secs(2) + spec.protect_for + Duration::from_secs(1)).await;
+        let stale = status.view();
+        assert!(!stale.up, "{stale:?}");
+        assert_eq!(ids(&registry).await.len(), 3, "nothing released while the source fails");
+        let mut changes = registry.subscribe("demo").await.unwrap();
+        let bound = Duration::from_secs(600);
+        let applied = tokio::time::timeout(bound, changes.wait_for(|s| s.instances.len() == 1)).await;
+        assert!(applied.is_ok_and(|r| r.is_ok()), "{:?}", status.view());
+        let back = status.view();
+        assert!(back.up && back.held_back.is_empty(), "{back:?}");
+        assert_eq!(back.reads, 3, "released by the read that succeeded");
+        task.abort();
     }
 
     #[tokio::test(start_paused = true)]

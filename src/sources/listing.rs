@@ -43,8 +43,18 @@ pub struct Plan {
     pub listed: usize,
 }
 
-/// Since when each service's removals have been held back.
-pub type Holding = HashMap<String, Instant>;
+/// One service's removals, held back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    /// Since when: the removal is applied at `since + protect_for`, whether or not the source
+    /// says anything more by then.
+    pub since: Instant,
+    /// The instances (rota ids) the source's latest listing removes.
+    pub gone: Vec<String>,
+}
+
+/// By service, the removals held back.
+pub type Holding = HashMap<String, Hold>;
 
 /// Decides what `listing` changes, given what is `held`; `refused` are the records rota
 /// refused before (announced again only once they change); `holding` is updated.
@@ -93,8 +103,9 @@ pub fn plan(
         let gone: Vec<&String> = now_held.keys().filter(|id| !desired.contains_key(*id)).collect();
         let too_many = !gone.is_empty() && gone.len() as f64 > spec.protect_threshold * now_held.len() as f64;
         if too_many {
-            let since = *holding.entry(service.clone()).or_insert(now);
-            if now.duration_since(since) < spec.protect_for {
+            let hold = holding.entry(service.clone()).or_insert_with(|| Hold { since: now, gone: Vec::new() });
+            if now.duration_since(hold.since) < spec.protect_for {
+                hold.gone = gone.iter().map(|id| (*id).clone()).collect();
                 plan.held_back.push((service.clone(), gone.len(), now_held.len()));
                 continue;
             }
@@ -103,6 +114,42 @@ pub fn plan(
         holding.remove(service);
         plan.withdraw.extend(gone.into_iter().map(|id| (service.clone(), id.clone())));
     }
+    plan
+}
+
+/// When the earliest held-back removal is due, if any is held back.
+pub fn next_release(spec: &SourceSpec, holding: &Holding) -> Option<Instant> {
+    holding.values().map(|hold| hold.since + spec.protect_for).min()
+}
+
+/// Applies the held-back removals whose `protect_for` is up at `now`, as the source's latest
+/// listing asked for them (the instances it still lists were updated when it came): the same
+/// as [`plan`] would decide for that listing again, without the source having to say it.
+pub fn release(spec: &SourceSpec, held: &Held, holding: &mut Holding, now: Instant) -> Plan {
+    let mut plan = Plan::default();
+    let mut due: Vec<String> = holding
+        .iter()
+        .filter(|(_, hold)| now.duration_since(hold.since) >= spec.protect_for)
+        .map(|(service, _)| service.clone())
+        .collect();
+    due.sort();
+    for service in due {
+        let Some(hold) = holding.remove(&service) else { continue };
+        let now_held = held.get(&service);
+        plan.withdraw.extend(
+            hold.gone
+                .into_iter()
+                .filter(|id| now_held.is_some_and(|instances| instances.contains_key(id)))
+                .map(|id| (service.clone(), id)),
+        );
+        plan.released.push(service);
+    }
+    let mut still: Vec<(String, usize, usize)> = holding
+        .iter()
+        .map(|(service, hold)| (service.clone(), hold.gone.len(), held.get(service).map_or(0, BTreeMap::len)))
+        .collect();
+    still.sort();
+    plan.held_back = still;
     plan
 }
 
@@ -188,6 +235,44 @@ mod tests {
         assert_eq!(due.withdraw.len(), 4);
         assert_eq!(due.released, ["orders"]);
         assert!(holding.is_empty());
+    }
+
+    #[test]
+    fn a_held_back_removal_is_released_at_protect_for_without_another_listing() {
+        let (spec, t0) = (spec(), Instant::now());
+        let mut holding = Holding::new();
+        let mut source = listing("orders", &["a", "b", "c"]);
+        source.services.insert("users".into(), vec![record("u1"), record("u2")]);
+        let held = applied(Held::new(), &plan(&spec, &Held::new(), &HashMap::new(), source, &mut holding, t0));
+        assert_eq!(next_release(&spec, &holding), None);
+        // orders loses two of three at t0, users both of two a second later: both held back.
+        let mut orders_gone = listing("orders", &["a"]);
+        orders_gone.services.insert("users".into(), vec![record("u1"), record("u2")]);
+        let first = plan(&spec, &held, &HashMap::new(), orders_gone, &mut holding, t0);
+        assert_eq!(first.held_back, [("orders".to_owned(), 2, 3)]);
+        let later = t0 + Duration::from_secs(1);
+        let mut orders_only = listing("orders", &["a"]);
+        orders_only.services.insert("users".into(), vec![]);
+        plan(&spec, &held, &HashMap::new(), orders_only, &mut holding, later);
+        assert_eq!(next_release(&spec, &holding), Some(t0 + spec.protect_for));
+        // Not yet due: nothing is released.
+        let early = release(&spec, &held, &mut holding, t0 + spec.protect_for - Duration::from_millis(1));
+        assert!(early.withdraw.is_empty() && early.released.is_empty());
+        assert_eq!(early.held_back.len(), 2);
+        // Due: orders' removal, as the latest listing asked; users still waits its own time.
+        let due = release(&spec, &held, &mut holding, t0 + spec.protect_for);
+        assert_eq!(
+            due.withdraw,
+            [("orders".to_owned(), "eureka:b".to_owned()), ("orders".to_owned(), "eureka:c".to_owned())]
+        );
+        assert_eq!(due.released, ["orders"]);
+        assert_eq!(due.held_back, [("users".to_owned(), 2, 2)]);
+        let held = applied(held, &due);
+        assert_eq!(next_release(&spec, &holding), Some(later + spec.protect_for));
+        let users = release(&spec, &held, &mut holding, later + spec.protect_for);
+        assert_eq!((users.withdraw.len(), users.released.as_slice()), (2, ["users".to_owned()].as_slice()));
+        assert!(holding.is_empty() && users.held_back.is_empty());
+        assert_eq!(next_release(&spec, &holding), None);
     }
 
     #[test]

@@ -12,9 +12,10 @@
 //!   stale ([`SourceStatus`]: `rota_source_up{source="NAME"} 0`, `/readyz`, `/api/sources`,
 //!   the dashboard) and is asked again with backoff, from a full listing.
 //! - A listing that would remove more than `protect_threshold` of a service's instances at
-//!   once is held back (logged, counted) for up to `protect_for`; one that removes less, or the
-//!   same one after that time, is applied. A registry that restarts empty, or answers half its
-//!   table for a moment, does not empty rota.
+//!   once is held back (logged, counted) for `protect_for`; one that removes less is applied at
+//!   once, and a held-back removal when `protect_for` runs out, whether or not the source has
+//!   answered since (an etcd watch is silent while nothing changes). A registry that restarts
+//!   empty, or answers half its table for a moment, does not empty rota.
 //! - A source's answers are untrusted: the answer's bytes and its instances are bounded
 //!   (`max_bytes`, `max_instances`), an entry rota cannot use is refused alone (logged once,
 //!   counted), and parsing runs off the runtime's worker threads.

@@ -63,6 +63,14 @@ impl SourceStatus {
         view.last_read = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
     }
 
+    /// Held-back removals were applied, their time being up (no read happened).
+    pub fn released(&self, report: Report) {
+        let mut view = self.lock();
+        view.instances = report.instances;
+        view.refused = report.refused;
+        view.held_back = report.held_back;
+    }
+
     pub fn failed(&self, error: String) {
         let mut view = self.lock();
         view.up = false;

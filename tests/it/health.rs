@@ -83,6 +83,24 @@ async fn listed(server: &TestServer, service: &str, id: &str) -> pb::Instance {
     list.instances.into_iter().find(|i| i.id == id).expect("the instance is listed")
 }
 
+/// The instance `id` of `service`'s verdict as the admin API shows it, reason and all.
+async fn admin_health(server: &TestServer, service: &str, id: &str) -> String {
+    let addr = server.server.admin_addr().expect("admin listener");
+    let (status, body) = crate::admin::get(addr, &format!("/api/services/{service}")).await;
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let instances = view["instances"].as_array().expect("instances");
+    let instance = instances.iter().find(|i| i["id"] == id).expect("the instance is in the admin API");
+    instance["health"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Waits until a pick-scoped listing shows `id` failing, and checks the admin API gives the
+/// reason `why`, which listings leave out.
+async fn wait_failing(server: &TestServer, service: &str, id: &str, why: &str) {
+    wait_health(server, service, id, "failing").await;
+    assert_eq!(admin_health(server, service, id).await, format!("failing: {why}"));
+}
+
 async fn wait_health(server: &TestServer, service: &str, id: &str, health: &str) {
     let mut last = String::new();
     let waited = tokio::time::timeout(PATIENCE, async {
@@ -123,7 +141,8 @@ async fn a_grpc_instance_not_serving_gets_no_picks_until_it_serves_again() {
     let steady_now = listed(&server, "orders", "steady").await;
     assert_eq!(steady_now.status, pb::InstanceStatus::Down as i32);
     assert_eq!(steady_now.announced_status, pb::InstanceStatus::Up as i32);
-    assert!(steady_now.health.starts_with("failing: "), "{steady_now:?}");
+    assert_eq!(steady_now.health, "failing", "the reason is the admin scope's: {steady_now:?}");
+    assert!(admin_health(&server, "orders", "steady").await.starts_with("failing: "));
     wait_health(&server, "orders", "grpc", "passing").await;
 
     reporter.set_service_status("orders.v1.Orders", tonic_health::ServingStatus::NotServing).await;
@@ -138,7 +157,7 @@ async fn a_grpc_instance_not_serving_gets_no_picks_until_it_serves_again() {
     .await
     .expect("no instance left to pick");
     assert!(no_picks.contains("UNAVAILABLE"), "{no_picks}");
-    wait_health(&server, "orders", "grpc", "failing: gRPC health NOT_SERVING").await;
+    wait_failing(&server, "orders", "grpc", "gRPC health NOT_SERVING").await;
 
     reporter.set_service_status("orders.v1.Orders", tonic_health::ServingStatus::Serving).await;
     wait_picked(&server, "orders", "serving again", &["grpc"]).await;
@@ -177,7 +196,7 @@ async fn an_http_instance_that_fails_or_dies_and_a_tcp_listener_that_closes_leav
     failing.store(true, Ordering::SeqCst);
     let gone = tokio::time::timeout(PATIENCE, async {
         loop {
-            if listed(&server, "web", "app").await.health.starts_with("failing") {
+            if listed(&server, "web", "app").await.health == "failing" {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -185,7 +204,7 @@ async fn an_http_instance_that_fails_or_dies_and_a_tcp_listener_that_closes_leav
     })
     .await;
     assert!(gone.is_ok());
-    assert!(listed(&server, "web", "app").await.health.contains("503"));
+    assert_eq!(admin_health(&server, "web", "app").await, "failing: answered HTTP 503");
     failing.store(false, Ordering::SeqCst);
     wait_picked(&server, "web", "the app answering 200 again", &["app"]).await;
 
@@ -253,9 +272,8 @@ async fn a_hung_instance_fails_through_the_timeout_and_returns_when_it_answers()
     python.signal(libc::SIGSTOP);
     let hung = tokio::time::timeout(PATIENCE, async {
         loop {
-            let health = listed(&server, "files", "python").await.health;
-            if health.starts_with("failing") {
-                return health;
+            if listed(&server, "files", "python").await.health == "failing" {
+                return admin_health(&server, "files", "python").await;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -313,14 +331,14 @@ async fn replicas_share_the_checks_out_and_each_sees_the_others_verdicts() {
     assert!(shared.is_ok(), "the checks were not shared out");
     // The dead one is DOWN on both, whichever replica checks it.
     for replica in &replicas {
-        wait_health(replica, "fleet", "dead", "failing: connect: connection refused").await;
+        wait_failing(replica, "fleet", "dead", "connect: connection refused").await;
         assert_eq!(listed(replica, "fleet", "dead").await.status, pb::InstanceStatus::Down as i32);
         wait_health(replica, "fleet", "i00", "passing").await;
     }
     // One replica stops: the other checks the whole fleet.
     let survivor = replicas.pop().unwrap();
     drop(replicas);
-    wait_health(&survivor, "fleet", "dead", "failing: connect: connection refused").await;
+    wait_failing(&survivor, "fleet", "dead", "connect: connection refused").await;
     let alone = tokio::time::timeout(PATIENCE * 2, async {
         while gauge(&survivor, "rota_health_checked_instances").await != 25 {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -328,6 +346,54 @@ async fn replicas_share_the_checks_out_and_each_sees_the_others_verdicts() {
     })
     .await;
     assert!(alone.is_ok(), "the survivor did not take the departed replica's checks over");
+}
+
+/// An instance announced at rota's own gRPC or admin listener is never connected to: it fails
+/// at its first check, saying so to the admin scope only.
+#[tokio::test]
+async fn rotas_own_listeners_are_never_checked() {
+    let (other, _other_task) = listener().await;
+    let server = TestServer::start().await;
+    let (grpc, admin) = (server.server.local_addr(), server.server.admin_addr().unwrap());
+    let slow = pb::HealthCheck { unhealthy_after: 100, ..check("tcp", "", 400) };
+    checked_service(&server, "inside", slow).await;
+    let _held = server
+        .register(vec![
+            instance("inside", "grpc", grpc.port().into()),
+            instance("inside", "admin", admin.port().into()),
+            instance("inside", "other", other.port().into()),
+        ])
+        .await;
+    // unhealthy_after is 100: only an address rota does not check fails this soon.
+    wait_failing(&server, "inside", "grpc", &format!("not checked: {grpc} is rota's own gRPC listener")).await;
+    wait_failing(&server, "inside", "admin", &format!("not checked: {admin} is rota's own admin listener")).await;
+    wait_health(&server, "inside", "other", "passing").await;
+    wait_picked(&server, "inside", "the other listener only", &["other"]).await;
+}
+
+/// With the networks rota checks by default once it is reachable from elsewhere (no loopback),
+/// a provider registering loopback ports learns nothing: an open port and a closed one both
+/// fail unchecked, alike to the pick scope, and nothing connects to the open one.
+#[tokio::test]
+async fn outside_the_networks_checked_an_open_port_and_a_closed_one_look_the_same() {
+    let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open_port = open.local_addr().unwrap().port();
+    let closed = crate::redis_server::free_port();
+    let networks = rota::health::reach::Networks::parse("0.0.0.0/0, ::/0, !127.0.0.0/8, !::1/128").unwrap();
+    let server = TestServer::start_with(|c| c.health_check_networks = Some(networks)).await;
+    checked_service(&server, "scan", check("tcp", "", 200)).await;
+    let _held = server
+        .register(vec![instance("scan", "open", open_port.into()), instance("scan", "closed", closed.into())])
+        .await;
+    for id in ["open", "closed"] {
+        wait_failing(&server, "scan", id, "not checked: 127.0.0.1 is outside server.health_check_networks").await;
+    }
+    let listing = server.client().await.list_instances("scan").await.unwrap().instances;
+    let shown: Vec<(&str, &str, i32)> = listing.iter().map(|i| (i.id.as_str(), i.health.as_str(), i.status)).collect();
+    let down = pb::InstanceStatus::Down as i32;
+    assert_eq!(shown, [("closed", "failing", down), ("open", "failing", down)]);
+    let accepted = tokio::time::timeout(Duration::from_millis(1), open.accept()).await;
+    assert!(accepted.is_err(), "rota connected to a port outside the networks it checks");
 }
 
 /// A health check rota cannot run is refused over gRPC, naming the field that is wrong, and

@@ -328,8 +328,9 @@ type Instance struct {
 	// In rota's answers: the status the provider announced, when rota publishes another (an
 	// active health check failing); unset otherwise. Ignored in announcements.
 	AnnouncedStatus InstanceStatus `protobuf:"varint,10,opt,name=announced_status,json=announcedStatus,proto3,enum=rota.v1.InstanceStatus" json:"announced_status,omitempty"`
-	// In rota's answers: the active health check's verdict, "passing" or "failing: WHY"; empty
-	// when the service has no check (or none has finished yet). Ignored in announcements.
+	// In rota's answers: the active health check's verdict, "passing" or "failing" (why it
+	// fails is on the admin API only); empty when the service has no check (or none has
+	// finished yet). Ignored in announcements.
 	Health string `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
 	// In rota's answers: an operator's override of the instance ("drain", "disable",
 	// "weight=N", joined by ","), empty without one. Ignored in announcements.

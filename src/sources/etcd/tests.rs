@@ -135,6 +135,9 @@ struct Fake {
     range: Arc<std::sync::Mutex<String>>,
     watch: Arc<std::sync::Mutex<String>>,
     ranges: Arc<AtomicUsize>,
+    /// The watch's answer stays open after its lines, silent, as etcd's does while nothing
+    /// changes (otherwise it ends, which fails the read).
+    silent_after: Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn serve(fake: Fake) -> (Endpoint, tokio::task::JoinHandle<()>) {
@@ -151,7 +154,18 @@ async fn serve(fake: Fake) -> (Endpoint, tokio::task::JoinHandle<()>) {
                 range.range.lock().unwrap().clone()
             }),
         )
-        .route("/v3/watch", post(move || async move { fake.watch.lock().unwrap().clone() }));
+        .route(
+            "/v3/watch",
+            post(move || async move {
+                let lines = fake.watch.lock().unwrap().clone();
+                if !fake.silent_after.load(Ordering::SeqCst) {
+                    return axum::body::Body::from(lines);
+                }
+                use futures_util::StreamExt;
+                let first = futures_util::stream::iter([Ok::<_, std::io::Error>(lines)]);
+                axum::body::Body::from_stream(first.chain(futures_util::stream::pending()))
+            }),
+        );
     let task = tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
@@ -224,6 +238,52 @@ async fn a_burst_of_watched_puts_is_one_listing_and_the_watch_ending_fails_the_r
     assert_eq!(ports(&etcd.next().await.unwrap()), [1]);
     assert_eq!(fake.ranges.load(Ordering::SeqCst), 2);
     server.abort();
+}
+
+/// A registrant's lease ran out: etcd deleted its key, the only one of its service, and then
+/// says nothing more. The removal is held back (it empties the service), and applied once
+/// `protect_for` has passed, although the watch stays silent.
+#[tokio::test]
+async fn a_held_back_delete_is_applied_at_protect_for_while_the_watch_stays_silent() {
+    let fake = Fake::default();
+    fake.silent_after.store(true, Ordering::SeqCst);
+    *fake.range.lock().unwrap() = range_of(5, &[("svc/echo/a", "127.0.0.1:1")]);
+    let delete_a = format!(
+        r#"{{"result":{{"header":{{"revision":"6"}},"events":[{{"type":"DELETE","kv":{{"key":"{}"}}}}]}}}}"#,
+        base64_encode(b"svc/echo/a")
+    );
+    *fake.watch.lock().unwrap() = format!("{CREATED}\n{delete_a}\n");
+    let (endpoint, server) = serve(fake.clone()).await;
+    let spec = Arc::new(
+        SourceTable {
+            url: format!("etcd://127.0.0.1:{}/svc", endpoint.port),
+            // No count while the test runs: the watch is all the source hears.
+            interval: Some("1h".into()),
+            protect_for: Some("300ms".into()),
+            ..Default::default()
+        }
+        .check()
+        .unwrap(),
+    );
+    let registry = crate::registry::Registry::spawn(crate::registry::RegistryConfig::default());
+    let status = Arc::new(crate::sources::SourceStatus::new(&spec));
+    let lease = registry.open_source_lease(&spec.name, spec.max_instances);
+    let follow = Etcd::new(endpoint, "svc", &spec);
+    let task = tokio::spawn(crate::sources::follower::run(spec.clone(), follow, lease, status.clone()));
+    let mut changes = registry.subscribe("echo").await.unwrap();
+    let bounded = Duration::from_secs(10);
+    tokio::time::timeout(bounded, changes.wait_for(|s| s.instances.len() == 1)).await.unwrap().unwrap();
+    let listed = Instant::now();
+    // The delete arrives right after the range: held back, then applied with no further read.
+    let gone =
+        tokio::time::timeout(bounded, changes.wait_for(|s| s.instances.is_empty())).await.is_ok_and(|r| r.is_ok());
+    assert!(gone, "the held-back delete was never applied: {:?}", status.view());
+    assert!(listed.elapsed() >= spec.protect_for, "applied after {:?}", listed.elapsed());
+    let view = status.view();
+    assert_eq!((view.reads, view.failures, view.instances), (2, 0, 0), "{view:?}");
+    assert!(view.held_back.is_empty(), "{view:?}");
+    server.abort();
+    task.abort();
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use rota::sources::etcd::{WatchAnswer, parse_watch};
 use rota::sources::http::Endpoint;
 
-use super::{UP, http, listed, scratch, source, source_views, wait_listed, wait_source_up};
+use super::{UP, http, listed, scratch, source, source_views, wait_listed, wait_source_up, wait_source_views};
 use crate::harness::{PATIENCE, TestServer};
 
 /// A single-member etcd on free loopback ports, with its data in a temporary directory kept
@@ -228,6 +228,34 @@ async fn grpc_go_endpoints_are_followed_through_deletes_lease_expiry_a_dead_etcd
     assert_eq!(back.keys().map(String::as_str).collect::<Vec<_>>(), ["etcd:a", "etcd:d", "etcd:e", "etcd:f"]);
     driver.ok("del svc/echo e").await;
     wait_listed(&server, "echo", "e deleted after the restart", |l| !l.contains_key("etcd:e")).await;
+}
+
+/// The only endpoint of a service stops renewing its lease: etcd deletes its key, and the
+/// removal, which empties the service, is held back; it is applied when `protect_for` runs out
+/// although nothing under the prefix changes after the delete.
+#[tokio::test]
+async fn a_lapsed_lease_that_empties_a_service_is_held_back_then_applied_while_etcd_stays_silent() {
+    let etcd = Etcd::start().await;
+    let driver = Endpoints::start(&etcd).await;
+    driver.add("svc/solo a 127.0.0.1:9101 2").await;
+    let spec = source(&etcd.url("svc"), |t| {
+        t.interval = Some("500ms".into());
+        t.timeout = Some("2s".into());
+        t.protect_for = Some("3s".into());
+    });
+    let server = TestServer::start_with(|c| c.sources = vec![spec]).await;
+    wait_listed(&server, "solo", "the endpoint", |l| l.len() == 1).await;
+    driver.ok("stopkeepalive a").await;
+    let held = wait_source_views(&server, "the lapsed lease's delete held back", |v| {
+        v["sources"][0]["held_back"] == serde_json::json!(["solo"])
+    })
+    .await;
+    assert_eq!(listed(&server, "solo").await.len(), 1, "still listed while held back");
+    wait_listed(&server, "solo", "the removal applied at protect_for", |l| l.is_empty()).await;
+    let after = source_views(&server).await;
+    assert_eq!(after["sources"][0]["reads"], held["sources"][0]["reads"], "applied without another listing");
+    assert_eq!(after["sources"][0]["held_back"], serde_json::json!([]));
+    assert_eq!(after["sources"][0]["up"], true);
 }
 
 #[tokio::test]

@@ -19,6 +19,9 @@ pub struct Listing {
     /// The entries that could not be read at all (a missing port, a status that is not a
     /// string), described for the log. The rest of the listing stands.
     pub malformed: Vec<String>,
+    /// Instances the source itself left out for want of room (past `max_instances`, or past
+    /// what the source may hold of them), counted like the ones [`plan`] leaves out.
+    pub over_limit: usize,
 }
 
 /// Per service, per rota id (`NAME:ID`), the instances rota holds of one source.
@@ -129,7 +132,7 @@ mod tests {
     fn listing(service: &str, ids: &[&str]) -> Listing {
         Listing {
             services: [(service.to_owned(), ids.iter().map(|id| record(id)).collect())].into(),
-            malformed: vec![],
+            ..Default::default()
         }
     }
 
@@ -224,7 +227,7 @@ mod tests {
         let refused = [(("orders".to_owned(), "eureka:a".to_owned()), bad.clone())].into();
         let same = Listing {
             services: [("orders".to_owned(), vec![InstanceRecord { port: 0, ..record("a") }])].into(),
-            malformed: vec![],
+            ..Default::default()
         };
         assert!(plan(&spec, &Held::new(), &refused, same, &mut Holding::new(), now).announce.is_empty());
         let fixed = plan(&spec, &Held::new(), &refused, listing("orders", &["a"]), &mut Holding::new(), now);

@@ -57,10 +57,12 @@ use crate::registry::{
     Status, truncate, validate_service_name,
 };
 
-/// What one kept instance is counted as besides its text (its record's fields, the map's slot).
-pub const ENTRY_BYTES: usize = 512;
-/// What one metadata entry of a kept instance is counted as besides its text.
-pub const METADATA_BYTES: usize = 96;
+/// What one kept instance is counted as besides its text: its record's fields, its slot in
+/// the map (which may be half empty), the allocator's share of each string (about 730 bytes).
+pub const ENTRY_BYTES: usize = 1024;
+/// What one metadata entry of a kept instance is counted as besides its text: its place in the
+/// map's nodes and the allocator's share of its two strings (about 150 bytes).
+pub const METADATA_BYTES: usize = 160;
 /// One instance counted but not kept per this many bytes of `max_bytes` (each takes about 20).
 pub const TRACKED_BYTES: usize = 64;
 /// Distinct statuses a copy can count (Eureka has five), each at most [`MAX_STATUS_LEN`] bytes.

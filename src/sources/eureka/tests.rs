@@ -351,7 +351,7 @@ async fn a_full_listing_keeps_at_most_max_instances_and_max_bytes_of_them() {
     assert_eq!((listing.services["demo"].len(), listing.over_limit), (8, 12));
     assert_eq!(held(&eureka), (8, 12, 12));
 
-    // Instances of 64 metadata entries of 512 bytes: about 45 KB each, as counted.
+    // Instances of 64 metadata entries of 512 bytes each.
     let value = "v".repeat(MAX_METADATA_VALUE_LEN);
     let metadata: Vec<String> = (0..MAX_METADATA_ENTRIES).map(|i| format!(r#""key{i}":"{value}""#)).collect();
     let metadata = format!("{{{}}}", metadata.join(","));
@@ -361,7 +361,9 @@ async fn a_full_listing_keeps_at_most_max_instances_and_max_bytes_of_them() {
     *fake.full.lock().unwrap() = body;
     let mut eureka = Eureka::new(endpoint, &SourceSpec { max_bytes: 300_000, max_instances: 100, ..spec() });
     let listing = read_now(&mut eureka).await;
-    assert_eq!((listing.services["demo"].len(), listing.over_limit), (7, 1));
+    // Each is counted as 44,360 bytes: 6 fit in 300,000.
+    assert_eq!(held_bytes(&eureka.copy.as_ref().unwrap().kept.values().next().unwrap().item), 44_360);
+    assert_eq!((listing.services["demo"].len(), listing.over_limit), (6, 2));
     assert!(eureka.copy.as_ref().unwrap().kept_bytes <= 300_000);
     server.abort();
 }
@@ -568,5 +570,143 @@ mod recorded {
         let hash = apply(&mut copy, &spec, DELTA_STOPPED);
         assert_eq!(copy.hash_code(), Some(hash));
         assert_eq!((copy.kept.len(), copy.tracked.len()), (1, 0));
+    }
+}
+
+/// Memory of following a hostile Eureka server, as the test process's resident set. Each of
+/// these prints its figures; run one at a time (each in a process of its own, as RSS is the
+/// process's), in release:
+///
+/// ```text
+/// cargo test --release --lib sources::eureka::tests::memory::additions -- --ignored --nocapture --exact
+/// cargo test --release --lib sources::eureka::tests::memory::large_listing -- --ignored --nocapture --exact
+/// ```
+mod memory {
+    use bytes::Bytes;
+
+    use super::*;
+
+    /// `VmRSS` and `VmHWM` (the peak) of this process, in MiB.
+    fn rss() -> (u64, u64) {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb / 1024)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Hands the memory freed so far back to the system, and starts counting the peak
+    /// (`VmHWM`) anew from the resident set then.
+    fn reset_peak() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free memory of glibc's heap; it takes no pointer.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+
+    /// An instance as a Spring Boot app registers it (about 900 bytes).
+    fn realistic(app: &str, i: usize) -> String {
+        let lower = app.to_ascii_lowercase();
+        let port = 10_000 + i % 50_000;
+        format!(
+            r#"{{"instanceId":"10.{a}.{b}.{c}:{lower}:{port}","hostName":"10.{a}.{b}.{c}","app":"{app}","ipAddr":"10.{a}.{b}.{c}","status":"UP","overriddenStatus":"UNKNOWN","port":{{"$":{port},"@enabled":"true"}},"securePort":{{"$":443,"@enabled":"false"}},"countryId":1,"dataCenterInfo":{{"@class":"com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo","name":"MyOwn"}},"leaseInfo":{{"renewalIntervalInSecs":30,"durationInSecs":90,"registrationTimestamp":1796312780089,"lastRenewalTimestamp":1796312780089,"evictionTimestamp":0,"serviceUpTimestamp":1796312780088}},"metadata":{{"management.port":"{port}","version":"v{v}"}},"homePageUrl":"http://10.{a}.{b}.{c}:{port}/","statusPageUrl":"http://10.{a}.{b}.{c}:{port}/actuator/info","healthCheckUrl":"http://10.{a}.{b}.{c}:{port}/actuator/health","vipAddress":"{lower}","secureVipAddress":"{lower}","isCoordinatingDiscoveryServer":"false","lastUpdatedTimestamp":"1796312780089","lastDirtyTimestamp":"1796312780041","actionType":"ADDED"}}"#,
+            a = i / 65536 % 256,
+            b = i / 256 % 256,
+            c = i % 256,
+            v = i % 3,
+        )
+    }
+
+    /// Serves `full` and the deltas `delta(n)` makes for the n-th delta asked for.
+    async fn serve(
+        full: Bytes,
+        delta: impl Fn(usize) -> Bytes + Send + Sync + 'static,
+    ) -> (Endpoint, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let delta = Arc::new(delta);
+        let app = Router::new().route("/eureka/apps/", get(move || async move { full.clone() })).route(
+            "/eureka/apps/delta",
+            get(move || {
+                let n = asked.fetch_add(1, Ordering::SeqCst);
+                let delta = delta.clone();
+                async move { tokio::task::spawn_blocking(move || delta(n)).await.unwrap() }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        (Endpoint { host: "127.0.0.1".into(), port, path: "/eureka".into() }, task)
+    }
+
+    /// The issue's stream: 20,000 additions per delta to an application the source does not
+    /// cover, the server's hash code counting them all; the source lists 3 instances.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement: run it alone, in release"]
+    async fn additions() {
+        const PER_DELTA: usize = 20_000;
+        const DELTAS: usize = 200;
+        let three: Vec<String> = (0..3).map(|i| realistic("DEMO", i)).collect();
+        let full = Bytes::from(applications("UP_3_", &[("DEMO", &three)]));
+        let (endpoint, server) = serve(full, |n| {
+            let added: Vec<String> = (0..PER_DELTA).map(|i| realistic("OTHER", n * PER_DELTA + i)).collect();
+            Bytes::from(applications(&format!("UP_{}_", 3 + (n + 1) * PER_DELTA), &[("OTHER", &added)]))
+        })
+        .await;
+        let mut eureka = Eureka::new(endpoint, &covering(&["demo"]));
+        reset_peak();
+        let before = rss();
+        let mut listed = 0;
+        for n in 0..=DELTAS {
+            eureka.due = None;
+            listed = eureka.next().await.unwrap().services.values().map(Vec::len).sum::<usize>();
+            if n % 50 == 0 {
+                println!("after {n} deltas: VmRSS {} MiB", rss().0);
+            }
+        }
+        let after = rss();
+        println!(
+            "{DELTAS} deltas of {PER_DELTA} additions: VmRSS {} MiB before, {} MiB after (peak {} MiB); {listed} instances listed",
+            before.0, after.0, after.1
+        );
+        assert_eq!(listed, 3);
+        server.abort();
+    }
+
+    /// The issue's large listing: about 29 MB, 32,000 instances of one application, read whole
+    /// ten times.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement: run it alone, in release"]
+    async fn large_listing() {
+        let instances: Vec<String> = (0..32_000).map(|i| realistic("DEMO", i)).collect();
+        let full = Bytes::from(applications("UP_32000_", &[("DEMO", &instances)]));
+        drop(instances);
+        let size = full.len();
+        let (endpoint, server) = serve(full, |_| Bytes::new()).await;
+        let mut eureka = Eureka::new(endpoint, &spec());
+        reset_peak();
+        let before = rss();
+        let mut listed = 0;
+        for n in 1..=10 {
+            eureka.reset();
+            eureka.due = None;
+            listed = eureka.next().await.unwrap().services.values().map(Vec::len).sum::<usize>();
+            if n == 1 || n == 10 {
+                println!("after {n} full reads: VmRSS {} MiB", rss().0);
+            }
+        }
+        let after = rss();
+        println!(
+            "a listing of {size} bytes read whole 10 times: VmRSS {} MiB before (the answer served from memory), {} MiB after (peak {} MiB); {listed} instances listed",
+            before.0, after.0, after.1
+        );
+        server.abort();
     }
 }

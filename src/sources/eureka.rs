@@ -22,8 +22,8 @@
 //! What rota keeps of the server (the *copy*) is bounded, whatever the server sends:
 //!
 //! - Of the applications the source covers, at most `max_instances` instances are kept, holding
-//!   at most `max_bytes` in all, each counted as the length of its text plus [`ENTRY_BYTES`],
-//!   and [`METADATA_BYTES`] per metadata entry. The instances past either limit are left out
+//!   at most [`KEPT_PER_MAX_BYTES`] × `max_bytes` in all, each counted as the length of its
+//!   text plus [`ENTRY_BYTES`], and [`METADATA_BYTES`] per metadata entry. The instances past either limit are left out
 //!   and counted (the listing's `over_limit`); when a delta frees a place while some are left
 //!   out, the registry is read whole again to fill it.
 //! - Of every other instance (an application the source does not cover, or one left out),
@@ -57,12 +57,17 @@ use crate::registry::{
     Status, truncate, validate_service_name,
 };
 
+/// The kept instances hold at most this many times `max_bytes`, as counted. An instance as a
+/// Spring Boot app registers it (two metadata entries) is counted as about 2,400 bytes: the
+/// default `max_instances` of them take 23 MiB of the 64 MiB the default `max_bytes` allows.
+pub const KEPT_PER_MAX_BYTES: usize = 2;
 /// What one kept instance is counted as besides its text: its record's fields, its slot in
-/// the map (which may be half empty), the allocator's share of each string (about 730 bytes).
-pub const ENTRY_BYTES: usize = 1024;
+/// the map (which may be half empty), its metadata map's first node, the allocator's share of
+/// each string (about 1,500 bytes for an instance with two metadata entries).
+pub const ENTRY_BYTES: usize = 2048;
 /// What one metadata entry of a kept instance is counted as besides its text: its place in the
-/// map's nodes and the allocator's share of its two strings (about 150 bytes).
-pub const METADATA_BYTES: usize = 160;
+/// map's nodes and the allocator's share of its two strings.
+pub const METADATA_BYTES: usize = 192;
 /// One instance counted but not kept per this many bytes of `max_bytes` (each takes about 20).
 pub const TRACKED_BYTES: usize = 64;
 /// Distinct statuses a copy can count (Eureka has five), each at most [`MAX_STATUS_LEN`] bytes.
@@ -178,7 +183,8 @@ struct Copy {
     /// makes the copy disagree with the server, lasts one read).
     seed: u64,
     max_instances: usize,
-    max_bytes: usize,
+    /// At most what `kept` is counted as.
+    max_kept_bytes: usize,
     max_tracked: usize,
     /// The instances of covered applications rota keeps, by digest.
     kept: HashMap<u64, Entry>,
@@ -200,7 +206,7 @@ struct Copy {
 #[derive(Debug, Clone, PartialEq)]
 struct Entry {
     status: u8,
-    /// What it is counted as against `max_bytes`.
+    /// What it is counted as against [`Copy::max_kept_bytes`].
     bytes: usize,
     /// Its service and record, or why rota cannot use it.
     item: Result<(String, InstanceRecord), String>,
@@ -211,7 +217,7 @@ impl Copy {
         Self {
             seed: fastrand::u64(..),
             max_instances: spec.max_instances,
-            max_bytes: spec.max_bytes,
+            max_kept_bytes: spec.max_bytes.saturating_mul(KEPT_PER_MAX_BYTES),
             max_tracked: spec.max_bytes / TRACKED_BYTES,
             kept: HashMap::new(),
             kept_bytes: 0,
@@ -245,7 +251,7 @@ impl Copy {
         let bytes = held_bytes(&item);
         let old = self.kept.get(&key).map(|entry| entry.bytes);
         let fits = (old.is_some() || self.kept.len() < self.max_instances)
-            && self.kept_bytes - old.unwrap_or(0) + bytes <= self.max_bytes;
+            && self.kept_bytes - old.unwrap_or(0) + bytes <= self.max_kept_bytes;
         if fits {
             self.untrack(key);
             self.kept_bytes = self.kept_bytes - old.unwrap_or(0) + bytes;

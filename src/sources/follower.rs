@@ -162,9 +162,7 @@ impl Mirror {
         let held_back = plan.held_back.into_iter().map(|(service, _, _)| service).collect();
         Ok(Report { instances, refused, held_back })
     }
-}
 
-impl Mirror {
     /// Logs each entry of `malformed` that the last listing did not have (at most
     /// [`LOGGED_REFUSALS`] one by one, the rest counted), and remembers them all.
     fn log_malformed(&mut self, malformed: Vec<String>) {

@@ -184,7 +184,7 @@ impl Dns {
                 ttl
             }
         };
-        let mut listing = Listing { left_out: capped.left_out, ..Listing::default() };
+        let mut listing = Listing { over_limit: capped.left_out, ..Listing::default() };
         listing.services.insert(self.service.clone(), capped.records);
         Ok((listing, ttl))
     }

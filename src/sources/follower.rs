@@ -91,11 +91,24 @@ pub struct Mirror {
     /// Entries of the latest listing refused before they reached the lease (malformed, or
     /// over `max_instances`).
     dropped: usize,
+    /// The malformed entries of the last listing, each logged once when it first appeared.
+    logged: HashSet<String>,
+    /// How many instances were left out for want of room when that was last logged.
+    over_limit_logged: usize,
 }
 
 impl Mirror {
     pub fn new(lease: Lease, spec: Arc<SourceSpec>) -> Self {
-        Self { lease, spec, held: Held::new(), refused: HashMap::new(), holding: Holding::new(), dropped: 0 }
+        Self {
+            lease,
+            spec,
+            held: Held::new(),
+            refused: HashMap::new(),
+            holding: Holding::new(),
+            dropped: 0,
+            logged: HashSet::new(),
+            over_limit_logged: 0,
+        }
     }
 
     /// When the earliest held-back removal is due, if any is held back.
@@ -140,13 +153,12 @@ impl Mirror {
     }
 
     /// Makes rota's table say what `listing` says (bar held-back removals).
-    pub async fn apply(&mut self, listing: Listing, now: Instant) -> Result<Report, RegistryClosed> {
+    pub async fn apply(&mut self, mut listing: Listing, now: Instant) -> Result<Report, RegistryClosed> {
+        let malformed = listing.malformed.len();
+        let source_over_limit = listing.over_limit;
+        self.log_malformed(std::mem::take(&mut listing.malformed));
         let spec = self.spec.clone();
         let name = &spec.name;
-        let malformed = listing.malformed.len();
-        for problem in listing.malformed.iter().take(LOGGED_REFUSALS) {
-            warn!(source = %name, %problem, "source entry refused");
-        }
         let listed: HashSet<(String, String)> = listing
             .services
             .iter()
@@ -156,8 +168,12 @@ impl Mirror {
             .collect();
         self.refused.retain(|key, _| listed.contains(key));
         let plan = plan(&self.spec, &self.held, &self.refused, listing, &mut self.holding, now);
-        if plan.over_limit > 0 {
-            warn!(source = %name, left_out = plan.over_limit, limit = self.spec.max_instances, "source lists more instances than its max_instances");
+        let over_limit = plan.over_limit + source_over_limit;
+        if over_limit != self.over_limit_logged {
+            if over_limit > 0 {
+                warn!(source = %name, left_out = over_limit, limit = self.spec.max_instances, "source lists more instances than rota takes of it (max_instances, max_bytes)");
+            }
+            self.over_limit_logged = over_limit;
         }
         for (service, removing, of) in &plan.held_back {
             warn!(source = %name, %service, removing, of, protect_for = ?self.spec.protect_for, "source would remove too much of a service at once; held back");
@@ -195,8 +211,27 @@ impl Mirror {
                 }
             }
         }
-        self.dropped = malformed + plan.over_limit;
+        self.dropped = malformed + over_limit;
         Ok(self.report(plan.held_back))
+    }
+
+    /// Logs each entry of `malformed` that the last listing did not have (at most
+    /// [`LOGGED_REFUSALS`] one by one, the rest counted), and remembers them all.
+    fn log_malformed(&mut self, malformed: Vec<String>) {
+        let name = &self.spec.name;
+        let mut new = 0usize;
+        for problem in &malformed {
+            if !self.logged.contains(problem) {
+                if new < LOGGED_REFUSALS {
+                    warn!(source = %name, %problem, "source entry refused");
+                }
+                new += 1;
+            }
+        }
+        if new > LOGGED_REFUSALS {
+            warn!(source = %name, more = new - LOGGED_REFUSALS, "source entries refused, not logged one by one");
+        }
+        self.logged = malformed.into_iter().collect();
     }
 }
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http_body_util::{BodyExt, Empty, Full, Limited};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Incoming};
 
 use super::SourceError;
@@ -210,23 +210,33 @@ where
     Ok((response, connection.driver))
 }
 
+/// The answer's body, read into one buffer (sized from `Content-Length` when it has one), so
+/// that reading it holds at most `max_bytes` and a frame.
 async fn collect(
     response: http::Response<Incoming>,
     method: &str,
     target: &str,
     max_bytes: usize,
 ) -> Result<Bytes, SourceError> {
-    if let Some(length) =
-        response.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    let length =
+        response.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(length) = length
         && length > max_bytes as u64
     {
         return Err(too_large(method, target, max_bytes));
     }
-    match Limited::new(response.into_body(), max_bytes).collect().await {
-        Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large(method, target, max_bytes)),
-        Err(error) => Err(SourceError::new(format!("{method} {target}: reading the answer: {error}"))),
+    let mut body = response.into_body();
+    let mut buffer = BytesMut::with_capacity(length.unwrap_or(0) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| SourceError::new(format!("{method} {target}: reading the answer: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if data.len() > max_bytes - buffer.len() {
+                return Err(too_large(method, target, max_bytes));
+            }
+            buffer.extend_from_slice(&data);
+        }
     }
+    Ok(buffer.freeze())
 }
 
 fn too_large(method: &str, target: &str, max_bytes: usize) -> SourceError {

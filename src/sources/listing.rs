@@ -19,8 +19,9 @@ pub struct Listing {
     /// The entries that could not be read at all (a missing port, a status that is not a
     /// string), described for the log. The rest of the listing stands.
     pub malformed: Vec<String>,
-    /// Entries past the source's `max_instances` that the source counted without building.
-    pub left_out: usize,
+    /// Instances the source itself left out for want of room (past `max_instances`, or past
+    /// what the source may hold of them), counted like the ones [`plan`] leaves out.
+    pub over_limit: usize,
 }
 
 /// Per service, per rota id (`NAME:ID`), the instances rota holds of one source.
@@ -66,7 +67,7 @@ pub fn plan(
     holding: &mut Holding,
     now: Instant,
 ) -> Plan {
-    let mut plan = Plan { over_limit: listing.left_out, ..Plan::default() };
+    let mut plan = Plan::default();
     let mut wanted: BTreeMap<String, BTreeMap<String, InstanceRecord>> = BTreeMap::new();
     let mut room = spec.max_instances;
     for (service, instances) in listing.services {
@@ -178,7 +179,7 @@ mod tests {
     fn listing(service: &str, ids: &[&str]) -> Listing {
         Listing {
             services: [(service.to_owned(), ids.iter().map(|id| record(id)).collect())].into(),
-            ..Listing::default()
+            ..Default::default()
         }
     }
 
@@ -311,7 +312,7 @@ mod tests {
         let refused = [(("orders".to_owned(), "eureka:a".to_owned()), bad.clone())].into();
         let same = Listing {
             services: [("orders".to_owned(), vec![InstanceRecord { port: 0, ..record("a") }])].into(),
-            ..Listing::default()
+            ..Default::default()
         };
         assert!(plan(&spec, &Held::new(), &refused, same, &mut Holding::new(), now).announce.is_empty());
         let fixed = plan(&spec, &Held::new(), &refused, listing("orders", &["a"]), &mut Holding::new(), now);

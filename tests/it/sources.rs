@@ -544,6 +544,56 @@ async fn a_spring_cloud_eureka_fleet_is_picked_with_version_isolation_through_st
     assert_eq!(back[&plain_id].1, UP);
 }
 
+/// A Eureka server of the test's own on loopback, answering the same listing to a full read
+/// and as a delta (a delta repeats the changes of the last minutes, so this is one a real
+/// server may send).
+async fn fake_eureka(body: String) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let delta = body.clone();
+    let app = axum::Router::new()
+        .route("/eureka/apps/", axum::routing::get(move || async move { body.clone() }))
+        .route("/eureka/apps/delta", axum::routing::get(move || async move { delta.clone() }));
+    (addr, tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }))
+}
+
+/// A Eureka source keeps the instances of the services it covers up to `max_instances`, and
+/// reports the rest as refused; the applications it does not cover are neither listed nor
+/// refused, and the reads go on as deltas that match the server's hash code.
+#[tokio::test]
+async fn a_eureka_source_reports_the_instances_it_leaves_out_past_max_instances() {
+    let instance = |app: &str, i: u16| {
+        format!(
+            r#"{{"instanceId":"{app}-{i}","hostName":"127.0.0.1","app":"{app}","status":"UP","port":{{"$":{},"@enabled":"true"}},"actionType":"ADDED"}}"#,
+            9000 + i
+        )
+    };
+    let demo: Vec<String> = (0..5).map(|i| instance("DEMO", i)).collect();
+    let other: Vec<String> = (0..3).map(|i| instance("OTHER", i)).collect();
+    let body = format!(
+        r#"{{"applications":{{"apps__hashcode":"UP_8_","application":[{{"name":"DEMO","instance":[{}]}},{{"name":"OTHER","instance":[{}]}}]}}}}"#,
+        demo.join(","),
+        other.join(",")
+    );
+    let (addr, fake) = fake_eureka(body).await;
+    let spec = source(&format!("eureka+http://{addr}/eureka"), |t| {
+        t.services = Some(vec!["demo".into()]);
+        t.max_instances = Some(2);
+        t.interval = Some("100ms".into());
+    });
+    let server = TestServer::start_with(|c| c.sources = vec![spec]).await;
+    let views = wait_source_views(&server, "three reads", |v| v["sources"][0]["reads"].as_u64() >= Some(3)).await;
+    let view = &views["sources"][0];
+    assert_eq!(
+        (view["up"].clone(), view["instances"].clone(), view["refused"].clone()),
+        (true.into(), 2.into(), 3.into()),
+        "{views}"
+    );
+    assert_eq!(listed(&server, "demo").await.len(), 2);
+    assert!(listed(&server, "other").await.is_empty());
+    fake.abort();
+}
+
 #[tokio::test]
 async fn every_replica_follows_a_source_itself_and_none_writes_its_instances_to_the_shared_table() {
     let redis = crate::redis_server::RedisServer::start().await;

@@ -102,7 +102,7 @@ async fn srv_records_times_addresses_stop_at_max_instances() {
     let (listing, _) = dns.read().await.unwrap();
     let records = &listing.services["svc"];
     assert_eq!(records.len(), 1000);
-    assert_eq!(listing.left_out, 7000);
+    assert_eq!(listing.over_limit, 7000);
     assert_eq!(resolver.asked(), 3, "one SRV question, then the one target's A and AAAA");
     let first: IpAddr = "127.1.0.0".parse().unwrap();
     assert_eq!(records[0].host, first.to_string());

@@ -55,14 +55,15 @@ step() {
   took[$name]=$((SECONDS - start))
 }
 
-# The Rust tests, failing a run in which a test target passed fewer tests than its floor (a
+# The Rust tests, failing a run in which a test target passed fewer tests than its floor (each
+# floor is the count the target passes today: a test that goes must be taken out here too; a
 # filter, a lost `mod`, or a target that stopped running must not pass by running less), or a
 # target with no floor appeared (give it one here).
 rust_test_floors=(
-  "unittests src/lib.rs=200"
+  "unittests src/lib.rs=343"
   "unittests src/main.rs=0"
   "tests/alloc.rs=1"
-  "tests/it/main.rs=120"
+  "tests/it/main.rs=156"
   "doc-tests rota=1"
 )
 rust_tests() {

@@ -8,7 +8,7 @@
 //! answers clients have not read yet. [`pick_wire`] serves the unary Pick without protobuf's
 //! per-field work: the request read in place, the answer copied from bytes encoded at publish; and
 //! [`watch_wire`] serves `Watch` with its first event encoded once per change, shared by every
-//! watch.
+//! watch. [`routes`] is how each of them takes its one path from the generated server.
 
 pub mod answers;
 pub mod auth;
@@ -20,6 +20,7 @@ pub mod pick_wire;
 mod policies;
 mod register;
 mod registry;
+pub mod routes;
 pub mod status;
 pub mod streams;
 pub mod warmup;

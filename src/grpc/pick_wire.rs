@@ -16,20 +16,21 @@
 //! - [`BalancerRoutes`] serves that one path with [`PickCodec`] and hands every other path of
 //!   the service to the generated server.
 
-use std::convert::Infallible;
 use std::ops::Range;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
 use prost::encoding::{self, WireType};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::server::{Grpc, UnaryService};
 
 use super::balancer::BalancerService;
 use super::convert;
+use futures_util::future::BoxFuture;
+
+use super::routes::{OnePath, PathHandler};
 use crate::balancer::{PickQuery, Picked};
 use crate::{pb, registry};
 
@@ -281,10 +282,12 @@ impl UnaryService<PickRequestView> for PickMethod {
 }
 
 /// `rota.v1.Balancer`: [`PICK_PATH`] served here, every other method by the generated server.
+pub type BalancerRoutes = OnePath<pb::balancer_server::BalancerServer<BalancerService>, PickPath>;
+
+/// Serves [`PICK_PATH`] with [`PickCodec`].
 #[derive(Clone)]
-pub struct BalancerRoutes {
+pub struct PickPath {
     service: Arc<BalancerService>,
-    generated: pb::balancer_server::BalancerServer<BalancerService>,
     max_decoding_message_size: usize,
 }
 
@@ -294,36 +297,23 @@ impl BalancerRoutes {
         let service = Arc::new(service);
         let generated = pb::balancer_server::BalancerServer::from_arc(service.clone())
             .max_decoding_message_size(max_decoding_message_size);
-        Self { service, generated, max_decoding_message_size }
+        OnePath::serving(generated, PickPath { service, max_decoding_message_size })
     }
 }
 
-impl NamedService for BalancerRoutes {
-    const NAME: &'static str = <pb::balancer_server::BalancerServer<BalancerService> as NamedService>::NAME;
-}
+impl PathHandler for PickPath {
+    const PATH: &'static str = PICK_PATH;
 
-impl<B> tower_service::Service<http::Request<B>> for BalancerRoutes
-where
-    B: http_body::Body + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != PICK_PATH {
-            return self.generated.call(request);
-        }
+    fn serve<B>(&self, request: http::Request<B>) -> BoxFuture<'static, http::Response<tonic::body::Body>>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
         let method = PickMethod(self.service.clone());
         let limit = self.max_decoding_message_size;
         Box::pin(async move {
             let mut grpc = Grpc::new(PickCodec).apply_max_message_size_config(Some(limit), None);
-            Ok(grpc.unary(method, request).await)
+            grpc.unary(method, request).await
         })
     }
 }

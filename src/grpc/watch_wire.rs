@@ -13,9 +13,7 @@
 //! [`RegistryRoutes`] serves this one path with [`WatchCodec`] and hands every other path of
 //! the service to the generated server.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes};
 use futures_util::Stream;
@@ -23,9 +21,12 @@ use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::server::{Grpc, NamedService, ServerStreamingService};
+use tonic::server::{Grpc, ServerStreamingService};
 
 use super::registry::RegistryService;
+use futures_util::future::BoxFuture;
+
+use super::routes::{OnePath, PathHandler};
 use crate::pb;
 use crate::registry::ServiceSnapshot;
 
@@ -154,10 +155,12 @@ impl ServerStreamingService<pb::WatchRequest> for WatchMethod {
 }
 
 /// `rota.v1.Registry`: [`WATCH_PATH`] served here, every other method by the generated server.
+pub type RegistryRoutes = OnePath<pb::registry_server::RegistryServer<RegistryService>, WatchPath>;
+
+/// Serves [`WATCH_PATH`] with [`WatchCodec`].
 #[derive(Clone)]
-pub struct RegistryRoutes {
+pub struct WatchPath {
     service: Arc<RegistryService>,
-    generated: pb::registry_server::RegistryServer<RegistryService>,
     max_decoding_message_size: usize,
 }
 
@@ -167,36 +170,23 @@ impl RegistryRoutes {
         let service = Arc::new(service);
         let generated = pb::registry_server::RegistryServer::from_arc(service.clone())
             .max_decoding_message_size(max_decoding_message_size);
-        Self { service, generated, max_decoding_message_size }
+        OnePath::serving(generated, WatchPath { service, max_decoding_message_size })
     }
 }
 
-impl NamedService for RegistryRoutes {
-    const NAME: &'static str = <pb::registry_server::RegistryServer<RegistryService> as NamedService>::NAME;
-}
+impl PathHandler for WatchPath {
+    const PATH: &'static str = WATCH_PATH;
 
-impl<B> tower_service::Service<http::Request<B>> for RegistryRoutes
-where
-    B: http_body::Body + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != WATCH_PATH {
-            return self.generated.call(request);
-        }
+    fn serve<B>(&self, request: http::Request<B>) -> BoxFuture<'static, http::Response<tonic::body::Body>>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
         let method = WatchMethod(self.service.clone());
         let limit = self.max_decoding_message_size;
         Box::pin(async move {
             let mut grpc = Grpc::new(WatchCodec).apply_max_message_size_config(Some(limit), None);
-            Ok(grpc.server_streaming(method, request).await)
+            grpc.server_streaming(method, request).await
         })
     }
 }

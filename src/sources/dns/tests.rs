@@ -19,7 +19,7 @@ struct Resolver {
     questions: Arc<AtomicUsize>,
 }
 
-type Reply = fn(&str, u16) -> Vec<(String, u16, u32, Vec<u8>)>;
+type Reply = Arc<dyn Fn(&str, u16) -> Vec<(String, u16, u32, Vec<u8>)> + Send + Sync>;
 
 impl Resolver {
     async fn start(reply: Reply) -> Self {
@@ -90,13 +90,13 @@ fn source(resolver: SocketAddr, max_instances: u64) -> Dns {
 /// `max_instances` of them and counts the rest.
 #[tokio::test]
 async fn srv_records_times_addresses_stop_at_max_instances() {
-    let resolver = Resolver::start(|_, type_| match type_ {
+    let resolver = Resolver::start(Arc::new(|_, type_| match type_ {
         TYPE_SRV => {
             (0..40).map(|i| ("@".to_owned(), TYPE_SRV, 0, srv(0, 1, 9000 + i, &encoded("pods.svc.test")))).collect()
         }
         TYPE_A => (0..200).map(|i| ("@".to_owned(), TYPE_A, 0, address(i))).collect(),
         _ => Vec::new(),
-    })
+    }))
     .await;
     let mut dns = source(resolver.addr, 1000);
     let (listing, _) = dns.read().await.unwrap();
@@ -108,32 +108,29 @@ async fn srv_records_times_addresses_stop_at_max_instances() {
     assert_eq!(records[0].host, first.to_string());
 }
 
-/// An answer naming more targets than a read may look up fails the read after one question,
-/// instead of asking two questions per target every time the source reads.
-#[tokio::test]
-async fn an_answer_with_too_many_unresolved_targets_is_refused_before_asking_for_them() {
-    let resolver = Resolver::start(|_, type_| match type_ {
-        TYPE_SRV => (0..TARGET_LOOKUPS_PER_READ + 1)
+/// SRV answers naming `targets` distinct targets without their addresses, each of which has one.
+fn unresolved_targets(targets: usize) -> Reply {
+    Arc::new(move |_, type_| match type_ {
+        TYPE_SRV => (0..targets)
             .map(|i| ("@".to_owned(), TYPE_SRV, 0, srv(0, 1, 9000, &encoded(&format!("pod{i}.svc.test")))))
             .collect(),
         TYPE_A => vec![("@".to_owned(), TYPE_A, 0, address(1))],
         _ => Vec::new(),
     })
-    .await;
+}
+
+/// An answer naming more targets than a read may look up fails the read after one question,
+/// instead of asking two questions per target every time the source reads.
+#[tokio::test]
+async fn an_answer_with_too_many_unresolved_targets_is_refused_before_asking_for_them() {
+    let resolver = Resolver::start(unresolved_targets(TARGET_LOOKUPS_PER_READ + 1)).await;
     let mut dns = source(resolver.addr, 10_000);
     let error = dns.read().await.unwrap_err();
     assert!(error.to_string().contains("names 65 targets without their addresses"), "{error}");
     assert_eq!(resolver.asked(), 1);
 
     // At the limit, every target is looked up once per read.
-    let resolver = Resolver::start(|_, type_| match type_ {
-        TYPE_SRV => (0..TARGET_LOOKUPS_PER_READ)
-            .map(|i| ("@".to_owned(), TYPE_SRV, 0, srv(0, 1, 9000, &encoded(&format!("pod{i}.svc.test")))))
-            .collect(),
-        TYPE_A => vec![("@".to_owned(), TYPE_A, 0, address(1))],
-        _ => Vec::new(),
-    })
-    .await;
+    let resolver = Resolver::start(unresolved_targets(TARGET_LOOKUPS_PER_READ)).await;
     let mut dns = source(resolver.addr, 10_000);
     let (listing, _) = dns.read().await.unwrap();
     assert_eq!(listing.services["svc"].len(), TARGET_LOOKUPS_PER_READ);

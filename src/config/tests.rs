@@ -282,6 +282,15 @@ fn xds_bounds_are_bounded_and_round_trip() {
     let printed = file(&settings.to_toml());
     let again = resolve(Some(&printed.0), &Overrides::default()).expect("the printout reads back");
     assert_eq!(again.serve.limits.xds, settings.serve.limits.xds);
+
+    let bytes = |n: &str| Overrides { max_xds_bytes: Some(n.into()), ..Default::default() };
+    for bad in ["1048575", "68719476737", "lots"] {
+        assert_eq!(resolve(None, &bytes(bad)).unwrap_err().key, "server.max_xds_bytes", "{bad}");
+    }
+    let settings = resolve(None, &bytes("2097152")).unwrap();
+    assert_eq!(settings.serve.limits.xds.max_bytes, 2 << 20);
+    let printed = file(&settings.to_toml());
+    assert_eq!(resolve(Some(&printed.0), &Overrides::default()).unwrap().serve.limits.xds.max_bytes, 2 << 20);
 }
 
 /// The rows of docs/config.md's `[server]` table: (key, variable, flag).

@@ -24,6 +24,7 @@
 //! - [`balancer`] — the pick path that ties them together, and call-outcome reports.
 //! - [`budget`] — memory held for outside parties, charged to a per-address share and a
 //!   server-wide limit before it is allocated.
+//! - [`overload`] — what rota stops doing when its resident memory nears a configured limit.
 //! - [`grpc`] — the only layer that knows tonic: protobuf ⇄ domain conversion, errors ⇄
 //!   `Status`, the `rota.v1` services, health and reflection.
 //! - [`admin`] — the operators' HTTP listener: Prometheus metrics, health, a JSON API and a
@@ -60,6 +61,7 @@ pub mod http1;
 pub mod listener;
 pub mod load;
 pub mod loadgen;
+pub mod overload;
 pub mod policy;
 pub mod registry;
 pub mod replicas;

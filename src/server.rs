@@ -28,6 +28,7 @@ use crate::grpc::{
 };
 use crate::listener::{self, Admission, ConnectionLimits, Plaintext};
 use crate::load::StatsConfig;
+use crate::overload::{Overload, ResidentSet};
 use crate::pb;
 use crate::policy::file::{ConfigError, PolicyReloads};
 use crate::policy::{Policies, PolicySet};
@@ -114,6 +115,8 @@ pub struct ServeConfig {
     /// The networks active health checks may connect to; `None` is
     /// [`Networks::default_for`](crate::health::reach::Networks::default_for) the listeners.
     pub health_check_networks: Option<crate::health::reach::Networks>,
+    /// Where the resident set held against `limits.max_rss_bytes` is read.
+    pub resident_set: ResidentSet,
 }
 
 impl ServeConfig {
@@ -151,6 +154,9 @@ pub struct Limits {
     pub connections: ConnectionLimits,
     /// What xDS clients may subscribe to.
     pub xds: crate::xds::XdsLimits,
+    /// Resident memory past which Watch and xDS streams are refused, then ended
+    /// ([`crate::overload`]); 0 is no limit.
+    pub max_rss_bytes: u64,
 }
 
 impl Default for Limits {
@@ -166,6 +172,7 @@ impl Default for Limits {
             max_unread_bytes_per_peer: crate::grpc::answers::DEFAULT_MAX_UNREAD_BYTES_PER_PEER,
             connections: ConnectionLimits::default(),
             xds: crate::xds::XdsLimits::default(),
+            max_rss_bytes: 0,
         }
     }
 }
@@ -188,6 +195,7 @@ impl Default for ServeConfig {
             warmup_settle: None,
             sources: Vec::new(),
             health_check_networks: None,
+            resident_set: ResidentSet::Process,
         }
     }
 }
@@ -219,6 +227,7 @@ pub struct Server {
     policy_reloads: Option<watch::Receiver<PolicyReloads>>,
     admin_addr: Option<SocketAddr>,
     balancer: Arc<Balancer>,
+    overload: Arc<Overload>,
     health: tonic_health::server::HealthReporter,
     /// Turns true when a graceful shutdown begins; long-lived streams watch it.
     drain: watch::Sender<bool>,
@@ -333,6 +342,12 @@ impl Server {
 
         let grpc_metrics = Arc::new(GrpcMetrics::default());
         let limits = config.limits;
+        // Sampled once before serving, so the first stream already meets the right level.
+        let overload = Arc::new(Overload::new(Some(limits.max_rss_bytes)));
+        if overload.limit().is_some() {
+            config.resident_set.sample(&overload).await;
+            background.push(tokio::spawn(config.resident_set.clone().run_sampler(overload.clone())));
+        }
         let streams = OpenStreams::new(limits.max_open_streams);
         let consumers = PeerStreams::consumers(limits.consumer_streams_per_peer);
         let admission = Admission::new(limits.connections);
@@ -349,7 +364,8 @@ impl Server {
         let registry_service = RegistryRoutes::new(
             RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
                 .with_warmup(warmup)
-                .with_answers(answers.clone()),
+                .with_answers(answers.clone())
+                .with_overload(overload.clone()),
             limits.max_message_bytes,
         );
         let policies_service =
@@ -360,7 +376,8 @@ impl Server {
         background.push(xds_hub.spawn());
         let xds_service = AggregatedDiscoveryServiceServer::new(
             XdsService::new(xds_hub.clone(), consumers, streams.clone(), drain.subscribe())
-                .with_answers(answers.clone()),
+                .with_answers(answers.clone())
+                .with_overload(overload.clone()),
         )
         .max_decoding_message_size(limits.max_message_bytes);
         let (stream_window, connection_window) = flow_windows(limits.streams_per_connection);
@@ -418,6 +435,7 @@ impl Server {
                 .with_xds(xds_hub)
                 .with_sources(sources)
                 .with_health_checks(health_checks)
+                .with_overload(overload.clone())
                 .with_policy_reloads(policy_reloads.clone());
                 info!(addr = %addr, "admin listening");
                 (Some(addr), Some(admin::spawn(listener, state)))
@@ -431,6 +449,7 @@ impl Server {
             policy_reloads,
             admin_addr,
             balancer,
+            overload,
             health,
             drain,
             stop: Some(stop),
@@ -458,6 +477,11 @@ impl Server {
     /// What the policy file's reloader made of the changes it saw, when there is a file.
     pub fn policy_reloads(&self) -> Option<watch::Receiver<PolicyReloads>> {
         self.policy_reloads.clone()
+    }
+
+    /// Memory pressure as last sampled (normal for good without `max_rss_bytes`).
+    pub fn overload(&self) -> &Arc<Overload> {
+        &self.overload
     }
 
     /// The server's balancer, for embedding rota in-process.

@@ -16,6 +16,7 @@ use axum::response::IntoResponse;
 
 use super::AdminState;
 use crate::grpc::metrics::HANDLING_BUCKETS;
+use crate::overload::Pressure;
 use crate::registry::Status;
 
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -43,6 +44,7 @@ pub fn render(state: &AdminState) -> String {
     render_policies(state, &mut out);
     render_xds(state, &mut out);
     render_memory(state, &mut out);
+    render_overload(state, &mut out);
     render_sources(state, &mut out);
     render_health_checks(state, &mut out);
     out
@@ -165,6 +167,23 @@ fn render_memory(state: &AdminState, out: &mut String) {
     for (class, .., refused) in &classes {
         let _ = writeln!(out, "rota_memory_refused_total{{class=\"{class}\"}} {refused}");
     }
+}
+
+fn render_overload(state: &AdminState, out: &mut String) {
+    let Some(overload) = &state.overload else { return };
+    let Some(limit) = overload.limit() else { return };
+    header(out, "rota_overload_limit_bytes", "gauge", "Resident memory limit (server.max_rss_bytes).");
+    let _ = writeln!(out, "rota_overload_limit_bytes {limit}");
+    header(out, "rota_overload_resident_bytes", "gauge", "Resident memory at the last overload sample.");
+    let _ = writeln!(out, "rota_overload_resident_bytes {}", overload.rss());
+    header(out, "rota_overload_pressure", "gauge", "1 for the memory pressure level in force.");
+    for level in [Pressure::Normal, Pressure::Refusing, Pressure::Shedding] {
+        let on = u8::from(overload.pressure() == level);
+        let _ = writeln!(out, "rota_overload_pressure{{level=\"{}\"}} {on}", level.as_str());
+    }
+    header(out, "rota_overload_streams_total", "counter", "Watch and xDS streams refused or ended for memory.");
+    let _ = writeln!(out, "rota_overload_streams_total{{action=\"refused\"}} {}", overload.refused());
+    let _ = writeln!(out, "rota_overload_streams_total{{action=\"shed\"}} {}", overload.shed());
 }
 
 fn render_policies(state: &AdminState, out: &mut String) {

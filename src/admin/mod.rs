@@ -85,6 +85,8 @@ pub struct AdminState {
     sources: crate::sources::Sources,
     /// The active health checks' counts, when they run.
     health_checks: Option<Arc<crate::health::HealthCounters>>,
+    /// Memory pressure, when serving.
+    overload: Option<Arc<crate::overload::Overload>>,
 }
 
 impl AdminState {
@@ -107,7 +109,14 @@ impl AdminState {
             xds: None,
             sources: Default::default(),
             health_checks: None,
+            overload: None,
         }
+    }
+
+    /// Reports memory pressure in `/metrics` and `/readyz`.
+    pub fn with_overload(mut self, overload: Arc<crate::overload::Overload>) -> Self {
+        self.overload = Some(overload);
+        self
     }
 
     /// Reports the connection caps, open streams and unread answers in `/metrics`.
@@ -371,6 +380,16 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -
     let mut degraded = Vec::new();
     if !state.overview.state_backend().1 {
         degraded.push("state backend unreachable, answering from local state".to_owned());
+    }
+    if let Some(overload) = &state.overload
+        && overload.pressure() != crate::overload::Pressure::Normal
+    {
+        degraded.push(format!(
+            "memory {} (resident {} of server.max_rss_bytes {}), Watch and xDS streams refused",
+            overload.pressure().as_str(),
+            overload.rss(),
+            overload.limit().unwrap_or(0)
+        ));
     }
     let stale = state.sources.stale();
     if !stale.is_empty() {

@@ -92,6 +92,10 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 const FLAGS: &str = "command line / environment";
 
+/// The smallest `server.max_rss_bytes` other than 0: below it rota would refuse streams as it
+/// starts.
+pub const MIN_RSS_LIMIT: u64 = 16 << 20;
+
 /// Resolves the settings from an optional config file and the overrides.
 pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let (file_config, file_name) = match file {
@@ -233,6 +237,23 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                 (1 << 20)..=(64 << 30),
                 defaults.xds.max_bytes as u64,
             )? as usize,
+        },
+        max_rss_bytes: match integer(
+            "server.max_rss_bytes",
+            &overrides.max_rss_bytes,
+            table.max_rss_bytes,
+            0..=(1 << 40),
+            defaults.max_rss_bytes,
+        )? {
+            bytes @ 1..MIN_RSS_LIMIT => {
+                return Err(ConfigError {
+                    source_name: pick(&overrides.max_rss_bytes, table.max_rss_bytes.map(|n| n.to_string()))
+                        .map_or_else(String::new, |(_, source)| source),
+                    key: "server.max_rss_bytes".into(),
+                    problem: format!("must be 0 (no limit) or at least {MIN_RSS_LIMIT} bytes, got {bytes}"),
+                });
+            }
+            bytes => bytes,
         },
         max_message_bytes: integer(
             "server.max_message_bytes",
@@ -439,6 +460,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             warmup_settle: Some(warmup_settle),
             sources,
             health_check_networks,
+            resident_set: Default::default(),
         },
         shutdown_grace,
     })
@@ -571,6 +593,7 @@ impl Settings {
             self.serve.registry.max_services_per_token,
             crate::policy::file::toml_string(&self.serve.health_check_networks().to_string()),
         );
+        toml.push_str(&format!("max_rss_bytes = {}\n", self.serve.limits.max_rss_bytes));
         if let Some(tls) = &self.serve.tls {
             let path = |p: &Path| crate::policy::file::toml_string(&p.display().to_string());
             toml.push_str(&format!("tls_cert = {}\ntls_key = {}\n", path(&tls.cert), path(&tls.key)));

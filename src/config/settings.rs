@@ -108,6 +108,9 @@ values {
     /// Bytes xDS streams hold for their clients (names, what was sent), summed over every
     /// stream; one client address may hold a quarter [default: 268435456].
     max_xds_bytes: integer, "ROTA_MAX_XDS_BYTES";
+    /// Resident memory rota may reach: from 90 % of it Watch and xDS streams are refused,
+    /// from 98 % open ones end; 0 is no limit [default: 0].
+    max_rss_bytes: integer, "ROTA_MAX_RSS_BYTES";
     /// Largest request message, in bytes [default: 4194304].
     max_message_bytes: integer, "ROTA_MAX_MESSAGE_BYTES";
     /// Requests in progress per connection; more are shed with RESOURCE_EXHAUSTED [default: 1024].

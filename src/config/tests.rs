@@ -293,6 +293,22 @@ fn xds_bounds_are_bounded_and_round_trip() {
     assert_eq!(resolve(Some(&printed.0), &Overrides::default()).unwrap().serve.limits.xds.max_bytes, 2 << 20);
 }
 
+#[test]
+fn the_memory_limit_is_off_or_at_least_its_minimum_and_reads_back() {
+    assert_eq!(resolve(None, &Overrides::default()).unwrap().serve.limits.max_rss_bytes, 0);
+    let rss = |n: &str| Overrides { max_rss_bytes: Some(n.into()), ..Default::default() };
+    for bad in ["1", "16777215", "1099511627777", "-1", "lots"] {
+        let error = resolve(None, &rss(bad)).unwrap_err();
+        assert_eq!(error.key, "server.max_rss_bytes", "{bad}");
+        assert_eq!(error.source_name, FLAGS, "{bad}");
+    }
+    assert!(resolve(None, &rss("1")).unwrap_err().problem.contains("0 (no limit) or at least 16777216 bytes"));
+    let settings = resolve(None, &rss("536870912")).unwrap();
+    assert_eq!(settings.serve.limits.max_rss_bytes, 512 << 20);
+    let printed = file(&settings.to_toml());
+    assert_eq!(resolve(Some(&printed.0), &Overrides::default()).unwrap().serve.limits.max_rss_bytes, 512 << 20);
+}
+
 /// The rows of docs/config.md's `[server]` table: (key, variable, flag).
 fn documented_settings() -> Vec<(String, String, String)> {
     let docs = include_str!("../../docs/config.md");

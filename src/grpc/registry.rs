@@ -11,11 +11,12 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::answers::{self, Meter, UnreadAnswers};
 use super::peers::PeerStreams;
-use super::streams::{OpenStreams, StreamKind};
+use super::streams::{OpenStreams, StreamKind, unless_shed};
 use super::warmup::Warmup;
 use super::watch_wire::WatchItem;
 use super::{auth, convert, register, status};
 use crate::balancer::PickError;
+use crate::overload::Overload;
 use crate::pb::{self, watch_event::Event};
 use crate::registry::{Change, Registry, ServiceSnapshot, diff, validate_service_name};
 
@@ -27,6 +28,7 @@ pub struct RegistryService {
     streams: Arc<OpenStreams>,
     warmup: Warmup,
     answers: Arc<UnreadAnswers>,
+    overload: Arc<Overload>,
 }
 
 impl RegistryService {
@@ -49,6 +51,7 @@ impl RegistryService {
             streams,
             warmup: Warmup::default(),
             answers: UnreadAnswers::with_default_budgets(),
+            overload: Arc::new(Overload::new(None)),
         }
     }
 
@@ -60,6 +63,11 @@ impl RegistryService {
     /// Hides services not seen yet from listings and watches until `warmup` ends.
     pub fn with_warmup(self, warmup: Warmup) -> Self {
         Self { warmup, ..self }
+    }
+
+    /// Refuses and ends watches under memory pressure ([`crate::overload`]).
+    pub fn with_overload(self, overload: Arc<Overload>) -> Self {
+        Self { overload, ..self }
     }
 }
 
@@ -163,6 +171,7 @@ impl RegistryService {
         if *self.drain.borrow() {
             return Err(status::Draining.into());
         }
+        self.overload.admit()?;
         let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
         let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
         let meter = self.answers.meter(peer.map(|addr| addr.ip()));
@@ -171,7 +180,8 @@ impl RegistryService {
         let mut drain = self.drain.clone();
         let warmup = self.warmup;
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
+        let shed = tx.clone();
+        tokio::spawn(unless_shed(self.overload.clone(), shed, async move {
             let _slot = slot;
             tokio::select! {
                 () = warmup.until_seen(&mut snapshots) => {}
@@ -225,7 +235,7 @@ impl RegistryService {
                     }
                 }
             }
-        });
+        }));
         let items: std::pin::Pin<Box<dyn Stream<Item = Result<WatchItem, Status>> + Send + 'static>> =
             Box::pin(ReceiverStream::new(rx));
         let mut response = Response::new(items);

@@ -9,6 +9,7 @@ use super::streams::TooManyStreams;
 use super::warmup::{Refusal, WarmingUp};
 use crate::auth::AuthError;
 use crate::balancer::PickError;
+use crate::overload::Overloaded;
 use crate::policy::PolicyError;
 use crate::registry::{InvalidField, Refused, RegistryClosed};
 
@@ -158,5 +159,12 @@ pub fn xds_refused(error: &crate::xds::StreamRefused) -> Status {
     match error {
         crate::xds::StreamRefused::NameTooLong { .. } => Status::invalid_argument(error.to_string()),
         _ => Status::resource_exhausted(error.to_string()),
+    }
+}
+
+/// Memory pressure: the client may come back once it eases, or go to another replica.
+impl From<Overloaded> for Status {
+    fn from(error: Overloaded) -> Self {
+        Status::resource_exhausted(error.to_string())
     }
 }

@@ -8,8 +8,14 @@
 //! flood of watches cannot stop providers from registering, and with them every consumer's
 //! instances.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::overload::Overload;
 
 /// Default cap on streams open at once.
 pub const DEFAULT_MAX_OPEN_STREAMS: usize = 10_000;
@@ -94,6 +100,22 @@ impl OpenStreams {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs the task of a stream that holds a copy of what it follows (`Watch`, xDS) until it ends
+/// by itself, or until memory pressure sheds it: then its client gets `RESOURCE_EXHAUSTED`
+/// with the reason ([`crate::overload`]).
+pub async fn unless_shed<T>(
+    overload: Arc<Overload>,
+    tx: mpsc::Sender<Result<T, Status>>,
+    task: impl Future<Output = ()>,
+) {
+    tokio::select! {
+        () = task => {}
+        reason = overload.shedding() => {
+            let _ = tx.send(Err(reason.into())).await;
+        }
     }
 }
 

@@ -13,8 +13,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::answers::{self, UnreadAnswers};
 use super::peers::PeerStreams;
-use super::streams::{OpenStreams, StreamKind};
+use super::streams::{OpenStreams, StreamKind, unless_shed};
 use super::{auth, register, status};
+use crate::overload::Overload;
 use crate::xds::{Hub, Session};
 
 pub struct XdsService {
@@ -23,6 +24,7 @@ pub struct XdsService {
     streams: Arc<OpenStreams>,
     drain: watch::Receiver<bool>,
     answers: Arc<UnreadAnswers>,
+    overload: Arc<Overload>,
 }
 
 impl XdsService {
@@ -35,7 +37,12 @@ impl XdsService {
         drain: watch::Receiver<bool>,
     ) -> Self {
         let answers = UnreadAnswers::with_default_budgets();
-        Self { hub, consumers, streams, drain, answers }
+        Self { hub, consumers, streams, drain, answers, overload: Arc::new(Overload::new(None)) }
+    }
+
+    /// Refuses and ends streams under memory pressure ([`crate::overload`]).
+    pub fn with_overload(self, overload: Arc<Overload>) -> Self {
+        Self { overload, ..self }
     }
 
     /// Counts the responses against `answers` until their clients read them.
@@ -60,6 +67,7 @@ impl AggregatedDiscoveryService for XdsService {
         if *self.drain.borrow() {
             return Err(status::Draining.into());
         }
+        self.overload.admit()?;
         let peer = request.remote_addr();
         let peer_slot = peer.map(|addr| self.consumers.acquire(addr.ip())).transpose()?;
         let slot = (peer_slot, self.streams.acquire(StreamKind::Consumer)?);
@@ -70,7 +78,8 @@ impl AggregatedDiscoveryService for XdsService {
         let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);
         let meter = self.answers.meter(peer.map(|addr| addr.ip()));
         let responses = meter.clone();
-        tokio::spawn(async move {
+        let shed = tx.clone();
+        tokio::spawn(unless_shed(self.overload.clone(), shed, async move {
             let _slot = slot;
             loop {
                 tokio::select! {
@@ -103,7 +112,7 @@ impl AggregatedDiscoveryService for XdsService {
                     }
                 }
             }
-        });
+        }));
         let mut response = Response::new(ReceiverStream::new(rx));
         response.extensions_mut().insert(meter);
         Ok(response)

@@ -11,6 +11,7 @@ mod health;
 mod hostile;
 mod limits;
 mod operator;
+mod overload;
 mod policy;
 mod processes;
 mod redis_server;

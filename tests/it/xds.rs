@@ -18,16 +18,16 @@ use crate::admin::get;
 use crate::harness::{PATIENCE, TestServer, instance};
 
 const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-const LISTENERS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub(crate) const LISTENERS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// One ADS stream: requests go in through `send`, responses come out of `next`.
-struct Ads {
+pub(crate) struct Ads {
     requests: mpsc::Sender<DiscoveryRequest>,
     responses: tonic::Streaming<DiscoveryResponse>,
 }
 
 impl Ads {
-    async fn open(server: &TestServer, token: Option<&str>) -> Result<Self, tonic::Status> {
+    pub(crate) async fn open(server: &TestServer, token: Option<&str>) -> Result<Self, tonic::Status> {
         let channel =
             tonic::transport::Channel::from_shared(server.server.endpoint()).unwrap().connect().await.unwrap();
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
@@ -47,7 +47,7 @@ impl Ads {
         self.requests.send(request).await.expect("the stream is open");
     }
 
-    async fn next(&mut self) -> Result<DiscoveryResponse, tonic::Status> {
+    pub(crate) async fn next(&mut self) -> Result<DiscoveryResponse, tonic::Status> {
         match tokio::time::timeout(PATIENCE, self.responses.message()).await.expect("an answer within PATIENCE") {
             Ok(Some(response)) => Ok(response),
             Ok(None) => Err(tonic::Status::cancelled("the stream ended")),

@@ -276,7 +276,8 @@ async fn least_request_and_response_time_use_fleet_wide_feedback() {
     assert_eq!(ids(&mut client, "fb", PickOptions::rule("least_request"), 5).await, vec![other; 5]);
     assert_eq!(ids(&mut client, "fb", PickOptions::rule("best_available"), 1).await, vec![other]);
 
-    // Latency reports: 10 ms vs 990 ms gives weights 990 : 10, so nearly all picks go fast.
+    // Latency reports: 10 ms vs 990 ms gives weights 990 : 10, and one pick in 16 goes round
+    // robin: 96 % of the picks go fast (192 of 200; 100 without the reports).
     let outcome = |id: &str, us: u64| pb::CallOutcome {
         service: "fb".into(),
         instance_id: id.into(),
@@ -287,5 +288,5 @@ async fn least_request_and_response_time_use_fleet_wide_feedback() {
     client.report(vec![outcome("fast", 10_000), outcome("slow", 990_000)]).await.unwrap();
     let picks = ids(&mut client, "fb", PickOptions::rule("response_time"), 200).await;
     let fast = picks.iter().filter(|id| *id == "fast").count();
-    assert!(fast >= 185, "fast got {fast} of 200");
+    assert!(fast >= 178, "fast got {fast} of 200");
 }

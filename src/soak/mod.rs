@@ -27,12 +27,17 @@
 //! - [`redis`] — replicas sharing their state through a `redis-server` of the scenario's own:
 //!   Redis killed and restarted empty under three replicas, then Redis behind a slow proxy,
 //!   while consumers pick across the replicas; no ticket may repeat and no pick may fail.
+//! - [`floods`] — ADS streams from 127.0.0.1 subscribing to made-up names past the xDS memory
+//!   budget, then idle admin connections past their cap with `/healthz` probed, while a
+//!   bystander picks: memory within the address's share, refusals that name the bound, every
+//!   probe answered.
 //!
 //! `--short` sizes everything to finish in about four minutes on two cores (for CI); the default
 //! runs each scenario for minutes, for the figures in docs/reliability.md.
 
 pub mod churn;
 pub mod connections;
+pub mod floods;
 pub mod hash_churn;
 pub mod history;
 pub mod judge;
@@ -66,10 +71,11 @@ pub enum Scenario {
     HashChurn,
     Pipelining,
     Redis,
+    Floods,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Churn,
         Scenario::Memory,
         Scenario::Scale,
@@ -79,6 +85,7 @@ impl Scenario {
         Scenario::HashChurn,
         Scenario::Pipelining,
         Scenario::Redis,
+        Scenario::Floods,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +99,7 @@ impl Scenario {
             Scenario::HashChurn => "hash_churn",
             Scenario::Pipelining => "pipelining",
             Scenario::Redis => "redis",
+            Scenario::Floods => "floods",
         }
     }
 }
@@ -270,6 +278,7 @@ pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
             Scenario::HashChurn => hash_churn::run(options, &mut report).await,
             Scenario::Pipelining => pipelining::run(options, &mut report).await,
             Scenario::Redis => redis::run(options, &mut report).await,
+            Scenario::Floods => floods::run(options, &mut report).await,
         };
         if let Err(error) = outcome {
             report.check(Check::new("scenario ran to the end", false, error.to_string()));

@@ -363,6 +363,7 @@ impl Server {
         );
         let registry_service = RegistryRoutes::new(
             RegistryService::new(registry, drain_rx, limits.registrations_per_peer, consumers.clone(), streams.clone())
+                .with_sources(sources.clone())
                 .with_warmup(warmup)
                 .with_answers(answers.clone())
                 .with_overload(overload.clone()),

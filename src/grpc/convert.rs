@@ -68,6 +68,7 @@ pub fn instance(instance: &Instance) -> pb::Instance {
             None => String::new(),
             Some(operator) => operator.describe(),
         },
+        source: instance.source.as_deref().map(String::from).unwrap_or_default(),
     }
 }
 

@@ -29,6 +29,7 @@ pub struct RegistryService {
     warmup: Warmup,
     answers: Arc<UnreadAnswers>,
     overload: Arc<Overload>,
+    sources: crate::sources::Sources,
 }
 
 impl RegistryService {
@@ -52,6 +53,7 @@ impl RegistryService {
             warmup: Warmup::default(),
             answers: UnreadAnswers::with_default_budgets(),
             overload: Arc::new(Overload::new(None)),
+            sources: Default::default(),
         }
     }
 
@@ -63,6 +65,11 @@ impl RegistryService {
     /// Hides services not seen yet from listings and watches until `warmup` ends.
     pub fn with_warmup(self, warmup: Warmup) -> Self {
         Self { warmup, ..self }
+    }
+
+    /// Says in listings how the sources their instances come from are doing.
+    pub fn with_sources(self, sources: crate::sources::Sources) -> Self {
+        Self { sources, ..self }
     }
 
     /// Refuses and ends watches under memory pressure ([`crate::overload`]).
@@ -130,10 +137,12 @@ impl pb::registry_server::Registry for RegistryService {
             self.registry.service(name).ok_or_else(|| Status::from(PickError::UnknownService(name.clone())))?;
         // Room for the answer first, so that a listing waiting for it holds nothing built.
         let meter = self.answers.meter(request.remote_addr().map(|addr| addr.ip()));
-        let bytes = answers::message_bytes(answers::listing_bytes(&snapshot) + EPOCH_BYTES);
+        let sources = self.source_states(&snapshot);
+        let sources_bytes: usize = sources.iter().map(|s| 2 + s.encoded_len()).sum();
+        let bytes = answers::message_bytes(answers::listing_bytes(&snapshot) + EPOCH_BYTES + sources_bytes);
         meter.reserve_within(bytes).await?;
         let instances = snapshot.instances.iter().map(|i| convert::instance(i)).collect();
-        let answer = pb::ListInstancesResponse { instances, epoch: snapshot.epoch };
+        let answer = pb::ListInstancesResponse { instances, epoch: snapshot.epoch, sources };
         meter.trim_to(answers::message_bytes(answer.encoded_len()));
         let mut response = Response::new(answer);
         response.extensions_mut().insert(meter);
@@ -154,6 +163,26 @@ impl pb::registry_server::Registry for RegistryService {
 }
 
 impl RegistryService {
+    /// The states of the sources `snapshot`'s instances come from, in the order rota follows
+    /// them (at most one per configured source).
+    fn source_states(&self, snapshot: &ServiceSnapshot) -> Vec<pb::SourceState> {
+        let named: std::collections::BTreeSet<&str> =
+            snapshot.instances.iter().filter_map(|i| i.source.as_deref()).collect();
+        if named.is_empty() {
+            return Vec::new();
+        }
+        self.sources
+            .views()
+            .into_iter()
+            .filter(|view| named.contains(view.name.as_str()))
+            .map(|view| pb::SourceState {
+                name: view.name,
+                up: view.up,
+                last_read_unix_seconds: view.last_read.unwrap_or(0),
+            })
+            .collect()
+    }
+
     /// A service that has not been registered yet can be watched: the first event is then an
     /// empty snapshot at epoch 0, and instances arrive as they register. During the start-up
     /// [warm-up](super::warmup) that first snapshot waits until the service appears or the

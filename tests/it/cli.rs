@@ -45,6 +45,9 @@ fn register_pick_ls_and_withdraw_on_ctrl_c() {
     let listed = rota(&server, &["ls", "cli-svc"]);
     let out = text(&listed.stdout);
     assert!(out.contains("127.0.0.1:7001") && out.contains("zlt") && out.contains("UP"), "{out}");
+    assert!(out.lines().next().unwrap().ends_with("SOURCE       METADATA"), "{out}");
+    // Registered over gRPC: no source; the metadata as announced.
+    assert!(out.lines().nth(1).unwrap().ends_with(" -            team=pay"), "{out}");
 
     // Ctrl-C withdraws: the instance is gone and the service answers UNAVAILABLE.
     let interrupted = Command::new("kill").args(["-INT", &register.id().to_string()]).status().unwrap();

@@ -287,6 +287,25 @@ async fn a_dns_srv_name_is_followed_through_address_and_record_changes_and_a_dea
     let addr = server.server.admin_addr().unwrap();
     let (_, ready) = crate::admin::get(addr, "/readyz").await;
     assert!(ready.contains("sources stale") && ready.contains("dns"), "{ready}");
+    // A listing names each instance's source and says the source is stale; so does `rota ls`.
+    let listing = client.list_instances("orders").await.unwrap();
+    assert!(listing.instances.iter().all(|i| i.source == "dns"), "{listing:?}");
+    assert_eq!(listing.sources.len(), 1, "{listing:?}");
+    assert_eq!((listing.sources[0].name.as_str(), listing.sources[0].up), ("dns", false));
+    assert!(listing.sources[0].last_read_unix_seconds > 0, "{listing:?}");
+    let endpoint = server.server.endpoint();
+    let ls = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::processes::BIN)
+            .args(["ls", "orders"])
+            .env("ROTA_SERVER", endpoint)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let out = String::from_utf8_lossy(&ls.stdout);
+    assert!(out.lines().nth(1).is_some_and(|row| row.contains(" dns ")), "{out}");
+    assert!(out.contains("source dns: STALE (last read "), "{out}");
 
     // It comes back, and so does the source.
     dns.restart(fewer, "127.0.0.1 a.orders.test\n127.0.0.3 b.orders.test\n").await;

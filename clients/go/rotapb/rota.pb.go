@@ -334,7 +334,10 @@ type Instance struct {
 	Health string `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
 	// In rota's answers: an operator's override of the instance ("drain", "disable",
 	// "weight=N", joined by ","), empty without one. Ignored in announcements.
-	Operator      string `protobuf:"bytes,12,opt,name=operator,proto3" json:"operator,omitempty"`
+	Operator string `protobuf:"bytes,12,opt,name=operator,proto3" json:"operator,omitempty"`
+	// In rota's answers: the name of the registry rota follows this instance from (a source,
+	// docs/sources.md); empty for an instance registered over gRPC. Ignored in announcements.
+	Source        string `protobuf:"bytes,13,opt,name=source,proto3" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +452,13 @@ func (x *Instance) GetHealth() string {
 func (x *Instance) GetOperator() string {
 	if x != nil {
 		return x.Operator
+	}
+	return ""
+}
+
+func (x *Instance) GetSource() string {
+	if x != nil {
+		return x.Source
 	}
 	return ""
 }
@@ -2858,9 +2868,11 @@ func (x *ListInstancesRequest) GetService() string {
 }
 
 type ListInstancesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Instances     []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Instances []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The sources the listed instances come from, and how each is doing.
+	Sources       []*SourceState `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2909,6 +2921,77 @@ func (x *ListInstancesResponse) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *ListInstancesResponse) GetSources() []*SourceState {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// A registry rota follows (docs/sources.md), as a listing of its instances sees it.
+type SourceState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The last read succeeded. False before the first answer and after a failure: the source
+	// is stale, and its instances are those of its last good listing.
+	Up bool `protobuf:"varint,2,opt,name=up,proto3" json:"up,omitempty"`
+	// Seconds since the Unix epoch of the last successful read; 0 before the first.
+	LastReadUnixSeconds uint64 `protobuf:"varint,3,opt,name=last_read_unix_seconds,json=lastReadUnixSeconds,proto3" json:"last_read_unix_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *SourceState) Reset() {
+	*x = SourceState{}
+	mi := &file_rota_v1_rota_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceState) ProtoMessage() {}
+
+func (x *SourceState) ProtoReflect() protoreflect.Message {
+	mi := &file_rota_v1_rota_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceState.ProtoReflect.Descriptor instead.
+func (*SourceState) Descriptor() ([]byte, []int) {
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *SourceState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SourceState) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
+func (x *SourceState) GetLastReadUnixSeconds() uint64 {
+	if x != nil {
+		return x.LastReadUnixSeconds
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -2918,7 +3001,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_rota_v1_rota_proto_msgTypes[40]
+	mi := &file_rota_v1_rota_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2930,7 +3013,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[40]
+	mi := &file_rota_v1_rota_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2943,7 +3026,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{40}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchRequest) GetService() string {
@@ -2970,7 +3053,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_rota_v1_rota_proto_msgTypes[41]
+	mi := &file_rota_v1_rota_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2982,7 +3065,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[41]
+	mi := &file_rota_v1_rota_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2995,7 +3078,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{41}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -3086,7 +3169,7 @@ type InstanceList struct {
 
 func (x *InstanceList) Reset() {
 	*x = InstanceList{}
-	mi := &file_rota_v1_rota_proto_msgTypes[42]
+	mi := &file_rota_v1_rota_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3098,7 +3181,7 @@ func (x *InstanceList) String() string {
 func (*InstanceList) ProtoMessage() {}
 
 func (x *InstanceList) ProtoReflect() protoreflect.Message {
-	mi := &file_rota_v1_rota_proto_msgTypes[42]
+	mi := &file_rota_v1_rota_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3111,7 +3194,7 @@ func (x *InstanceList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceList.ProtoReflect.Descriptor instead.
 func (*InstanceList) Descriptor() ([]byte, []int) {
-	return file_rota_v1_rota_proto_rawDescGZIP(), []int{42}
+	return file_rota_v1_rota_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *InstanceList) GetInstances() []*Instance {
@@ -3125,7 +3208,7 @@ var File_rota_v1_rota_proto protoreflect.FileDescriptor
 
 const file_rota_v1_rota_proto_rawDesc = "" +
 	"\n" +
-	"\x12rota/v1/rota.proto\x12\arota.v1\"\xd5\x03\n" +
+	"\x12rota/v1/rota.proto\x12\arota.v1\"\xed\x03\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
@@ -3139,7 +3222,8 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x10announced_status\x18\n" +
 	" \x01(\x0e2\x17.rota.v1.InstanceStatusR\x0fannouncedStatus\x12\x16\n" +
 	"\x06health\x18\v \x01(\tR\x06health\x12\x1a\n" +
-	"\boperator\x18\f \x01(\tR\boperator\x1a;\n" +
+	"\boperator\x18\f \x01(\tR\boperator\x12\x16\n" +
+	"\x06source\x18\r \x01(\tR\x06source\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
@@ -3308,10 +3392,15 @@ const file_rota_v1_rota_proto_rawDesc = "" +
 	"\x02up\x18\x03 \x01(\rR\x02up\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"0\n" +
 	"\x14ListInstancesRequest\x12\x18\n" +
-	"\aservice\x18\x01 \x01(\tR\aservice\"^\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\"\x8e\x01\n" +
 	"\x15ListInstancesResponse\x12/\n" +
 	"\tinstances\x18\x01 \x03(\v2\x11.rota.v1.InstanceR\tinstances\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"(\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12.\n" +
+	"\asources\x18\x03 \x03(\v2\x14.rota.v1.SourceStateR\asources\"f\n" +
+	"\vSourceState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02up\x18\x02 \x01(\bR\x02up\x123\n" +
+	"\x16last_read_unix_seconds\x18\x03 \x01(\x04R\x13lastReadUnixSeconds\"(\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\"\xec\x01\n" +
 	"\n" +
@@ -3385,7 +3474,7 @@ func file_rota_v1_rota_proto_rawDescGZIP() []byte {
 }
 
 var file_rota_v1_rota_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_rota_v1_rota_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_rota_v1_rota_proto_goTypes = []any{
 	(InstanceStatus)(0),                   // 0: rota.v1.InstanceStatus
 	(CallResult)(0),                       // 1: rota.v1.CallResult
@@ -3432,15 +3521,16 @@ var file_rota_v1_rota_proto_goTypes = []any{
 	(*ServiceSummary)(nil),                // 42: rota.v1.ServiceSummary
 	(*ListInstancesRequest)(nil),          // 43: rota.v1.ListInstancesRequest
 	(*ListInstancesResponse)(nil),         // 44: rota.v1.ListInstancesResponse
-	(*WatchRequest)(nil),                  // 45: rota.v1.WatchRequest
-	(*WatchEvent)(nil),                    // 46: rota.v1.WatchEvent
-	(*InstanceList)(nil),                  // 47: rota.v1.InstanceList
-	nil,                                   // 48: rota.v1.Instance.MetadataEntry
-	nil,                                   // 49: rota.v1.GrayRelease.VersionsEntry
-	nil,                                   // 50: rota.v1.Metadata.EntriesEntry
+	(*SourceState)(nil),                   // 45: rota.v1.SourceState
+	(*WatchRequest)(nil),                  // 46: rota.v1.WatchRequest
+	(*WatchEvent)(nil),                    // 47: rota.v1.WatchEvent
+	(*InstanceList)(nil),                  // 48: rota.v1.InstanceList
+	nil,                                   // 49: rota.v1.Instance.MetadataEntry
+	nil,                                   // 50: rota.v1.GrayRelease.VersionsEntry
+	nil,                                   // 51: rota.v1.Metadata.EntriesEntry
 }
 var file_rota_v1_rota_proto_depIdxs = []int32{
-	48, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
+	49, // 0: rota.v1.Instance.metadata:type_name -> rota.v1.Instance.MetadataEntry
 	0,  // 1: rota.v1.Instance.status:type_name -> rota.v1.InstanceStatus
 	0,  // 2: rota.v1.Instance.announced_status:type_name -> rota.v1.InstanceStatus
 	5,  // 3: rota.v1.LeaseResponse.instances:type_name -> rota.v1.Instance
@@ -3451,7 +3541,7 @@ var file_rota_v1_rota_proto_depIdxs = []int32{
 	12, // 8: rota.v1.ReportRequest.outcomes:type_name -> rota.v1.CallOutcome
 	2,  // 9: rota.v1.SetInstanceOverrideRequest.action:type_name -> rota.v1.OverrideAction
 	17, // 10: rota.v1.ListInstanceOverridesResponse.overrides:type_name -> rota.v1.InstanceOverride
-	49, // 11: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
+	50, // 11: rota.v1.GrayRelease.versions:type_name -> rota.v1.GrayRelease.VersionsEntry
 	3,  // 12: rota.v1.Policy.isolation_fallback:type_name -> rota.v1.IsolationFallback
 	20, // 13: rota.v1.Policy.gray:type_name -> rota.v1.GrayRelease
 	21, // 14: rota.v1.Policy.breaker:type_name -> rota.v1.Breaker
@@ -3469,7 +3559,7 @@ var file_rota_v1_rota_proto_depIdxs = []int32{
 	6,  // 26: rota.v1.Update.instance:type_name -> rota.v1.InstanceRef
 	0,  // 27: rota.v1.Update.status:type_name -> rota.v1.InstanceStatus
 	34, // 28: rota.v1.Update.metadata:type_name -> rota.v1.Metadata
-	50, // 29: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
+	51, // 29: rota.v1.Metadata.entries:type_name -> rota.v1.Metadata.EntriesEntry
 	6,  // 30: rota.v1.Withdraw.instances:type_name -> rota.v1.InstanceRef
 	37, // 31: rota.v1.RegisterResponse.ack:type_name -> rota.v1.Ack
 	39, // 32: rota.v1.RegisterResponse.closing:type_name -> rota.v1.Closing
@@ -3478,44 +3568,45 @@ var file_rota_v1_rota_proto_depIdxs = []int32{
 	6,  // 35: rota.v1.Refusal.instance:type_name -> rota.v1.InstanceRef
 	42, // 36: rota.v1.ListServicesResponse.services:type_name -> rota.v1.ServiceSummary
 	5,  // 37: rota.v1.ListInstancesResponse.instances:type_name -> rota.v1.Instance
-	47, // 38: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
-	5,  // 39: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
-	5,  // 40: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
-	6,  // 41: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
-	5,  // 42: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
-	10, // 43: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
-	10, // 44: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
-	13, // 45: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
-	7,  // 46: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
-	25, // 47: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
-	26, // 48: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
-	27, // 49: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
-	28, // 50: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
-	16, // 51: rota.v1.Policies.SetInstanceOverride:input_type -> rota.v1.SetInstanceOverrideRequest
-	18, // 52: rota.v1.Policies.ListInstanceOverrides:input_type -> rota.v1.ListInstanceOverridesRequest
-	30, // 53: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
-	40, // 54: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
-	43, // 55: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
-	45, // 56: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
-	11, // 57: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
-	11, // 58: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
-	14, // 59: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
-	8,  // 60: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
-	23, // 61: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
-	23, // 62: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
-	29, // 63: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
-	23, // 64: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
-	17, // 65: rota.v1.Policies.SetInstanceOverride:output_type -> rota.v1.InstanceOverride
-	19, // 66: rota.v1.Policies.ListInstanceOverrides:output_type -> rota.v1.ListInstanceOverridesResponse
-	36, // 67: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
-	41, // 68: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
-	44, // 69: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
-	46, // 70: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
-	57, // [57:71] is the sub-list for method output_type
-	43, // [43:57] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	45, // 38: rota.v1.ListInstancesResponse.sources:type_name -> rota.v1.SourceState
+	48, // 39: rota.v1.WatchEvent.snapshot:type_name -> rota.v1.InstanceList
+	5,  // 40: rota.v1.WatchEvent.added:type_name -> rota.v1.Instance
+	5,  // 41: rota.v1.WatchEvent.updated:type_name -> rota.v1.Instance
+	6,  // 42: rota.v1.WatchEvent.removed:type_name -> rota.v1.InstanceRef
+	5,  // 43: rota.v1.InstanceList.instances:type_name -> rota.v1.Instance
+	10, // 44: rota.v1.Balancer.Pick:input_type -> rota.v1.PickRequest
+	10, // 45: rota.v1.Balancer.PickStream:input_type -> rota.v1.PickRequest
+	13, // 46: rota.v1.Balancer.Report:input_type -> rota.v1.ReportRequest
+	7,  // 47: rota.v1.Balancer.Lease:input_type -> rota.v1.LeaseRequest
+	25, // 48: rota.v1.Policies.GetPolicy:input_type -> rota.v1.GetPolicyRequest
+	26, // 49: rota.v1.Policies.SetPolicy:input_type -> rota.v1.SetPolicyRequest
+	27, // 50: rota.v1.Policies.ListPolicies:input_type -> rota.v1.ListPoliciesRequest
+	28, // 51: rota.v1.Policies.ResetPolicy:input_type -> rota.v1.ResetPolicyRequest
+	16, // 52: rota.v1.Policies.SetInstanceOverride:input_type -> rota.v1.SetInstanceOverrideRequest
+	18, // 53: rota.v1.Policies.ListInstanceOverrides:input_type -> rota.v1.ListInstanceOverridesRequest
+	30, // 54: rota.v1.Registry.Register:input_type -> rota.v1.RegisterRequest
+	40, // 55: rota.v1.Registry.ListServices:input_type -> rota.v1.ListServicesRequest
+	43, // 56: rota.v1.Registry.ListInstances:input_type -> rota.v1.ListInstancesRequest
+	46, // 57: rota.v1.Registry.Watch:input_type -> rota.v1.WatchRequest
+	11, // 58: rota.v1.Balancer.Pick:output_type -> rota.v1.PickResponse
+	11, // 59: rota.v1.Balancer.PickStream:output_type -> rota.v1.PickResponse
+	14, // 60: rota.v1.Balancer.Report:output_type -> rota.v1.ReportResponse
+	8,  // 61: rota.v1.Balancer.Lease:output_type -> rota.v1.LeaseResponse
+	23, // 62: rota.v1.Policies.GetPolicy:output_type -> rota.v1.Policy
+	23, // 63: rota.v1.Policies.SetPolicy:output_type -> rota.v1.Policy
+	29, // 64: rota.v1.Policies.ListPolicies:output_type -> rota.v1.ListPoliciesResponse
+	23, // 65: rota.v1.Policies.ResetPolicy:output_type -> rota.v1.Policy
+	17, // 66: rota.v1.Policies.SetInstanceOverride:output_type -> rota.v1.InstanceOverride
+	19, // 67: rota.v1.Policies.ListInstanceOverrides:output_type -> rota.v1.ListInstanceOverridesResponse
+	36, // 68: rota.v1.Registry.Register:output_type -> rota.v1.RegisterResponse
+	41, // 69: rota.v1.Registry.ListServices:output_type -> rota.v1.ListServicesResponse
+	44, // 70: rota.v1.Registry.ListInstances:output_type -> rota.v1.ListInstancesResponse
+	47, // 71: rota.v1.Registry.Watch:output_type -> rota.v1.WatchEvent
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_rota_v1_rota_proto_init() }
@@ -3536,7 +3627,7 @@ func file_rota_v1_rota_proto_init() {
 		(*RegisterResponse_Ack)(nil),
 		(*RegisterResponse_Closing)(nil),
 	}
-	file_rota_v1_rota_proto_msgTypes[41].OneofWrappers = []any{
+	file_rota_v1_rota_proto_msgTypes[42].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),
 		(*WatchEvent_Added)(nil),
 		(*WatchEvent_Updated)(nil),
@@ -3548,7 +3639,7 @@ func file_rota_v1_rota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rota_v1_rota_proto_rawDesc), len(file_rota_v1_rota_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -10,8 +10,10 @@ import { after, describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
 
-import { rotaChannelOptions } from '../src/channel/index.js';
+import { OPTION_LOGGER, rotaChannelOptions } from '../src/channel/index.js';
 import { rotaConnection } from '../src/rota-connection.js';
+import { echoCalls, echoPackage } from './echo.js';
+import { closedPort, silentLogger } from './harness.js';
 
 describe('the connection to rota', () => {
   const dir = mkdtempSync(join(tmpdir(), 'rota-ts-connection-'));
@@ -78,5 +80,19 @@ describe('the connection to rota', () => {
       'rota.tls_key': 'c.key',
     });
     assert.deepEqual(rotaChannelOptions({}), {});
+  });
+
+  it('of a channel: settings that cannot work fail its calls UNAVAILABLE, naming the option', async () => {
+    // Nothing is dialled: the resolver fails before its first Watch.
+    const target = `rota://127.0.0.1:${await closedPort()}/svc`;
+    const options = { ...rotaChannelOptions({ tlsCa: pem, tlsCert: pem }), [OPTION_LOGGER]: silentLogger };
+    const client = new (echoPackage().Echo)(target, grpc.credentials.createInsecure(), options);
+    try {
+      const [result] = await echoCalls(client, 1, '', 5_000);
+      assert.equal(result!.error?.code, grpc.status.UNAVAILABLE);
+      assert.match(result!.error?.details ?? '', /tlsCert and tlsKey go together/);
+    } finally {
+      client.close();
+    }
   });
 });

@@ -10,7 +10,7 @@ import { after, before, describe, it } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { RotaClient, RotaError, type RotaAuthOptions } from '../src/index.js';
-import { OPTION_LOGGER, rotaChannelOptions } from '../src/channel/index.js';
+import { OPTION_LOGGER, OPTION_TLS_CA, OPTION_TOKEN, rotaChannelOptions } from '../src/channel/index.js';
 import { echoCalls, echoPackage, EchoServer, type EchoCall } from './echo.js';
 import { silentLogger, type RotaServer } from './harness.js';
 import { Certificates, INVALID_TOKEN_MESSAGE, NO_TOKEN_MESSAGE, TOKEN, WRONG_TOKEN, startSecured, type Security } from './secured-rota.js';
@@ -141,6 +141,16 @@ describe('a rota with tokens, over plaintext, TLS and mTLS', { timeout: 120_000 
       }
     });
   }
+
+  it('the channel takes rota.token and rota.tls_ca as plain string options too', async () => {
+    const options = { [OPTION_TOKEN]: TOKEN, [OPTION_TLS_CA]: certs.file('ca.pem'), [OPTION_LOGGER]: silentLogger };
+    const client = new (echoPackage().Echo)(`rota://${rota('tls').target}/${SERVICE}`, grpc.credentials.createInsecure(), options);
+    try {
+      assert.deepEqual(await instancesCalled(client), new Set(IDS));
+    } finally {
+      client.close();
+    }
+  });
 
   it('mTLS refuses a client certificate from another CA', async () => {
     const access = { ...certs.access('mtls'), tlsCert: certs.file('other.pem'), tlsKey: certs.file('other.key') };

@@ -10,7 +10,7 @@ import { after, describe, it } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
 
-import { OPTION_LOGGER, rotaChannelOptions } from '../src/channel/index.js';
+import { ChannelToken, OPTION_LOGGER, rotaChannelOptions } from '../src/channel/index.js';
 import { rotaConnection } from '../src/rota-connection.js';
 import { echoCalls, echoPackage } from './echo.js';
 import { closedPort, silentLogger } from './harness.js';
@@ -70,15 +70,20 @@ describe('the connection to rota', () => {
     assert.throws(() => rotaConnection('h:1', { tlsCa: pem }, own, {}), /either credentials or tlsCa/);
   });
 
-  it('of a channel: typed settings become the rota.* channel options, unset ones left out', () => {
-    assert.deepEqual(rotaChannelOptions({ server: 'h:1', token: 't', tlsCa: 'ca.pem', tlsCert: 'c.pem', tlsKey: 'c.key', ticketHeader: true }), {
+  it('of a channel: typed settings become the rota.* channel options, unset ones left out, the token kept out of JSON', () => {
+    const options = rotaChannelOptions({ server: 'h:1', token: 'secret-0123456789', tlsCa: 'ca.pem', tlsCert: 'c.pem', tlsKey: 'c.key', ticketHeader: true });
+    const { 'rota.token': token, ...others } = options;
+    assert.deepEqual(others, {
       'rota.server': 'h:1',
       'rota.ticket_header': true,
-      'rota.token': 't',
       'rota.tls_ca': 'ca.pem',
       'rota.tls_cert': 'c.pem',
       'rota.tls_key': 'c.key',
     });
+    assert.ok(token instanceof ChannelToken);
+    assert.equal(token.value, 'secret-0123456789');
+    // grpc-js's channel trace prints the options as JSON: the token is not in it.
+    assert.equal(JSON.stringify(options).includes('secret'), false);
     assert.deepEqual(rotaChannelOptions({}), {});
   });
 

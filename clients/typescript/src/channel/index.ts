@@ -15,6 +15,7 @@ import { RotaResolver } from './resolver.js';
 export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.js';
 export { LEASE_TARGET_MS, MAX_EXCLUDE, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
 export {
+  ChannelToken,
   DEFAULT_SERVER,
   OPTION_BACKOFF,
   OPTION_LOGGER,

@@ -55,6 +55,27 @@ export function rotaServer(authority: string, options: ChannelOptions, env: Node
   return authority || (typeof option === 'string' ? option : '') || env[SERVER_ENV] || DEFAULT_SERVER;
 }
 
+/**
+ * A token as a channel option that grpc-js's channel trace (`GRPC_TRACE=channel`, which prints the
+ * channel options as JSON) shows as `(rota token)`; {@link rotaChannelOptions} wraps the token in
+ * one. A plain string is taken too.
+ */
+export class ChannelToken {
+  readonly #value: string;
+
+  constructor(value: string) {
+    this.#value = value;
+  }
+
+  get value(): string {
+    return this.#value;
+  }
+
+  toJSON(): string {
+    return '(rota token)';
+  }
+}
+
 /** The rota channel options, typed; {@link rotaChannelOptions} turns them into grpc-js channel options. */
 export interface RotaChannelSettings extends RotaAuthOptions {
   /** rota's `HOST:PORT` (or `https://HOST:PORT`) for a `rota:///SERVICE` target. */
@@ -77,12 +98,12 @@ export interface RotaChannelSettings extends RotaAuthOptions {
  * The channel credentials apply to the instances; these options to the connection to rota.
  */
 export function rotaChannelOptions(settings: RotaChannelSettings): ChannelOptions {
-  const entries: [string, string | boolean | undefined][] = [
+  const entries: [string, string | boolean | ChannelToken | undefined][] = [
     [OPTION_SERVER, settings.server],
     [OPTION_RULE, settings.rule],
     [OPTION_VERSION, settings.version],
     [OPTION_TICKET_HEADER, settings.ticketHeader],
-    [OPTION_TOKEN, settings.token],
+    [OPTION_TOKEN, settings.token === undefined ? undefined : new ChannelToken(settings.token)],
     [OPTION_TLS_CA, settings.tlsCa],
     [OPTION_TLS_CERT, settings.tlsCert],
     [OPTION_TLS_KEY, settings.tlsKey],
@@ -96,7 +117,8 @@ function authOptions(options: ChannelOptions): RotaAuthOptions {
     const value: unknown = options[key];
     return typeof value === 'string' ? value : undefined;
   };
-  return { token: text(OPTION_TOKEN), tlsCa: text(OPTION_TLS_CA), tlsCert: text(OPTION_TLS_CERT), tlsKey: text(OPTION_TLS_KEY) };
+  const token: unknown = options[OPTION_TOKEN];
+  return { token: token instanceof ChannelToken ? token.value : text(OPTION_TOKEN), tlsCa: text(OPTION_TLS_CA), tlsCert: text(OPTION_TLS_CERT), tlsKey: text(OPTION_TLS_KEY) };
 }
 
 /** What the policy needs to know of an instance, by "host:port". */

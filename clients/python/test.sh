@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the Python client's whole test suite: the linters (ruff check, ruff format --check, mypy
 # --strict on the package and the tests), then unit tests, the conformance scenarios (sync and asyncio
-# clients), the xDS scenarios (tests/test_xds_conformance.py: grpcio's own xDS client on
+# clients), the clients and channels against a rota with tokens over plaintext, TLS and mTLS
+# (tests/test_rota_auth.py), the xDS scenarios (tests/test_xds_conformance.py: grpcio's own xDS client on
 # `xds:///echo`, rota as its control plane) and the integration tests against live `rota serve`
 # processes.
 #
@@ -20,6 +21,9 @@ export ROTA_ADMIN_LISTEN="${ROTA_ADMIN_LISTEN:-off}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 
+# The TLS and mTLS tests make their certificates with openssl (scripts/make-test-certs.sh).
+../../scripts/install-openssl.sh
+
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
@@ -31,6 +35,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 # A full run (no arguments) must collect at least this many tests; pytest itself fails a run
 # that collects none (exit status 5), and `exec` passes its status on unchanged.
 if [[ $# -eq 0 ]]; then
-    export ROTA_PY_MIN_TESTS=308
+    export ROTA_PY_MIN_TESTS=335
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the dependencies, generates the gRPC types, lints (ESLint with typescript-eslint's
 # type-checked rules, eslint.config.mjs), builds and runs the whole test suite (unit tests, the
-# shared conformance scenarios, the channel scenarios, the xDS scenarios with @grpc/grpc-js-xds
+# shared conformance scenarios, the channel scenarios, the client and the channel against a rota
+# with tokens over plaintext, TLS and mTLS (test/auth.test.ts), the xDS scenarios with @grpc/grpc-js-xds
 # (test/xds.test.ts, a consumer process per scenario), the integration tests against live servers
 # and the install of the packed package into a fresh project).
 set -euo pipefail
@@ -18,6 +19,10 @@ if [[ -z "${ROTA_BIN:-}" ]]; then
   (cd "$repo_root" && cargo build --bin rota)
   export ROTA_BIN="$repo_root/target/debug/rota"
 fi
+
+# The TLS and mTLS tests (test/auth.test.ts) make their certificates with openssl
+# (scripts/make-test-certs.sh).
+../../scripts/install-openssl.sh
 
 # --ignore-scripts: no `prepare` build here. The suite's own build is `npm test`'s pretest
 # (sources and tests into build/); the package build (dist/) runs once, in the `npm pack` of

@@ -3,7 +3,6 @@
 import {
   Channel,
   Metadata,
-  credentials as grpcCredentials,
   status,
   type CallOptions,
   type ChannelCredentials,
@@ -24,6 +23,7 @@ import type { ReportResponse__Output } from './generated/rota/v1/ReportResponse.
 import type { WatchEvent__Output } from './generated/rota/v1/WatchEvent.js';
 import { consoleLogger, type Logger } from './logger.js';
 import { rotaV1 } from './proto.js';
+import { bareTarget, rotaConnection, type RotaAuthOptions } from './rota-connection.js';
 import { Registration, type RegistrationOptions } from './registration.js';
 import {
   instanceFromMessage,
@@ -45,8 +45,15 @@ import {
 import { currentVersion } from './version.js';
 import { ServiceWatcher } from './watcher.js';
 
-export interface RotaClientOptions {
-  /** Default: plaintext (`credentials.createInsecure()`). */
+/**
+ * `token`, `tlsCa`, `tlsCert` and `tlsKey` (see {@link RotaAuthOptions}) default to `ROTA_TOKEN`,
+ * `ROTA_TLS_CA`, `ROTA_TLS_CERT` and `ROTA_TLS_KEY`.
+ */
+export interface RotaClientOptions extends RotaAuthOptions {
+  /**
+   * Default: TLS with `tlsCa` or an `https://` target, else plaintext (`credentials.createInsecure()`).
+   * Replaces the TLS options; the token still applies.
+   */
   credentials?: ChannelCredentials;
   /** grpc-js channel options, e.g. `{ 'grpc.use_local_subchannel_pool': 1 }` for a connection of its own. */
   channelOptions?: ChannelOptions;
@@ -105,12 +112,16 @@ export const DEFAULT_TARGET = '127.0.0.1:50051';
 export const TARGET_ENV = 'ROTA_SERVER';
 
 /**
- * `host:port`, or a grpc-js target (`dns:///host:port`); `http://host:port` is accepted too.
- * No target (or an empty one): `ROTA_SERVER`, else {@link DEFAULT_TARGET}.
+ * `host:port`, or a grpc-js target (`dns:///host:port`); `http://host:port` and
+ * `https://host:port` are accepted too. No target (or an empty one): `ROTA_SERVER`, else
+ * {@link DEFAULT_TARGET}.
  */
 export function normalizeTarget(target: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
-  const chosen = target || env[TARGET_ENV] || DEFAULT_TARGET;
-  return chosen.startsWith('http://') ? chosen.slice('http://'.length).replace(/\/+$/, '') : chosen;
+  return bareTarget(chosenTarget(target, env));
+}
+
+function chosenTarget(target: string | undefined, env: NodeJS.ProcessEnv): string {
+  return target || env[TARGET_ENV] || DEFAULT_TARGET;
 }
 
 /** The wire request of a pick; the current version applies when `options.version` is left out. */
@@ -187,14 +198,19 @@ export class RotaClient implements AsyncDisposable {
   /** Whether the current outage was logged (at its first local pick). */
   #outageLogged = false;
 
-  /** `target` defaults to `ROTA_SERVER`, else {@link DEFAULT_TARGET} (`127.0.0.1:50051`). */
+  /**
+   * `target` defaults to `ROTA_SERVER`, else {@link DEFAULT_TARGET} (`127.0.0.1:50051`). Throws
+   * for TLS options that cannot work: a lone `tlsCert` or `tlsKey`, an `https://` target without
+   * a CA, a file that cannot be read, or both `credentials` and TLS options.
+   */
   constructor(target?: string, options: RotaClientOptions = {}) {
-    this.target = normalizeTarget(target);
+    const connection = rotaConnection(chosenTarget(target, process.env), options, options.credentials);
+    this.target = connection.target;
     const rota = rotaV1();
-    const credentials = options.credentials ?? grpcCredentials.createInsecure();
+    const { credentials, interceptors } = connection;
     this.#channel = new Channel(this.target, credentials, { ...CHANNEL_DEFAULTS, ...options.channelOptions });
-    this.#balancer = new rota.Balancer(this.target, credentials, { channelOverride: this.#channel });
-    this.#registry = new rota.Registry(this.target, credentials, { channelOverride: this.#channel });
+    this.#balancer = new rota.Balancer(this.target, credentials, { channelOverride: this.#channel, interceptors });
+    this.#registry = new rota.Registry(this.target, credentials, { channelOverride: this.#channel, interceptors });
     this.#pickTimeoutMs = options.pickTimeoutMs ?? 2_000;
     this.#shortCutMs = options.shortCutMs ?? 1_000;
     this.#followTimeoutMs = options.followTimeoutMs ?? 5_000;

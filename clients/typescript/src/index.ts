@@ -1,6 +1,7 @@
 // @rota/client: the TypeScript client of rota, the central load-balancing decision service.
 
 export { DEFAULT_TARGET, RotaClient, TARGET_ENV, classifyError, type ConnectOptions, type RotaClientOptions, type TimedOptions } from './client.js';
+export { TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV, type RotaAuthOptions } from './rota-connection.js';
 export { Registration, type RegistrationEvents, type RegistrationOptions } from './registration.js';
 export { RotaError, RegistrationRefusedError, codeName, isUnreachable } from './errors.js';
 export { Backoff, type BackoffOptions } from './backoff.js';

@@ -10,31 +10,12 @@ import { RotaClient } from '../src/index.js';
 import { OPTION_LOGGER, OPTION_REPORT, OPTION_SERVER } from '../src/channel/index.js';
 import { leaseCalls } from '../src/channel/lease.js';
 import { EchoServer, echoPackage } from './echo.js';
+import { median, round as timedRound, type Echo, type Round } from './bench-round.js';
 import { RotaServer, silentLogger } from './harness.js';
 
 const [rounds = 6, roundMs = 2_000, concurrency = 16] = process.argv.slice(2).map(Number);
 
-type Echo = grpc.Client & { Echo(req: object, cb: (e: grpc.ServiceError | null) => void): void };
-
-async function round(client: Echo, ms: number): Promise<{ rps: number; p99: number; calls: number }> {
-  const latencies: number[] = [];
-  const start = performance.now();
-  const end = start + ms;
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (performance.now() < end) {
-        const t = performance.now();
-        await new Promise<void>((resolve, reject) => client.Echo({ message: 'x' }, (e) => (e ? reject(e) : resolve())));
-        latencies.push(performance.now() - t);
-      }
-    }),
-  );
-  const elapsed = performance.now() - start;
-  latencies.sort((a, b) => a - b);
-  return { rps: (latencies.length * 1000) / elapsed, p99: latencies[Math.floor(latencies.length * 0.99)]! * 1000, calls: latencies.length };
-}
-
-const median = (v: number[]): number => [...v].sort((a, b) => a - b)[v.length >> 1]!;
+const round = (client: Echo, ms: number): Promise<Round> => timedRound(client, ms, concurrency);
 
 const server = await RotaServer.start();
 const provider = new RotaClient(server.target, { logger: silentLogger });
@@ -53,7 +34,6 @@ await round(rr, 300);
 await round(quiet, 300);
 let rotaCalls = 0;
 let rotaLeases = 0;
-type Round = { rps: number; p99: number; calls: number };
 const a: Round[] = [];
 const b: Round[] = [];
 const q: Round[] = [];

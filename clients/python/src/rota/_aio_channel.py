@@ -19,6 +19,7 @@ import grpc.aio
 
 from ._dial import dial
 from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
+from ._rota_connection import PathArg
 from ._router import Router
 from ._routing import (
     DEFAULT_ROUTE_TIMEOUT,
@@ -41,9 +42,13 @@ def channel(
     options: Sequence[tuple[str, Any]] | None = None,
     credentials: grpc.ChannelCredentials | None = None,
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+    token: str | None = None,
+    tls_ca: PathArg | None = None,
+    tls_cert: PathArg | None = None,
+    tls_key: PathArg | None = None,
 ) -> AsyncRotaChannel:
     """An asyncio channel for ``rota:///SERVICE``; the arguments are those of :func:`rota.channel`."""
-    router = open_router(target, server, rule, version)
+    router = open_router(target, server, rule, version, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     return AsyncRotaChannel(router, ticket_header, options, credentials, interceptors)
 
 

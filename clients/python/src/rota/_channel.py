@@ -31,6 +31,7 @@ import grpc
 
 from ._dial import dial
 from ._multicallables import CallOptions, InstanceMultiCallables, RoutedChannel, call_options
+from ._rota_connection import PathArg
 from ._routing import Attempt, Deadline, Metadata, open_router, retries_on_next_ticket
 from ._tickets import Member
 
@@ -44,6 +45,10 @@ def channel(
     ticket_header: bool = False,
     options: Sequence[tuple[str, Any]] | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    token: str | None = None,
+    tls_ca: PathArg | None = None,
+    tls_cert: PathArg | None = None,
+    tls_key: PathArg | None = None,
 ) -> RotaChannel:
     """A channel for ``rota:///SERVICE`` (or ``rota://ROTA_HOST:PORT/SERVICE?rule=..&version=..``).
 
@@ -54,8 +59,17 @@ def channel(
     an ``x-rota-version`` entry. ``ticket_header`` adds each call's ticket as ``x-rota-ticket``
     (``L<n>`` for a local pick); it is off by default because it adds bytes to every call.
     ``options`` and ``credentials`` apply to the instance channels.
+
+    ``token``, ``tls_ca``, ``tls_cert`` and ``tls_key`` apply to the connection to rota, each
+    defaulting to its environment variable (``ROTA_TOKEN``, ``ROTA_TLS_CA``, ``ROTA_TLS_CERT``,
+    ``ROTA_TLS_KEY``): the bearer token rota's ``[auth]`` asks for, the PEM CA that signed rota's
+    certificate (rota is reached over TLS with a CA, or when ``server`` is ``https://HOST:PORT``),
+    and a PEM client certificate and key for a rota that requires mTLS. A call the channel cannot
+    route because rota refused its token fails with rota's status and message
+    (``UNAUTHENTICATED``, ``PERMISSION_DENIED``).
     """
-    return RotaChannel(open_router(target, server, rule, version), ticket_header, options, credentials)
+    router = open_router(target, server, rule, version, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    return RotaChannel(router, ticket_header, options, credentials)
 
 
 class RotaChannel(RoutedChannel[grpc.Channel], grpc.Channel):

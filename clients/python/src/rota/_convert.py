@@ -177,11 +177,3 @@ def update(
     if metadata is not None:
         message.metadata.CopyFrom(pb.Metadata(entries=metadata))
     return pb.RegisterRequest(update=message)
-
-
-def target(address: str) -> str:
-    """A gRPC target for ``host:port``; ``http://host:port`` is accepted too."""
-    for scheme in ("http://", "grpc://"):
-        if address.startswith(scheme):
-            return address[len(scheme) :].rstrip("/")
-    return address

@@ -21,6 +21,7 @@ import grpc
 from ._pb import rota_pb2 as pb
 from ._pb import rota_pb2_grpc as pb_grpc
 from ._reports import Outcome, OutcomeBuffer
+from ._rota_connection import RotaConnection
 from ._settings import CHANNEL_OPTIONS
 from ._tickets import WAIT, Draw, Lease, Member, Refused, Rotation, UnusableLease, excluded_ids
 from .errors import error_reason
@@ -31,6 +32,8 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 VERSION_HEADER = "x-rota-version"
 TICKET_HEADER = "x-rota-ticket"
 LEASE_TIMEOUT = 2.0
+#: rota's answers to a Watch that no retry changes: the calls of the channel fail with them.
+REFUSING_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 def parse_target(target: str, server: str | None, rule: str | None, version: str | None) -> tuple[str, str, str, str]:
@@ -59,18 +62,20 @@ class Router:
     names the known instances it refuses in ``exclude``.
     """
 
-    def __init__(self, service: str, server: str, rule: str, version: str) -> None:
+    def __init__(self, service: str, connection: RotaConnection, rule: str, version: str) -> None:
         self.service = service
-        self.server = server
+        self.server = connection.target
         self.rule = rule
         self.version = version
-        self._channel = grpc.insecure_channel(server, options=CHANNEL_OPTIONS)
+        self._channel: grpc.Channel = connection.dial(grpc, CHANNEL_OPTIONS)
         self._balancer = pb_grpc.BalancerStub(self._channel)
         self._registry = pb_grpc.RegistryStub(self._channel)
         self._lock = threading.Condition()
         self._members: dict[str, Member] = {}
         self._synced = False
         self._watch_error = ""
+        # rota's refusal of the watch itself (UNAUTHENTICATED, PERMISSION_DENIED): calls fail with it.
+        self._watch_refusal: Refused | None = None
         self._rotations: dict[str, Rotation] = {}
         self._listeners: list[Callable[[dict[str, Member]], None]] = []
         self._closed = threading.Event()
@@ -103,6 +108,8 @@ class Router:
             self._lock.wait_for(lambda: self._synced or bool(self._watch_error) or self._closed.is_set(), timeout)
             if self._members:
                 return
+            if self._watch_refusal is not None and not self._synced:
+                raise self._watch_refusal
             if self._synced:
                 raise NoInstance(f"rota at {self.server} has no UP instance of service {self.service!r}")
             raise NoInstance(
@@ -123,6 +130,7 @@ class Router:
                         members = dict(self._members)
                         if kind == "snapshot":
                             failures = 0
+                            self._watch_refusal = None
                             if not event.snapshot.instances and ever_synced and members:
                                 # rota restarted: its registry fills again as providers announce.
                                 holding_stale = True
@@ -150,6 +158,8 @@ class Router:
             except grpc.RpcError as error:
                 with self._lock:
                     self._watch_error = f"{error.code().name}: {error.details()}"
+                    if error.code() in REFUSING_CODES:
+                        self._watch_refusal = Refused(error.code(), error.details() or "")
                     self._lock.notify_all()
                     rotations = list(self._rotations.values())
                 if ever_synced and not self._closed.is_set():

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from ._pb import rota_pb2 as pb
+from ._rota_connection import PathArg, rota_connection
 from ._router import TICKET_HEADER, VERSION_HEADER, NoInstance, Router, parse_target
 from ._tickets import ANSWERED, NEUTRAL, TIMED_OUT, TIMEOUTS_TO_HOLD, Draw, Holds, Member, Refused
 from .version import current_version
@@ -35,10 +36,22 @@ Metadata = Sequence[tuple[str, str | bytes]]
 C = TypeVar("C")
 
 
-def open_router(target: str, server: str | None, rule: str | None, version: str | None) -> Router:
-    """The router of ``rota:///SERVICE`` (or ``rota://ROTA_HOST:PORT/SERVICE?rule=..&version=..``)."""
+def open_router(
+    target: str,
+    server: str | None,
+    rule: str | None,
+    version: str | None,
+    *,
+    token: str | None = None,
+    tls_ca: PathArg | None = None,
+    tls_cert: PathArg | None = None,
+    tls_key: PathArg | None = None,
+) -> Router:
+    """The router of ``rota:///SERVICE`` (or ``rota://ROTA_HOST:PORT/SERVICE?rule=..&version=..``),
+    reaching rota with the token and TLS of :func:`rota._rota_connection.rota_connection`."""
     service, rota_server, chosen_rule, chosen_version = parse_target(target, server, rule, version)
-    return Router(service, rota_server, chosen_rule, chosen_version)
+    connection = rota_connection(rota_server, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    return Router(service, connection, chosen_rule, chosen_version)
 
 
 def version_of(metadata: Metadata | None) -> str | None:

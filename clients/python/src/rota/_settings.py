@@ -20,9 +20,11 @@ HEARTBEATS_PER_TIMEOUT = 3
 MIN_HEARTBEAT_INTERVAL = 0.01
 
 #: Channel settings: reconnect to rota quickly once it is back, and notice dead connections.
+#: ``grpc.min_reconnect_backoff_ms`` is not set: grpc-core takes it as the time one connection
+#: attempt has for TCP, the TLS handshake and rota's HTTP/2 settings, and its default of 20 s
+#: lets a TLS handshake with a busy or distant rota finish.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 10_000),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),

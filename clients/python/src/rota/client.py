@@ -21,11 +21,11 @@ import grpc
 from . import _calls as calls
 from . import _convert as convert
 from ._convert import pb, pb_grpc
-from ._dial import dial
 from ._following import Following
 from ._picking import PickAttempt
 from ._register_stream import StreamAcks, no_ack
 from ._registry_state import HEARTBEAT, RECONNECT, Change, RegistrationState, check_instances
+from ._rota_connection import PathArg, rota_connection
 from ._settings import ACK_TIMEOUT, CLOSE_TIMEOUT, DEFAULT_TIMEOUT, channel_options, timeout_or
 from ._settings import CHANNEL_OPTIONS as CHANNEL_OPTIONS
 from ._settings import HEARTBEATS_PER_TIMEOUT as HEARTBEATS_PER_TIMEOUT
@@ -68,10 +68,17 @@ class RotaClient:
         follow: Iterable[str] = (),
         credentials: grpc.ChannelCredentials | None = None,
         options: Iterable[tuple[str, Any]] = (),
+        token: str | None = None,
+        tls_ca: PathArg | None = None,
+        tls_cert: PathArg | None = None,
+        tls_key: PathArg | None = None,
     ) -> None:
-        self.target = convert.target(target)
+        connection = rota_connection(
+            target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, credentials=credentials
+        )
+        self.target = connection.target
         self.timeout = timeout
-        self._channel: grpc.Channel = dial(grpc, self.target, credentials, channel_options(options))
+        self._channel: grpc.Channel = connection.dial(grpc, channel_options(options))
         self._balancer = pb_grpc.BalancerStub(self._channel)
         self._registry = pb_grpc.RegistryStub(self._channel)
         self._lock = threading.Lock()

@@ -15,6 +15,7 @@ import { RotaResolver } from './resolver.js';
 export { POLICY_NAME, TICKET_HEADER, RotaLoadBalancingConfig } from './balancer.js';
 export { LEASE_TARGET_MS, MAX_EXCLUDE, MAX_LEASE, MAX_VERSIONS, MIN_LEASE } from './lease.js';
 export {
+  ChannelToken,
   DEFAULT_SERVER,
   OPTION_BACKOFF,
   OPTION_LOGGER,
@@ -22,10 +23,17 @@ export {
   OPTION_RULE,
   OPTION_SERVER,
   OPTION_TICKET_HEADER,
+  OPTION_TLS_CA,
+  OPTION_TLS_CERT,
+  OPTION_TLS_KEY,
+  OPTION_TOKEN,
   OPTION_VERSION,
   SERVER_ENV,
+  rotaChannelOptions,
   rotaServer,
+  type RotaChannelSettings,
 } from './resolver.js';
+export { TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV, type RotaAuthOptions } from '../rota-connection.js';
 
 /** The target scheme: `rota:///SERVICE` or `rota://HOST:PORT/SERVICE`. */
 export const SCHEME = 'rota';

@@ -1,7 +1,7 @@
 // One channel's connection to rota, shared by its resolver (Watch) and its policy (Lease,
 // Report), with the batching of call outcomes.
 
-import { Channel, credentials as grpcCredentials, type ChannelCredentials } from '@grpc/grpc-js';
+import { Channel, credentials as grpcCredentials } from '@grpc/grpc-js';
 
 import { Backoff, type BackoffOptions } from '../backoff.js';
 import type { BalancerClient } from '../generated/rota/v1/Balancer.js';
@@ -9,6 +9,7 @@ import type { CallOutcome } from '../generated/rota/v1/CallOutcome.js';
 import type { RegistryClient } from '../generated/rota/v1/Registry.js';
 import type { Logger } from '../logger.js';
 import { rotaV1 } from '../proto.js';
+import type { RotaConnection } from '../rota-connection.js';
 
 const REPORT_INTERVAL_MS = 100;
 const MAX_REPORT_BATCH = 1_000;
@@ -35,10 +36,11 @@ export class RotaLink {
     readonly service: string,
     readonly logger: Logger,
     readonly backoff: BackoffOptions,
-    credentials: ChannelCredentials = grpcCredentials.createInsecure(),
+    connection: Pick<RotaConnection, 'credentials' | 'interceptors'> = { credentials: grpcCredentials.createInsecure(), interceptors: [] },
     reportIntervalMs = REPORT_INTERVAL_MS,
   ) {
     const rota = rotaV1();
+    const { credentials, interceptors } = connection;
     // The connection to rota reconnects on the channel's own backoff, not grpc-js's (1 s
     // doubling to 120 s): after rota restarts, leases resume within the backoff's ceiling
     // instead of failing fast for as long as a long-grown reconnect delay lasts.
@@ -47,8 +49,8 @@ export class RotaLink {
       'grpc.initial_reconnect_backoff_ms': reconnect.initialMs,
       'grpc.max_reconnect_backoff_ms': reconnect.maxMs,
     });
-    this.balancer = new rota.Balancer(server, credentials, { channelOverride: this.#channel });
-    this.registry = new rota.Registry(server, credentials, { channelOverride: this.#channel });
+    this.balancer = new rota.Balancer(server, credentials, { channelOverride: this.#channel, interceptors });
+    this.registry = new rota.Registry(server, credentials, { channelOverride: this.#channel, interceptors });
     this.#timer = setInterval(() => this.#flush(), reportIntervalMs);
     this.#timer.unref();
   }

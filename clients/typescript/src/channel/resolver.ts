@@ -2,7 +2,7 @@
 // address from the channel option `rota.server`, else ROTA_SERVER, else 127.0.0.1:50051. It
 // follows the service with Watch and hands its UP instances to the channel.
 
-import { Metadata, status, type ChannelOptions, type ClientReadableStream, type ServiceError } from '@grpc/grpc-js';
+import { Metadata, credentials, status, type ChannelOptions, type ClientReadableStream, type ServiceError } from '@grpc/grpc-js';
 import {
   type Endpoint,
   type GrpcUri,
@@ -15,6 +15,7 @@ import { Backoff } from '../backoff.js';
 import type { Instance__Output } from '../generated/rota/v1/Instance.js';
 import type { WatchEvent__Output } from '../generated/rota/v1/WatchEvent.js';
 import { consoleLogger, type Logger } from '../logger.js';
+import { bareTarget, rotaConnection, type RotaAuthOptions, type RotaConnection } from '../rota-connection.js';
 import { RotaLink } from './link.js';
 
 /** Channel options read by the rota resolver and policy. */
@@ -27,9 +28,20 @@ export const OPTION_REPORT = 'rota.report';
 export const OPTION_TICKET_HEADER = 'rota.ticket_header';
 export const OPTION_LOGGER = 'rota.logger';
 export const OPTION_BACKOFF = 'rota.backoff';
+/**
+ * The connection to rota: a bearer token, and PEM files of the CA that signed rota's certificate
+ * (TLS) and of a client certificate and its key (mTLS); each defaults to its environment variable
+ * (ROTA_TOKEN, ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY). See {@link rotaChannelOptions}.
+ */
+export const OPTION_TOKEN = 'rota.token';
+export const OPTION_TLS_CA = 'rota.tls_ca';
+export const OPTION_TLS_CERT = 'rota.tls_cert';
+export const OPTION_TLS_KEY = 'rota.tls_key';
 /** The attribute that hands the channel's rota link from the resolver to the policy. */
 export const LINK_ATTRIBUTE = 'rota.link';
 export const SERVER_ENV = 'ROTA_SERVER';
+/** rota's answers to a Watch that no retry changes: the channel's calls fail with them. */
+const REFUSING_CODES = new Set<status>([status.UNAUTHENTICATED, status.PERMISSION_DENIED]);
 /** rota's address when neither the target, the channel option nor ROTA_SERVER names one. */
 export const DEFAULT_SERVER = '127.0.0.1:50051';
 
@@ -41,6 +53,72 @@ export const DEFAULT_SERVER = '127.0.0.1:50051';
 export function rotaServer(authority: string, options: ChannelOptions, env: NodeJS.ProcessEnv = process.env): string {
   const option: unknown = options[OPTION_SERVER];
   return authority || (typeof option === 'string' ? option : '') || env[SERVER_ENV] || DEFAULT_SERVER;
+}
+
+/**
+ * A token as a channel option that grpc-js's channel trace (`GRPC_TRACE=channel`, which prints the
+ * channel options as JSON) shows as `(rota token)`; {@link rotaChannelOptions} wraps the token in
+ * one. A plain string is taken too.
+ */
+export class ChannelToken {
+  readonly #value: string;
+
+  constructor(value: string) {
+    this.#value = value;
+  }
+
+  get value(): string {
+    return this.#value;
+  }
+
+  toJSON(): string {
+    return '(rota token)';
+  }
+}
+
+/** The rota channel options, typed; {@link rotaChannelOptions} turns them into grpc-js channel options. */
+export interface RotaChannelSettings extends RotaAuthOptions {
+  /** rota's `HOST:PORT` (or `https://HOST:PORT`) for a `rota:///SERVICE` target. */
+  server?: string;
+  /** The rule leased (`round_robin`, `repeat(n=N)`, `weighted`). */
+  rule?: string;
+  /** The version of calls that name none. */
+  version?: string;
+  /** `true` adds each call's ticket as `x-rota-ticket`. */
+  ticketHeader?: boolean;
+}
+
+/**
+ * grpc-js channel options for a `rota:///SERVICE` channel:
+ *
+ * ```ts
+ * new Echo('rota:///orders', credentials.createInsecure(), rotaChannelOptions({ token, tlsCa }))
+ * ```
+ *
+ * The channel credentials apply to the instances; these options to the connection to rota.
+ */
+export function rotaChannelOptions(settings: RotaChannelSettings): ChannelOptions {
+  const entries: [string, string | boolean | ChannelToken | undefined][] = [
+    [OPTION_SERVER, settings.server],
+    [OPTION_RULE, settings.rule],
+    [OPTION_VERSION, settings.version],
+    [OPTION_TICKET_HEADER, settings.ticketHeader],
+    [OPTION_TOKEN, settings.token === undefined ? undefined : new ChannelToken(settings.token)],
+    [OPTION_TLS_CA, settings.tlsCa],
+    [OPTION_TLS_CERT, settings.tlsCert],
+    [OPTION_TLS_KEY, settings.tlsKey],
+  ];
+  return Object.fromEntries(entries.filter(([, value]) => value !== undefined));
+}
+
+/** The token and TLS channel options, as {@link rotaConnection} takes them. */
+function authOptions(options: ChannelOptions): RotaAuthOptions {
+  const text = (key: string): string | undefined => {
+    const value: unknown = options[key];
+    return typeof value === 'string' ? value : undefined;
+  };
+  const token: unknown = options[OPTION_TOKEN];
+  return { token: token instanceof ChannelToken ? token.value : text(OPTION_TOKEN), tlsCa: text(OPTION_TLS_CA), tlsCert: text(OPTION_TLS_CERT), tlsKey: text(OPTION_TLS_KEY) };
 }
 
 /** What the policy needs to know of an instance, by "host:port". */
@@ -83,7 +161,15 @@ export class RotaResolver implements Resolver {
     const logger = (options[OPTION_LOGGER] as Logger | undefined) ?? consoleLogger;
     const backoff = (options[OPTION_BACKOFF] as BackoffOptions | undefined) ?? { initialMs: 100, maxMs: 2_000 };
     this.#backoff = new Backoff(backoff);
-    this.#link = new RotaLink(server, service, logger, backoff);
+    let connection: RotaConnection;
+    let unusable = '';
+    try {
+      connection = rotaConnection(server, authOptions(options));
+    } catch (error) {
+      unusable = (error as Error).message;
+      connection = { target: bareTarget(server), credentials: credentials.createInsecure(), token: undefined, interceptors: [] };
+    }
+    this.#link = new RotaLink(connection.target, service, logger, backoff, connection);
     // A service config given to the channel (grpc.service_config) wins; otherwise the policy is
     // rota with the rule and version of the channel options.
     this.#serviceConfig =
@@ -102,8 +188,8 @@ export class RotaResolver implements Resolver {
             ],
             methodConfig: [],
           };
-    if (service === '') {
-      const details = `rota: target names no service (want rota:///SERVICE)`;
+    if (service === '' || unusable !== '') {
+      const details = unusable || `rota: target names no service (want rota:///SERVICE)`;
       process.nextTick(() => this.#fail(details));
       this.#destroyed = true;
       return;
@@ -159,11 +245,12 @@ export class RotaResolver implements Resolver {
       }
       this.#publish(event.epoch);
     });
-    call.on('error', (error: ServiceError) => this.#ended(call, error.details));
+    call.on('error', (error: ServiceError) => this.#ended(call, error.details, REFUSING_CODES.has(error.code) ? error.code : undefined));
     call.on('end', () => this.#ended(call, 'the watch ended'));
   }
 
-  #ended(call: ClientReadableStream<WatchEvent__Output>, reason: string): void {
+  /** `refusal`: rota refused the watch itself (the token), and the channel's calls fail with its status and message. */
+  #ended(call: ClientReadableStream<WatchEvent__Output>, reason: string, refusal?: status): void {
     if (this.#call !== call || this.#destroyed) {
       return;
     }
@@ -176,14 +263,18 @@ export class RotaResolver implements Resolver {
       this.#link.logger.warn(`rota: watch of "${this.#link.service}" lost (${reason}); routing over the last known instances`);
     }
     if (!this.#published) {
-      this.#fail(`rota: cannot watch service "${this.#link.service}" at ${this.#link.server}: ${reason}`);
+      if (refusal !== undefined) {
+        this.#fail(reason, refusal);
+      } else {
+        this.#fail(`rota: cannot watch service "${this.#link.service}" at ${this.#link.server}: ${reason}`);
+      }
     }
     this.#retry = setTimeout(() => this.#watch(), this.#backoff.next());
     this.#retry.unref();
   }
 
-  #fail(details: string): void {
-    this.#listener({ ok: false, error: { code: status.UNAVAILABLE, details, metadata: new Metadata() } }, {}, null, details);
+  #fail(details: string, code: status = status.UNAVAILABLE): void {
+    this.#listener({ ok: false, error: { code, details, metadata: new Metadata() } }, {}, null, details);
   }
 
   #publish(epoch: string): void {

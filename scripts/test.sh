@@ -7,6 +7,7 @@
 #   ./scripts/test.sh browser    only the dashboard in headless Chromium
 #   ./scripts/test.sh soak       only the short soak and fault scenarios (rota soak --short)
 #   ./scripts/test.sh fuzz       only a short run of every fuzz target
+#   ./scripts/test.sh deploy     only the Helm chart, the systemd unit and the container image
 #   ./scripts/test.sh python go  only those clients (after building the server)
 set -euo pipefail
 
@@ -18,17 +19,20 @@ run_rust=1
 run_browser=1
 run_soak=1
 run_fuzz=1
+run_deploy=1
 if [ "$#" -gt 0 ]; then
   run_rust=0
   run_browser=0
   run_soak=0
   run_fuzz=0
+  run_deploy=0
   for arg in "$@"; do
     case "$arg" in
       rust) run_rust=1 ;;
       browser) run_browser=1 ;;
       soak) run_soak=1 ;;
       fuzz) run_fuzz=1 ;;
+      deploy) run_deploy=1 ;;
       *) clients+=("$arg") ;;
     esac
   done
@@ -133,6 +137,14 @@ fi
 for client in "${clients[@]}"; do
   step "$client" "clients/$client/test.sh"
 done
+if [ "$run_deploy" = 1 ]; then
+  # deploy/test: the chart (helm lint, API schemas, its rota.toml read by rota), the systemd
+  # unit (systemd-analyze), and the image built and run with podman on loopback.
+  step deploy-install bash -c 'scripts/install-podman.sh && scripts/install-systemd.sh && scripts/install-helm.sh && scripts/install-kubernetes-validate.sh'
+  step deploy-chart deploy/test/helm.sh
+  step deploy-systemd deploy/test/systemd.sh
+  step deploy-image deploy/test/image.sh
+fi
 if [ "$run_browser" = 1 ]; then
   step browser tests/browser/test.sh
 fi

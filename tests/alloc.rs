@@ -2,7 +2,9 @@
 //! the rotation, hashing and load-aware rules is counted by a wrapping global allocator (deterministic; no
 //! timing involved). Nor does the unary handler around it: the request read in place, the pick,
 //! and the answer written from the bytes encoded at publish (a request naming instances to
-//! exclude owns those names, and a fallback's answer its note).
+//! exclude owns those names, and a fallback's answer its note). The tonic codec and the routed
+//! call around them (`PickCodec`, `BalancerRoutes::call`) box one future per call and are not
+//! counted here.
 
 use bytes::Bytes;
 use futures_util::FutureExt;

@@ -140,7 +140,12 @@ async fn answers_are_what_prost_writes_for_every_rule_and_fallback() {
         for version in ["", "v2", "nobody"] {
             for key in ["", "user-1", "user-2"] {
                 let query = PickQuery { service: "svc", rule, version, key, zone: "z1", exclude: &[] };
-                let Ok(picked) = balancer.pick(query).await else { continue };
+                let picked = match balancer.pick(query).await {
+                    Ok(picked) => picked,
+                    // The hashing rules need a key: the only refusal this service may give.
+                    Err(error) if key.is_empty() && error.to_string().contains("needs a request key") => continue,
+                    Err(error) => panic!("{rule} {version:?} {key:?}: {error}"),
+                };
                 assert!(picked.instance.answer.get().is_some(), "{rule}: encoded at publish, not by the pick");
                 same_answer(&picked);
                 *seen.entry((picked.fallback.is_some(), picked.instance.id.clone())).or_insert(0) += 1;

@@ -39,7 +39,8 @@ public final class TestCertificates {
 
     /** Makes the CA (named {@code name}) and the two certificates it signs. */
     public static TestCertificates create(String name) throws IOException, InterruptedException {
-        Path dir = Files.createTempDirectory(Paths.get(System.getProperty("user.dir"), "target"), "certs-" + name);
+        Path target = Files.createDirectories(Paths.get(System.getProperty("user.dir"), "target"));
+        Path dir = Files.createTempDirectory(target, "certs-" + name);
         TestCertificates certs = new TestCertificates(dir);
         Path caStore = dir.resolve("ca.p12");
         keytool("-genkeypair", "-alias", "ca", "-keyalg", "EC", "-groupname", "secp256r1", "-dname", "CN=" + name,

@@ -37,6 +37,8 @@
 //! - [`http1`] — one HTTP/1.1 connection to an address rota was given, for the sources and
 //!   the health checks.
 //! - [`tls`] — TLS and mTLS on the gRPC listener (rustls), certificates reloaded on change.
+//! - [`tls_refusal`] — why the TLS listener refused a connection: rate-limited log lines, and a
+//!   GOAWAY that tells a plaintext HTTP/2 client to use `https://`.
 //! - [`xds`] — the xDS resources (listeners, routes, clusters, endpoints) of every service, for
 //!   the standard xDS clients of gRPC; served over ADS at the gRPC edge.
 //! - [`server`] — builds all of the above and serves it on a socket until told to stop.
@@ -71,6 +73,7 @@ pub mod soak;
 pub mod sources;
 pub mod state;
 pub mod tls;
+pub mod tls_refusal;
 pub mod xds;
 
 /// Generated protobuf types and gRPC stubs for package `rota.v1`.

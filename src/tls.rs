@@ -8,7 +8,7 @@
 //! and the configuration in force stays.
 //!
 //! Connections are accepted, capped and timed by the [listener](crate::listener); this module
-//! supplies its TLS handshake.
+//! supplies its TLS handshake, and says why it refused one ([`tls_refusal`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,7 @@ use tracing::{error, info};
 
 use crate::config::files::{self, OffRuntime, modified};
 use crate::listener::{Guarded, Handshake};
+use crate::tls_refusal::{self, Refusal, RefusalLog};
 
 /// How often the certificate files are checked for a change.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -158,6 +159,7 @@ pub struct TlsReloads {
 pub struct ReloadingAcceptor {
     /// The configuration in force; each handshake reads it, the reloader replaces it.
     config: Arc<ArcSwap<rustls::ServerConfig>>,
+    refusals: Arc<RefusalLog>,
     files: TlsFiles,
     reloads: watch::Sender<TlsReloads>,
 }
@@ -166,7 +168,8 @@ impl ReloadingAcceptor {
     /// Loads every file; fails before anything is bound if one does not load.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
         let reloads = watch::Sender::new(TlsReloads::default());
-        Ok(Self { config: Arc::new(ArcSwap::new(build_config(&files)?)), files, reloads })
+        let config = Arc::new(ArcSwap::new(build_config(&files)?));
+        Ok(Self { config, refusals: Arc::default(), files, reloads })
     }
 
     /// Follows the reloader's outcomes.
@@ -215,7 +218,7 @@ impl ReloadingAcceptor {
     /// The handshake for the [listener](crate::listener): a TLS handshake with the
     /// configuration in force when the connection was accepted.
     pub fn handshaker(&self) -> TlsHandshake {
-        TlsHandshake { config: self.config.clone() }
+        TlsHandshake { config: self.config.clone(), refusals: self.refusals.clone() }
     }
 }
 
@@ -223,13 +226,55 @@ impl ReloadingAcceptor {
 #[derive(Clone)]
 pub struct TlsHandshake {
     config: Arc<ArcSwap<rustls::ServerConfig>>,
+    refusals: Arc<RefusalLog>,
+}
+
+/// How long a plaintext client told off with a GOAWAY has to send its first request, and then to
+/// close its side: reading what it sends lets its call fail with the GOAWAY's text, and the
+/// connection end with a FIN rather than a reset that could discard the GOAWAY unread.
+const PLAINTEXT_WAIT: Duration = Duration::from_secs(1);
+/// The most a plaintext client's bytes are looked through for its first request.
+const PLAINTEXT_READ_LIMIT: usize = 16 * 1024;
+
+/// Tells a plaintext HTTP/2 client, in HTTP/2, that this listener serves TLS, and closes.
+async fn refuse_plaintext(mut io: Guarded<TcpStream>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let request = async {
+        while !tls_refusal::holds_a_request(&received) && received.len() < PLAINTEXT_READ_LIMIT {
+            match io.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(PLAINTEXT_WAIT, request).await;
+    if io.write_all(&tls_refusal::plaintext_goaway()).await.is_err() || io.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async { while matches!(io.read(&mut chunk).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(PLAINTEXT_WAIT, drain).await;
 }
 
 impl Handshake for TlsHandshake {
     type Conn = TlsStream<Guarded<TcpStream>>;
 
     async fn handshake(&self, io: Guarded<TcpStream>) -> io::Result<Self::Conn> {
-        TlsAcceptor::from(self.config.load_full()).accept(io).await
+        let peer = io.peer_addr();
+        // Waits for the first byte (within the listener's handshake timeout) without taking it.
+        let mut first = [0u8; 1];
+        if matches!(io.get_ref().peek(&mut first).await, Ok(1)) && first[0] == tls_refusal::H2_PREFACE_START[0] {
+            let error = io::Error::new(io::ErrorKind::InvalidData, "an HTTP/2 plaintext client on the TLS listener");
+            self.refusals.record(Refusal::NotTls, peer, &error);
+            refuse_plaintext(io).await;
+            return Err(error);
+        }
+        let accepted = TlsAcceptor::from(self.config.load_full()).accept(io).await;
+        if let Err(error) = &accepted {
+            self.refusals.record(Refusal::of(error), peer, error);
+        }
+        accepted
     }
 
     /// The TLS handshake itself is bounded by the listener; after it, only the idle timeout

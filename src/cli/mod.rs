@@ -66,7 +66,7 @@ pub struct ServerArgs {
     /// Address of the rota server.
     #[arg(long, env = "ROTA_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
-    /// PEM CA certificate to trust for an `https://` server.
+    /// PEM CA certificate to trust for an `https://` server; without it, the CAs the system trusts.
     #[arg(long, env = "ROTA_TLS_CA")]
     pub tls_ca: Option<std::path::PathBuf>,
     /// PEM client certificate, for a server that requires mTLS (with --tls-key).
@@ -96,14 +96,13 @@ impl ServerArgs {
         let read = |path: &std::path::Path| {
             std::fs::read(path).map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
         };
-        let Some(ca) = &self.tls_ca else {
-            return Err(CliError::Usage("an https:// server needs --tls-ca (or ROTA_TLS_CA)".into()));
-        };
+        // Without --tls-ca, the CAs the platform trusts.
+        let ca_pem = self.tls_ca.as_deref().map(read).transpose()?;
         let client_identity = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
             _ => None,
         };
-        let tls = TlsOptions { ca_pem: read(ca)?, client_identity, domain: None };
+        let tls = TlsOptions { ca_pem, client_identity, domain: None };
         Ok(RotaClient::connect_tls(&self.server, tls).await?)
     }
 }

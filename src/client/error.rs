@@ -6,16 +6,27 @@ pub enum ClientError {
     Address(String),
     #[error("the token cannot be sent as a header: it contains characters outside visible ASCII")]
     Token,
-    #[error("cannot connect to rota at {address}: {}", causes(.source))]
+    #[error("cannot connect to rota at {address}: {}", explained_causes(.source))]
     Connect { address: String, source: tonic::transport::Error },
     #[error("cannot set up TLS: {}", causes(.0))]
     Tls(tonic::transport::Error),
+    /// A client certificate rota would refuse, found before connecting.
+    #[error("cannot use the client certificate: {0}")]
+    ClientCertificate(String),
     #[error("{}: {}", code_name(.0.code()), .0.message())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     #[error("{}: registration refused: {message}", code_name(*.code))]
     Refused { code: tonic::Code, message: String },
     #[error("the server closed the registration stream: {0}")]
     Closed(String),
+}
+
+/// A call's status, in plain words when its transport failure is one a misconfigured TLS client
+/// runs into (see [`transport`](super::transport)).
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Status(super::transport::explained(status))
+    }
 }
 
 /// The trailer with which rota marks a pick failure it decided itself.
@@ -74,6 +85,9 @@ impl ClientError {
 /// reports as `CANCELLED: Timeout expired`, becomes `DEADLINE_EXCEEDED` (a Rust caller cancels by
 /// dropping the call, which leaves no status at all).
 pub(super) fn transport_status_as_contract(status: tonic::Status) -> tonic::Status {
+    if super::transport::explain(&status).is_some() {
+        return super::transport::explained(status);
+    }
     let from_transport =
         std::error::Error::source(&status).is_some_and(|source| source.is::<tonic::transport::Error>());
     match status.code() {
@@ -93,7 +107,7 @@ pub(super) fn status_with_reason(code: tonic::Code, message: String, reason: &'s
 
 /// An error and its causes, `outer: inner: innermost` (tonic's transport error alone says only
 /// "transport error"; the cause — connection refused, a TLS or DNS failure — is below it).
-fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -105,6 +119,14 @@ fn causes(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+/// [`causes`], led by a plain explanation when there is one.
+fn explained_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    match super::transport::explain(error) {
+        Some(explanation) => format!("{explanation} ({})", causes(error)),
+        None => causes(error),
+    }
 }
 
 /// `NOT_FOUND` rather than tonic's "Some requested entity was not found".

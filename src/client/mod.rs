@@ -20,6 +20,7 @@ pub mod fallback;
 mod kept;
 mod lease;
 mod registration;
+pub mod transport;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,8 +131,9 @@ fn tuned(endpoint: Endpoint) -> Endpoint {
 /// How to reach a rota server over TLS.
 #[derive(Debug, Clone, Default)]
 pub struct TlsOptions {
-    /// PEM CA certificate(s) the server's certificate must chain to.
-    pub ca_pem: Vec<u8>,
+    /// PEM CA certificate(s) the server's certificate must chain to; `None`: the CAs the
+    /// platform trusts (its certificate store, through rustls-native-certs).
+    pub ca_pem: Option<Vec<u8>>,
     /// PEM certificate chain and private key to present, for servers that require mTLS.
     pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Name to check the server's certificate against; `None` uses the address's host.
@@ -171,11 +173,16 @@ impl RotaClient {
     }
 
     /// Connects to `https://HOST:PORT` (a bare `HOST:PORT` is accepted too), trusting only
-    /// `tls.ca_pem`.
+    /// `tls.ca_pem` when given, else the platform's trusted CAs. A client certificate rota would
+    /// refuse (X.509 v1) is refused here, before connecting.
     pub async fn connect_tls(address: &str, tls: TlsOptions) -> Result<Self, ClientError> {
         let uri = if address.contains("://") { address.to_owned() } else { format!("https://{address}") };
-        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(tls.ca_pem));
+        let mut config = match tls.ca_pem {
+            Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
         if let Some((cert, key)) = tls.client_identity {
+            transport::check_client_certificate(&cert).map_err(ClientError::ClientCertificate)?;
             config = config.identity(Identity::from_pem(cert, key));
         }
         if let Some(domain) = tls.domain {

@@ -55,7 +55,7 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     let flags =
         ["--tls-cert".to_owned(), pki.cert.display().to_string(), "--tls-key".into(), pki.key.display().to_string()];
     let target = Target::spawn(&flags, "https")?;
-    let tls = TlsOptions { ca_pem: pki.ca_pem.clone().into_bytes(), client_identity: None, domain: None };
+    let tls = TlsOptions { ca_pem: Some(pki.ca_pem.clone().into_bytes()), client_identity: None, domain: None };
     phase(report, target, Some(tls), [Attack::Idle, Attack::SlowClientHello], &sizing).await
 }
 

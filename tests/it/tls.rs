@@ -92,7 +92,7 @@ impl Drop for TempDir {
 
 fn options(ca: &TestCa, identity: Option<&Leaf>) -> TlsOptions {
     TlsOptions {
-        ca_pem: ca.pem.clone().into_bytes(),
+        ca_pem: Some(ca.pem.clone().into_bytes()),
         client_identity: identity.map(|leaf| (leaf.cert.clone().into_bytes(), leaf.key.clone().into_bytes())),
         domain: Some("localhost".into()),
     }
@@ -344,4 +344,178 @@ async fn silent_handshakes_from_one_address_lock_out_no_one_else() {
     });
     let closed = tokio::time::timeout(PATIENCE, futures_util::future::join_all(closed)).await.expect("closed in time");
     assert!(closed.into_iter().all(|c| c), "every silent connection is closed");
+}
+
+/// `rota serve` with mTLS and its log in a file, for the tests of what is said on either side.
+struct LoggedServer {
+    process: std::process::Child,
+    port: String,
+    log: PathBuf,
+}
+
+impl LoggedServer {
+    fn start(dir: &TempDir, files: &TlsFiles) -> Self {
+        use std::io::{BufRead, BufReader};
+        let log = dir.0.join("serve.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rota"));
+        command.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"]);
+        command.arg("--tls-cert").arg(&files.cert).arg("--tls-key").arg(&files.key);
+        if let Some(ca) = &files.client_ca {
+            command.arg("--tls-client-ca").arg(ca);
+        }
+        let mut process = command
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(process.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().rsplit(':').next().unwrap().to_owned();
+        Self { process, port, log }
+    }
+
+    /// `rota ls` against this server at `scheme://host:port`, with `env`; its exit and stderr.
+    fn ls(&self, address: &str, env: &[(&str, &Path)]) -> (bool, String) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rota"));
+        command.args(["ls", "--server", &format!("{address}:{}", self.port)]);
+        for name in ["ROTA_TLS_CA", "ROTA_TLS_CERT", "ROTA_TLS_KEY", "ROTA_TOKEN", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
+        let output = command.output().unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+
+    /// Stops the server and returns its log.
+    fn stop(mut self) -> String {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for LoggedServer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// A plaintext client is told to use https://; the server logs each kind of refusal (plaintext,
+/// no client certificate) once, however many times it happens.
+#[test]
+fn refused_tls_clients_are_told_why_and_the_server_says_so_once() {
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("refusals");
+    let server = LoggedServer::start(&dir, &dir.files(&ca.server(), Some(&ca)));
+    let ca_path = dir.write("ca.pem", &ca.pem);
+
+    for _ in 0..3 {
+        let (ok, stderr) = server.ls("http://127.0.0.1", &[]);
+        assert!(!ok);
+        assert!(stderr.contains(rota::client::transport::SERVER_SPEAKS_TLS), "{stderr}");
+    }
+    for _ in 0..3 {
+        // The client's words depend on whether rota's alert meets the call in flight or the call
+        // still queued (then `CANCELLED`); see client::transport's tests for the former.
+        let (ok, _) = server.ls("https://localhost", &[("ROTA_TLS_CA", &ca_path)]);
+        assert!(!ok);
+    }
+    let log = server.stop();
+    let lines = |needle: &str| log.lines().filter(|line| line.contains(needle)).count();
+    assert_eq!(lines("does not speak TLS connected to the TLS listener"), 1, "{log}");
+    assert_eq!(lines("the client presented no certificate"), 1, "{log}");
+}
+
+/// Without --tls-ca, an https:// server's certificate is checked against the CAs the system
+/// trusts (here the test CA, named by SSL_CERT_FILE as an OpenSSL-style store would be).
+#[test]
+fn https_without_a_ca_trusts_the_system_store() {
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("system-store");
+    let server = LoggedServer::start(&dir, &dir.files(&ca.server(), None));
+    let ca_path = dir.write("ca.pem", &ca.pem);
+
+    let (ok, stderr) = server.ls("https://localhost", &[("SSL_CERT_FILE", &ca_path)]);
+    assert!(ok, "{stderr}");
+    let other = dir.write("other.pem", &TestCa::new("another CA").pem);
+    let (ok, stderr) = server.ls("https://localhost", &[("SSL_CERT_FILE", &other)]);
+    assert!(!ok && stderr.contains("UnknownIssuer"), "{stderr}");
+}
+
+/// An X.509 v1 client certificate is refused by the client before connecting, saying so.
+#[tokio::test]
+async fn an_x509_v1_client_certificate_is_refused_by_name() {
+    let ca = TestCa::new("rota test CA");
+    let dir = TempDir::new("v1");
+    let server = TestServer::start_with(|config| config.tls = Some(dir.files(&ca.server(), Some(&ca)))).await;
+    let client = ca.client();
+    let v1 = Leaf { cert: as_x509_v1(&client.cert), key: client.key.clone() };
+
+    let error = call(&server, Some(options(&ca, Some(&v1)))).await.unwrap_err();
+    assert!(error.contains("the client certificate is X.509 v1; rota accepts only v3 certificates"), "{error}");
+    assert_eq!(call(&server, Some(options(&ca, Some(&client)))).await, Ok(()), "the v3 original is accepted");
+}
+
+/// The certificate of `pem` with its version and extensions taken out: the shape of an X.509
+/// v1 certificate (its signature no longer matches, which the version check comes before).
+fn as_x509_v1(pem: &str) -> String {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let certificate = der_children(der_contents(&der));
+    let tbs: Vec<u8> = der_children(der_contents(certificate[0]))
+        .into_iter()
+        .filter(|element| element[0] != 0xa0 && element[0] != 0xa3)
+        .flatten()
+        .copied()
+        .collect();
+    let mut contents = der_encode(0x30, &tbs);
+    contents.extend(certificate[1..].iter().flat_map(|element| element.iter().copied()));
+    let encoded = der_encode(0x30, &contents);
+    pem::encode(&pem::Pem::new("CERTIFICATE", encoded))
+}
+
+/// The header length and contents length of the DER element at the start of `input`.
+fn der_header(input: &[u8]) -> (usize, usize) {
+    match input[1] {
+        short @ 0..0x80 => (2, usize::from(short)),
+        long => {
+            let octets = usize::from(long & 0x7f);
+            (2 + octets, input[2..2 + octets].iter().fold(0, |n, &b| (n << 8) | usize::from(b)))
+        }
+    }
+}
+
+fn der_contents(element: &[u8]) -> &[u8] {
+    let (header, length) = der_header(element);
+    &element[header..header + length]
+}
+
+/// The elements, header included, that `contents` is made of.
+fn der_children(mut contents: &[u8]) -> Vec<&[u8]> {
+    let mut children = Vec::new();
+    while !contents.is_empty() {
+        let (header, length) = der_header(contents);
+        let (element, rest) = contents.split_at(header + length);
+        children.push(element);
+        contents = rest;
+    }
+    children
+}
+
+fn der_encode(tag: u8, contents: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    match contents.len() {
+        short @ 0..0x80 => out.push(short as u8),
+        long => {
+            let bytes = (long as u32).to_be_bytes();
+            let skip = bytes.iter().take_while(|&&b| b == 0).count();
+            out.push(0x80 | (4 - skip) as u8);
+            out.extend_from_slice(&bytes[skip..]);
+        }
+    }
+    out.extend_from_slice(contents);
+    out
 }

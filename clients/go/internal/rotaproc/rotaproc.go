@@ -45,6 +45,8 @@ type Options struct {
 	// Admin turns the admin listener on, on a free loopback port (ROTA_ADMIN_LISTEN=127.0.0.1:0);
 	// its address is then Server.Admin. Off by default.
 	Admin bool
+	// Args are more arguments of `rota serve` (e.g. --config, --tls-cert).
+	Args []string
 }
 
 // Start runs `bin serve --listen listen` (127.0.0.1:0 for a free port) with its admin listener
@@ -69,7 +71,7 @@ func StartWith(bin, listen string, opts Options) (*Server, error) {
 	if opts.Admin {
 		admin = "127.0.0.1:0"
 	}
-	cmd := exec.Command(bin, "serve", "--listen", listen)
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", listen}, opts.Args...)...)
 	cmd.Env = append(os.Environ(), "ROTA_ADMIN_LISTEN="+admin, fmt.Sprintf("ROTA_WARMUP=%dms", opts.Warmup.Milliseconds()))
 	SetParentDeathSignal(cmd)
 	stdout, err := cmd.StdoutPipe()

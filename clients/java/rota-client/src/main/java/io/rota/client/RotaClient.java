@@ -29,7 +29,6 @@ import io.grpc.Channel;
 import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
 import io.grpc.Grpc;
-import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -132,7 +131,8 @@ public final class RotaClient implements AutoCloseable {
             base = builder.channel;
             ownedChannel = null;
         } else {
-            ownedChannel = Grpc.newChannelBuilder(normalizeTarget(builder.target), InsecureChannelCredentials.create())
+            RotaCredentials credentials = builder.credentials.resolveFor(builder.target, builder.environment);
+            ownedChannel = Grpc.newChannelBuilder(normalizeTarget(builder.target), credentials.channelCredentials(builder.target))
                     .keepAliveTime(KEEPALIVE_TIME.toNanos(), TimeUnit.NANOSECONDS)
                     .keepAliveTimeout(KEEPALIVE_TIMEOUT.toNanos(), TimeUnit.NANOSECONDS)
                     // Watch streams are calls too; without them there is nothing to keep alive.
@@ -663,13 +663,7 @@ public final class RotaClient implements AutoCloseable {
     // --- helpers -------------------------------------------------------------------------------
 
     static String normalizeTarget(String target) {
-        String t = Objects.requireNonNull(target, "target").trim();
-        if (t.startsWith("http://")) {
-            t = t.substring("http://".length());
-        }
-        if (t.endsWith("/")) {
-            t = t.substring(0, t.length() - 1);
-        }
+        String t = RotaCredentials.address(target);
         if (t.isEmpty()) {
             throw new IllegalArgumentException("empty rota target");
         }
@@ -717,13 +711,20 @@ public final class RotaClient implements AutoCloseable {
         private Duration withdrawTimeout = Duration.ofSeconds(2);
         private Backoff backoff = Backoff.DEFAULT;
         private final Set<String> follow = new LinkedHashSet<>();
+        private RotaCredentials credentials = RotaCredentials.none();
+        private java.util.function.Function<String, String> environment = System::getenv;
 
         private Builder() {
         }
 
-        /** {@code host:port} of the rota server ({@code http://host:port} is accepted too); default {@value RotaClient#DEFAULT_TARGET}. */
+        /**
+         * {@code host:port} of the rota server ({@code http://host:port} is accepted too;
+         * {@code https://host:port} is reached over TLS, see {@link #credentials}); default
+         * {@value RotaClient#DEFAULT_TARGET}.
+         */
         public Builder target(String target) {
-            this.target = normalizeTarget(target);
+            normalizeTarget(target);
+            this.target = target.trim();
             this.channel = null;
             return this;
         }
@@ -731,6 +732,22 @@ public final class RotaClient implements AutoCloseable {
         /** Uses an existing channel instead of {@link #target}; the caller keeps owning (and shuts down) it. */
         public Builder channel(Channel channel) {
             this.channel = Objects.requireNonNull(channel, "channel");
+            return this;
+        }
+
+        /**
+         * The token and TLS settings for {@link #target}; each one left out is taken from
+         * {@code ROTA_TOKEN}, {@code ROTA_TLS_CA}, {@code ROTA_TLS_CERT} and {@code ROTA_TLS_KEY}
+         * (see {@link RotaCredentials}). Not used with {@link #channel}, whose credentials are its own.
+         */
+        public Builder credentials(RotaCredentials credentials) {
+            this.credentials = Objects.requireNonNull(credentials, "credentials");
+            return this;
+        }
+
+        /** Where settings left out of {@link #credentials} are looked up; default the process environment. */
+        public Builder environment(java.util.function.Function<String, String> environment) {
+            this.environment = Objects.requireNonNull(environment, "environment");
             return this;
         }
 

@@ -3,6 +3,7 @@ package io.rota.client.channel;
 import io.grpc.LoadBalancerRegistry;
 import io.grpc.Metadata;
 import io.grpc.NameResolver;
+import io.rota.client.RotaCredentials;
 
 /**
  * Names and options of rota's gRPC channel integration: the {@value #SCHEME} name resolver and
@@ -14,10 +15,18 @@ import io.grpc.NameResolver;
  *         .setNameResolverArg(RotaChannels.SERVER, "10.0.0.5:50051")      // else ROTA_SERVER
  *         .setNameResolverArg(RotaChannels.RULE, "repeat(n=3)")          // else the service's policy rule
  *         .build();
+ *
+ * // rota with tokens and TLS: https:// and, unless ROTA_TOKEN and ROTA_TLS_CA say so, credentials
+ * ManagedChannel secured = Grpc.newChannelBuilder("rota:///orders", InsecureChannelCredentials.create())
+ *         .setNameResolverArg(RotaChannels.SERVER, "https://rota.internal:50051")
+ *         .setNameResolverArg(RotaChannels.CREDENTIALS, RotaCredentials.builder()
+ *                 .token(token).tlsCa(Path.of("/etc/rota/ca.pem")).build())
+ *         .build();
  * }</pre>
  *
  * <p>The rota server is, in this order: the target's authority ({@code rota://HOST:PORT/orders}),
- * {@link #SERVER}, the {@code ROTA_SERVER} environment variable, {@code 127.0.0.1:50051}. The
+ * {@link #SERVER}, the {@code ROTA_SERVER} environment variable, {@code 127.0.0.1:50051};
+ * {@code https://HOST:PORT} reaches it over TLS with the {@link #CREDENTIALS}. The
  * resolver publishes the service config {@code {"loadBalancingConfig": [{"rota": {"rule": ...,
  * "version": ...}}]}} with {@link #RULE} and {@link #VERSION}; a channel that sets its own
  * service config ({@code defaultServiceConfig(...)} with {@code disableServiceConfigLookUp()})
@@ -35,6 +44,12 @@ public final class RotaChannels {
     public static final String POLICY = "rota";
     /** The rota server, {@code host:port}. */
     public static final NameResolver.Args.Key<String> SERVER = NameResolver.Args.Key.create("rota.server");
+    /**
+     * The token and TLS settings to reach rota with; each one left out is taken from
+     * {@code ROTA_TOKEN}, {@code ROTA_TLS_CA}, {@code ROTA_TLS_CERT} and {@code ROTA_TLS_KEY}
+     * (see {@link RotaCredentials}). TLS is used when the server is {@code https://HOST:PORT}.
+     */
+    public static final NameResolver.Args.Key<RotaCredentials> CREDENTIALS = NameResolver.Args.Key.create("rota.credentials");
     /** The rule, one rota leases (e.g. {@code round_robin}, {@code repeat(n=N)}, {@code weighted}); default: the service's policy rule. */
     public static final NameResolver.Args.Key<String> RULE = NameResolver.Args.Key.create("rota.rule");
     /** The version RPCs without an {@value #VERSION_HEADER} header ask for; default none. */
@@ -99,8 +114,8 @@ public final class RotaChannels {
         if (rotaTarget == null || rotaTarget.isBlank()) {
             throw new IllegalArgumentException("registerXdsPolicy needs rota's address (host:port)");
         }
-        RotaXdsLoadBalancerProvider provider = new RotaXdsLoadBalancerProvider(
-                new RotaLoadBalancer.XdsSettings(rotaTarget.trim(), options.ticketHeader()));
+        RotaXdsLoadBalancerProvider provider = new RotaXdsLoadBalancerProvider(new RotaLoadBalancer.XdsSettings(
+                rotaTarget.trim(), RotaCredentials.none().resolveFor(rotaTarget, System::getenv), options.ticketHeader()));
         deregisterXdsPolicy();
         LoadBalancerRegistry.getDefaultRegistry().register(provider);
         xdsPolicy = provider;

@@ -19,10 +19,10 @@ import io.grpc.ClientInterceptor;
 import io.grpc.ConnectivityState;
 import io.grpc.Context;
 import io.grpc.Grpc;
-import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.Metadata;
 import io.grpc.Status;
+import io.rota.client.RotaCredentials;
 import io.rota.v1.BalancerGrpc;
 import io.rota.v1.CallOutcome;
 import io.rota.v1.CallResult;
@@ -67,16 +67,31 @@ final class RotaLink implements AutoCloseable {
     }
 
     RotaLink(String server, String service) {
-        this(server, service, REPORT_INTERVAL_MS);
+        this(server, service, RotaCredentials.none(), REPORT_INTERVAL_MS);
+    }
+
+    RotaLink(String server, String service, RotaCredentials credentials) {
+        this(server, service, credentials, REPORT_INTERVAL_MS);
     }
 
     RotaLink(String server, String service, long reportIntervalMs, ClientInterceptor... interceptors) {
+        this(server, service, RotaCredentials.none(), reportIntervalMs, interceptors);
+    }
+
+    /**
+     * A link to rota at {@code server} ({@code host:port}, {@code https://host:port} for TLS, or a
+     * gRPC target with a scheme of its own) with {@code credentials} as they are: the caller has
+     * already taken what it leaves out from the environment.
+     */
+    RotaLink(String server, String service, RotaCredentials credentials, long reportIntervalMs,
+            ClientInterceptor... interceptors) {
         this.server = server;
         this.service = service;
         // An explicit scheme: rota's own address never goes through a rota resolver.
         // Never idle: a connection to rota that stops being READY means rota went away (watchConnection).
-        this.channel = Grpc.newChannelBuilder(server.contains("://") ? server : "dns:///" + server,
-                InsecureChannelCredentials.create()).idleTimeout(30, TimeUnit.DAYS).build();
+        String address = RotaCredentials.address(server);
+        this.channel = Grpc.newChannelBuilder(address.contains("://") ? address : "dns:///" + address,
+                credentials.channelCredentials(server)).idleTimeout(30, TimeUnit.DAYS).build();
         this.balancer = BalancerGrpc.newFutureStub(channel).withInterceptors(interceptors);
         this.registry = RegistryGrpc.newStub(channel);
         this.scheduler = new ScheduledThreadPoolExecutor(1, task -> {

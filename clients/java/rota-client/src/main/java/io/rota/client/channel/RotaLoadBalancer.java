@@ -13,6 +13,7 @@ import io.grpc.ConnectivityStateInfo;
 import io.grpc.EquivalentAddressGroup;
 import io.grpc.LoadBalancer;
 import io.grpc.Status;
+import io.rota.client.RotaCredentials;
 
 /**
  * One subchannel per instance the resolver hands over, and one {@link Rotation} per version
@@ -32,8 +33,8 @@ final class RotaLoadBalancer extends LoadBalancer {
     /** Longest wait for a new subchannel's first connection before RPCs skip it. */
     static final long SETTLE_TIMEOUT_MS = 2000;
 
-    /** What rota's xDS policy was registered with: rota's address and the ticket header. */
-    record XdsSettings(String server, boolean ticketHeader) {
+    /** What rota's xDS policy was registered with: rota's address, its credentials (from the environment) and the ticket header. */
+    record XdsSettings(String server, RotaCredentials credentials, boolean ticketHeader) {
     }
 
     private final Helper helper;
@@ -133,7 +134,7 @@ final class RotaLoadBalancer extends LoadBalancer {
             if (link != null) {
                 link.close();
             }
-            link = new RotaLink(xds.server(), cluster.service());
+            link = new RotaLink(xds.server(), cluster.service(), xds.credentials());
             RotaLink watched = link;
             // No watch tells this balancer that rota went away: its connection to rota does.
             watched.watchConnection(() -> helper.getSynchronizationContext().execute(() -> {

@@ -21,6 +21,7 @@ import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.rota.client.Backoff;
 import io.rota.v1.Instance;
+import io.rota.client.RotaCredentials;
 import io.rota.v1.InstanceStatus;
 import io.rota.v1.WatchEvent;
 import io.rota.v1.WatchRequest;
@@ -45,6 +46,7 @@ final class RotaNameResolver extends NameResolver {
 
     private final String service;
     private final String server;
+    private final RotaCredentials credentials;
     private final String authority;
     private final Map<String, Object> policyConfig;
     private final SynchronizationContext sync;
@@ -63,9 +65,11 @@ final class RotaNameResolver extends NameResolver {
     private ClientCallStreamObserver<WatchRequest> call;
     private ScheduledFuture<?> retry;
 
-    RotaNameResolver(String service, String server, String authority, Map<String, Object> policyConfig, Args args) {
+    RotaNameResolver(String service, String server, RotaCredentials credentials, String authority,
+            Map<String, Object> policyConfig, Args args) {
         this.service = service;
         this.server = server;
+        this.credentials = credentials;
         this.authority = authority;
         this.policyConfig = policyConfig;
         this.sync = args.getSynchronizationContext();
@@ -80,7 +84,7 @@ final class RotaNameResolver extends NameResolver {
     @Override
     public void start(Listener2 listener) {
         this.listener = listener;
-        this.link = new RotaLink(server, service);
+        this.link = new RotaLink(server, service, credentials);
         watch();
     }
 

@@ -9,9 +9,11 @@ import java.util.Collection;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Function;
 
 import io.grpc.NameResolver;
 import io.grpc.NameResolverProvider;
+import io.rota.client.RotaCredentials;
 
 /**
  * The {@value RotaChannels#SCHEME} name resolver: {@code rota:///SERVICE}, optionally
@@ -19,6 +21,17 @@ import io.grpc.NameResolverProvider;
  * {@code META-INF/services/io.grpc.NameResolverProvider}; see {@link RotaChannels} for the options.
  */
 public final class RotaNameResolverProvider extends NameResolverProvider {
+    /** Where settings a channel leaves out are looked up: the process environment, or a test's. */
+    private final Function<String, String> environment;
+
+    public RotaNameResolverProvider() {
+        this(System::getenv);
+    }
+
+    RotaNameResolverProvider(Function<String, String> environment) {
+        this.environment = environment;
+    }
+
     @Override
     protected boolean isAvailable() {
         return true;
@@ -54,8 +67,10 @@ public final class RotaNameResolverProvider extends NameResolverProvider {
             throw new IllegalArgumentException("rota target must be rota:///SERVICE, got " + target);
         }
         Map<String, String> query = query(target.getRawQuery());
-        String server = firstOf(target.getAuthority(), args.getArg(RotaChannels.SERVER), System.getenv("ROTA_SERVER"),
+        String server = firstOf(target.getAuthority(), args.getArg(RotaChannels.SERVER), environment.apply("ROTA_SERVER"),
                 RotaChannels.DEFAULT_SERVER);
+        RotaCredentials explicit = args.getArg(RotaChannels.CREDENTIALS);
+        RotaCredentials credentials = (explicit != null ? explicit : RotaCredentials.none()).resolveFor(server, environment);
         String rule = firstOf(args.getArg(RotaChannels.RULE), query.get("rule"), "");
         String version = firstOf(args.getArg(RotaChannels.VERSION), query.get("version"), "");
         Map<String, Object> policy = new LinkedHashMap<>();
@@ -63,7 +78,7 @@ public final class RotaNameResolverProvider extends NameResolverProvider {
         policy.put("version", version);
         policy.put("ticketHeader", Boolean.TRUE.equals(args.getArg(RotaChannels.TICKET_HEADER_ENABLED)));
         String authority = args.getOverrideAuthority() != null ? args.getOverrideAuthority() : service;
-        return new RotaNameResolver(service, server, authority, policy, args);
+        return new RotaNameResolver(service, server, credentials, authority, policy, args);
     }
 
     private static String firstOf(String... values) {

@@ -86,7 +86,7 @@ public final class ChannelBench {
     record Result(long rpcs, double p50Us, double p99Us) {
     }
 
-    private static Result run(ManagedChannel channel, int seconds, int callers) throws InterruptedException {
+    static Result run(ManagedChannel channel, int seconds, int callers) throws InterruptedException {
         EchoGrpc.EchoBlockingStub stub = EchoGrpc.newBlockingStub(channel);
         EchoRequest request = EchoRequest.newBuilder().setMessage("bench").build();
         long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);

@@ -21,7 +21,7 @@ import io.grpc.NameResolver.ConfigOrError;
 /** rota's xDS policy (gRFC A52): its config as rota's clusters carry it, and its registration. */
 class XdsPolicyTest {
     private static final RotaXdsLoadBalancerProvider PROVIDER =
-            new RotaXdsLoadBalancerProvider(new RotaLoadBalancer.XdsSettings("127.0.0.1:1", false));
+            new RotaXdsLoadBalancerProvider(new RotaLoadBalancer.XdsSettings("127.0.0.1:1", io.rota.client.RotaCredentials.none(), false));
 
     private static RotaXdsLoadBalancerProvider.XdsConfig parsed(Map<String, ?> raw) {
         ConfigOrError result = PROVIDER.parseLoadBalancingPolicyConfig(raw);

@@ -40,6 +40,7 @@ public class RotaAutoConfiguration {
     public RotaClient rotaClient(RotaProperties properties) {
         return RotaClient.builder()
                 .target(properties.getTarget())
+                .credentials(properties.credentials())
                 .pickTimeout(properties.getPickTimeout())
                 .build();
     }

@@ -1,5 +1,6 @@
 package io.rota.spring.cloud;
 
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.LinkedHashMap;
 import java.util.Map;
@@ -7,6 +8,7 @@ import java.util.Map;
 import org.springframework.boot.context.properties.ConfigurationProperties;
 
 import io.rota.client.RotaClient;
+import io.rota.client.RotaCredentials;
 
 /**
  * Configuration of rota in a Spring Boot application ({@code rota.*}).
@@ -16,6 +18,10 @@ import io.rota.client.RotaClient;
  * rota.loadbalancer.rule=round_robin
  * rota.loadbalancer.services.orders.rule=repeat(n=3)
  * rota.registration.enabled=true
+ * # rota with tokens and TLS (each also from ROTA_TOKEN, ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY)
+ * rota.target=https://rota.internal:50051
+ * rota.token=${ORDERS_TOKEN}
+ * rota.tls.ca=/etc/rota/ca.pem
  * </pre>
  */
 @ConfigurationProperties(prefix = "rota")
@@ -28,6 +34,13 @@ public class RotaProperties {
 
     /** Deadline of one pick; past it the pick counts as rota being unreachable. */
     private Duration pickTimeout = Duration.ofSeconds(2);
+
+    /**
+     * Bearer token sent with every call; empty takes {@code ROTA_TOKEN} from the environment.
+     */
+    private String token = "";
+
+    private final Tls tls = new Tls();
 
     private final LoadBalancer loadbalancer = new LoadBalancer();
 
@@ -55,6 +68,36 @@ public class RotaProperties {
 
     public void setPickTimeout(Duration pickTimeout) {
         this.pickTimeout = pickTimeout;
+    }
+
+    public String getToken() {
+        return token;
+    }
+
+    public void setToken(String token) {
+        this.token = token;
+    }
+
+    public Tls getTls() {
+        return tls;
+    }
+
+    /** The client settings these properties give, before the environment fills in what they leave out. */
+    public RotaCredentials credentials() {
+        RotaCredentials.Builder builder = RotaCredentials.builder();
+        if (token != null && !token.isBlank()) {
+            builder.token(token);
+        }
+        if (tls.ca != null) {
+            builder.tlsCa(tls.ca);
+        }
+        if (tls.cert != null || tls.key != null) {
+            if (tls.cert == null || tls.key == null) {
+                throw new IllegalArgumentException("rota.tls.cert and rota.tls.key go together: set both or neither");
+            }
+            builder.tlsClientCertificate(tls.cert, tls.key);
+        }
+        return builder.build();
     }
 
     public LoadBalancer getLoadbalancer() {
@@ -172,6 +215,45 @@ public class RotaProperties {
 
         public void setVersion(String version) {
             this.version = version;
+        }
+    }
+
+    /**
+     * {@code rota.tls.*}: TLS to an {@code https://} target. Each setting left out is taken from
+     * {@code ROTA_TLS_CA}, {@code ROTA_TLS_CERT} and {@code ROTA_TLS_KEY}.
+     */
+    public static class Tls {
+        /** PEM CA that signed rota's certificate; none means the JVM's trusted CAs. */
+        private Path ca;
+
+        /** PEM client certificate, for a rota that requires mTLS (with {@code key}). */
+        private Path cert;
+
+        /** PEM private key (PKCS#8) of {@code cert}. */
+        private Path key;
+
+        public Path getCa() {
+            return ca;
+        }
+
+        public void setCa(Path ca) {
+            this.ca = ca;
+        }
+
+        public Path getCert() {
+            return cert;
+        }
+
+        public void setCert(Path cert) {
+            this.cert = cert;
+        }
+
+        public Path getKey() {
+            return key;
+        }
+
+        public void setKey(Path key) {
+            this.key = key;
         }
     }
 

@@ -150,7 +150,9 @@ impl Index {
             if now >= due {
                 self.publish();
                 publish_at = None;
-                window = self.config.publish_window.max(now.elapsed());
+                if !window.is_zero() {
+                    window = self.config.publish_window.max(now.elapsed());
+                }
             }
         }
         self.publish();

@@ -12,8 +12,8 @@
 //! they would for one core: a pick that waited for a build would show here.
 //!
 //! Checks: (a) every pick is answered and every rule answered some; (b) every change is
-//! acknowledged, at a quarter of the aimed rate at least; (c) in long mode, each rule's p99
-//! within 20 ms and its slowest pick within 1 s.
+//! acknowledged; in long mode also (c) at a quarter of the aimed rate at least, and (d) each
+//! rule's p99 within 20 ms and its slowest pick within 1 s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -205,11 +205,16 @@ pub async fn run(options: &SoakOptions, report: &mut ScenarioReport) -> Result<(
     ));
     report.check(Check::new(
         "changes acknowledged under picks",
-        churn_error.is_none() && acks_per_second * 4.0 >= rate as f64,
-        match churn_error {
+        churn_error.is_none() && acks > 0,
+        match &churn_error {
             Some(error) => format!("a churner failed: {error}"),
-            None => format!("{acks_per_second:.0}/s (at least {}/s)", rate / 4),
+            None => format!("{acks} acknowledged"),
         },
+    ));
+    report.check(Check::bound(
+        "acknowledgements keep up under picks",
+        acks_per_second * 4.0 >= rate as f64,
+        format!("{acks_per_second:.0}/s (bound {}/s, a quarter of the aimed rate)", rate / 4),
     ));
     report.check(Check::bound(
         "each rule's p99 and slowest pick under churn",

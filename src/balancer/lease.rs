@@ -19,8 +19,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::builds::ensure;
 use super::select::{GRAY_RULE, add_owned_note, excluded_positions, skip_ejected};
-use super::view::{ServiceView, ensure};
+use super::view::ServiceView;
 use super::{Balancer, PickError, PickQuery, PickResult, check_lease_fields, known_service};
 use crate::load::ejection::{self, Positions, Skip};
 use crate::policy::{GrayRelease, IsolationFallback, Policy};

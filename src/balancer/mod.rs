@@ -9,6 +9,7 @@
 //! reports the call's outcome ([`Balancer::report`]). Every pick and lease is counted for
 //! operators ([`counters`]).
 
+mod builds;
 pub mod counters;
 mod error;
 mod lease;
@@ -30,6 +31,7 @@ use crate::state::StateBackend;
 use randomness::Randomness;
 
 pub use crate::load::InstancePicks;
+pub use builds::{BUILD_THREADS, BuildPool};
 pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{Leased, LeasedPick, MAX_LEASE};
@@ -287,5 +289,7 @@ fn check_request_limits(query: &PickQuery<'_>) -> Result<(), PickError> {
     Ok(())
 }
 
+#[cfg(test)]
+mod churn_tests;
 #[cfg(test)]
 mod tests;

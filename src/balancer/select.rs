@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::view::{ServiceView, SubsetView, ensure};
+use super::builds::prepare;
+use super::view::{ServiceView, SubsetView};
 use super::{Balancer, PickError, PickQuery};
 use crate::load::ejection::{self, Positions, Skip};
 use crate::policy::{IsolationFallback, Policy};
 use crate::registry::Instance;
-use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate};
+use crate::rules::{Draw, Excluded, Fallback, ParsedRule, Rule, Select, isolate, table_free};
 use crate::state::CounterKey;
 
 /// The rotation gray-release tickets are drawn from.
@@ -72,7 +73,8 @@ impl Balancer {
                 excluded
             }
         };
-        ensure(view, subset, rule.rule.needs(), self.views.stats()).await;
+        // Never waits: tables still missing are queued, and the rule answers without them.
+        prepare(view, subset, rule.rule.needs(), self.views.stats());
         let excluded = Excluded::new(&excluded);
         let rotation = self.state.rotation(
             &subset.rotations,
@@ -105,7 +107,8 @@ impl Balancer {
     }
 
     /// The rule's choice among the draw's candidates (a position), its fallback note added to
-    /// `fallback`; randomness from this worker's generator (or the balancer's seeded one).
+    /// `fallback`; randomness from this worker's generator (or the balancer's seeded one). A
+    /// rule whose tables are not built yet chooses without them ([`table_free`]).
     pub(super) fn choose(
         &self,
         selector: &Rule,
@@ -114,7 +117,9 @@ impl Balancer {
         rule: &ParsedRule,
     ) -> Result<usize, PickError> {
         let count = draw.candidates.len();
-        let choice = self.randomness.with(|rng| selector.select(draw, rng));
+        let choice = self
+            .randomness
+            .with(|rng| selector.select(draw, rng).or_else(|| table_free::select(selector.needs(), draw, rng)));
         let choice = choice.filter(|c| c.index < count).ok_or_else(|| no_choice(rule, count))?;
         add_note(fallback, choice.fallback);
         Ok(choice.index)

@@ -27,12 +27,23 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         ])?;
         let service = format!("{}-publication", args.service);
         let _held = register(&endpoint, &service, size).await?;
-        // The first pick of a rule waits for its tables (a Maglev table of 100,000 instances
-        // takes seconds to build).
         let mut client = RotaClient::connect(&endpoint).await?.with_pick_timeout(Duration::from_secs(60));
-        // Rules that need tables have them built, as in a service in use.
+        // Rules that need tables have them built, as in a service in use: the first pick of a
+        // rule queues the build (a Maglev table of 100,000 instances takes seconds) and answers
+        // without it, with a fallback note, until the table is in.
         for rule in ["round_robin", "weighted", "consistent_hash", "best_available"] {
-            client.pick(&service, crate::client::PickOptions::rule(rule).key("k")).await?;
+            let building = tokio::time::Instant::now();
+            loop {
+                let pick = client.pick(&service, crate::client::PickOptions::rule(rule).key("k")).await?;
+                if pick.response.fallback != crate::rules::table_free::NOTE {
+                    break;
+                }
+                if building.elapsed() > Duration::from_secs(120) {
+                    let why = format!("the {rule} tables were not built within 120 s");
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why).into());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
         let probe = |n: usize| pb::Instance {
             id: format!("publication-probe-{n}"),

@@ -171,6 +171,17 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
             problem: format!("{value:?} is not a duration ({e}); try 3s, 500ms or 0s"),
         })?,
     };
+    // Zero is allowed: every batch of changes published at once.
+    let publish_window = match pick(&overrides.publish_window, table.publish_window.clone()) {
+        None => crate::registry::DEFAULT_PUBLISH_WINDOW,
+        Some((value, source)) => crate::duration::parse(&value)
+            .map_err(|e| format!("{value:?} is not a duration ({e}); try 5ms or 0s"))
+            .and_then(|window| match window <= crate::registry::MAX_PUBLISH_WINDOW {
+                true => Ok(window),
+                false => Err(format!("{value:?} is longer than 1s")),
+            })
+            .map_err(|problem| ConfigError { source_name: source, key: "server.publish_window".into(), problem })?,
+    };
     let shutdown_grace =
         duration("server.shutdown_grace", &overrides.shutdown_grace, &table.shutdown_grace, DEFAULT_SHUTDOWN_GRACE)?;
     let stats_defaults = StatsConfig::default();
@@ -447,6 +458,7 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
                     1..=100_000_000,
                     DEFAULT_MAX_SERVICES_PER_TOKEN as u64,
                 )? as usize,
+                publish_window,
             },
             stats: StatsConfig { in_flight_timeout, latency_decay, ..stats_defaults },
             policy_file: file.map(Path::to_path_buf),
@@ -557,7 +569,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = crate::duration::format;
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\nhealth_check_networks = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\npublish_window = \"{}\"\nhealth_check_networks = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -591,6 +603,7 @@ impl Settings {
             d(self.serve.registry.service_idle_timeout),
             self.serve.registry.max_services,
             self.serve.registry.max_services_per_token,
+            d(self.serve.registry.publish_window),
             crate::policy::file::toml_string(&self.serve.health_check_networks().to_string()),
         );
         toml.push_str(&format!("max_rss_bytes = {}\n", self.serve.limits.max_rss_bytes));

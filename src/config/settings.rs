@@ -151,6 +151,10 @@ values {
     housekeeping_interval: text, "ROTA_HOUSEKEEPING_INTERVAL";
     /// A service with no instance and no watcher is forgotten after this long [default: 10m].
     service_idle_timeout: text, "ROTA_SERVICE_IDLE_TIMEOUT";
+    /// Registration changes arriving within this long of each other are published together,
+    /// and acknowledged once picks see them; 0s publishes each batch at once, at most 1s
+    /// [default: 5ms].
+    publish_window: text, "ROTA_PUBLISH_WINDOW";
     /// Services known at once; announcing into one more is refused [default: 100000].
     max_services: integer, "ROTA_MAX_SERVICES";
     /// Services one token's registration streams may hold instances in at once [default: 1000].

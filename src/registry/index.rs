@@ -6,6 +6,11 @@
 //! read-modify-swap races between streams, and draining the queue before publishing batches a
 //! burst of registrations into one snapshot per service.
 //!
+//! Changes are gathered for a short window ([`super::RegistryConfig::publish_window`], from the
+//! first change not yet published) before they are published together, so a churn of single
+//! changes costs a bounded number of publications a second, not one per change; a publication
+//! that took longer than the window widens the next one to its own length.
+//!
 //! Acknowledgements are sent only after the snapshot carrying their change is published: once a
 //! provider holds its ack, every pick sees the change.
 //!
@@ -119,6 +124,10 @@ impl Index {
 
     /// Runs until every sender (the registry handle and all leases) is gone.
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        // The publication the changes applied so far wait for, if any, and the window the
+        // next one gathers changes for.
+        let mut publish_at: Option<Instant> = None;
+        let mut window = self.config.publish_window;
         loop {
             let next_deadline = self.deadlines.first().map(|(deadline, _)| *deadline);
             let next_forget = self.emptied.front().map(|(since, _)| *since + self.config.service_idle_timeout);
@@ -130,10 +139,29 @@ impl Index {
                 }
                 () = sleep_until(next_deadline) => self.on_deadline(&mut rx, Instant::now()),
                 () = sleep_until(next_forget) => self.forget_idle_services(Instant::now()),
+                () = sleep_until(publish_at) => {}
             }
-            self.publish();
+            if !self.has_unpublished() {
+                publish_at = None;
+                continue;
+            }
+            let now = Instant::now();
+            let due = *publish_at.get_or_insert(now + window);
+            if now >= due {
+                self.publish();
+                publish_at = None;
+                if !window.is_zero() {
+                    window = self.config.publish_window.max(now.elapsed());
+                }
+            }
         }
+        self.publish();
         debug!("registry task stopped");
+    }
+
+    /// Whether changes or acknowledgements wait for a publication.
+    fn has_unpublished(&self) -> bool {
+        !self.dirty.is_empty() || !self.forgotten.is_empty() || !self.replies.is_empty()
     }
 
     /// A lease deadline passed. A heartbeat already waiting in the queue was sent before the

@@ -49,6 +49,11 @@ pub const DEFAULT_SERVICE_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_MAX_SERVICES: usize = 100_000;
 /// Default limit on services one token's registration streams hold instances in.
 pub const DEFAULT_MAX_SERVICES_PER_TOKEN: usize = 1000;
+/// Default time the server gathers changes into one publication (`publish_window`); a
+/// [`RegistryConfig::default`] publishes every batch at once.
+pub const DEFAULT_PUBLISH_WINDOW: Duration = Duration::from_millis(5);
+/// Longest accepted publish window.
+pub const MAX_PUBLISH_WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegistryConfig {
@@ -62,6 +67,11 @@ pub struct RegistryConfig {
     pub max_services: usize,
     /// Services in which the streams of one token hold instances at once.
     pub max_services_per_token: usize,
+    /// Changes arriving within this long of the first one not yet published make one
+    /// publication (and their acknowledgements go out together, once picks see them); a
+    /// publication that took longer than this widens the next window to its own length, so
+    /// publications never take more than half of one core. Zero publishes every batch at once.
+    pub publish_window: Duration,
 }
 
 impl Default for RegistryConfig {
@@ -72,6 +82,7 @@ impl Default for RegistryConfig {
             service_idle_timeout: DEFAULT_SERVICE_IDLE_TIMEOUT,
             max_services: DEFAULT_MAX_SERVICES,
             max_services_per_token: DEFAULT_MAX_SERVICES_PER_TOKEN,
+            publish_window: Duration::ZERO,
         }
     }
 }

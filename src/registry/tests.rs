@@ -263,3 +263,46 @@ async fn the_pick_views_are_told_of_a_publication_before_a_listing_can_show_it()
     // catalog still listed the instance: a listing can never run ahead of the picks.
     assert_eq!(seen, [(vec!["a:1".to_owned()], vec![]), (vec![], vec!["a:1".to_owned()])]);
 }
+
+/// Changes from ten streams arriving over 3 ms, inside one 5 ms window, make one publication;
+/// every one is acknowledged, and only once it is published.
+#[tokio::test(start_paused = true)]
+async fn changes_within_the_publish_window_make_one_publication_and_all_are_acknowledged() {
+    let window = Duration::from_millis(5);
+    let registry = Registry::spawn(RegistryConfig { publish_window: window, ..RegistryConfig::default() });
+    let generation = registry.changes();
+    let before = *generation.borrow();
+    let leases: Vec<Lease> = (0..10).map(|_| registry.open_lease()).collect();
+    let started = tokio::time::Instant::now();
+    let registry = &registry;
+    let acks = leases.iter().enumerate().map(|(n, lease)| async move {
+        tokio::time::sleep(Duration::from_micros(300 * n as u64)).await;
+        let outcome = lease.announce(vec![spec("orders", "10.0.0.1", 80 + n as u32)]).await.unwrap();
+        let published =
+            registry.service("orders").is_some_and(|s| s.instances.iter().any(|i| u32::from(i.port) == 80 + n as u32));
+        (outcome.accepted.len(), published, started.elapsed())
+    });
+    for (accepted, published, after) in futures_util::future::join_all(acks).await {
+        assert_eq!(accepted, 1);
+        assert!(published, "acknowledged before it was published");
+        assert_eq!(after, window, "acknowledged when the window closed");
+    }
+    assert_eq!(*generation.borrow() - before, 1, "one publication for the ten changes");
+    assert_eq!(ids(registry, "orders").len(), 10);
+}
+
+/// A zero window publishes each batch at once: changes apart in time are published apart.
+#[tokio::test(start_paused = true)]
+async fn a_zero_publish_window_publishes_every_batch_at_once() {
+    let registry = Registry::spawn(RegistryConfig { publish_window: Duration::ZERO, ..RegistryConfig::default() });
+    let generation = registry.changes();
+    let before = *generation.borrow();
+    let lease = registry.open_lease();
+    for n in 0..3 {
+        let sent = tokio::time::Instant::now();
+        lease.announce(vec![spec("orders", "10.0.0.1", 80 + n)]).await.unwrap();
+        assert_eq!(sent.elapsed(), Duration::ZERO);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(*generation.borrow() - before, 3);
+}

@@ -61,7 +61,9 @@ impl Select for ConsistentHash {
             let cap = (u128::from(balance_milli) * u128::from(total + 1)).div_ceil(1000 * members.len() as u128);
             let cap = u64::try_from(cap).unwrap_or(u64::MAX).max(1);
             slots.clone().find(|&index| draw.accepts(index) && loads.load(index).in_flight < cap)
-        })?;
+        });
+        // Without a load index yet, loads are not bounded.
+        let bounded = bounded.flatten();
         bounded.or_else(|| slots.clone().find(|&i| draw.accepts(i))).map(Choice::at)
     }
 }

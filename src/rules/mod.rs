@@ -20,6 +20,7 @@
 
 mod cache;
 mod spec;
+pub mod table_free;
 mod tables;
 mod version_isolation;
 

@@ -66,6 +66,24 @@ impl Needs {
         self.schedule || self.maglev || self.load
     }
 
+    /// One bit per table, to keep in an atomic.
+    pub fn bits(self) -> u8 {
+        u8::from(self.schedule) | u8::from(self.maglev) << 1 | u8::from(self.load) << 2
+    }
+
+    pub fn from_bits(bits: u8) -> Needs {
+        Needs { schedule: bits & 1 != 0, maglev: bits & 2 != 0, load: bits & 4 != 0 }
+    }
+
+    /// Which of these tables `tables` lacks.
+    pub fn absent_from(self, tables: &Tables) -> Needs {
+        Needs {
+            schedule: self.schedule && tables.schedule.load().is_none(),
+            maglev: self.maglev && tables.maglev.load().is_none(),
+            load: self.load && tables.load.load().is_none(),
+        }
+    }
+
     pub fn union(self, other: Needs) -> Needs {
         Needs {
             schedule: self.schedule || other.schedule,

@@ -20,6 +20,9 @@
 //! - [`hash_churn`] — `consistent_hash` picks over a very large service whose membership
 //!   changes 100 times a second from the first pick on; picks must be answered, promptly, and
 //!   memory level off.
+//! - [`rule_churn`] — a picker per rule over a very large service whose membership changes
+//!   hundreds of times a second, against a server with one runtime worker thread: no pick may
+//!   fail, and each rule's p99 and worst pick and the acknowledgements a second are reported.
 //! - [`pipelining`] — pick streams pipelined on one connection as grpc-go sends them (each
 //!   request a small DATA frame), beside a registration on the same connection.
 //! - [`watches`] — a flood of watches from 127.0.0.2 and up to the stream caps, then providers
@@ -47,6 +50,7 @@ mod provider;
 mod proxy;
 pub mod rawh2;
 pub mod redis;
+pub mod rule_churn;
 pub mod scale;
 mod server;
 mod shares;
@@ -69,6 +73,7 @@ pub enum Scenario {
     Unread,
     Watches,
     HashChurn,
+    RuleChurn,
     Pipelining,
     Redis,
     Floods,
@@ -83,6 +88,7 @@ impl Scenario {
         Scenario::Unread,
         Scenario::Watches,
         Scenario::HashChurn,
+        Scenario::RuleChurn,
         Scenario::Pipelining,
         Scenario::Redis,
         Scenario::Floods,
@@ -97,6 +103,7 @@ impl Scenario {
             Scenario::Unread => "unread",
             Scenario::Watches => "watches",
             Scenario::HashChurn => "hash_churn",
+            Scenario::RuleChurn => "rule_churn",
             Scenario::Pipelining => "pipelining",
             Scenario::Redis => "redis",
             Scenario::Floods => "floods",
@@ -276,6 +283,7 @@ pub async fn run(options: &SoakOptions) -> Vec<ScenarioReport> {
             Scenario::Unread => unread::run(options, &mut report).await,
             Scenario::Watches => watches::run(options, &mut report).await,
             Scenario::HashChurn => hash_churn::run(options, &mut report).await,
+            Scenario::RuleChurn => rule_churn::run(options, &mut report).await,
             Scenario::Pipelining => pipelining::run(options, &mut report).await,
             Scenario::Redis => redis::run(options, &mut report).await,
             Scenario::Floods => floods::run(options, &mut report).await,

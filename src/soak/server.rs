@@ -37,10 +37,16 @@ impl Target {
 
     /// Spawns `rota serve` on 127.0.0.1:0 with `extra` flags, and waits for its addresses.
     pub fn spawn(extra: &[String], scheme: &str) -> Result<Self, SoakError> {
+        Self::spawn_with_env(extra, scheme, &[])
+    }
+
+    /// [`Target::spawn`] with `env` set for the server (e.g. `TOKIO_WORKER_THREADS`).
+    pub fn spawn_with_env(extra: &[String], scheme: &str, env: &[(&str, &str)]) -> Result<Self, SoakError> {
         let exe = std::env::current_exe().map_err(|e| SoakError::Server(format!("cannot find this binary: {e}")))?;
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             // Services are registered before they are picked; `extra` may still ask for a warm-up.
             .env("ROTA_WARMUP", "0s")
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))

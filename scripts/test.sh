@@ -125,6 +125,8 @@ if [ "$run_rust" = 1 ]; then
   step dnsmasq-install scripts/install-dnsmasq.sh
   step eureka-build scripts/build-eureka.sh
   step etcd-install scripts/install-etcd.sh
+  # promtool checks a live /metrics page and the alert rules in deploy/prometheus.
+  step promtool-install scripts/install-promtool.sh
   step etcd-endpoints-lint bash -c 'cd tests/sources/etcd && test -z "$(gofmt -l .)" && go vet ./...'
   step etcd-endpoints-build scripts/build-etcd-endpoints.sh
   step rust-lint bash -c 'cargo fmt --check && cargo clippy --locked --all-targets -- -D warnings && RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps'

@@ -13,6 +13,7 @@ mod limits;
 mod operator;
 mod policy;
 mod processes;
+mod prometheus;
 mod redis_server;
 mod registration;
 mod replicas;

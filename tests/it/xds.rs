@@ -21,13 +21,13 @@ const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoa
 const LISTENERS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// One ADS stream: requests go in through `send`, responses come out of `next`.
-struct Ads {
+pub(crate) struct Ads {
     requests: mpsc::Sender<DiscoveryRequest>,
     responses: tonic::Streaming<DiscoveryResponse>,
 }
 
 impl Ads {
-    async fn open(server: &TestServer, token: Option<&str>) -> Result<Self, tonic::Status> {
+    pub(crate) async fn open(server: &TestServer, token: Option<&str>) -> Result<Self, tonic::Status> {
         let channel =
             tonic::transport::Channel::from_shared(server.server.endpoint()).unwrap().connect().await.unwrap();
         let mut client = AggregatedDiscoveryServiceClient::new(channel);

@@ -3,7 +3,7 @@
 //!
 //! - `/metrics` — Prometheus text exposition ([`metrics`]): pick counters and durations, the
 //!   catalog, registration streams, tripped breakers, the gRPC server metrics and the
-//!   [process](process) metrics.
+//!   [`process`] metrics.
 //! - `/healthz` (the process answers) and `/readyz` (it is serving and not shutting down).
 //! - `/api/...` — JSON views of services, instances and policies ([`api`]).
 //! - `/api/events?service=NAME` — Server-Sent Events with a JSON snapshot of one service every

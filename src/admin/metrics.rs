@@ -5,7 +5,9 @@
 //! from the current catalog and the balancer's statistics, so they cannot drift from what
 //! picks see. Every registered instance has a `rota_breaker_open` series (0 or 1), and every
 //! service a `rota_instances` series per status, zeros included, so a series does not vanish
-//! when its value drops to nothing.
+//! when its value drops to nothing. Instances are labelled `instance_id`, never `instance`,
+//! which Prometheus gives the scraped target; durations are in seconds. `rota_build_info` and
+//! the [process metrics](super::process) complete what `promtool check metrics` expects.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -15,6 +17,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AdminState;
+use crate::balancer::PICK_BUCKETS;
 use crate::grpc::metrics::HANDLING_BUCKETS;
 use crate::overload::Pressure;
 use crate::registry::Status;
@@ -22,7 +25,11 @@ use crate::registry::Status;
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub async fn scrape(State(state): State<AdminState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], render(&state))
+    let mut out = render(&state);
+    if let Some(stats) = super::process::read().await {
+        super::process::render(&stats, &mut out);
+    }
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], out)
 }
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -37,6 +44,8 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 pub fn render(state: &AdminState) -> String {
     let mut out = String::new();
+    header(&mut out, "rota_build_info", "gauge", "Always 1; the labels say which rota build is running.");
+    let _ = writeln!(out, "rota_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
     render_picks(state, &mut out);
     render_catalog(state, &mut out);
     render_grpc(state, &mut out);
@@ -282,6 +291,20 @@ fn render_picks(state: &AdminState, out: &mut String) {
     for (service, count) in counters.fallbacks() {
         let _ = writeln!(out, "rota_fallback_picks_total{{service=\"{}\"}} {count}", escape(&service));
     }
+    let latency = state.overview.pick_latency().snapshot();
+    header(
+        out,
+        "rota_pick_duration_seconds",
+        "histogram",
+        "Time rota took to answer a pick (Pick, each PickStream pick), from the request read to the answer, refusals included.",
+    );
+    for (le, count) in PICK_BUCKETS.iter().zip(&latency.cumulative) {
+        let _ = writeln!(out, "rota_pick_duration_seconds_bucket{{le=\"{le}\"}} {count}");
+    }
+    let total = latency.cumulative[PICK_BUCKETS.len()];
+    let _ = writeln!(out, "rota_pick_duration_seconds_bucket{{le=\"+Inf\"}} {total}");
+    let _ = writeln!(out, "rota_pick_duration_seconds_sum {}", latency.sum_seconds);
+    let _ = writeln!(out, "rota_pick_duration_seconds_count {total}");
 }
 
 fn render_catalog(state: &AdminState, out: &mut String) {
@@ -340,7 +363,7 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     let each = |out: &mut String, write: &dyn Fn(&mut String, &str, &crate::load::InstanceReport)| {
         for (snapshot, reports) in services.iter().zip(&reports) {
             for (instance, report) in snapshot.instances.iter().zip(reports) {
-                let labels = format!("service=\"{}\",instance=\"{}\"", escape(&snapshot.name), escape(&instance.id));
+                let labels = format!("service=\"{}\",instance_id=\"{}\"", escape(&snapshot.name), escape(&instance.id));
                 write(out, &labels, report);
             }
         }
@@ -361,13 +384,13 @@ fn render_catalog(state: &AdminState, out: &mut String) {
     });
     header(
         out,
-        "rota_instance_latency_ms",
+        "rota_instance_latency_seconds",
         "gauge",
-        "The latency average rota holds for an instance (failed calls count as slow); NaN until a call is reported.",
+        "The latency average rota holds for an instance, in seconds (failed calls count as slow); NaN until a call is reported.",
     );
     each(out, &|out, labels, report| {
-        let latency = report.load.latency_ms.map_or_else(|| "NaN".to_owned(), |ms| format!("{ms:.3}"));
-        let _ = writeln!(out, "rota_instance_latency_ms{{{labels}}} {latency}");
+        let latency = report.load.latency_ms.map_or_else(|| "NaN".to_owned(), |ms| format!("{:.6}", ms / 1000.0));
+        let _ = writeln!(out, "rota_instance_latency_seconds{{{labels}}} {latency}");
     });
 }
 

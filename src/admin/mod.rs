@@ -1,8 +1,9 @@
 //! The admin listener: what an operator looks at, over plain HTTP on its own socket (default
 //! `127.0.0.1:9090`), served by axum on the same runtime as the gRPC server.
 //!
-//! - `/metrics` — Prometheus text exposition ([`metrics`]): pick counters, the catalog,
-//!   registration streams, tripped breakers and the gRPC server metrics.
+//! - `/metrics` — Prometheus text exposition ([`metrics`]): pick counters and durations, the
+//!   catalog, registration streams, tripped breakers, the gRPC server metrics and the
+//!   [`process`] metrics.
 //! - `/healthz` (the process answers) and `/readyz` (it is serving and not shutting down).
 //! - `/api/...` — JSON views of services, instances and policies ([`api`]).
 //! - `/api/events?service=NAME` — Server-Sent Events with a JSON snapshot of one service every
@@ -32,6 +33,7 @@ pub mod api;
 pub mod events;
 pub mod history;
 pub mod metrics;
+pub mod process;
 pub mod streams;
 
 use std::net::SocketAddr;
@@ -72,7 +74,8 @@ pub struct AdminState {
     stopping: watch::Receiver<bool>,
     /// `true` once a graceful shutdown has begun.
     draining: watch::Receiver<bool>,
-    /// When set, everything but the page itself and the health checks needs an admin token.
+    /// When set, everything but the page itself and the health checks needs a token: the
+    /// metrics or admin scope for `/metrics`, the admin scope for the rest.
     auth: Option<Arc<Authenticator>>,
     /// The gRPC listener's connection caps, the server's open streams and its unread answers,
     /// when serving.
@@ -154,7 +157,8 @@ impl AdminState {
         self
     }
 
-    /// Requires an admin token (the same check as gRPC) for the metrics and the API.
+    /// Requires a token (the same check as gRPC): the metrics or admin scope for `/metrics`, the
+    /// admin scope for the API.
     pub fn with_auth(mut self, auth: Option<Arc<Authenticator>>) -> Self {
         self.auth = auth;
         self
@@ -245,7 +249,8 @@ async fn not_grpc(request: axum::extract::Request, next: axum::middleware::Next)
     response
 }
 
-/// With authentication on, the metrics and the API need a token with the admin scope, sent as
+/// With authentication on, `/metrics` needs a token with the metrics or the admin scope, and the
+/// API one with the admin scope, sent as
 /// `Authorization: Bearer TOKEN` or, for the dashboard's event stream (browsers cannot set
 /// headers on it), as `?token=TOKEN`. The page itself, its icon and the health checks stay open.
 async fn require_admin(
@@ -267,9 +272,14 @@ async fn require_admin(
             let token = query.split('&').find_map(|pair| pair.strip_prefix("token="))?;
             Some(format!("Bearer {token}"))
         });
+    let scrape = request.uri().path() == "/metrics";
     match auth.authenticate_header(header.as_deref()) {
         Err(error) => api::error(StatusCode::UNAUTHORIZED, error.to_string()),
-        Ok(principal) if !principal.is_admin() => {
+        Ok(principal) if scrape && !principal.may_scrape() => api::error(
+            StatusCode::FORBIDDEN,
+            format!("token {:?} grants neither the metrics nor the admin scope", principal.name),
+        ),
+        Ok(principal) if !scrape && !principal.is_admin() => {
             api::error(StatusCode::FORBIDDEN, format!("token {:?} does not grant the admin scope", principal.name))
         }
         Ok(_) => next.run(request).await,

@@ -1,8 +1,9 @@
 //! Who may do what: bearer tokens with scopes.
 //!
-//! A token grants any of three scopes: `pick` (picks, leases, reports, listings and watches),
+//! A token grants any of four scopes: `pick` (picks, leases, reports, listings and watches),
 //! `register:PATTERN` (register, update and withdraw instances of services whose names match
-//! the glob `PATTERN`, e.g. `orders-*`) and `admin` (policies and the admin HTTP API). Tokens
+//! the glob `PATTERN`, e.g. `orders-*`), `admin` (policies and the admin HTTP API, `/metrics`
+//! included) and `metrics` (`/metrics` and nothing else, for a Prometheus scraper). Tokens
 //! are read from files or environment variables named in the config, never written in it, and
 //! a presented token is compared with every configured one in constant time.
 //!
@@ -16,6 +17,7 @@ use std::sync::Arc;
 pub enum Scope {
     Pick,
     Admin,
+    Metrics,
     Register(String),
 }
 
@@ -24,9 +26,10 @@ impl Scope {
         match text {
             "pick" => Ok(Scope::Pick),
             "admin" => Ok(Scope::Admin),
+            "metrics" => Ok(Scope::Metrics),
             other => match other.strip_prefix("register:") {
                 Some(pattern) if !pattern.is_empty() => Ok(Scope::Register(pattern.to_owned())),
-                _ => Err(format!("{other:?} is not a scope; scopes: pick, admin, register:PATTERN")),
+                _ => Err(format!("{other:?} is not a scope; scopes: pick, admin, metrics, register:PATTERN")),
             },
         }
     }
@@ -46,6 +49,11 @@ impl Principal {
 
     pub fn is_admin(&self) -> bool {
         self.scopes.contains(&Scope::Admin)
+    }
+
+    /// Whether this caller may read `/metrics`: the `metrics` scope, or `admin`.
+    pub fn may_scrape(&self) -> bool {
+        self.scopes.iter().any(|s| matches!(s, Scope::Metrics | Scope::Admin))
     }
 
     /// Whether this caller may register at least some service.
@@ -160,5 +168,16 @@ mod tests {
         }
         assert_eq!(auth.authenticate_header(Some("Basic s3cret")), Err(AuthError::Invalid));
         assert!(Scope::parse("root").is_err() && Scope::parse("register:").is_err());
+    }
+
+    #[test]
+    fn the_metrics_scope_reads_metrics_and_grants_nothing_else() {
+        let scraper = Principal { name: "prometheus".into(), scopes: vec![Scope::parse("metrics").unwrap()] };
+        assert!(scraper.may_scrape());
+        assert!(!scraper.is_admin() && !scraper.may_pick() && !scraper.may_register_any());
+        let admin = Principal { name: "ops".into(), scopes: vec![Scope::Admin] };
+        assert!(admin.may_scrape());
+        let picker = Principal { name: "app".into(), scopes: vec![Scope::Pick] };
+        assert!(!picker.may_scrape());
     }
 }

@@ -14,6 +14,7 @@ pub mod counters;
 mod error;
 mod lease;
 mod overview;
+mod pick_latency;
 mod randomness;
 mod report;
 mod retry;
@@ -36,6 +37,7 @@ pub use counters::{PickCounters, PickResult, UNKNOWN_SERVICE};
 pub use error::PickError;
 pub use lease::{Leased, LeasedPick, MAX_LEASE};
 pub use overview::Overview;
+pub use pick_latency::{PICK_BUCKETS, PickLatency, PickLatencySnapshot};
 pub use report::{CallOutcome, CallResult, MAX_OUTCOMES_PER_REPORT, ReportCounters, ReportSummary};
 pub use view::{ServiceView, SubsetView, Views};
 
@@ -77,6 +79,7 @@ pub struct Balancer {
     rules: RuleCache,
     reports: ReportCounters,
     counters: PickCounters,
+    pick_latency: PickLatency,
     randomness: Randomness,
 }
 
@@ -92,6 +95,7 @@ impl Balancer {
             rules: RuleCache::new(),
             reports: ReportCounters::default(),
             counters: PickCounters::default(),
+            pick_latency: PickLatency::default(),
             randomness: Randomness::PerWorker,
         }
     }
@@ -139,6 +143,11 @@ impl Balancer {
         &self.counters
     }
 
+    /// How long picks took.
+    pub fn pick_latency(&self) -> &PickLatency {
+        &self.pick_latency
+    }
+
     /// What rota knows about one instance's calls.
     pub fn instance_stats(&self, service: &str, id: &str) -> InstanceReport {
         self.stats.report(service, id)
@@ -149,7 +158,15 @@ impl Balancer {
         self.stats.instance_picks(service)
     }
 
+    /// One pick: counted by result in [`PickCounters`] and timed in [`PickLatency`].
     pub async fn pick(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
+        let started = std::time::Instant::now();
+        let result = self.pick_counted(query).await;
+        self.pick_latency.record(started.elapsed());
+        result
+    }
+
+    async fn pick_counted(&self, query: PickQuery<'_>) -> Result<Picked, PickError> {
         let policies = self.policies.load();
         let policy = policies.for_service(query.service);
         let resolved = check_request_limits(&query).and_then(|()| self.resolve_rule(&query, policy));

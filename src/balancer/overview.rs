@@ -74,6 +74,10 @@ impl Overview {
         &self.balancer.counters
     }
 
+    pub fn pick_latency(&self) -> &super::PickLatency {
+        &self.balancer.pick_latency
+    }
+
     pub fn instance_stats(&self, service: &str, id: &str) -> InstanceReport {
         self.balancer.instance_stats(service, id)
     }

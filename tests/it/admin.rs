@@ -88,10 +88,20 @@ async fn metrics_count_known_traffic_exactly() {
     assert_eq!(
         series(&metrics, "rota_breaker_open{"),
         [
-            r#"rota_breaker_open{service="orders",instance="a"} 0"#,
-            r#"rota_breaker_open{service="orders",instance="b"} 1"#,
-            r#"rota_breaker_open{service="orders",instance="c"} 0"#,
+            r#"rota_breaker_open{service="orders",instance_id="a"} 0"#,
+            r#"rota_breaker_open{service="orders",instance_id="b"} 1"#,
+            r#"rota_breaker_open{service="orders",instance_id="c"} 0"#,
         ]
+    );
+    // Every pick is timed, refusals included: the 10 of the pick counters.
+    assert_eq!(series(&metrics, "rota_pick_duration_seconds_count "), ["rota_pick_duration_seconds_count 10"]);
+    assert_eq!(
+        series(&metrics, "rota_pick_duration_seconds_bucket{le=\"+Inf\"}"),
+        ["rota_pick_duration_seconds_bucket{le=\"+Inf\"} 10"]
+    );
+    assert_eq!(
+        series(&metrics, "rota_build_info"),
+        [format!("rota_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))]
     );
     let pick = r#"grpc_method="Pick",grpc_service="rota.v1.Balancer",grpc_type="unary""#;
     assert_eq!(
@@ -412,10 +422,10 @@ async fn channel_traffic_shows_per_instance_calls_errors_and_picks() {
     assert_eq!(
         series(&metrics, "rota_instance_calls_total{"),
         [
-            r#"rota_instance_calls_total{service="web",instance="a",result="ok"} 3"#,
-            r#"rota_instance_calls_total{service="web",instance="a",result="error"} 0"#,
-            r#"rota_instance_calls_total{service="web",instance="b",result="ok"} 2"#,
-            r#"rota_instance_calls_total{service="web",instance="b",result="error"} 1"#,
+            r#"rota_instance_calls_total{service="web",instance_id="a",result="ok"} 3"#,
+            r#"rota_instance_calls_total{service="web",instance_id="a",result="error"} 0"#,
+            r#"rota_instance_calls_total{service="web",instance_id="b",result="ok"} 2"#,
+            r#"rota_instance_calls_total{service="web",instance_id="b",result="error"} 1"#,
         ]
     );
     // A latency no call can have is refused whole, changing nothing.

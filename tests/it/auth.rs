@@ -14,6 +14,7 @@ const PICK: &str = "pick-token-0123456789";
 const ORDERS: &str = "orders-token-0123456789";
 const PAYMENTS: &str = "payments-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
+const METRICS: &str = "metrics-token-0123456789";
 
 async fn server() -> TestServer {
     let token = |secret: &str, name: &str, scopes: &[&str]| {
@@ -25,6 +26,7 @@ async fn server() -> TestServer {
         token(ORDERS, "orders-team", &["register:orders-*"]),
         token(PAYMENTS, "payments-team", &["register:payments"]),
         token(ADMIN, "operator", &["admin"]),
+        token(METRICS, "prometheus", &["metrics"]),
     ]);
     TestServer::start_with(|config| config.auth = Some(Arc::new(auth))).await
 }
@@ -108,13 +110,14 @@ async fn each_scope_opens_exactly_its_calls() {
     let server = server().await;
     let _orders = client(&server, Some(ORDERS)).await.register(vec![instance("orders-1", "a", 1)]).await.unwrap();
 
-    let matrix: [(Option<&str>, [Code; 12]); 6] = [
+    let matrix: [(Option<&str>, [Code; 12]); 7] = [
         (None, [UA; 12]),
         (Some("not-a-token-at-all-000"), [UA; 12]),
         (Some(PICK), [OK, OK, OK, OK, PD, OK, OK, OK, PD, PD, PD, PD]),
         (Some(ORDERS), [PD, PD, PD, PD, OK, PD, PD, PD, PD, PD, PD, PD]),
         (Some(PAYMENTS), [PD; 12]),
         (Some(ADMIN), [PD, PD, PD, PD, PD, PD, PD, PD, OK, OK, OK, OK]),
+        (Some(METRICS), [PD; 12]),
     ];
     for (token, expected) in matrix {
         let mut c = client(&server, token).await;
@@ -174,5 +177,8 @@ async fn the_admin_api_uses_the_same_tokens() {
         if path != "/api/events" {
             assert_eq!(get(path, Some(ADMIN)).await, 200, "{path} with the admin token");
         }
+        // The metrics scope scrapes and reads nothing else.
+        let scraped = if path == "/metrics" { 200 } else { 403 };
+        assert_eq!(get(path, Some(METRICS)).await, scraped, "{path} with the metrics token");
     }
 }

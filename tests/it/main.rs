@@ -14,6 +14,7 @@ mod operator;
 mod overload;
 mod policy;
 mod processes;
+mod prometheus;
 mod redis_server;
 mod registration;
 mod replicas;

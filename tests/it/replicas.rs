@@ -415,7 +415,7 @@ async fn wait_promoted(redis: &RedisServer, patience: Duration) {
 }
 
 /// Waits until `server`'s registry holds exactly `ids` for `service`.
-async fn wait_instances(server: &TestServer, service: &str, ids: &[&str]) {
+pub(crate) async fn wait_instances(server: &TestServer, service: &str, ids: &[&str]) {
     let mut snapshots = server.server.balancer().registry().subscribe(service).await.expect("registry runs");
     let wanted: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
     tokio::time::timeout(

@@ -80,7 +80,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Churn,
         Scenario::Memory,
         Scenario::Scale,

@@ -15,6 +15,7 @@ mod policy;
 mod processes;
 mod redis_server;
 mod registration;
+mod replica_lag;
 mod replicas;
 mod rotation;
 mod rules;

@@ -16,6 +16,8 @@ use crate::redis_server::{LatencyProxy, RedisServer};
 
 /// Changes made on replica 0 in the change test.
 const CHANGES: u32 = 20;
+/// Instances replica 0 withdraws, one at a time, in the withdrawal test.
+const WITHDRAWALS: usize = 5;
 /// Picks made on replica 1 in the withdrawal test, at most.
 const MAX_PICKS: usize = 2000;
 
@@ -97,22 +99,40 @@ async fn every_change_arrives_within_the_bound(round_trip: Duration) {
     );
 }
 
-/// Replica 0 withdraws an instance; from the bound after its acknowledgement on, replica 1
-/// never picks it.
+/// Replica 0 withdraws its instances one at a time; replica 1 drops each within the bound of
+/// its acknowledgement, and from the bound after the last one on, never picks it.
 async fn a_withdrawal_is_not_picked_after_the_bound(round_trip: Duration) {
     let redis = RedisServer::start().await;
     let ((zero, _p0), (one, _p1)) = (far_replica(&redis, round_trip).await, far_replica(&redis, round_trip).await);
     let _kept = one.register(vec![instance("withdrawn", "kept", 1)]).await;
-    let mut provider = zero.register(vec![instance("withdrawn", "gone", 2)]).await;
+    let ids: Vec<String> = (0..WITHDRAWALS).map(|n| format!("gone-{n}")).collect();
+    let mut provider =
+        zero.register(ids.iter().zip(2..).map(|(id, port)| instance("withdrawn", id, port)).collect()).await;
     let mut snapshots = one.server.balancer().registry().subscribe("withdrawn").await.expect("registry runs");
-    tokio::time::timeout(PATIENCE, snapshots.wait_for(|s| s.instances.len() == 2))
+    let holds = |s: &rota::registry::ServiceSnapshot, id: &str| s.instances.iter().any(|i| &*i.id == id);
+    tokio::time::timeout(PATIENCE, snapshots.wait_for(|s| s.instances.len() == ids.len() + 1))
         .await
-        .expect("replica 1 holds both")
+        .expect("replica 1 holds them all")
         .expect("registry runs");
-    let withdraw = pb::Withdraw { instances: vec![pb::InstanceRef { service: "withdrawn".into(), id: "gone".into() }] };
-    let ack = provider.send(pb::register_request::Msg::Withdraw(withdraw)).await.expect("withdraw");
-    assert_eq!(ack.accepted.len(), 1, "withdrawal acknowledged");
-    let deadline = Instant::now() + bound(round_trip);
+    let mut lags = Vec::new();
+    let mut deadline = Instant::now();
+    for id in &ids {
+        let withdraw =
+            pb::Withdraw { instances: vec![pb::InstanceRef { service: "withdrawn".into(), id: id.clone() }] };
+        let ack = provider.send(pb::register_request::Msg::Withdraw(withdraw)).await.expect("withdraw");
+        assert_eq!(ack.accepted.len(), 1, "withdrawal of {id} acknowledged");
+        let acked = Instant::now();
+        deadline = acked + bound(round_trip);
+        tokio::time::timeout(PATIENCE, snapshots.wait_for(|s| !holds(s, id)))
+            .await
+            .unwrap_or_else(|_| panic!("replica 1 never dropped {id}"))
+            .expect("registry runs");
+        lags.push(acked.elapsed());
+    }
+    let over: Vec<_> = lags.iter().filter(|lag| **lag > bound(round_trip)).collect();
+    assert!(over.is_empty(), "withdrawals over the {:?} bound at {round_trip:?}: {lags:?}", bound(round_trip));
+    // Picks on replica 1 from the last withdrawal's deadline on never answer it.
+    let last = ids.last().expect("withdrawals");
     let mut client = one.client().await;
     let (mut late, mut after) = (Vec::new(), 0);
     for _ in 0..MAX_PICKS {
@@ -124,13 +144,13 @@ async fn a_withdrawal_is_not_picked_after_the_bound(round_trip: Duration) {
             picked_id(&client.pick("withdrawn", PickOptions::rule("random")).await.expect("pick").into_response());
         if sent > deadline {
             after += 1;
-            if picked == "gone" {
+            if picked == *last {
                 late.push(sent - deadline);
             }
         }
     }
     assert!(after > 0, "no pick was made after the bound");
-    assert!(late.is_empty(), "`gone` was picked on replica 1 after the {:?} bound, by {late:?}", bound(round_trip));
+    assert!(late.is_empty(), "{last} was picked on replica 1 after the {:?} bound, by {late:?}", bound(round_trip));
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@ use rota::pb;
 use rota::state::StateConfig;
 use tokio::time::Instant;
 
-use crate::harness::{PATIENCE, TestServer, instance, picked_id};
+use crate::admin::get;
+use crate::harness::{PATIENCE, TestServer, instance, metrics, picked_id};
 use crate::redis_server::{LatencyProxy, RedisServer};
 
 /// Changes made on replica 0 in the change test.
@@ -30,10 +31,22 @@ fn bound(round_trip: Duration) -> Duration {
 
 /// A replica whose Redis is `round_trip` away, once its link is up; and its proxy.
 async fn far_replica(redis: &RedisServer, round_trip: Duration) -> (TestServer, LatencyProxy) {
+    far_replica_limited(redis, round_trip, rota::replicas::lag::DEFAULT_LAG_LIMIT).await
+}
+
+/// The same, with the propagation lag limit `lag_limit`.
+async fn far_replica_limited(
+    redis: &RedisServer,
+    round_trip: Duration,
+    lag_limit: Duration,
+) -> (TestServer, LatencyProxy) {
     let proxy = LatencyProxy::start(redis.port, round_trip / 2).await;
     // A command timeout well above the round trip: these tests are about lag, not outages.
-    let state = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(3))
+    let mut state = StateConfig::parse(&format!("redis://127.0.0.1:{}", proxy.port), 1, Duration::from_secs(3))
         .expect("a valid state address");
+    if let StateConfig::Redis(redis) = &mut state {
+        redis.lag_limit = lag_limit;
+    }
     let server = TestServer::start_with(|config| config.state = state).await;
     let mut link = server.server.balancer().state().link().expect("a Redis-backed replica").watch();
     tokio::time::timeout(PATIENCE, link.wait_for(|up| *up)).await.expect("the link came up").expect("link kept");
@@ -171,4 +184,37 @@ async fn at_100_ms_a_round_trip_a_withdrawn_instance_is_not_picked_elsewhere_aft
 #[tokio::test]
 async fn at_200_ms_a_round_trip_a_withdrawn_instance_is_not_picked_elsewhere_after_the_bound() {
     a_withdrawal_is_not_picked_after_the_bound(Duration::from_millis(200)).await;
+}
+
+/// A replica whose copy of another's instances arrives later than its lag limit says so in
+/// `/readyz` (still 200: it answers) and shows the lag in `/metrics`; the other, which copied
+/// nothing late, is plainly ready.
+#[tokio::test]
+async fn a_replica_whose_copies_arrive_past_its_lag_limit_reports_the_replicas_diverged() {
+    let redis = RedisServer::start().await;
+    let round_trip = Duration::from_millis(100);
+    let (zero, _p0) = far_replica(&redis, round_trip).await;
+    // No change can cross a 100 ms round trip within 10 ms.
+    let (one, _p1) = far_replica_limited(&redis, round_trip, Duration::from_millis(10)).await;
+    let _a = zero.register(vec![instance("diverged", "a", 1)]).await;
+    let mut snapshots = one.server.balancer().registry().subscribe("diverged").await.expect("registry runs");
+    tokio::time::timeout(PATIENCE, snapshots.wait_for(|s| s.instances.len() == 1))
+        .await
+        .expect("replica 1 holds the instance")
+        .expect("registry runs");
+    let admin = |server: &TestServer| server.server.admin_addr().expect("an admin listener");
+    let (status, body) = get(admin(&one), "/readyz").await;
+    assert_eq!(status, 200, "a lagging replica still answers: {body}");
+    assert!(body.starts_with("ready (degraded: replicas diverged: a change from replica "), "{body}");
+    assert!(body.contains("over the 10 ms limit"), "{body}");
+    let page = metrics(&one).await;
+    let lag: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("rota_replica_propagation_lag_seconds{replica=\""))
+        .and_then(|l| l.split_once("\"} "))
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or_else(|| panic!("no propagation lag in /metrics: {page}"));
+    assert!(lag >= 0.01, "the lag shown is the one over the limit: {lag}");
+    assert!(page.contains("rota_replica_propagation_lag_limit_seconds 0.01"), "{page}");
+    assert_eq!(get(admin(&zero), "/readyz").await, (200, "ready".to_owned()));
 }

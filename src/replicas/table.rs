@@ -80,7 +80,13 @@ const MIRROR_LIMIT: usize = 1_000_000;
 /// Changes waiting to be written at most; past it, changes of a service are merged into one.
 const MAX_WAITING: usize = 4096;
 
-type Pending<T> = Option<Pin<Box<dyn Future<Output = Option<T>> + Send>>>;
+/// A call to Redis under way (its answer `None` when Redis did not answer).
+type Call<T> = Pin<Box<dyn Future<Output = Option<T>> + Send>>;
+type Pending<T> = Option<Call<T>>;
+/// What a table read answers: the tables, and the stream's end when it placed the cursor.
+type TablesRead = (Vec<ServiceTables>, Option<Option<String>>);
+/// The sequence number of each mirror, by (holder, service), when a table read started.
+type Started = HashMap<(String, Arc<str>), u64>;
 
 /// This replica's key, `rota:{~fleet}:replica:REPLICA`: renewed by the table's polls and
 /// writes and by id claims, each of which reads its previous value on the way. Whoever finds
@@ -159,7 +165,7 @@ pub struct TableSharing {
 
 /// A table read in flight: the sequence number of each mirror when it started.
 struct TableRead {
-    started: HashMap<(String, Arc<str>), u64>,
+    started: Started,
 }
 
 impl TableSharing {
@@ -193,7 +199,7 @@ impl TableSharing {
         let mut next_renewal = Instant::now();
         let mut writing: Pending<Vec<Value>> = None;
         let mut following: Pending<Followed> = None;
-        let mut reading: Pending<(Vec<ServiceTables>, Option<Option<String>>)> = None;
+        let mut reading: Pending<TablesRead> = None;
         let mut read: Option<TableRead> = None;
         loop {
             tokio::select! {
@@ -429,14 +435,7 @@ impl TableSharing {
     }
 
     /// Starts a read of the tables of `services`, or of every table when `full`.
-    fn read_tables_start(
-        &self,
-        full: bool,
-        services: BTreeSet<String>,
-    ) -> (
-        Pin<Box<dyn Future<Output = Option<(Vec<ServiceTables>, Option<Option<String>>)>> + Send>>,
-        HashMap<(String, Arc<str>), u64>,
-    ) {
+    fn read_tables_start(&self, full: bool, services: BTreeSet<String>) -> (Call<TablesRead>, Started) {
         let mut copied: HashMap<String, HashMap<String, Option<u64>>> = HashMap::new();
         for ((holder, service), mirror) in &self.mirrors {
             let known = mirror.complete.then_some(mirror.seq);
@@ -456,7 +455,7 @@ impl TableSharing {
     }
 
     /// Applies what a table read found, where no newer entry was applied since it started.
-    async fn read_tables(&mut self, found: Vec<ServiceTables>, started: &HashMap<(String, Arc<str>), u64>) {
+    async fn read_tables(&mut self, found: Vec<ServiceTables>, started: &Started) {
         let now = Instant::now();
         for ServiceTables { service, listed, alive, mut tables } in found {
             let service: Arc<str> = service.into();

@@ -9,7 +9,7 @@
 //! [`INLINE_RECORDS`] instances, the instances themselves; an entry without ids stands for the
 //! whole service. Only what changed is written: one instance's change in a service of 100,000
 //! costs one field, not the whole table. Each publication of the registry is one change, and
-//! every change waiting is written in one round trip ([`super::table_write`]). The replica keeps
+//! every change waiting is written in one round trip. The replica keeps
 //! `rota:{~fleet}:replica:REPLICA` alive with an expiry of [`REPLICA_LEASE`], renewed every [`POLL`].
 //!
 //! Every replica reads the change stream every [`FOLLOW`] (never two reads at once: a read

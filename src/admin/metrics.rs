@@ -353,6 +353,24 @@ fn render_catalog(state: &AdminState, out: &mut String) {
             "Calls made to Redis to draw tickets; each draws for every pick waiting when it starts.",
         );
         let _ = writeln!(out, "rota_state_draw_calls_total {}", link.draw_calls());
+        header(
+            out,
+            "rota_replica_propagation_lag_seconds",
+            "gauge",
+            "How long the last change of each other replica's instances took to reach this replica.",
+        );
+        for (replica, lag) in link.propagation().last() {
+            let _ =
+                writeln!(out, "rota_replica_propagation_lag_seconds{{replica=\"{replica}\"}} {}", lag.as_secs_f64());
+        }
+        header(
+            out,
+            "rota_replica_propagation_lag_limit_seconds",
+            "gauge",
+            "The propagation lag past which this replica reports itself degraded (server.replica_lag_limit).",
+        );
+        let _ =
+            writeln!(out, "rota_replica_propagation_lag_limit_seconds {}", link.propagation().limit().as_secs_f64());
     }
 
     header(out, "rota_breaker_open", "gauge", "1 while an instance's circuit breaker is open.");

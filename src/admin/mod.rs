@@ -382,7 +382,8 @@ async fn healthz() -> &'static str {
 
 /// Ready unless stopping. A replica whose state backend is unreachable stays ready (it answers
 /// picks from local state, which beats not answering) and says so in the body; so does one
-/// with a stale source (it answers from the source's last listing).
+/// with a stale source (it answers from the source's last listing), and one whose copy of the
+/// other replicas' instances lags more than `server.replica_lag_limit`.
 async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -> (StatusCode, String) {
     if state.is_stopping() {
         return (StatusCode::SERVICE_UNAVAILABLE, "stopping".into());
@@ -400,6 +401,9 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AdminState>) -
             overload.rss(),
             overload.limit().unwrap_or(0)
         ));
+    }
+    if let Some(diverged) = state.overview.link().and_then(|link| link.propagation().diverged(link.is_up())) {
+        degraded.push(format!("replicas diverged: {diverged}"));
     }
     let stale = state.sources.stale();
     if !stale.is_empty() {

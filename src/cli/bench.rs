@@ -82,6 +82,11 @@ pub struct BenchArgs {
     /// ADS stream, with 1, 100 and 1,000 streams, and the server's memory per stream.
     #[arg(long)]
     pub xds: bool,
+    /// Replica lag run instead: the time from a registration change on one replica to its
+    /// arrival in a Watch on another, p50, p99 and max, with Redis 0, 100 and 200 ms of round
+    /// trip away (a loopback proxy holding each chunk for half of it each way).
+    #[arg(long)]
+    pub replica_lag: bool,
     /// Health-check run instead: rota's CPU and memory, the checks' rate and concurrency, and
     /// pick latency, with `--health-instances` instances checked over TCP every second against
     /// the same without checks.

@@ -5,6 +5,7 @@ mod bench;
 mod bench_backends;
 mod bench_health;
 mod bench_publish;
+mod bench_replica_lag;
 mod bench_sources;
 mod bench_xds;
 mod demo;
@@ -167,6 +168,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) if args.xds => bench_xds::run(args).await,
         Command::Bench(args) if args.health_checks => bench_health::run(args).await,
         Command::Bench(args) if args.sources => bench_sources::run(args).await,
+        Command::Bench(args) if args.replica_lag => bench_replica_lag::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Soak(args) => soak::run(args).await,
         Command::FloorServer => bench::floor_server().await,

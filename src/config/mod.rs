@@ -372,11 +372,20 @@ pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, C
         &table.state_timeout,
         crate::state::redis::COMMAND_TIMEOUT,
     )?;
-    let state = match pick(&overrides.state, table.state.clone()) {
+    let replica_lag_limit = duration(
+        "server.replica_lag_limit",
+        &overrides.replica_lag_limit,
+        &table.replica_lag_limit,
+        crate::replicas::lag::DEFAULT_LAG_LIMIT,
+    )?;
+    let mut state = match pick(&overrides.state, table.state.clone()) {
         None => StateConfig::Memory,
         Some((value, source)) => StateConfig::parse(&value, ticket_block, state_timeout)
             .map_err(|problem| ConfigError { source_name: source, key: "server.state".into(), problem })?,
     };
+    if let StateConfig::Redis(redis) = &mut state {
+        redis.lag_limit = replica_lag_limit;
+    }
     let housekeeping_interval = duration(
         "server.housekeeping_interval",
         &overrides.housekeeping_interval,
@@ -569,7 +578,7 @@ impl Settings {
     pub fn to_toml(&self) -> String {
         let d = crate::duration::format;
         let mut toml = format!(
-            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\npublish_window = \"{}\"\nhealth_check_networks = {}\n",
+            "[server]\nlisten = \"{}\"\nadmin_listen = \"{}\"\nheartbeat_timeout = \"{}\"\nwarmup = \"{}\"\nwarmup_settle = \"{}\"\nmax_instances_per_stream = {}\nshutdown_grace = \"{}\"\nin_flight_timeout = \"{}\"\nlatency_decay = \"{}\"\ninsecure = {}\nmax_registrations_per_peer = {}\nmax_consumer_streams_per_peer = {}\nmax_xds_names_per_stream = {}\nmax_xds_subscriptions = {}\nmax_xds_bytes = {}\nmax_message_bytes = {}\nmax_concurrent_requests_per_connection = {}\nmax_streams_per_connection = {}\nmax_open_streams = {}\nmax_unread_bytes = {}\nmax_unread_bytes_per_peer = {}\nmax_connections = {}\nmax_connections_per_peer = {}\nhandshake_timeout = \"{}\"\nidle_timeout = \"{}\"\nsticky_memory_bytes = {}\nstate = {}\nticket_block = {}\nstate_timeout = \"{}\"\nreplica_lag_limit = \"{}\"\nhousekeeping_interval = \"{}\"\nservice_idle_timeout = \"{}\"\nmax_services = {}\nmax_services_per_token = {}\npublish_window = \"{}\"\nhealth_check_networks = {}\n",
             self.serve.listen,
             self.serve.admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             d(self.serve.registry.heartbeat_timeout),
@@ -599,6 +608,7 @@ impl Settings {
             crate::policy::file::toml_string(&self.serve.state.to_url()),
             self.serve.state.ticket_block(),
             d(self.serve.state.timeout()),
+            d(self.serve.state.lag_limit()),
             d(self.serve.housekeeping_interval),
             d(self.serve.registry.service_idle_timeout),
             self.serve.registry.max_services,

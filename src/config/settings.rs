@@ -146,6 +146,9 @@ values {
     /// With a Redis state: the longest wait for one Redis command before the replica counts
     /// Redis as unreachable and answers from local state [default: 500ms].
     state_timeout: text, "ROTA_STATE_TIMEOUT";
+    /// With a Redis state: the longest a change of another replica's instances may take to
+    /// reach this replica before /readyz reports the replicas diverged [default: 1s].
+    replica_lag_limit: text, "ROTA_REPLICA_LAG_LIMIT";
     /// Time between housekeeping rounds (departed instances' statistics, expired sticky
     /// assignments, idle counters, forgotten services) [default: 30s].
     housekeeping_interval: text, "ROTA_HOUSEKEEPING_INTERVAL";

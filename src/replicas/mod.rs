@@ -20,11 +20,14 @@
 
 pub mod claims;
 pub mod health;
+pub mod lag;
 pub mod loads;
 pub mod overrides;
 pub mod policies;
 pub mod stamped;
 pub mod table;
+mod table_read;
+mod table_write;
 
 use std::sync::Arc;
 

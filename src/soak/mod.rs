@@ -47,7 +47,7 @@ pub mod judge;
 pub mod memory;
 pub mod pipelining;
 mod provider;
-mod proxy;
+pub mod proxy;
 pub mod rawh2;
 pub mod redis;
 pub mod rule_churn;

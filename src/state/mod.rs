@@ -61,7 +61,12 @@ impl StateConfig {
     pub fn parse(text: &str, ticket_block: u32, timeout: Duration) -> Result<Self, String> {
         match text {
             "memory" => Ok(Self::Memory),
-            _ => Ok(Self::Redis(RedisConfig { target: redis::Target::parse(text)?, ticket_block, timeout })),
+            _ => Ok(Self::Redis(RedisConfig {
+                target: redis::Target::parse(text)?,
+                ticket_block,
+                timeout,
+                lag_limit: crate::replicas::lag::DEFAULT_LAG_LIMIT,
+            })),
         }
     }
 
@@ -77,6 +82,14 @@ impl StateConfig {
         match self {
             Self::Memory => 1,
             Self::Redis(redis) => redis.ticket_block,
+        }
+    }
+
+    /// The longest propagation lag from another replica before a replica counts as degraded.
+    pub fn lag_limit(&self) -> Duration {
+        match self {
+            Self::Memory => crate::replicas::lag::DEFAULT_LAG_LIMIT,
+            Self::Redis(redis) => redis.lag_limit,
         }
     }
 

@@ -17,6 +17,7 @@ mod processes;
 mod prometheus;
 mod redis_server;
 mod registration;
+mod replica_lag;
 mod replicas;
 mod rotation;
 mod rules;

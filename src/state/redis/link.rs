@@ -27,6 +27,7 @@ use tokio::sync::{Notify, watch};
 
 use super::keys;
 use super::target::Target;
+use crate::replicas::lag::PropagationLag;
 
 /// Time between checks of the link (and, under Sentinel, of which server is the primary).
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -69,6 +70,8 @@ pub struct Link {
     failed: Arc<Notify>,
     /// Follows `up`, for whoever waits on a change.
     changes: watch::Sender<bool>,
+    /// How far behind the other replicas this one's copy of their instances is.
+    propagation: PropagationLag,
 }
 
 /// An open connection and the address it reached.
@@ -122,7 +125,9 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// A link to `target`, with its keeper running on the current runtime. It starts down and
     /// comes up at the keeper's first successful check (which runs at once).
-    pub fn spawn(target: Target, timeout: Duration) -> Arc<Self> {
+    /// `lag_limit` is the longest propagation lag from another replica before this one counts
+    /// as degraded.
+    pub fn spawn(target: Target, timeout: Duration, lag_limit: Duration) -> Arc<Self> {
         let link = Arc::new(Self {
             target,
             generation: std::sync::Mutex::new(None),
@@ -139,6 +144,7 @@ impl Link {
             recoveries: AtomicU64::new(0),
             failed: Arc::new(Notify::new()),
             changes: watch::Sender::new(false),
+            propagation: PropagationLag::new(lag_limit),
         });
         tokio::spawn(keep(Arc::downgrade(&link), link.failed.clone()));
         link
@@ -198,6 +204,11 @@ impl Link {
         self.recoveries.load(Ordering::Acquire)
     }
 
+    /// How far behind the other replicas this one's copy of their instances is.
+    pub fn propagation(&self) -> &PropagationLag {
+        &self.propagation
+    }
+
     pub fn target(&self) -> &Target {
         &self.target
     }
@@ -241,6 +252,31 @@ impl Link {
             }
         }
         true
+    }
+
+    /// Runs `groups` in order and returns every answer of every command, in order; `None` when
+    /// the link is down or a group failed. On one server (or a Sentinel's primary) they go as
+    /// one pipeline on one connection, which Redis runs in order: one round trip for all of
+    /// them. On a Cluster each group (one hash slot) is sent once the previous one answered.
+    pub async fn in_order(&self, groups: Vec<Pipeline>) -> Option<Vec<Value>> {
+        match self.connection()? {
+            Conn::One(_) => {
+                let mut all = redis::pipe();
+                for command in groups.iter().flat_map(|group| group.cmd_iter()) {
+                    all.add_command(command.clone());
+                }
+                self.run(|mut conn| async move { all.query_async::<Vec<Value>>(&mut conn).await }).await
+            }
+            Conn::Cluster(_) => {
+                let mut answers = Vec::new();
+                for group in &groups {
+                    answers.extend(
+                        self.run(|mut conn| async move { group.query_async::<Vec<Value>>(&mut conn).await }).await?,
+                    );
+                }
+                Some(answers)
+            }
+        }
     }
 
     /// Runs `groups` at once (the commands of one group share one hash slot) and returns the

@@ -41,6 +41,8 @@ pub struct RedisConfig {
     pub ticket_block: u32,
     /// Longest wait for one Redis command before the replica counts Redis as unreachable.
     pub timeout: Duration,
+    /// Longest propagation lag from another replica before this one counts as degraded.
+    pub lag_limit: Duration,
 }
 
 #[derive(Debug)]
@@ -57,7 +59,7 @@ impl RedisState {
     pub fn connect(config: RedisConfig, sticky_budget: usize) -> Self {
         Self {
             local: MemoryState::new(sticky_budget),
-            link: Link::spawn(config.target, config.timeout),
+            link: Link::spawn(config.target, config.timeout, config.lag_limit),
             counters: ConcurrentMap::default(),
             ticket_block: config.ticket_block.clamp(1, MAX_TICKET_BLOCK),
         }

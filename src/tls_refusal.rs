@@ -117,7 +117,7 @@ impl Throttle {
     }
 }
 
-/// The log of refused handshakes, one [`Throttle`] per kind, shared by every handshake.
+/// The log of refused handshakes, one throttle per kind, shared by every handshake.
 #[derive(Debug, Default)]
 pub struct RefusalLog {
     throttles: [Throttle; 4],

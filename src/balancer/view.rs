@@ -12,7 +12,7 @@
 //! member ids (see [`crate::rules::Built`]): a table built for an earlier view answers for the
 //! members still there and skips those that left, through the same acceptance test `exclude`
 //! uses. Subsets up to [`INLINE_BUILD`] members get their own tables at once, on the registry
-//! task; larger ones from a build queued off the pick path ([`super::builds`]), one per
+//! task; larger ones from a build queued off the pick path (`balancer::builds`), one per
 //! service at a time, on the service views' build pool.
 //!
 //! No pick waits for a build: the first pick of a rule on a large subset, which finds no table

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 const MIN_SAMPLE_WEIGHT: f64 = 1.0 / 16.0;
 
 /// A sample counts as at most this many times the average it updates (an average under
-/// [`RATIO_FLOOR_MS`] counts as that).
+/// 1 ms counts as that).
 pub const MAX_SAMPLE_RATIO: f64 = 8.0;
 const RATIO_FLOOR_MS: f64 = 1.0;
 

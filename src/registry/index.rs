@@ -79,6 +79,9 @@ pub(crate) struct Index {
     /// Acknowledgements held back until the changes they report are published, so a provider
     /// that has its ack can rely on every later pick seeing the change.
     replies: Vec<(oneshot::Sender<Outcome>, Outcome)>,
+    /// Expiry notices of leases whose removal waits for a publication: a stream told its lease
+    /// expired may tell its provider, who may look, so the removal is published first.
+    expiries: Vec<oneshot::Sender<()>>,
     /// Bumped after every publication, for waiters that re-pick when instances change.
     generation: watch::Sender<u64>,
     /// The services each publication changed, for work that follows a publication (building
@@ -114,6 +117,7 @@ impl Index {
             catalog,
             published: Catalog::default(),
             replies: Vec::new(),
+            expiries: Vec::new(),
             generation,
             published_names,
             hooks,
@@ -161,7 +165,7 @@ impl Index {
 
     /// Whether changes or acknowledgements wait for a publication.
     fn has_unpublished(&self) -> bool {
-        !self.dirty.is_empty() || !self.forgotten.is_empty() || !self.replies.is_empty()
+        !self.dirty.is_empty() || !self.forgotten.is_empty() || !self.replies.is_empty() || !self.expiries.is_empty()
     }
 
     /// A lease deadline passed. A heartbeat already waiting in the queue was sent before the
@@ -499,7 +503,7 @@ impl Index {
         if why == EXPIRED
             && let Some(expired) = entry.expired
         {
-            let _ = expired.send(());
+            self.expiries.push(expired);
         }
     }
 
@@ -531,6 +535,9 @@ impl Index {
         self.publish_snapshots();
         for (reply, outcome) in self.replies.drain(..) {
             let _ = reply.send(outcome);
+        }
+        for expired in self.expiries.drain(..) {
+            let _ = expired.send(());
         }
     }
 
@@ -626,6 +633,10 @@ mod tests {
         tokio::time::advance(RegistryConfig::default().heartbeat_timeout).await;
         index.on_deadline(&mut rx, Instant::now());
         assert!(!index.leases.contains_key(&1));
+        // The stream hears of the expiry only once the removal is published.
+        assert!(expiry.try_recv().is_err(), "told before the removal was published");
+        assert!(index.has_unpublished());
+        index.publish();
         assert!(expiry.try_recv().is_ok());
     }
 }

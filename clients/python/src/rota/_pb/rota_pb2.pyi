@@ -65,7 +65,7 @@ POLICY_SOURCE_FILE: PolicySource
 POLICY_SOURCE_RUNTIME: PolicySource
 
 class Instance(_message.Message):
-    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status", "announced_status", "health", "operator")
+    __slots__ = ("id", "service", "host", "port", "version", "zone", "weight", "metadata", "status", "announced_status", "health", "operator", "source")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class Instance(_message.Message):
     ANNOUNCED_STATUS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     service: str
     host: str
@@ -97,7 +98,8 @@ class Instance(_message.Message):
     announced_status: InstanceStatus
     health: str
     operator: str
-    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ..., announced_status: _Optional[_Union[InstanceStatus, str]] = ..., health: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+    source: str
+    def __init__(self, id: _Optional[str] = ..., service: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., weight: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[InstanceStatus, str]] = ..., announced_status: _Optional[_Union[InstanceStatus, str]] = ..., health: _Optional[str] = ..., operator: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class InstanceRef(_message.Message):
     __slots__ = ("service", "id")
@@ -482,12 +484,24 @@ class ListInstancesRequest(_message.Message):
     def __init__(self, service: _Optional[str] = ...) -> None: ...
 
 class ListInstancesResponse(_message.Message):
-    __slots__ = ("instances", "epoch")
+    __slots__ = ("instances", "epoch", "sources")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
     epoch: int
-    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[SourceState]
+    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., epoch: _Optional[int] = ..., sources: _Optional[_Iterable[_Union[SourceState, _Mapping]]] = ...) -> None: ...
+
+class SourceState(_message.Message):
+    __slots__ = ("name", "up", "last_read_unix_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    LAST_READ_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    up: bool
+    last_read_unix_seconds: int
+    def __init__(self, name: _Optional[str] = ..., up: _Optional[bool] = ..., last_read_unix_seconds: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("service",)

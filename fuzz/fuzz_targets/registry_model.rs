@@ -484,6 +484,8 @@ async fn run(data: &[u8]) {
         service_idle_timeout: Duration::from_secs(IDLE_SECS),
         max_services: MAX_SERVICES,
         max_services_per_token: MAX_SERVICES_PER_TOKEN,
+        // Every batch published at once, as the model expects.
+        publish_window: Duration::ZERO,
     });
     let mut streams: [Option<Stream>; STREAMS] = Default::default();
     let mut model =
